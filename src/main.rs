@@ -1,0 +1,44 @@
+//! The `loopwarden` command line. Each subcommand's options and behaviour live in the
+//! module that owns it; this file only dispatches.
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "loopwarden",
+    version,
+    about = "A reverse proxy that keeps LLM coding agents out of unproductive loops"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Serve(loopwarden::proxy::ServeArgs),
+    /// Run the detection engine over recorded conversations (JSONL) and print its decisions.
+    Replay(loopwarden::replay::ReplayArgs),
+    /// Run a scripted mock model server (the four APIs) for tests and demos.
+    Mock(loopwarden::mock::MockArgs),
+    /// Start loopwarden and a scripted looping agent in-process and show what happens.
+    Demo(loopwarden::demo::DemoArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => loopwarden::proxy::serve_main(args),
+        Command::Replay(args) => loopwarden::replay::run(args),
+        Command::Mock(args) => loopwarden::mock::run(args),
+        Command::Demo(args) => loopwarden::demo::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("loopwarden: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! The normalized model of a conversation, shared by every wire format.
+//!
+//! A dialect (see `crate::dialect`) turns a request body into a flat list of
+//! [`Item`]s in the order the client sent them; [`Transcript::from_items`] then groups
+//! them into [`Step`]s, one per assistant turn, pairing each tool call with its result
+//! by call id. Detection reads only this model, so it is the same in the proxy, in
+//! `loopwarden replay` and in tests.
+
+use serde::{Deserialize, Serialize};
+
+/// One message-level element of a conversation, in wire order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Item {
+    /// System or developer instructions (wherever they appear in the history).
+    System { text: String },
+    /// A user message that is not a tool result. `text` is its text content joined.
+    User { text: String },
+    /// One assistant turn: its text and the tool calls it made.
+    Assistant { text: String, calls: Vec<ToolCall> },
+    /// The result of an earlier tool call.
+    ToolResult(ToolResult),
+}
+
+/// A tool call as the model made it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call id the wire format uses to pair the call with its result (may be empty).
+    pub id: String,
+    pub name: String,
+    /// Arguments in canonical form: a JSON value whose objects have sorted keys
+    /// (serde_json's default map is ordered), so key order never matters.
+    /// Freeform tools (Codex `apply_patch`) carry their input as a JSON string.
+    pub args: serde_json::Value,
+}
+
+impl ToolCall {
+    /// The canonical argument text: compact JSON with sorted keys.
+    pub fn canonical_args(&self) -> String {
+        self.args.to_string()
+    }
+
+    /// blake3 hash of name + canonical arguments: two calls are the same call exactly when
+    /// their hashes are equal.
+    pub fn hash(&self) -> [u8; 32] {
+        let mut h = blake3::Hasher::new();
+        h.update(self.name.as_bytes());
+        h.update(b"\0");
+        h.update(self.canonical_args().as_bytes());
+        *h.finalize().as_bytes()
+    }
+}
+
+/// The result of a tool call, as the client reported it back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    /// The id of the call this answers (may be empty when the wire has none; the
+    /// result is then paired with the oldest unanswered call of the same name, or in order).
+    pub call_id: String,
+    /// Tool name when the wire carries it (Gemini `functionResponse.name`), else empty.
+    pub name: String,
+    /// The result's text content (blocks joined with newlines).
+    pub text: String,
+    /// `Some(true)` when the wire flags an error (`is_error`, Gemini `response.error`).
+    pub is_error: Option<bool>,
+}
+
+/// One assistant turn with the results of its calls.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    /// 0-based index of the assistant turn in the conversation.
+    pub index: usize,
+    /// The assistant's text in this turn.
+    pub text: String,
+    /// Calls made in this turn, each with its result when the history has one.
+    pub calls: Vec<CallWithResult>,
+    /// User messages (not tool results) that came after this step and before the next
+    /// assistant turn: a human (or the scaffold) spoke.
+    pub user_after: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallWithResult {
+    pub call: ToolCall,
+    pub result: Option<ToolResult>,
+}
+
+/// A whole conversation as detection sees it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Transcript {
+    /// System/developer text in order of appearance.
+    pub system: Vec<String>,
+    /// User messages before the first assistant turn (the task).
+    pub task: Vec<String>,
+    /// One step per assistant turn, in order.
+    pub steps: Vec<Step>,
+}
+
+impl Transcript {
+    /// Groups wire-ordered items into steps, pairing results with calls by id.
+    pub fn from_items(items: impl IntoIterator<Item = Item>) -> Transcript {
+        let mut t = Transcript::default();
+        for item in items {
+            match item {
+                Item::System { text } => t.system.push(text),
+                Item::User { text } => match t.steps.last_mut() {
+                    Some(step) => step.user_after.push(text),
+                    None => t.task.push(text),
+                },
+                Item::Assistant { text, calls } => {
+                    let index = t.steps.len();
+                    t.steps.push(Step {
+                        index,
+                        text,
+                        calls: calls
+                            .into_iter()
+                            .map(|call| CallWithResult { call, result: None })
+                            .collect(),
+                        user_after: Vec::new(),
+                    });
+                }
+                Item::ToolResult(result) => t.attach_result(result),
+            }
+        }
+        t
+    }
+
+    /// Pairs a result with its call: by id first (searching backwards, since results
+    /// follow their calls closely), else with the oldest unanswered call (same name if
+    /// the result carries one). A result with no call to pair with is dropped: it tells
+    /// detection nothing it could act on.
+    fn attach_result(&mut self, result: ToolResult) {
+        if !result.call_id.is_empty() {
+            for step in self.steps.iter_mut().rev() {
+                if let Some(slot) = step
+                    .calls
+                    .iter_mut()
+                    .find(|c| c.call.id == result.call_id && c.result.is_none())
+                {
+                    slot.result = Some(result);
+                    return;
+                }
+            }
+        }
+        for step in self.steps.iter_mut() {
+            if let Some(slot) = step.calls.iter_mut().find(|c| {
+                c.result.is_none() && (result.name.is_empty() || c.call.name == result.name)
+            }) {
+                slot.result = Some(result);
+                return;
+            }
+        }
+    }
+
+    /// The first user message: the task, used for goal drift and identity.
+    pub fn goal(&self) -> &str {
+        self.task.first().map(String::as_str).unwrap_or("")
+    }
+}
+
+/// Turns a JSON value into canonical form. serde_json without `preserve_order` keeps
+/// object keys sorted, so a parse/serialize round trip is enough; a string that itself
+/// holds JSON (OpenAI `arguments`) is parsed first so that key order inside it never
+/// matters either.
+pub fn canonical_args_from_str(raw: &str) -> serde_json::Value {
+    match serde_json::from_str::<serde_json::Value>(raw) {
+        Ok(v) => v,
+        Err(_) => serde_json::Value::String(raw.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_order_does_not_change_the_call_hash() {
+        let a = ToolCall {
+            id: "1".into(),
+            name: "Read".into(),
+            args: canonical_args_from_str(r#"{"file_path":"/a","limit":5}"#),
+        };
+        let b = ToolCall {
+            id: "2".into(),
+            name: "Read".into(),
+            args: canonical_args_from_str(r#"{"limit":5, "file_path":"/a"}"#),
+        };
+        assert_eq!(a.hash(), b.hash());
+        let c = ToolCall {
+            args: canonical_args_from_str(r#"{"limit":6, "file_path":"/a"}"#),
+            ..b
+        };
+        assert_ne!(a.hash(), c.hash());
+    }
+
+    #[test]
+    fn results_pair_by_id_then_by_order() {
+        let call = |id: &str, name: &str| ToolCall {
+            id: id.into(),
+            name: name.into(),
+            args: serde_json::json!({}),
+        };
+        let res = |id: &str, text: &str| {
+            Item::ToolResult(ToolResult {
+                call_id: id.into(),
+                name: String::new(),
+                text: text.into(),
+                is_error: None,
+            })
+        };
+        let t = Transcript::from_items(vec![
+            Item::System { text: "sys".into() },
+            Item::User {
+                text: "fix it".into(),
+            },
+            Item::Assistant {
+                text: "two at once".into(),
+                calls: vec![call("a", "Read"), call("b", "Bash")],
+            },
+            res("b", "bash out"),
+            res("a", "read out"),
+            Item::Assistant {
+                text: String::new(),
+                calls: vec![call("", "bash")],
+            },
+            res("", "unpaired by id"),
+            Item::User {
+                text: "continue".into(),
+            },
+        ]);
+        assert_eq!(t.goal(), "fix it");
+        assert_eq!(t.steps.len(), 2);
+        assert_eq!(
+            t.steps[0].calls[0].result.as_ref().unwrap().text,
+            "read out"
+        );
+        assert_eq!(
+            t.steps[0].calls[1].result.as_ref().unwrap().text,
+            "bash out"
+        );
+        assert_eq!(
+            t.steps[1].calls[0].result.as_ref().unwrap().text,
+            "unpaired by id"
+        );
+        assert_eq!(t.steps[1].user_after, vec!["continue".to_string()]);
+    }
+}
