@@ -17,6 +17,11 @@ pub enum Item {
     User { text: String },
     /// One assistant turn: its text and the tool calls it made.
     Assistant { text: String, calls: Vec<ToolCall> },
+    /// A piece of an assistant turn that the wire spreads over several items (OpenAI
+    /// Responses: a turn is a run of `message`/`function_call`/`custom_tool_call` items).
+    /// It joins the turn of the item just before it when that was assistant output,
+    /// and starts a new turn otherwise.
+    AssistantPart { text: String, calls: Vec<ToolCall> },
     /// The result of an earlier tool call.
     ToolResult(ToolResult),
 }
@@ -99,29 +104,51 @@ impl Transcript {
     /// Groups wire-ordered items into steps, pairing results with calls by id.
     pub fn from_items(items: impl IntoIterator<Item = Item>) -> Transcript {
         let mut t = Transcript::default();
+        // Whether the previous item was assistant output, so an `AssistantPart` continues it.
+        let mut in_assistant_turn = false;
         for item in items {
+            let is_assistant = matches!(item, Item::Assistant { .. } | Item::AssistantPart { .. });
             match item {
                 Item::System { text } => t.system.push(text),
                 Item::User { text } => match t.steps.last_mut() {
                     Some(step) => step.user_after.push(text),
                     None => t.task.push(text),
                 },
-                Item::Assistant { text, calls } => {
-                    let index = t.steps.len();
-                    t.steps.push(Step {
-                        index,
-                        text,
-                        calls: calls
-                            .into_iter()
-                            .map(|call| CallWithResult { call, result: None })
-                            .collect(),
-                        user_after: Vec::new(),
-                    });
-                }
+                Item::Assistant { text, calls } => t.push_step(text, calls),
+                Item::AssistantPart { text, calls } => match t.steps.last_mut() {
+                    Some(step) if in_assistant_turn => {
+                        if !text.is_empty() {
+                            if !step.text.is_empty() {
+                                step.text.push('\n');
+                            }
+                            step.text.push_str(&text);
+                        }
+                        step.calls.extend(
+                            calls
+                                .into_iter()
+                                .map(|call| CallWithResult { call, result: None }),
+                        );
+                    }
+                    _ => t.push_step(text, calls),
+                },
                 Item::ToolResult(result) => t.attach_result(result),
             }
+            in_assistant_turn = is_assistant;
         }
         t
+    }
+
+    fn push_step(&mut self, text: String, calls: Vec<ToolCall>) {
+        let index = self.steps.len();
+        self.steps.push(Step {
+            index,
+            text,
+            calls: calls
+                .into_iter()
+                .map(|call| CallWithResult { call, result: None })
+                .collect(),
+            user_after: Vec::new(),
+        });
     }
 
     /// Pairs a result with its call: by id first (searching backwards, since results
@@ -228,7 +255,6 @@ mod tests {
             },
         ]);
         assert_eq!(t.goal(), "fix it");
-        assert_eq!(t.steps.len(), 2);
         assert_eq!(
             t.steps[0].calls[0].result.as_ref().unwrap().text,
             "read out"
@@ -242,5 +268,8 @@ mod tests {
             "unpaired by id"
         );
         assert_eq!(t.steps[1].user_after, vec!["continue".to_string()]);
+        assert_eq!(t.steps.len(), 3, "consecutive parts form one turn");
+        assert_eq!(t.steps[2].calls.len(), 2);
+        assert_eq!(t.steps[2].calls[0].result.as_ref().unwrap().text, "out c");
     }
 }
