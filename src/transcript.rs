@@ -253,6 +253,15 @@ mod tests {
             Item::User {
                 text: "continue".into(),
             },
+            Item::AssistantPart {
+                text: "responses turn".into(),
+                calls: vec![call("c", "exec_command")],
+            },
+            Item::AssistantPart {
+                text: String::new(),
+                calls: vec![call("d", "apply_patch")],
+            },
+            res("c", "out c"),
         ]);
         assert_eq!(t.goal(), "fix it");
         assert_eq!(
