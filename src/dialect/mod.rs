@@ -6,8 +6,21 @@
 //! finds the top-level fields and the raw message slices (cheap: no message is parsed),
 //! and [`Dialect::parse_message`] turns one raw message into items. A message's items depend
 //! only on its bytes, so they can be cached under the hash of those bytes.
+//!
+//! Everything here reads borrowed structs and [`RawValue`] slices: a body is scanned once,
+//! fields we do not need are skipped, and nothing is re-serialized.
 
-use crate::transcript::{Item, ToolCall, Transcript};
+mod anthropic;
+mod gemini;
+mod openai_chat;
+mod openai_responses;
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::transcript::{canonical_args_from_str, Item, ToolCall, Transcript};
 
 /// The four APIs loopwarden understands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -28,12 +41,56 @@ impl Dialect {
             Dialect::Gemini => "gemini",
         }
     }
+
+    /// Which API a request path speaks, and whether the path itself asks for a stream
+    /// (Gemini `:streamGenerateContent`). Any prefix before the API's own path is allowed
+    /// (`/c/{id}/v1/messages`, `/openai/v1/responses`) and the query string is ignored.
+    /// Paths that carry no conversation (`/v1/messages/count_tokens`, `:countTokens`,
+    /// `/v1/models`) are `None`.
+    pub fn from_path(path: &str) -> Option<(Dialect, bool)> {
+        let path = path.split(['?', '#']).next().unwrap_or("");
+        let path = path.trim_end_matches('/');
+        if path.ends_with("/chat/completions") {
+            return Some((Dialect::OpenAiChat, false));
+        }
+        if path.ends_with("/v1/responses") {
+            return Some((Dialect::OpenAiResponses, false));
+        }
+        if path.ends_with("/v1/messages") {
+            return Some((Dialect::Anthropic, false));
+        }
+        let (_, model_and_method) = path.rsplit_once("/models/")?;
+        let (model, method) = model_and_method.rsplit_once(':')?;
+        if model.is_empty() || model.contains('/') {
+            return None;
+        }
+        match method {
+            "generateContent" => Some((Dialect::Gemini, false)),
+            "streamGenerateContent" => Some((Dialect::Gemini, true)),
+            _ => None,
+        }
+    }
+
+    /// The model named in a Gemini path (`…/models/{model}:generateContent`): Gemini
+    /// bodies carry no model field.
+    pub fn model_from_path(path: &str) -> Option<&str> {
+        let path = path.split(['?', '#']).next().unwrap_or("");
+        let (_, model_and_method) = path.rsplit_once("/models/")?;
+        let (model, _) = model_and_method.rsplit_once(':')?;
+        (!model.is_empty() && !model.contains('/')).then_some(model)
+    }
 }
 
 /// Why a body could not be read as a conversation. The body is then forwarded untouched.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct ParseError(pub String);
+
+impl ParseError {
+    fn json(dialect: Dialect, e: serde_json::Error) -> ParseError {
+        ParseError(format!("not a {} request body: {e}", dialect.as_str()))
+    }
+}
 
 /// The top-level facts of a request, with its messages left as raw JSON slices.
 #[derive(Debug)]
@@ -46,8 +103,10 @@ pub struct RequestView<'a> {
     pub has_tools: bool,
     /// Items that come from top-level fields (`system`, `instructions`, `systemInstruction`).
     pub preamble: Vec<Item>,
-    /// Each message of the history, raw, in order.
-    pub messages: Vec<&'a serde_json::value::RawValue>,
+    /// Each message of the history, raw, in order. Each slice points into the body that
+    /// was viewed (OpenAI Responses `input` given as a plain string is one message: the
+    /// raw JSON string).
+    pub messages: Vec<&'a RawValue>,
 }
 
 /// What the model answered in one response.
@@ -73,17 +132,23 @@ impl Dialect {
     /// Reads the top level of a request body. `stream_path` is true when the path itself
     /// asks for a stream (Gemini `:streamGenerateContent`).
     pub fn view(self, body: &[u8], stream_path: bool) -> Result<RequestView<'_>, ParseError> {
-        let _ = (body, stream_path);
-        Err(ParseError(format!(
-            "{} parsing not implemented yet",
-            self.as_str()
-        )))
+        match self {
+            Dialect::OpenAiChat => openai_chat::view(body),
+            Dialect::OpenAiResponses => openai_responses::view(body),
+            Dialect::Anthropic => anthropic::view(body),
+            Dialect::Gemini => gemini::view(body, stream_path),
+        }
     }
 
-    /// Turns one raw message of the history into items.
+    /// Turns one raw message of the history into items. A message that cannot be read
+    /// gives no items (the body is still forwarded as it is).
     pub fn parse_message(self, raw: &str) -> Vec<Item> {
-        let _ = raw;
-        Vec::new()
+        match self {
+            Dialect::OpenAiChat => openai_chat::parse_message(raw),
+            Dialect::OpenAiResponses => openai_responses::parse_message(raw),
+            Dialect::Anthropic => anthropic::parse_message(raw),
+            Dialect::Gemini => gemini::parse_message(raw),
+        }
     }
 
     /// `view` + `parse_message` for every message, with no cache.
@@ -103,5 +168,92 @@ impl Dialect {
             has_tools: view.has_tools,
             transcript: Transcript::from_items(items),
         })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers shared by the wire modules: how text, arguments and tool lists are read.
+
+/// A content part of any of the APIs, reduced to what text extraction needs. Parts
+/// without a string `text` (images, thinking, tool blocks) contribute nothing.
+#[derive(Deserialize)]
+struct TextPart<'a> {
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+}
+
+/// The text of a content field: a string, a list of parts (`text`, `input_text`,
+/// `output_text` blocks) joined with newlines, or nothing. Parts that are not text are
+/// skipped one by one, so one odd part does not lose the rest.
+fn content_text(raw: Option<&RawValue>) -> String {
+    let Some(raw) = raw else {
+        return String::new();
+    };
+    let s = raw.get();
+    match s.as_bytes().first() {
+        Some(b'"') => serde_json::from_str::<Cow<str>>(s)
+            .map(Cow::into_owned)
+            .unwrap_or_default(),
+        Some(b'[') => {
+            let parts: Vec<&RawValue> = serde_json::from_str(s).unwrap_or_default();
+            let mut out = String::new();
+            for part in parts {
+                if let Ok(TextPart { text: Some(text) }) = serde_json::from_str(part.get()) {
+                    push_line(&mut out, &text);
+                }
+            }
+            out
+        }
+        _ => String::new(),
+    }
+}
+
+/// A JSON value read as result text: a string is its content, anything else its JSON.
+fn value_text(raw: &RawValue) -> String {
+    let s = raw.get();
+    if s.starts_with('"') {
+        if let Ok(text) = serde_json::from_str::<Cow<str>>(s) {
+            return text.into_owned();
+        }
+    }
+    s.to_string()
+}
+
+/// Appends `text` as a new line of `out` (no leading newline on the first one).
+fn push_line(out: &mut String, text: &str) {
+    if text.is_empty() {
+        return;
+    }
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    out.push_str(text);
+}
+
+/// Canonical arguments from an OpenAI-style `arguments` string. An empty string means
+/// no arguments, the same as `{}`.
+fn args_from_text(text: &str) -> serde_json::Value {
+    if text.trim().is_empty() {
+        return serde_json::Value::Object(Default::default());
+    }
+    canonical_args_from_str(text)
+}
+
+/// Canonical arguments from an inline JSON value (Anthropic `input`, Gemini `args`).
+fn args_from_raw(raw: Option<&RawValue>) -> serde_json::Value {
+    match raw {
+        Some(raw) if raw.get() != "null" => canonical_args_from_str(raw.get()),
+        _ => serde_json::Value::Object(Default::default()),
+    }
+}
+
+/// Whether a `tools` field offers at least one tool (absent, `null` and `[]` do not).
+fn offers_tools(raw: Option<&RawValue>) -> bool {
+    match raw {
+        Some(raw) => {
+            let s = raw.get();
+            s != "null" && s.trim_start_matches('[').trim_start() != "]"
+        }
+        None => false,
     }
 }
