@@ -1,4 +1,17 @@
-//! A scripted mock model server speaking the four APIs, for tests, the e2e suite and the demo.
+//! A scripted mock model server speaking the four APIs (OpenAI Chat Completions, OpenAI
+//! Responses, Anthropic Messages, Gemini), JSON and SSE, for tests, the e2e suite and the demo.
+//!
+//! It is stateless like a real model API: each request's answer is the script's turn at the
+//! index given by the number of assistant turns in the request's history ([`history`]).
+//! A request without tools is a side request (title, router...) answered with `side_text`.
+
+mod history;
+mod script;
+mod server;
+mod wire;
+
+pub use script::{AfterEnd, ErrorReply, Script, SideRule, ToolCall, Turn};
+pub use server::{CapturedRequest, MockServer};
 
 /// Options of `loopwarden mock`.
 #[derive(Debug, Clone, clap::Args)]
@@ -6,12 +19,52 @@ pub struct MockArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: String,
-    /// Script file (JSON).
+    /// Script file (JSON). Without one, every request gets `end_text` ("Done.").
     #[arg(long)]
     pub script: Option<std::path::PathBuf>,
+    /// Append one JSON line per request (method, path, query, headers with secrets
+    /// redacted, body, body_blake3, api, turn, answer) to this file.
+    #[arg(long)]
+    pub capture: Option<std::path::PathBuf>,
 }
 
+/// Entry point of `loopwarden mock`: serves until Ctrl-C or SIGTERM.
 pub fn run(args: MockArgs) -> anyhow::Result<()> {
-    let _ = args;
-    anyhow::bail!("mock is not implemented yet")
+    let script = match &args.script {
+        Some(path) => Script::load(path)?,
+        None => Script::default(),
+    };
+    let addr: std::net::SocketAddr = args
+        .listen
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--listen {:?}: {e}", args.listen))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let server = MockServer::start_with(addr, script, args.capture.as_deref()).await?;
+        // The e2e runner reads this line to learn the port.
+        println!("loopwarden mock listening on {}", server.url());
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        wait_for_stop().await;
+        server.shutdown().await;
+        Ok(())
+    })
+}
+
+async fn wait_for_stop() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }
