@@ -10,8 +10,13 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use serde_json::json;
+
+use super::framing::{write_sse, Frame};
+use super::stream::PartialCall;
 use super::{
-    args_from_raw, content_text, offers_tools, push_line, Dialect, ParseError, RequestView,
+    args_from_raw, content_text, offers_tools, push_line, random_id, Dialect, HaltToolCall,
+    ParseError, RequestView, ResponseTurn, StreamEventKind,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -129,4 +134,334 @@ pub(super) fn parse_message(raw: &str) -> Vec<Item> {
             results
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Responses.
+
+#[derive(Deserialize, Default)]
+struct Usage {
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct Response<'a> {
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(default)]
+    stop_reason: Option<String>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+pub(super) fn parse_response(body: &[u8]) -> Result<ResponseTurn, ParseError> {
+    let resp: Response =
+        serde_json::from_slice(body).map_err(|e| ParseError::json(Dialect::Anthropic, e))?;
+    let content = resp.content.map(RawValue::get).unwrap_or("[]");
+    let message = format!(r#"{{"role":"assistant","content":{content}}}"#);
+    let (text, calls) = match parse_message(&message).pop() {
+        Some(Item::Assistant { text, calls }) => (text, calls),
+        _ => (String::new(), Vec::new()),
+    };
+    let usage = resp.usage.unwrap_or_default();
+    Ok(ResponseTurn {
+        text,
+        calls,
+        input_tokens: usage.input_tokens,
+        output_tokens: usage.output_tokens,
+        stop_reason: resp.stop_reason,
+    })
+}
+
+/// One streamed event, with the fields of every event type we read.
+#[derive(Deserialize)]
+struct Event<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Cow<'a, str>,
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default)]
+    message: Option<MessageStart>,
+    #[serde(borrow, default)]
+    content_block: Option<Block<'a>>,
+    #[serde(borrow, default)]
+    delta: Option<Delta<'a>>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct MessageStart {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct Delta<'a> {
+    #[serde(borrow, rename = "type", default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    partial_json: Option<Cow<'a, str>>,
+    #[serde(default)]
+    stop_reason: Option<String>,
+}
+
+#[derive(Debug)]
+enum BlockState {
+    Text,
+    /// `from_start`: the arguments so far are the start event's `input`, which the
+    /// first `input_json_delta` replaces.
+    Tool {
+        call: PartialCall,
+        from_start: bool,
+    },
+    Other,
+}
+
+/// What a streamed answer said so far.
+#[derive(Debug, Default)]
+pub(super) struct Stream {
+    turn: ResponseTurn,
+    /// Open content blocks by index.
+    blocks: Vec<(u64, BlockState)>,
+    started: bool,
+    model: Option<String>,
+    /// The index the next block would get.
+    next_index: u64,
+    /// Index of the first tool block not yet released to the client.
+    hold_index: Option<u64>,
+}
+
+impl Stream {
+    pub fn on_frame(&mut self, frame: &Frame) -> (StreamEventKind, Vec<ToolCall>) {
+        let Ok(ev) = serde_json::from_str::<Event>(&frame.data) else {
+            return (StreamEventKind::Other, Vec::new());
+        };
+        let index = ev.index.unwrap_or(0);
+        match ev.kind.as_ref() {
+            "message_start" => {
+                self.started = true;
+                if let Some(m) = ev.message {
+                    self.model = m.model;
+                    if let Some(u) = m.usage {
+                        self.turn.input_tokens = u.input_tokens;
+                        self.turn.output_tokens = u.output_tokens;
+                    }
+                }
+                (StreamEventKind::Other, Vec::new())
+            }
+            "content_block_start" => {
+                self.next_index = self.next_index.max(index + 1);
+                let Some(block) = ev.content_block else {
+                    return (StreamEventKind::Other, Vec::new());
+                };
+                let (state, kind) = match block.kind.as_ref() {
+                    "text" => {
+                        self.turn.text.push_str(block.text.as_deref().unwrap_or(""));
+                        (BlockState::Text, StreamEventKind::Text)
+                    }
+                    "tool_use" => {
+                        // The input arrives as `input_json_delta`s; a start `input` other
+                        // than `{}` only matters when no delta follows.
+                        let start_input = match block.input.map(RawValue::get) {
+                            Some("{}") | None => String::new(),
+                            Some(raw) => raw.to_string(),
+                        };
+                        self.hold_index.get_or_insert(index);
+                        let call = PartialCall {
+                            id: block.id.unwrap_or_default(),
+                            name: block.name.unwrap_or_default(),
+                            args: start_input,
+                            freeform: false,
+                        };
+                        let from_start = !call.args.is_empty();
+                        (
+                            BlockState::Tool { call, from_start },
+                            StreamEventKind::ToolCallStart,
+                        )
+                    }
+                    _ => (BlockState::Other, StreamEventKind::Other),
+                };
+                self.blocks.retain(|(i, _)| *i != index);
+                self.blocks.push((index, state));
+                (kind, Vec::new())
+            }
+            "content_block_delta" => {
+                let Some(delta) = ev.delta else {
+                    return (StreamEventKind::Other, Vec::new());
+                };
+                let block = self.blocks.iter_mut().find(|(i, _)| *i == index);
+                match (delta.kind.as_deref(), block) {
+                    (Some("text_delta"), _) => {
+                        self.turn.text.push_str(delta.text.as_deref().unwrap_or(""));
+                        (StreamEventKind::Text, Vec::new())
+                    }
+                    (
+                        Some("input_json_delta"),
+                        Some((_, BlockState::Tool { call, from_start })),
+                    ) => {
+                        if std::mem::take(from_start) {
+                            call.args.clear();
+                        }
+                        call.args
+                            .push_str(delta.partial_json.as_deref().unwrap_or(""));
+                        (StreamEventKind::ToolCallDelta, Vec::new())
+                    }
+                    (Some("input_json_delta"), _) => (StreamEventKind::ToolCallDelta, Vec::new()),
+                    _ => (StreamEventKind::Other, Vec::new()),
+                }
+            }
+            "content_block_stop" => {
+                let Some(pos) = self.blocks.iter().position(|(i, _)| *i == index) else {
+                    return (StreamEventKind::Other, Vec::new());
+                };
+                match self.blocks.remove(pos).1 {
+                    BlockState::Tool { call, .. } => {
+                        let call = call.to_call();
+                        self.turn.calls.push(call.clone());
+                        (StreamEventKind::ToolCallComplete, vec![call])
+                    }
+                    BlockState::Text => (StreamEventKind::Text, Vec::new()),
+                    BlockState::Other => (StreamEventKind::Other, Vec::new()),
+                }
+            }
+            "message_delta" => {
+                if let Some(reason) = ev.delta.and_then(|d| d.stop_reason) {
+                    self.turn.stop_reason = Some(reason);
+                }
+                if let Some(u) = ev.usage {
+                    self.turn.input_tokens = u.input_tokens.or(self.turn.input_tokens);
+                    self.turn.output_tokens = u.output_tokens.or(self.turn.output_tokens);
+                }
+                (StreamEventKind::MessageEnd, Vec::new())
+            }
+            "message_stop" => (StreamEventKind::MessageEnd, Vec::new()),
+            _ => (StreamEventKind::Other, Vec::new()),
+        }
+    }
+
+    pub fn mark_released(&mut self) {
+        self.hold_index = None;
+    }
+
+    pub fn turn(&self) -> ResponseTurn {
+        let mut turn = self.turn.clone();
+        // calls the stream never closed, best effort
+        for (_, block) in &self.blocks {
+            if let BlockState::Tool { call, .. } = block {
+                turn.calls.push(call.to_call());
+            }
+        }
+        turn
+    }
+
+    pub fn halt_tail(&self, text: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        let index = match self.hold_index {
+            Some(index) => index,
+            None => {
+                // Halting mid-text: close the blocks the client has open first.
+                for (i, _) in &self.blocks {
+                    let stop = json!({"type": "content_block_stop", "index": i});
+                    write_sse(
+                        &mut out,
+                        Some("content_block_stop"),
+                        &stop.to_string(),
+                        "\n",
+                    );
+                }
+                self.next_index
+            }
+        };
+        let start = (!self.started).then(|| self.model.as_deref().unwrap_or("unknown"));
+        write_halt_events(&mut out, start, index, text, None);
+        out
+    }
+}
+
+/// The events of a halt answer from content index `index` on: a text block, an
+/// optional tool call, then the end of the message. With `start` (the model), the
+/// answer begins with its own `message_start`.
+fn write_halt_events(
+    out: &mut Vec<u8>,
+    start: Option<&str>,
+    index: u64,
+    text: &str,
+    call: Option<&HaltToolCall>,
+) {
+    let mut event =
+        |name: &str, data: serde_json::Value| write_sse(out, Some(name), &data.to_string(), "\n");
+    if let Some(model) = start {
+        let mut message = message_object(model, Vec::new(), None);
+        message["usage"]["output_tokens"] = json!(0);
+        event(
+            "message_start",
+            json!({"type": "message_start", "message": message}),
+        );
+    }
+    event(
+        "content_block_start",
+        json!({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}),
+    );
+    event(
+        "content_block_delta",
+        json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}}),
+    );
+    event(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": index}),
+    );
+    if let Some(call) = call {
+        let i = index + 1;
+        event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": i, "content_block": {
+                "type": "tool_use", "id": random_id("toolu_", 24), "name": call.name, "input": {}}}),
+        );
+        event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": i, "delta": {
+                "type": "input_json_delta", "partial_json": call.arguments.to_string()}}),
+        );
+        event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": i}),
+        );
+    }
+    let stop_reason = if call.is_some() {
+        "tool_use"
+    } else {
+        "end_turn"
+    };
+    event(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": null},
+               "usage": {"output_tokens": 0}}),
+    );
+    event("message_stop", json!({"type": "message_stop"}));
+}
+
+/// A Messages API message object with zero usage. `stop_reason` is null while streaming.
+fn message_object(
+    model: &str,
+    content: Vec<serde_json::Value>,
+    stop_reason: Option<&str>,
+) -> serde_json::Value {
+    json!({
+        "id": random_id("msg_", 24),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": null,
+        "usage": {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 0},
+    })
 }

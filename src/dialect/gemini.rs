@@ -12,7 +12,13 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{args_from_raw, offers_tools, push_line, value_text, Dialect, ParseError, RequestView};
+use serde_json::json;
+
+use super::framing::{write_sse, Frame};
+use super::{
+    args_from_raw, offers_tools, random_id, value_text, Dialect, HaltToolCall, ParseError,
+    RequestView, ResponseTurn, StreamEventKind,
+};
 use crate::transcript::{Item, ToolCall, ToolResult};
 
 #[derive(Deserialize)]
@@ -105,52 +111,63 @@ fn content_text(raw: &str) -> String {
             .map(Cow::into_owned)
             .unwrap_or_default();
     }
-    let Ok(content) = serde_json::from_str::<Content>(raw) else {
-        return String::new();
-    };
-    let mut text = String::new();
-    for raw_part in content.parts {
-        if let Ok(part) = serde_json::from_str::<Part>(raw_part.get()) {
-            if part.thought != Some(true) {
-                push_line(&mut text, part.text.as_deref().unwrap_or(""));
-            }
-        }
+    match serde_json::from_str::<Content>(raw) {
+        Ok(content) => read_parts(&content.parts).texts.join("\n"),
+        Err(_) => String::new(),
     }
-    text
 }
 
 pub(super) fn parse_message(raw: &str) -> Vec<Item> {
     let Ok(content) = serde_json::from_str::<Content>(raw) else {
         return Vec::new();
     };
-    let mut text = String::new();
-    let mut calls = Vec::new();
-    let mut results = Vec::new();
-    for raw_part in content.parts {
+    let read = read_parts(&content.parts);
+    let text = read.texts.join("\n");
+    match content.role.as_deref().unwrap_or("user") {
+        "model" => vec![Item::Assistant {
+            text,
+            calls: read.calls,
+        }],
+        _ => {
+            let mut items = read.results;
+            if !text.is_empty() || items.is_empty() {
+                items.push(Item::User { text });
+            }
+            items
+        }
+    }
+}
+
+/// What a list of parts holds. Texts stay separate: a request joins them as lines, a
+/// stream glues its deltas.
+#[derive(Default)]
+struct ReadParts {
+    texts: Vec<String>,
+    calls: Vec<ToolCall>,
+    results: Vec<Item>,
+}
+
+fn read_parts(parts: &[&RawValue]) -> ReadParts {
+    let mut read = ReadParts::default();
+    for raw_part in parts {
         let Ok(part) = serde_json::from_str::<Part>(raw_part.get()) else {
             continue;
         };
         if let Some(call) = part.function_call {
-            calls.push(ToolCall {
+            read.calls.push(ToolCall {
                 id: call.id.unwrap_or_default(),
                 name: call.name.unwrap_or_default(),
                 args: args_from_raw(call.args),
             });
         } else if let Some(resp) = part.function_response {
-            results.push(Item::ToolResult(result_of(resp)));
+            read.results.push(Item::ToolResult(result_of(resp)));
         } else if part.thought != Some(true) {
-            push_line(&mut text, part.text.as_deref().unwrap_or(""));
-        }
-    }
-    match content.role.as_deref().unwrap_or("user") {
-        "model" => vec![Item::Assistant { text, calls }],
-        _ => {
-            if !text.is_empty() || results.is_empty() {
-                results.push(Item::User { text });
+            if let Some(text) = part.text.filter(|t| !t.is_empty()) {
+                read.texts.push(text.into_owned());
             }
-            results
         }
     }
+    read
 }
 
 fn result_of(resp: FunctionResponse) -> ToolResult {
@@ -175,4 +192,169 @@ fn result_of(resp: FunctionResponse) -> ToolResult {
         text,
         is_error,
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Responses. A streamed answer is a series of whole response objects, each with the
+// next parts; a function call always arrives whole in one of them.
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Response<'a> {
+    #[serde(borrow, default)]
+    candidates: Vec<Candidate<'a>>,
+    #[serde(default)]
+    usage_metadata: Option<UsageMetadata>,
+    #[serde(default)]
+    model_version: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Candidate<'a> {
+    #[serde(borrow, default)]
+    content: Option<Content<'a>>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct UsageMetadata {
+    #[serde(default)]
+    prompt_token_count: Option<u64>,
+    #[serde(default)]
+    candidates_token_count: Option<u64>,
+}
+
+/// What one response object adds to the turn: glued text, calls, and what it says of
+/// usage and stopping. Returns (had text, calls it added).
+fn add_response(turn: &mut ResponseTurn, resp: Response) -> (bool, Vec<ToolCall>) {
+    let mut had_text = false;
+    let mut calls = Vec::new();
+    // Clients ask for one candidate; the first is the answer.
+    if let Some(candidate) = resp.candidates.into_iter().next() {
+        if let Some(content) = candidate.content {
+            let read = read_parts(&content.parts);
+            had_text = !read.texts.is_empty();
+            for text in read.texts {
+                turn.text.push_str(&text);
+            }
+            calls = read.calls;
+            turn.calls.extend(calls.iter().cloned());
+        }
+        if candidate.finish_reason.is_some() {
+            turn.stop_reason = candidate.finish_reason;
+        }
+    }
+    if let Some(usage) = resp.usage_metadata {
+        turn.input_tokens = usage.prompt_token_count.or(turn.input_tokens);
+        turn.output_tokens = usage.candidates_token_count.or(turn.output_tokens);
+    }
+    (had_text, calls)
+}
+
+/// A `generateContent` answer, or a whole `streamGenerateContent` JSON array.
+pub(super) fn parse_response(body: &[u8]) -> Result<ResponseTurn, ParseError> {
+    let err = |e| ParseError::json(Dialect::Gemini, e);
+    let mut turn = ResponseTurn::default();
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first == Some(&b'[') {
+        let all: Vec<Response> = serde_json::from_slice(body).map_err(err)?;
+        for resp in all {
+            add_response(&mut turn, resp);
+        }
+    } else {
+        add_response(&mut turn, serde_json::from_slice(body).map_err(err)?);
+    }
+    Ok(turn)
+}
+
+/// What a streamed answer said so far.
+#[derive(Debug, Default)]
+pub(super) struct Stream {
+    turn: ResponseTurn,
+    model: Option<String>,
+    /// Response objects seen (array elements / SSE events with data).
+    elements: usize,
+    /// The first element holding a call not yet released to the client.
+    hold_element: Option<usize>,
+}
+
+impl Stream {
+    pub fn on_frame(
+        &mut self,
+        frame: &Frame,
+        json_array: bool,
+    ) -> (StreamEventKind, Vec<ToolCall>) {
+        if frame.data.is_empty() {
+            let end = json_array && frame.raw.contains(&b']');
+            let kind = if end {
+                StreamEventKind::MessageEnd
+            } else {
+                StreamEventKind::Other
+            };
+            return (kind, Vec::new());
+        }
+        let element = self.elements;
+        self.elements += 1;
+        let Ok(resp) = serde_json::from_str::<Response>(&frame.data) else {
+            return (StreamEventKind::Other, Vec::new());
+        };
+        if resp.model_version.is_some() {
+            self.model = resp.model_version.clone();
+        }
+        let (had_text, calls) = add_response(&mut self.turn, resp);
+        if !calls.is_empty() {
+            self.hold_element.get_or_insert(element);
+            return (StreamEventKind::ToolCallComplete, calls);
+        }
+        if had_text {
+            return (StreamEventKind::Text, Vec::new());
+        }
+        // A last object with only the finish reason and usage.
+        if self.turn.stop_reason.is_some() {
+            return (StreamEventKind::MessageEnd, Vec::new());
+        }
+        (StreamEventKind::Other, Vec::new())
+    }
+
+    pub fn mark_released(&mut self) {
+        self.hold_element = None;
+    }
+
+    pub fn turn(&self) -> ResponseTurn {
+        self.turn.clone()
+    }
+
+    pub fn halt_tail(&self, text: &str, json_array: bool) -> Vec<u8> {
+        let answer =
+            answer_object(self.model.as_deref().unwrap_or("unknown"), text, None).to_string();
+        let mut out = Vec::new();
+        if json_array {
+            // The client saw the array open unless the held element was the first.
+            let opened = self.hold_element.unwrap_or(self.elements) > 0;
+            out.extend_from_slice(if opened { b",\r\n" } else { b"[" });
+            out.extend_from_slice(answer.as_bytes());
+            out.extend_from_slice(b"]");
+        } else {
+            write_sse(&mut out, None, &answer, "\r\n");
+        }
+        out
+    }
+}
+
+/// A complete response object: the text (and an optional call), finish reason STOP,
+/// zero usage.
+fn answer_object(model: &str, text: &str, call: Option<&HaltToolCall>) -> serde_json::Value {
+    let mut parts = vec![json!({"text": text})];
+    if let Some(call) = call {
+        parts.push(json!({"functionCall": {"name": call.name, "args": call.arguments}}));
+    }
+    json!({
+        "candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": 0, "candidatesTokenCount": 0, "totalTokenCount": 0},
+        "modelVersion": model,
+        "responseId": random_id("", 22),
+    })
 }

@@ -11,9 +11,13 @@
 //! fields we do not need are skipped, and nothing is re-serialized.
 
 mod anthropic;
+mod framing;
 mod gemini;
 mod openai_chat;
 mod openai_responses;
+mod stream;
+
+pub use stream::{StreamDecoder, StreamEvent, StreamEventKind};
 
 use std::borrow::Cow;
 
@@ -119,6 +123,34 @@ pub struct ResponseTurn {
     pub stop_reason: Option<String>,
 }
 
+/// How to answer a request loopwarden halts without calling the upstream.
+#[derive(Debug, Clone, Default)]
+pub struct HaltOptions {
+    /// The model to name in the reply (the request's model).
+    pub model: Option<String>,
+    /// Answer as a stream (SSE). Must be true whenever the request streams: some
+    /// clients spin forever on a JSON answer to a streaming request.
+    pub stream: bool,
+    /// A tool call to make after the text, for agents that reject a text-only reply
+    /// (mini-swe-agent: `bash` running its submit command).
+    pub tool_call: Option<HaltToolCall>,
+}
+
+/// The tool call a halt reply makes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HaltToolCall {
+    pub name: String,
+    /// The call's arguments, a JSON object.
+    pub arguments: serde_json::Value,
+}
+
+/// A complete reply to send instead of the upstream's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HaltReply {
+    pub content_type: &'static str,
+    pub body: Vec<u8>,
+}
+
 /// A fully parsed request.
 #[derive(Debug)]
 pub struct ParsedRequest {
@@ -148,6 +180,17 @@ impl Dialect {
             Dialect::OpenAiResponses => openai_responses::parse_message(raw),
             Dialect::Anthropic => anthropic::parse_message(raw),
             Dialect::Gemini => gemini::parse_message(raw),
+        }
+    }
+
+    /// Reads a non-streaming answer (a JSON body; for Gemini also the JSON array that
+    /// `:streamGenerateContent` without `alt=sse` returns).
+    pub fn parse_response(self, body: &[u8]) -> Result<ResponseTurn, ParseError> {
+        match self {
+            Dialect::OpenAiChat => openai_chat::parse_response(body),
+            Dialect::OpenAiResponses => openai_responses::parse_response(body),
+            Dialect::Anthropic => anthropic::parse_response(body),
+            Dialect::Gemini => gemini::parse_response(body),
         }
     }
 
@@ -256,4 +299,21 @@ fn offers_tools(raw: Option<&RawValue>) -> bool {
         }
         None => false,
     }
+}
+
+/// A random id of the kind the APIs mint (`msg_…`, `chatcmpl-…`, `toolu_…`): letters and
+/// digits after the prefix.
+fn random_id(prefix: &str, len: usize) -> String {
+    let mut id = String::with_capacity(prefix.len() + len);
+    id.push_str(prefix);
+    id.extend(std::iter::repeat_with(fastrand::alphanumeric).take(len));
+    id
+}
+
+/// Seconds since the epoch, for the `created` fields of replies we make.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }

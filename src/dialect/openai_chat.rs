@@ -10,7 +10,14 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{args_from_text, content_text, offers_tools, Dialect, ParseError, RequestView};
+use serde_json::json;
+
+use super::framing::{write_sse, Frame};
+use super::stream::PartialCall;
+use super::{
+    args_from_text, content_text, offers_tools, random_id, unix_now, Dialect, HaltToolCall,
+    ParseError, RequestView, ResponseTurn, StreamEventKind,
+};
 use crate::transcript::{Item, ToolCall, ToolResult};
 
 #[derive(Deserialize)]
@@ -110,4 +117,263 @@ pub(super) fn parse_message(raw: &str) -> Vec<Item> {
         })],
         _ => vec![Item::User { text }],
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Responses.
+
+#[derive(Deserialize, Default)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct Response<'a> {
+    #[serde(borrow, default)]
+    choices: Vec<Choice<'a>>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct Choice<'a> {
+    #[serde(borrow, default)]
+    message: Option<&'a RawValue>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+pub(super) fn parse_response(body: &[u8]) -> Result<ResponseTurn, ParseError> {
+    let resp: Response =
+        serde_json::from_slice(body).map_err(|e| ParseError::json(Dialect::OpenAiChat, e))?;
+    let usage = resp.usage.unwrap_or_default();
+    let mut turn = ResponseTurn {
+        input_tokens: usage.prompt_tokens,
+        output_tokens: usage.completion_tokens,
+        ..Default::default()
+    };
+    // Clients ask for one choice; the first is the answer.
+    if let Some(choice) = resp.choices.into_iter().next() {
+        turn.stop_reason = choice.finish_reason;
+        if let Some(Item::Assistant { text, calls }) =
+            choice.message.and_then(|m| parse_message(m.get()).pop())
+        {
+            turn.text = text;
+            turn.calls = calls;
+        }
+    }
+    Ok(turn)
+}
+
+#[derive(Deserialize)]
+struct Chunk<'a> {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    created: Option<u64>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(borrow, default)]
+    choices: Vec<ChunkChoice<'a>>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct ChunkChoice<'a> {
+    #[serde(default)]
+    index: u64,
+    #[serde(borrow, default)]
+    delta: Option<ChunkDelta<'a>>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChunkDelta<'a> {
+    #[serde(borrow, default)]
+    role: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<Vec<CallDelta<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct CallDelta<'a> {
+    #[serde(default)]
+    index: u64,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(borrow, default)]
+    function: Option<FunctionDelta<'a>>,
+}
+
+#[derive(Deserialize)]
+struct FunctionDelta<'a> {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(borrow, default)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+/// What a streamed answer said so far.
+#[derive(Debug, Default)]
+pub(super) struct Stream {
+    turn: ResponseTurn,
+    id: Option<String>,
+    created: Option<u64>,
+    model: Option<String>,
+    /// Calls by their `index` in the deltas.
+    calls: Vec<(u64, PartialCall)>,
+    /// The calls were reported complete (at `finish_reason` or `[DONE]`).
+    calls_completed: bool,
+}
+
+impl Stream {
+    pub fn on_frame(&mut self, frame: &Frame) -> (StreamEventKind, Vec<ToolCall>) {
+        if frame.data == "[DONE]" {
+            return match self.complete_calls() {
+                Some(calls) => (StreamEventKind::ToolCallComplete, calls),
+                None => (StreamEventKind::MessageEnd, Vec::new()),
+            };
+        }
+        let Ok(chunk) = serde_json::from_str::<Chunk>(&frame.data) else {
+            return (StreamEventKind::Other, Vec::new());
+        };
+        self.id = self.id.take().or(chunk.id);
+        self.created = self.created.or(chunk.created);
+        self.model = self.model.take().or(chunk.model);
+        if let Some(u) = chunk.usage {
+            self.turn.input_tokens = u.prompt_tokens.or(self.turn.input_tokens);
+            self.turn.output_tokens = u.completion_tokens.or(self.turn.output_tokens);
+        }
+        let mut kind = StreamEventKind::Other;
+        let mut finished = false;
+        // Only the first choice is the answer (clients ask for one).
+        for choice in chunk.choices.into_iter().filter(|c| c.index == 0) {
+            if let Some(delta) = choice.delta {
+                if delta.role.is_some() || delta.content.as_deref().is_some_and(|c| !c.is_empty()) {
+                    self.turn
+                        .text
+                        .push_str(delta.content.as_deref().unwrap_or(""));
+                    kind = StreamEventKind::Text;
+                }
+                for d in delta.tool_calls.unwrap_or_default() {
+                    let function = d.function.unwrap_or(FunctionDelta {
+                        name: None,
+                        arguments: None,
+                    });
+                    let pos = match self.calls.iter().position(|(i, _)| *i == d.index) {
+                        Some(pos) => pos,
+                        None => {
+                            self.calls.push((d.index, PartialCall::default()));
+                            kind = StreamEventKind::ToolCallStart;
+                            self.calls.len() - 1
+                        }
+                    };
+                    let call = &mut self.calls[pos].1;
+                    if let Some(id) = d.id {
+                        call.id = id;
+                    }
+                    if let Some(name) = function.name {
+                        call.name.push_str(&name);
+                    }
+                    call.args
+                        .push_str(function.arguments.as_deref().unwrap_or(""));
+                    if kind != StreamEventKind::ToolCallStart {
+                        kind = StreamEventKind::ToolCallDelta;
+                    }
+                }
+            }
+            if let Some(reason) = choice.finish_reason {
+                self.turn.stop_reason = Some(reason);
+                finished = true;
+            }
+        }
+        if finished {
+            return match self.complete_calls() {
+                Some(calls) => (StreamEventKind::ToolCallComplete, calls),
+                None => (StreamEventKind::MessageEnd, Vec::new()),
+            };
+        }
+        (kind, Vec::new())
+    }
+
+    /// All calls, the first time the answer ends with calls in it.
+    fn complete_calls(&mut self) -> Option<Vec<ToolCall>> {
+        if self.calls.is_empty() || self.calls_completed {
+            return None;
+        }
+        self.calls_completed = true;
+        Some(self.calls.iter().map(|(_, c)| c.to_call()).collect())
+    }
+
+    /// Chat chunks carry no positions: the tail is the same wherever it is cut in.
+    pub fn mark_released(&mut self) {}
+
+    pub fn turn(&self) -> ResponseTurn {
+        let mut turn = self.turn.clone();
+        turn.calls = self.calls.iter().map(|(_, c)| c.to_call()).collect();
+        turn
+    }
+
+    pub fn halt_tail(&self, text: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        let id = self
+            .id
+            .clone()
+            .unwrap_or_else(|| random_id("chatcmpl-", 29));
+        let model = self.model.as_deref().unwrap_or("unknown");
+        write_halt_chunks(
+            &mut out,
+            &id,
+            self.created.unwrap_or_else(unix_now),
+            model,
+            text,
+            None,
+        );
+        out
+    }
+}
+
+/// The chunks of a halt answer: the text (with the role, harmless when repeated), an
+/// optional tool call, the finish chunk with zero usage, and `[DONE]`.
+fn write_halt_chunks(
+    out: &mut Vec<u8>,
+    id: &str,
+    created: u64,
+    model: &str,
+    text: &str,
+    call: Option<&HaltToolCall>,
+) {
+    let mut chunk = |delta: serde_json::Value, finish: Option<&str>, usage: bool| {
+        let mut c = json!({
+            "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        });
+        if usage {
+            c["usage"] = zero_usage();
+        }
+        write_sse(out, None, &c.to_string(), "\n");
+    };
+    chunk(json!({"role": "assistant", "content": text}), None, false);
+    if let Some(call) = call {
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": random_id("call_", 24), "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments.to_string()}}]}),
+            None,
+            false,
+        );
+    }
+    let finish = if call.is_some() { "tool_calls" } else { "stop" };
+    chunk(json!({}), Some(finish), true);
+    write_sse(out, None, "[DONE]", "\n");
+}
+
+fn zero_usage() -> serde_json::Value {
+    json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})
 }

@@ -12,8 +12,13 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use serde_json::json;
+
+use super::framing::{write_sse, Frame};
+use super::stream::PartialCall;
 use super::{
-    args_from_raw, args_from_text, content_text, offers_tools, Dialect, ParseError, RequestView,
+    args_from_raw, args_from_text, content_text, offers_tools, random_id, unix_now, Dialect,
+    HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -143,4 +148,400 @@ fn output_text(raw: Option<&RawValue>) -> String {
         Some(raw) => super::value_text(raw),
         None => String::new(),
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Responses.
+
+#[derive(Deserialize, Default)]
+struct Usage {
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct Response<'a> {
+    #[serde(borrow, default)]
+    output: Vec<&'a RawValue>,
+    #[serde(default)]
+    status: Option<String>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    incomplete_details: Option<IncompleteDetails>,
+}
+
+#[derive(Deserialize)]
+struct IncompleteDetails {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+impl Response<'_> {
+    /// The turn its `output` items make (text joined, calls in order).
+    fn into_turn(self) -> ResponseTurn {
+        let mut turn = ResponseTurn::default();
+        for item in self.output {
+            for part in parse_message(item.get()) {
+                if let Item::AssistantPart { text, calls } = part {
+                    super::push_line(&mut turn.text, &text);
+                    turn.calls.extend(calls);
+                }
+            }
+        }
+        let usage = self.usage.unwrap_or_default();
+        turn.input_tokens = usage.input_tokens;
+        turn.output_tokens = usage.output_tokens;
+        // "incomplete" says little; its reason (max_output_tokens...) says why.
+        turn.stop_reason = self
+            .incomplete_details
+            .and_then(|d| d.reason)
+            .or(self.status);
+        turn
+    }
+}
+
+pub(super) fn parse_response(body: &[u8]) -> Result<ResponseTurn, ParseError> {
+    let resp: Response =
+        serde_json::from_slice(body).map_err(|e| ParseError::json(Dialect::OpenAiResponses, e))?;
+    Ok(resp.into_turn())
+}
+
+/// One streamed event, with the fields of every event type we read.
+#[derive(Deserialize)]
+struct Event<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Cow<'a, str>,
+    #[serde(default)]
+    sequence_number: Option<u64>,
+    #[serde(default)]
+    output_index: Option<u64>,
+    #[serde(borrow, default)]
+    item: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    delta: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    arguments: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    input: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    response: Option<&'a RawValue>,
+}
+
+/// Where the client's view of the stream stops when tool-call events are held.
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    output_index: u64,
+    /// The sequence number of the last event before the held ones.
+    seq_before: Option<u64>,
+    /// How many finished output items the client had seen.
+    items_before: usize,
+}
+
+/// What a streamed answer said so far.
+#[derive(Debug, Default)]
+pub(super) struct Stream {
+    turn: ResponseTurn,
+    /// The `response` object of `response.created`: the base of a tail's final object.
+    response: Option<serde_json::Value>,
+    model: Option<String>,
+    /// Calls being streamed, by output index.
+    open_calls: Vec<(u64, PartialCall)>,
+    /// Finished output items, in order, for a tail's `response.completed`.
+    done_items: Vec<Box<RawValue>>,
+    next_index: u64,
+    last_seq: Option<u64>,
+    hold: Option<Hold>,
+}
+
+impl Stream {
+    pub fn on_frame(&mut self, frame: &Frame) -> (StreamEventKind, Vec<ToolCall>) {
+        let Ok(ev) = serde_json::from_str::<Event>(&frame.data) else {
+            return (StreamEventKind::Other, Vec::new());
+        };
+        let seq_before = self.last_seq;
+        if ev.sequence_number.is_some() {
+            self.last_seq = ev.sequence_number;
+        }
+        let index = ev.output_index.unwrap_or(0);
+        let item = ev
+            .item
+            .and_then(|raw| serde_json::from_str::<InputItem>(raw.get()).ok());
+        let item_kind = item
+            .as_ref()
+            .and_then(|i| i.kind.as_deref())
+            .unwrap_or("")
+            .to_string();
+        let none = Vec::new();
+        match ev.kind.as_ref() {
+            "response.created" | "response.in_progress" => {
+                if let Some(raw) = ev.response {
+                    self.response = serde_json::from_str(raw.get()).ok();
+                }
+                (StreamEventKind::Other, none)
+            }
+            "response.output_item.added" => {
+                self.next_index = self.next_index.max(index + 1);
+                match (item_kind.as_str(), item) {
+                    ("function_call" | "custom_tool_call", Some(item)) => {
+                        let freeform = item_kind == "custom_tool_call";
+                        let args = if freeform { item.input } else { item.arguments };
+                        self.open_calls.push((
+                            index,
+                            PartialCall {
+                                id: item.call_id.unwrap_or_default(),
+                                name: item.name.unwrap_or_default(),
+                                args: args.map(Cow::into_owned).unwrap_or_default(),
+                                freeform,
+                            },
+                        ));
+                        self.hold.get_or_insert(Hold {
+                            output_index: index,
+                            seq_before,
+                            items_before: self.done_items.len(),
+                        });
+                        (StreamEventKind::ToolCallStart, none)
+                    }
+                    ("message", _) => (StreamEventKind::Text, none),
+                    _ => (StreamEventKind::Other, none),
+                }
+            }
+            "response.function_call_arguments.delta" | "response.custom_tool_call_input.delta" => {
+                if let Some((_, call)) = self.open_calls.iter_mut().find(|(i, _)| *i == index) {
+                    call.args.push_str(ev.delta.as_deref().unwrap_or(""));
+                }
+                (StreamEventKind::ToolCallDelta, none)
+            }
+            "response.function_call_arguments.done" | "response.custom_tool_call_input.done" => {
+                if let Some((_, call)) = self.open_calls.iter_mut().find(|(i, _)| *i == index) {
+                    if let Some(full) = ev.arguments.or(ev.input) {
+                        call.args = full.into_owned();
+                    }
+                }
+                (StreamEventKind::ToolCallDelta, none)
+            }
+            "response.output_item.done" => {
+                if let Some(raw) = ev.item {
+                    self.done_items.push(raw.to_owned());
+                }
+                let Some(pos) = self.open_calls.iter().position(|(i, _)| *i == index) else {
+                    let kind = if item_kind == "message" {
+                        StreamEventKind::Text
+                    } else {
+                        StreamEventKind::Other
+                    };
+                    return (kind, none);
+                };
+                let (_, mut call) = self.open_calls.remove(pos);
+                // The finished item is authoritative when it carries the arguments.
+                if let Some(full) =
+                    item.and_then(|i| if call.freeform { i.input } else { i.arguments })
+                {
+                    call.args = full.into_owned();
+                }
+                let call = call.to_call();
+                self.turn.calls.push(call.clone());
+                (StreamEventKind::ToolCallComplete, vec![call])
+            }
+            "response.output_text.delta" | "response.refusal.delta" => {
+                self.turn.text.push_str(ev.delta.as_deref().unwrap_or(""));
+                (StreamEventKind::Text, none)
+            }
+            "response.output_text.done"
+            | "response.refusal.done"
+            | "response.content_part.added"
+            | "response.content_part.done"
+            | "response.output_text.annotation.added" => (StreamEventKind::Text, none),
+            "response.completed" | "response.incomplete" | "response.failed" => {
+                if let Some(resp) = ev
+                    .response
+                    .and_then(|raw| serde_json::from_str::<Response>(raw.get()).ok())
+                {
+                    let full = resp.into_turn();
+                    // A stream that sent only the final object still gives its turn.
+                    if self.turn.text.is_empty() && self.turn.calls.is_empty() {
+                        self.turn.text = full.text;
+                        self.turn.calls = full.calls;
+                    }
+                    self.turn.input_tokens = full.input_tokens;
+                    self.turn.output_tokens = full.output_tokens;
+                    self.turn.stop_reason = full.stop_reason;
+                }
+                (StreamEventKind::MessageEnd, none)
+            }
+            _ => (StreamEventKind::Other, none),
+        }
+    }
+
+    pub fn mark_released(&mut self) {
+        self.hold = None;
+    }
+
+    pub fn turn(&self) -> ResponseTurn {
+        let mut turn = self.turn.clone();
+        turn.calls
+            .extend(self.open_calls.iter().map(|(_, c)| c.to_call()));
+        turn
+    }
+
+    pub fn halt_tail(&self, text: &str) -> Vec<u8> {
+        let hold = self.hold.unwrap_or(Hold {
+            output_index: self.next_index,
+            seq_before: self.last_seq,
+            items_before: self.done_items.len(),
+        });
+        let items = self.done_items[..hold.items_before.min(self.done_items.len())]
+            .iter()
+            .filter_map(|raw| serde_json::from_str(raw.get()).ok())
+            .collect();
+        let mut writer = HaltWriter {
+            out: Vec::new(),
+            seq: hold.seq_before.map_or(0, |s| s + 1),
+        };
+        let base = match &self.response {
+            Some(response) => response.clone(),
+            None => {
+                let base = response_object(self.model.as_deref().unwrap_or("unknown"));
+                writer.event("response.created", json!({"response": base}));
+                writer.event("response.in_progress", json!({"response": base}));
+                base
+            }
+        };
+        writer.answer(base, items, hold.output_index, text, None);
+        writer.out
+    }
+}
+
+/// Writes the events of a halt answer, numbering them as it goes.
+struct HaltWriter {
+    out: Vec<u8>,
+    seq: u64,
+}
+
+impl HaltWriter {
+    fn event(&mut self, kind: &str, mut data: serde_json::Value) {
+        data["type"] = json!(kind);
+        data["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        write_sse(&mut self.out, Some(kind), &data.to_string(), "\n");
+    }
+
+    /// From output index `index` on: a message with `text`, an optional function call,
+    /// and `response.completed` whose output is `items` plus what was added here.
+    fn answer(
+        &mut self,
+        mut response: serde_json::Value,
+        mut items: Vec<serde_json::Value>,
+        index: u64,
+        text: &str,
+        call: Option<&HaltToolCall>,
+    ) {
+        let msg_id = random_id("msg_", 48);
+        let part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
+        let ids = json!({"item_id": msg_id, "output_index": index, "content_index": 0});
+        let with = |mut v: serde_json::Value, extra: serde_json::Value| {
+            if let (Some(v), Some(extra)) = (v.as_object_mut(), extra.as_object()) {
+                v.extend(extra.clone());
+            }
+            v
+        };
+        self.event(
+            "response.output_item.added",
+            json!({"output_index": index, "item": {
+                "id": msg_id, "type": "message", "status": "in_progress", "role": "assistant", "content": []}}),
+        );
+        let empty_part =
+            json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []});
+        self.event(
+            "response.content_part.added",
+            with(ids.clone(), json!({"part": empty_part})),
+        );
+        self.event(
+            "response.output_text.delta",
+            with(ids.clone(), json!({"delta": text, "logprobs": []})),
+        );
+        self.event(
+            "response.output_text.done",
+            with(ids.clone(), json!({"text": text, "logprobs": []})),
+        );
+        self.event(
+            "response.content_part.done",
+            with(ids, json!({"part": part})),
+        );
+        let message = json!({"id": msg_id, "type": "message", "status": "completed", "role": "assistant",
+                             "content": [part]});
+        self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": message}),
+        );
+        items.push(message);
+        if let Some(call) = call {
+            let i = index + 1;
+            let item = json!({"id": random_id("fc_", 48), "type": "function_call", "status": "completed",
+                              "call_id": random_id("call_", 24), "name": call.name,
+                              "arguments": call.arguments.to_string()});
+            let item_id = item["id"].clone();
+            let mut added = item.clone();
+            added["status"] = json!("in_progress");
+            added["arguments"] = json!("");
+            self.event(
+                "response.output_item.added",
+                json!({"output_index": i, "item": added}),
+            );
+            self.event(
+                "response.function_call_arguments.delta",
+                json!({"item_id": item_id, "output_index": i, "delta": item["arguments"]}),
+            );
+            self.event(
+                "response.function_call_arguments.done",
+                json!({"item_id": item_id, "output_index": i, "arguments": item["arguments"]}),
+            );
+            self.event(
+                "response.output_item.done",
+                json!({"output_index": i, "item": item}),
+            );
+            items.push(item);
+        }
+        response["status"] = json!("completed");
+        response["output"] = json!(items);
+        response["usage"] = zero_usage();
+        self.event("response.completed", json!({"response": response}));
+    }
+}
+
+/// A Responses API response object, in progress, with no output yet.
+fn response_object(model: &str) -> serde_json::Value {
+    json!({
+        "id": random_id("resp_", 48),
+        "object": "response",
+        "created_at": unix_now(),
+        "status": "in_progress",
+        "background": false,
+        "error": null,
+        "incomplete_details": null,
+        "instructions": null,
+        "max_output_tokens": null,
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": true,
+        "previous_response_id": null,
+        "reasoning": {"effort": null, "summary": null},
+        "store": false,
+        "temperature": 1.0,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": null,
+        "user": null,
+        "metadata": {},
+    })
+}
+
+fn zero_usage() -> serde_json::Value {
+    json!({"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0},
+           "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 0})
 }

@@ -1,0 +1,337 @@
+//! How a streamed answer is cut into events, whatever the API: Server-Sent Events
+//! (all four APIs) and the bare JSON array Gemini streams without `?alt=sse`.
+//!
+//! A framer is fed raw chunks as they arrive (an event may be split across chunks, or a
+//! chunk hold several events) and returns every event completed so far, each with its
+//! exact bytes, so the concatenation of all frames' `raw` is the stream itself. Each
+//! byte is looked at once: the cost is O(chunk).
+
+/// One event of a stream.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Frame {
+    /// The exact bytes of the event, separators included.
+    pub raw: Vec<u8>,
+    /// The SSE `event:` field, empty when absent.
+    pub event: String,
+    /// The event's payload: SSE `data:` lines joined with `\n`, or one JSON array element.
+    pub data: String,
+}
+
+/// An event larger than this without an end is given up on: it is passed on as an
+/// opaque frame so memory stays bounded on a garbage stream.
+const MAX_PENDING: usize = 16 << 20;
+
+/// Splits a byte stream at SSE event boundaries (a blank line; LF, CRLF or CR line ends).
+#[derive(Debug, Default)]
+pub(crate) struct SseFramer {
+    buf: Vec<u8>,
+    /// Where scanning for the next line end resumes, so no byte is scanned twice.
+    scan: usize,
+    /// Start of the current line in `buf`.
+    line_start: usize,
+    /// The previous byte was a CR, so an LF right after it ends nothing new.
+    after_cr: bool,
+}
+
+impl SseFramer {
+    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<Frame>) {
+        self.buf.extend_from_slice(chunk);
+        let mut event_start = 0;
+        while self.scan < self.buf.len() {
+            let b = self.buf[self.scan];
+            self.scan += 1;
+            match b {
+                b'\n' if self.after_cr => {
+                    // second half of a CRLF: the line already ended at the CR
+                    self.after_cr = false;
+                    self.line_start = self.scan;
+                }
+                // A CR at the end of what we have: wait for the next byte to know if it
+                // starts a CRLF, so an event's bytes never depend on where chunks split.
+                b'\r' if self.scan == self.buf.len() => {
+                    self.scan -= 1;
+                    break;
+                }
+                b'\n' | b'\r' => {
+                    self.after_cr = b == b'\r';
+                    let blank = self.scan - 1 == self.line_start;
+                    self.line_start = self.scan;
+                    if blank {
+                        // A CRLF blank line: take its LF too when it is already here.
+                        let mut end = self.scan;
+                        if self.after_cr && self.buf.get(end) == Some(&b'\n') {
+                            end += 1;
+                            self.scan = end;
+                            self.line_start = end;
+                            self.after_cr = false;
+                        }
+                        out.push(parse_sse_event(&self.buf[event_start..end]));
+                        event_start = end;
+                    }
+                }
+                _ => self.after_cr = false,
+            }
+        }
+        if event_start > 0 {
+            self.buf.drain(..event_start);
+            self.scan -= event_start;
+            self.line_start -= event_start;
+        }
+        if self.buf.len() > MAX_PENDING {
+            self.flush(out);
+        }
+    }
+
+    /// Passes on whatever is left (an event the stream ended without closing).
+    pub fn flush(&mut self, out: &mut Vec<Frame>) {
+        if !self.buf.is_empty() {
+            out.push(parse_sse_event(&self.buf));
+        }
+        *self = SseFramer::default();
+    }
+}
+
+/// Reads the fields of one SSE event (`raw` ends with its blank line, or is a tail).
+fn parse_sse_event(raw: &[u8]) -> Frame {
+    let mut event = String::new();
+    let mut data = String::new();
+    let mut has_data = false;
+    let text = String::from_utf8_lossy(raw);
+    for line in text.split(['\n', '\r']) {
+        let (field, value) = match line.split_once(':') {
+            Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
+            None => (line, ""),
+        };
+        match field {
+            "data" => {
+                if has_data {
+                    data.push('\n');
+                }
+                data.push_str(value);
+                has_data = true;
+            }
+            "event" => event = value.to_string(),
+            // comments (`: keep-alive`), id, retry: nothing we read
+            _ => {}
+        }
+    }
+    Frame {
+        raw: raw.to_vec(),
+        event,
+        data,
+    }
+}
+
+/// Splits a streamed JSON array (`[{…},\r\n{…}]`) into its elements. Each frame's raw
+/// bytes include the separators before the element (`[` or `,` and whitespace); the
+/// closing `]` is its own frame.
+#[derive(Debug, Default)]
+pub(crate) struct JsonArrayFramer {
+    buf: Vec<u8>,
+    scan: usize,
+    depth: u32,
+    in_string: bool,
+    escaped: bool,
+    /// Where the current element's JSON starts in `buf`.
+    element_start: Option<usize>,
+}
+
+impl JsonArrayFramer {
+    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<Frame>) {
+        self.buf.extend_from_slice(chunk);
+        let mut cut = 0;
+        while self.scan < self.buf.len() {
+            let b = self.buf[self.scan];
+            let at = self.scan;
+            self.scan += 1;
+            if self.in_string {
+                match b {
+                    _ if self.escaped => self.escaped = false,
+                    b'\\' => self.escaped = true,
+                    b'"' => self.in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => self.in_string = true,
+                b'{' | b'[' => {
+                    if self.depth == 1 {
+                        self.element_start = Some(at);
+                    }
+                    self.depth += 1;
+                }
+                b'}' | b']' => {
+                    self.depth = self.depth.saturating_sub(1);
+                    if self.depth == 1 {
+                        if let Some(start) = self.element_start.take() {
+                            out.push(Frame {
+                                raw: self.buf[cut..self.scan].to_vec(),
+                                event: String::new(),
+                                data: String::from_utf8_lossy(&self.buf[start..self.scan])
+                                    .into_owned(),
+                            });
+                            cut = self.scan;
+                        }
+                    } else if self.depth == 0 {
+                        // the array's closing bracket
+                        out.push(Frame {
+                            raw: self.buf[cut..self.scan].to_vec(),
+                            event: String::new(),
+                            data: String::new(),
+                        });
+                        cut = self.scan;
+                    }
+                }
+                _ => {}
+            }
+        }
+        if cut > 0 {
+            self.buf.drain(..cut);
+            self.scan -= cut;
+            if let Some(start) = self.element_start.as_mut() {
+                *start -= cut;
+            }
+        }
+        if self.buf.len() > MAX_PENDING {
+            self.flush(out);
+        }
+    }
+
+    pub fn flush(&mut self, out: &mut Vec<Frame>) {
+        if !self.buf.is_empty() {
+            out.push(Frame {
+                raw: std::mem::take(&mut self.buf),
+                event: String::new(),
+                data: String::new(),
+            });
+        }
+        *self = JsonArrayFramer::default();
+    }
+}
+
+/// The framing of one response stream. Gemini's stream is SSE with `?alt=sse` and a
+/// JSON array without it; the first byte that is not whitespace tells which.
+#[derive(Debug)]
+pub(crate) enum Framer {
+    Sse(SseFramer),
+    JsonArray(JsonArrayFramer),
+    /// Gemini, before the first significant byte.
+    Sniffing(Vec<u8>),
+}
+
+impl Framer {
+    pub fn sse() -> Framer {
+        Framer::Sse(SseFramer::default())
+    }
+
+    pub fn sniffing() -> Framer {
+        Framer::Sniffing(Vec::new())
+    }
+
+    pub fn is_json_array(&self) -> bool {
+        matches!(self, Framer::JsonArray(_))
+    }
+
+    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<Frame>) {
+        if let Framer::Sniffing(pending) = self {
+            let Some(first) = chunk.iter().find(|b| !b.is_ascii_whitespace()) else {
+                pending.extend_from_slice(chunk);
+                return;
+            };
+            let mut head = std::mem::take(pending);
+            head.extend_from_slice(chunk);
+            *self = if *first == b'[' {
+                Framer::JsonArray(JsonArrayFramer::default())
+            } else {
+                Framer::Sse(SseFramer::default())
+            };
+            return self.feed(&head, out);
+        }
+        match self {
+            Framer::Sse(f) => f.feed(chunk, out),
+            Framer::JsonArray(f) => f.feed(chunk, out),
+            Framer::Sniffing(_) => {}
+        }
+    }
+
+    pub fn flush(&mut self, out: &mut Vec<Frame>) {
+        match self {
+            Framer::Sse(f) => f.flush(out),
+            Framer::JsonArray(f) => f.flush(out),
+            Framer::Sniffing(pending) => {
+                if !pending.is_empty() {
+                    out.push(Frame {
+                        raw: std::mem::take(pending),
+                        event: String::new(),
+                        data: String::new(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Writes one SSE event. `line_end` is `"\n"`, or `"\r\n"` for Gemini, which frames
+/// its events that way.
+pub(crate) fn write_sse(out: &mut Vec<u8>, event: Option<&str>, data: &str, line_end: &str) {
+    if let Some(event) = event {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(event.as_bytes());
+        out.extend_from_slice(line_end.as_bytes());
+    }
+    out.extend_from_slice(b"data: ");
+    out.extend_from_slice(data.as_bytes());
+    out.extend_from_slice(line_end.as_bytes());
+    out.extend_from_slice(line_end.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames_of(framer: &mut Framer, chunks: &[&[u8]]) -> Vec<Frame> {
+        let mut out = Vec::new();
+        for c in chunks {
+            framer.feed(c, &mut out);
+        }
+        framer.flush(&mut out);
+        out
+    }
+
+    #[test]
+    fn sse_split_anywhere_gives_the_same_events() {
+        let stream = b"event: a\ndata: {\"x\":1}\n\n: keep-alive\n\ndata: one\ndata: two\r\n\r\ndata: [DONE]\n\n";
+        let whole = frames_of(&mut Framer::sse(), &[stream]);
+        assert_eq!(whole.len(), 4);
+        assert_eq!(whole[0].event, "a");
+        assert_eq!(whole[0].data, "{\"x\":1}");
+        assert_eq!(whole[2].data, "one\ntwo");
+        assert_eq!(whole[3].data, "[DONE]");
+        for split in 0..stream.len() {
+            let parts = frames_of(&mut Framer::sse(), &[&stream[..split], &stream[split..]]);
+            assert_eq!(parts, whole, "split at {split}");
+        }
+        let bytes: Vec<&[u8]> = stream.chunks(1).collect();
+        assert_eq!(frames_of(&mut Framer::sse(), &bytes), whole);
+        let joined: Vec<u8> = whole.iter().flat_map(|f| f.raw.clone()).collect();
+        assert_eq!(joined, stream);
+    }
+
+    #[test]
+    fn json_array_elements_keep_their_bytes() {
+        let stream = b"[{\"a\":\"}]\\\"\"},\r\n{\"b\":[1,{\"c\":2}]}\r\n]";
+        let whole = frames_of(&mut Framer::sniffing(), &[stream]);
+        assert_eq!(whole.len(), 3);
+        assert_eq!(whole[0].data, "{\"a\":\"}]\\\"\"}");
+        assert_eq!(whole[1].data, "{\"b\":[1,{\"c\":2}]}");
+        assert_eq!(whole[2].raw, b"\r\n]");
+        for split in 0..stream.len() {
+            let parts = frames_of(
+                &mut Framer::sniffing(),
+                &[&stream[..split], &stream[split..]],
+            );
+            assert_eq!(parts, whole, "split at {split}");
+        }
+    }
+}
