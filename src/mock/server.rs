@@ -366,8 +366,8 @@ const SECRET_HEADERS: [&str; 5] = [
     "cookie",
 ];
 
-/// One line of the capture file. Secrets are redacted; the body's blake3 lets a test compare
-/// it byte for byte with what a proxy logged.
+/// One line of the capture file. Secrets are redacted; `body_raw` (the body when it is
+/// UTF-8) and `body_blake3` let a test compare it byte for byte with what a proxy received.
 fn capture_line(seq: usize, req: &CapturedRequest) -> Value {
     let headers: serde_json::Map<String, Value> = req
         .headers
@@ -395,9 +395,11 @@ fn capture_line(seq: usize, req: &CapturedRequest) -> Value {
     });
     let body = serde_json::from_slice::<Value>(&req.body)
         .unwrap_or_else(|_| json!(String::from_utf8_lossy(&req.body)));
+    // The exact bytes too, for readers without blake3 (the e2e runner compares sha256).
+    let raw = std::str::from_utf8(&req.body).ok();
     json!({
         "seq": seq, "method": req.method, "path": req.path, "query": query,
-        "headers": headers, "body": body, "body_len": req.body.len(),
+        "headers": headers, "body": body, "body_raw": raw, "body_len": req.body.len(),
         "body_blake3": blake3::hash(&req.body).to_hex().as_str(),
         "api": req.api, "turn": req.turn_index, "answer": req.answer,
     })

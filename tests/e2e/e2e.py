@@ -1,0 +1,472 @@
+#!/usr/bin/env python3
+"""End-to-end suite: real, unmodified agents against loopwarden, loopwarden against the
+scripted mock model, all on loopback inside a private network namespace.
+
+    client  ->  tap (records what the client sent and got)  ->  loopwarden serve  ->  loopwarden mock
+
+Scenarios, per client:
+  control  a productive run (read, failing test, real fix, passing test, final text): the
+           client finishes normally and loopwarden changes nothing.
+  loop     the model loops (same failing test, same read, an edit and its revert): loopwarden
+           nudges, then halts, and the client stops by itself with the halt as its last word.
+
+Usage: tests/e2e/run.sh [--clients claude,codex,...] [--scenarios control,loop] [--direct]
+Prints one line per check and ends with `N passed, N failed`.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import clients as C  # noqa: E402
+from tap import Tap  # noqa: E402
+
+CONTROL_DONE = "E2E-CONTROL-DONE: add() now adds and the tests pass."
+UNHALTED = "E2E-UNHALTED: the looping script ran out and nobody halted it."
+UNEXPECTED = "E2E-UNEXPECTED: the client asked for more turns than the script has."
+SIDE_TEXT = "Fix the failing calc test"
+# Gemini CLI's model router asks for a JSON verdict before each prompt.
+SIDE_RULES = [{"match": "complexity_score",
+               "text": '{"complexity_reasoning": "simple task", "complexity_score": 20}'}]
+CLIENT_TIMEOUT = int(os.environ.get("LW_E2E_CLIENT_TIMEOUT", "180"))
+# Requests a halted client may still send beyond the script (its own retries, side calls).
+RETRY_ALLOWANCE = 4
+
+
+# ------------------------------------------------------------------------------ scripts
+
+def calls(*tool_calls):
+    return {"tool_calls": list(tool_calls)}
+
+
+def control_script(client, repo):
+    turns = [
+        {"text": "Let me look at the code first.", "tool_calls": [client.read(repo)]},
+        calls(client.run_test(repo)),
+        calls(client.edit(repo, C.BUGGY, C.FIXED)),
+        calls(client.run_test(repo)),  # a repeated command, but with a new result
+        client.final(CONTROL_DONE),
+    ]
+    return {"turns": turns, "end_text": UNEXPECTED, "side_text": SIDE_TEXT, "side_rules": SIDE_RULES}
+
+
+def loop_script(client, repo):
+    cycle = [
+        calls(client.read(repo)),
+        calls(client.run_test(repo)),
+        calls(client.edit(repo, C.BUGGY, C.SAME_BUG)),
+        calls(client.run_test(repo)),
+        calls(client.edit(repo, C.SAME_BUG, C.BUGGY)),  # the revert
+        calls(client.run_test(repo)),
+    ]
+    turns = [{"text": "Let me look at the code first.", "tool_calls": [client.read(repo)]}] + cycle * 4
+    return {"turns": turns, "end_text": UNHALTED, "side_text": SIDE_TEXT, "side_rules": SIDE_RULES}
+
+
+SCENARIOS = {"control": control_script, "loop": loop_script}
+
+
+# ------------------------------------------------------------------------------ reporting
+
+class Report:
+    def __init__(self):
+        self.passed = self.failed = self.skipped = 0
+
+    def check(self, label, ok, detail=""):
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+        print(f"{'PASS' if ok else 'FAIL'} {label}{': ' + detail if detail else ''}", flush=True)
+
+    def skip(self, label, why):
+        self.skipped += 1
+        print(f"SKIP {label}: {why}", flush=True)
+
+
+def short(text, n=100):
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[:n] + "…"
+
+
+# ------------------------------------------------------------------------------ processes
+
+class Proc:
+    """A background process of ours, in its own process group, stopped by its pid."""
+
+    def __init__(self, argv, log, env=None, stdout=None):
+        self.log = open(log, "wb")
+        self.p = subprocess.Popen(argv, env=env, stdout=stdout or self.log, stderr=self.log,
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def stop(self):
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGTERM)
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait()
+        self.log.close()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port, proc, seconds=60):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.p.poll() is not None:
+            return False
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+def start_mock(binary, script_path, capture, log):
+    proc = Proc([binary, "mock", "--listen", "127.0.0.1:0", "--script", str(script_path),
+                 "--capture", str(capture)], log, stdout=subprocess.PIPE)
+    line = proc.p.stdout.readline().decode()
+    m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+    if not m:
+        proc.stop()
+        raise RuntimeError(f"mock did not start: {line!r}, see {log}")
+    return proc, int(m.group(1))
+
+
+def start_serve(binary, mock_port, db, log):
+    port = free_port()
+    upstream = f"http://127.0.0.1:{mock_port}"
+    env = dict(os.environ, LOOPWARDEN_OPENAI_BASE_URL=upstream, LOOPWARDEN_ANTHROPIC_BASE_URL=upstream,
+               LOOPWARDEN_GEMINI_BASE_URL=upstream, RUST_LOG=os.environ.get("RUST_LOG", "info"))
+    proc = Proc([binary, "serve", "--listen", f"127.0.0.1:{port}", "--db", f"sqlite://{db}"], log, env=env)
+    if not wait_for_port(port, proc):
+        proc.stop()
+        raise RuntimeError(f"loopwarden serve did not start, see {log}")
+    return proc, port
+
+
+def client_env(home, repo, extra):
+    """The caller's environment minus anything that could point a client elsewhere."""
+    drop = ("OPENAI", "ANTHROPIC", "GEMINI", "GOOGLE", "CLAUDE", "CODEX", "OPENCODE", "LITELLM",
+            "MSWEA", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "LOOPWARDEN")
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(drop)}
+    # opencode takes its working directory from $PWD, not from the process's cwd.
+    env.update(HOME=str(home), PWD=str(repo), NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    env.update(extra)
+    return env
+
+
+def run_client(client, repo, run_dir, base_url):
+    home = run_dir / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    argv, extra = client.command(repo, home, base_url, run_dir)
+    out, err = run_dir / "client.out", run_dir / "client.err"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        p = subprocess.Popen(argv, cwd=repo, env=client_env(home, repo, extra), stdout=o, stderr=e,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            rc = p.wait(CLIENT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            rc = "timeout"
+    # Whatever the client left running (shells, servers) goes with it.
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return rc, out.read_text(errors="replace")
+
+
+# ------------------------------------------------------------------------------ evidence
+
+def read_capture(path):
+    recs = []
+    for line in Path(path).read_text().splitlines():
+        rec = json.loads(line)
+        raw = rec.get("body_raw")
+        rec["sha256"] = hashlib.sha256(raw.encode()).hexdigest() if raw is not None else None
+        recs.append(rec)
+    return recs
+
+
+CONVERSATION_APIS = {"openai_chat", "openai_responses", "anthropic", "gemini"}
+
+
+def strings_in(value, out):
+    """Every string in a JSON value, long ones split into lines (appended text shows up as
+    lines of its own even when joined to an existing string)."""
+    if isinstance(value, str):
+        out.add(value)
+        out.update(line.strip() for line in value.splitlines() if line.strip())
+    elif isinstance(value, list):
+        for v in value:
+            strings_in(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            strings_in(v, out)
+    return out
+
+
+def added_text(mock_rec, client_bodies):
+    """Text in a request the mock received that no client request carried."""
+    sent = set()
+    for body in client_bodies:
+        try:
+            strings_in(json.loads(body), sent)
+        except (ValueError, UnicodeDecodeError):
+            pass
+    got = strings_in(mock_rec.get("body"), set())
+    return sorted((s for s in got - sent if len(s) > 20), key=len, reverse=True)
+
+
+def db_counts(db, *words):
+    """Rows per table whose name contains one of `words`: the schema is the proxy's, so the
+    suite only assumes table names."""
+    if not Path(db).exists():
+        return None
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        tables = [r[0] for r in con.execute("select name from sqlite_master where type='table'")]
+        return {t: con.execute(f'select count(*) from "{t}"').fetchone()[0]
+                for t in tables if any(w in t.lower() for w in words)}
+    finally:
+        con.close()
+
+
+def db_blake3_hashes(db):
+    """Every 64-hex value in a column named like '*hash*' or '*blake3*' of a requests table."""
+    if not Path(db).exists():
+        return set()
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    found = set()
+    try:
+        for (table,) in con.execute("select name from sqlite_master where type='table'"):
+            if "request" not in table.lower():
+                continue
+            for col in con.execute(f'pragma table_info("{table}")'):
+                name = col[1]
+                if "hash" in name.lower() or "blake3" in name.lower():
+                    for (v,) in con.execute(f'select "{name}" from "{table}"'):
+                        if isinstance(v, bytes):
+                            v = v.hex()
+                        if isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v):
+                            found.add(v)
+    finally:
+        con.close()
+    return found
+
+
+# ------------------------------------------------------------------------------ one run
+
+def run_one(client, scenario, args, report):
+    label = f"{client.name}/{scenario}"
+    run_dir = Path(args.out) / client.name / scenario
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    run_dir.mkdir(parents=True)
+    repo = Path(args.out) / "repos" / f"{client.name}-{scenario}"
+    C.make_repo(repo)
+    script = SCENARIOS[scenario](client, repo)
+    script_path = run_dir / "script.json"
+    script_path.write_text(json.dumps(script, indent=1))
+    capture, db = run_dir / "mock.jsonl", run_dir / "loopwarden.db"
+
+    procs = []
+    started = time.time()
+    try:
+        mock, mock_port = start_mock(args.binary, script_path, capture, run_dir / "mock.log")
+        procs.append(mock)
+        target = mock_port
+        if not args.direct:
+            serve, target = start_serve(args.binary, mock_port, db, run_dir / "serve.log")
+            procs.append(serve)
+        with Tap(target) as tap:
+            rc, stdout = run_client(client, repo, run_dir, tap.url)
+            exchanges = list(tap.exchanges)
+    except RuntimeError as e:
+        report.check(f"{label} setup", False, str(e))
+        return
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    wall = time.time() - started
+    mock_recs = read_capture(capture)
+    (run_dir / "tap.jsonl").write_text("".join(json.dumps({
+        "method": ex.method, "path": ex.path, "sha256": ex.sha256, "status": ex.status,
+        "decision": ex.decision, "error": ex.error}) + "\n" for ex in exchanges))
+    last = client.last_message(stdout, run_dir)
+    print(f"---- {label}: exit {rc}, {len(exchanges)} client requests, {len(mock_recs)} reached the mock, "
+          f"{wall:.1f}s, last message: {short(last)!r}  ({run_dir})", flush=True)
+
+    turn_recs = [r for r in mock_recs if r.get("answer") in ("turn", "error")]
+    scripted_texts = {t.get("text") for t in script["turns"]} | {UNEXPECTED, UNHALTED}
+    report.check(f"{label} client exit status 0", rc == 0, f"got {rc}")
+    ctx = dict(label=label, repo=repo, client=client, script=script, stdout=stdout, run_dir=run_dir, last=last,
+               exchanges=exchanges, mock_recs=mock_recs, turn_recs=turn_recs, db=db,
+               scripted_texts=scripted_texts, report=report, direct=args.direct)
+    if scenario == "control":
+        check_control(**ctx)
+    else:
+        check_loop(**ctx)
+
+
+def check_control(label, repo, client, script, stdout, run_dir, last, exchanges, mock_recs, turn_recs, db,
+                  scripted_texts, report, direct):
+    n_turns = len(script["turns"])
+    report.check(f"{label} client stopped normally", client.stopped_cleanly(stdout, run_dir))
+    report.check(f"{label} last message is the script's final text", CONTROL_DONE in last, repr(short(last)))
+    report.check(f"{label} mock answered each scripted turn once",
+                 [r["turn"] for r in turn_recs] == list(range(n_turns)),
+                 f"turns seen {[r['turn'] for r in turn_recs]}")
+    report.check(f"{label} no extra requests", len(mock_recs) <= n_turns + client.side_requests,
+                 f"{len(mock_recs)} requests for {n_turns} turns + {client.side_requests} side")
+    # The tools really ran: the history shows the test failing, then passing after the edit.
+    bodies = {r["turn"]: r.get("body_raw") or "" for r in turn_recs}
+    report.check(f"{label} tools ran: test failed, then passed after the real edit",
+                 "FAILED: test_calc.py" in bodies.get(2, "") and "all tests passed" in bodies.get(4, "")
+                 and C.FIXED in (repo / "calc.py").read_text())
+    sent = sorted(ex.sha256 for ex in exchanges)
+    got = sorted(r["sha256"] or "" for r in mock_recs)
+    report.check(f"{label} mock received byte-identical bodies", sent == got,
+                 f"{sum(1 for h in got if h not in sent)} of {len(got)} differ")
+    decisions = sorted({ex.decision for ex in exchanges if ex.decision not in (None, "observe")})
+    report.check(f"{label} no decision other than observe", not decisions, f"saw {decisions}")
+    if direct:
+        report.skip(f"{label} log", "--direct: no loopwarden in the path")
+        return
+    report.check(f"{label} every response carries x-loopwarden-decision: observe",
+                 all(ex.decision == "observe" for ex in exchanges if ex.status == 200),
+                 f"decisions {sorted({str(ex.decision) for ex in exchanges})}")
+    hashes = db_blake3_hashes(db)
+    blake = {r["body_blake3"] for r in mock_recs}
+    if hashes:
+        report.check(f"{label} loopwarden's log hashes match the bodies the mock received",
+                     blake <= hashes, f"{len(blake - hashes)} of {len(blake)} missing")
+    convs = db_counts(db, "conversation")
+    calls_logged = db_counts(db, "tool_call")
+    n_calls = sum(len(t.get("tool_calls", [])) for t in script["turns"])
+    report.check(f"{label} log holds the conversation", bool(convs) and max(convs.values()) >= 1, f"{convs}")
+    report.check(f"{label} log holds the tool calls",
+                 bool(calls_logged) and max(calls_logged.values()) >= n_calls,
+                 f"{calls_logged}, {n_calls} scripted")
+    interventions = db_counts(db, "intervention")
+    report.check(f"{label} log holds no intervention", not interventions or not any(interventions.values()),
+                 f"{interventions}")
+
+
+def check_loop(label, repo, client, script, stdout, run_dir, last, exchanges, mock_recs, turn_recs, db,
+               scripted_texts, report, direct):
+    n_turns = len(script["turns"])
+    report.check(f"{label} client stopped by itself", client.stopped_cleanly(stdout, run_dir))
+    # The loop is real: the test ran for real and kept failing the same way.
+    last_seen = turn_recs[-1].get("body_raw") or "" if turn_recs else ""
+    failures = last_seen.count("FAILED: test_calc.py::test_add - AssertionError: add(2, 2) returned 0")
+    report.check(f"{label} the model looped on a real, identical failure", failures >= 2,
+                 f"{failures} identical failures in the last history the mock saw")
+    # The nudge: text in an upstream request that the client never sent, after the loop began.
+    client_bodies = [ex.body for ex in exchanges]
+    nudged = [(r["turn"], added_text(r, client_bodies)) for r in turn_recs
+              if r["sha256"] not in {ex.sha256 for ex in exchanges}]
+    nudged = [(turn, added) for turn, added in nudged if added]
+    report.check(f"{label} mock received a nudge after the loop began",
+                 any(turn >= 2 for turn, _ in nudged),
+                 f"first at turn {nudged[0][0]}: {short(nudged[0][1][0], 120)!r}" if nudged else "none")
+    halts = [i for i, ex in enumerate(exchanges) if "halt" in (ex.decision or "")]
+    report.check(f"{label} client received a halt", bool(halts),
+                 f"decisions {sorted({str(ex.decision) for ex in exchanges})}")
+    report.check(f"{label} last message is the halt text",
+                 bool(last) and last not in scripted_texts and UNHALTED not in last, repr(short(last)))
+    if halts:
+        after = len(exchanges) - 1 - halts[0]
+        report.check(f"{label} client stopped at the halt", after <= RETRY_ALLOWANCE,
+                     f"{after} requests after the first halt")
+    bound = n_turns + client.side_requests + RETRY_ALLOWANCE
+    report.check(f"{label} requests bounded", len(exchanges) <= bound,
+                 f"{len(exchanges)} client requests (bound {bound})")
+    if direct:
+        report.skip(f"{label} log", "--direct: no loopwarden in the path")
+        return
+    findings = db_counts(db, "finding")
+    interventions = db_counts(db, "intervention")
+    report.check(f"{label} log holds findings", bool(findings) and any(findings.values()), f"{findings}")
+    report.check(f"{label} log holds interventions", bool(interventions) and any(interventions.values()),
+                 f"{interventions}")
+
+
+# ------------------------------------------------------------------------------ main
+
+def enter_netns():
+    """Re-runs this script in a network namespace with only loopback, so no client can
+    reach any other host whatever it tries."""
+    if os.environ.get("LW_E2E_IN_NETNS") == "1":
+        return
+    if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
+        print("WARNING: cannot create a network namespace; clients are kept local by env only", flush=True)
+        return
+    os.environ["LW_E2E_IN_NETNS"] = "1"
+    os.execvp("unshare", ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" "$@"',
+                          sys.executable, os.path.abspath(__file__)] + sys.argv[1:])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", default=",".join(c.name for c in C.ALL))
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--direct", action="store_true", help="clients talk to the mock without loopwarden")
+    ap.add_argument("--binary", default=os.environ.get("LOOPWARDEN_BIN", "loopwarden"))
+    ap.add_argument("--out", default=os.environ.get("LW_E2E_OUT", "/tmp/lw-e2e"))
+    ap.add_argument("--no-netns", action="store_true")
+    args = ap.parse_args()
+    chosen = [c.strip() for c in args.clients.split(",") if c.strip()]
+    unknown = [c for c in chosen if c not in C.BY_NAME] + \
+              [s for s in args.scenarios.split(",") if s not in SCENARIOS]
+    if unknown:
+        ap.error(f"unknown client or scenario: {', '.join(unknown)}")
+    report = Report()
+
+    # Installing needs the registries, so it happens before entering the namespace.
+    if os.environ.get("LW_E2E_IN_NETNS") != "1":
+        for name in chosen:
+            client = C.BY_NAME[name]
+            if not client.installed():
+                print(f"installing {name} into {C.CACHE} ...", flush=True)
+                try:
+                    client.install()
+                except (subprocess.CalledProcessError, OSError) as e:
+                    print(f"install of {name} failed: {e}", flush=True)
+        if not args.no_netns:
+            enter_netns()
+
+    started = time.time()
+    for name in chosen:
+        client = C.BY_NAME[name]
+        if not client.installed():
+            report.check(f"{name} installed", False, f"not found under {C.CACHE}")
+            continue
+        for scenario in args.scenarios.split(","):
+            run_one(client, scenario, args, report)
+    print(f"---- total {time.time() - started:.0f}s, output in {args.out}"
+          + (f", {report.skipped} skipped" if report.skipped else ""))
+    print(f"{report.passed} passed, {report.failed} failed")
+    sys.exit(1 if report.failed else 0)
+
+
+if __name__ == "__main__":
+    main()
