@@ -15,8 +15,9 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
-    args_from_raw, content_text, offers_tools, push_line, random_id, Dialect, HaltToolCall,
-    ParseError, RequestView, ResponseTurn, StreamEventKind,
+    args_from_raw, content_text, insert_after, offers_tools, push_into_array, push_line, random_id,
+    replace_span, span_of, Dialect, HaltToolCall, ParseError, RequestView, ResponseTurn,
+    StreamEventKind, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -464,4 +465,72 @@ fn message_object(
         "stop_sequence": null,
         "usage": {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 0},
     })
+}
+
+// ---------------------------------------------------------------------------------------
+// Answers loopwarden writes.
+
+pub(super) fn error_body(message: &str, failure: UpstreamFailure) -> serde_json::Value {
+    let kind = match failure {
+        UpstreamFailure::Unreachable => "api_error",
+        UpstreamFailure::Timeout => "timeout_error",
+    };
+    json!({"type": "error", "error": {"type": kind, "message": message}})
+}
+
+pub(super) fn append_reminder(body: &[u8], text: &str) -> Result<Vec<u8>, ParseError> {
+    let view = view(body)?;
+    let last = view
+        .messages
+        .last()
+        .ok_or_else(|| ParseError("no messages to append a reminder to".into()))?;
+    let msg: Message =
+        serde_json::from_str(last.get()).map_err(|e| ParseError::json(Dialect::Anthropic, e))?;
+    let block = json!({"type": "text", "text": text}).to_string();
+    match (msg.role.as_ref(), msg.content) {
+        // After the results and text the user turn already has: tool_result blocks
+        // must stay first in their message.
+        ("user", Some(content)) if content.get().starts_with('[') => {
+            push_into_array(body, content.get(), &block)
+        }
+        ("user", Some(content)) if content.get().starts_with('"') => {
+            let as_blocks = format!(r#"[{{"type":"text","text":{}}},{block}]"#, content.get());
+            Ok(replace_span(
+                body,
+                span_of(body, content.get())?,
+                &as_blocks,
+            ))
+        }
+        // The history ends with something else (a prefilled assistant turn, a
+        // `role:"system"` entry): the reminder is a user turn of its own.
+        _ => insert_after(
+            body,
+            last.get(),
+            &format!(r#",{{"role":"user","content":[{block}]}}"#),
+        ),
+    }
+}
+
+pub(super) fn halt_stream(model: &str, text: &str, call: Option<&HaltToolCall>) -> Vec<u8> {
+    let mut out = Vec::new();
+    write_halt_events(&mut out, Some(model), 0, text, call);
+    out
+}
+
+pub(super) fn halt_json(model: &str, text: &str, call: Option<&HaltToolCall>) -> Vec<u8> {
+    let mut content = vec![json!({"type": "text", "text": text})];
+    if let Some(call) = call {
+        content.push(
+            json!({"type": "tool_use", "id": random_id("toolu_", 24), "name": call.name,
+                            "input": call.arguments}),
+        );
+    }
+    let stop_reason = if call.is_some() {
+        "tool_use"
+    } else {
+        "end_turn"
+    };
+    message_object(model, content, Some(stop_reason))
+        .to_string()
+        .into_bytes()
 }

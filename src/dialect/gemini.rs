@@ -16,8 +16,8 @@ use serde_json::json;
 
 use super::framing::{write_sse, Frame};
 use super::{
-    args_from_raw, offers_tools, random_id, value_text, Dialect, HaltToolCall, ParseError,
-    RequestView, ResponseTurn, StreamEventKind,
+    args_from_raw, insert_after, offers_tools, push_into_array, random_id, value_text, Dialect,
+    HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -227,11 +227,18 @@ struct UsageMetadata {
     candidates_token_count: Option<u64>,
 }
 
-/// What one response object adds to the turn: glued text, calls, and what it says of
-/// usage and stopping. Returns (had text, calls it added).
-fn add_response(turn: &mut ResponseTurn, resp: Response) -> (bool, Vec<ToolCall>) {
+/// What one response object held.
+struct Added {
+    text: bool,
+    calls: Vec<ToolCall>,
+    finished: bool,
+}
+
+/// Adds what one response object says to the turn: glued text, calls, usage, stop.
+fn add_response(turn: &mut ResponseTurn, resp: Response) -> Added {
     let mut had_text = false;
     let mut calls = Vec::new();
+    let mut finished = false;
     // Clients ask for one candidate; the first is the answer.
     if let Some(candidate) = resp.candidates.into_iter().next() {
         if let Some(content) = candidate.content {
@@ -245,13 +252,18 @@ fn add_response(turn: &mut ResponseTurn, resp: Response) -> (bool, Vec<ToolCall>
         }
         if candidate.finish_reason.is_some() {
             turn.stop_reason = candidate.finish_reason;
+            finished = true;
         }
     }
     if let Some(usage) = resp.usage_metadata {
         turn.input_tokens = usage.prompt_token_count.or(turn.input_tokens);
         turn.output_tokens = usage.candidates_token_count.or(turn.output_tokens);
     }
-    (had_text, calls)
+    Added {
+        text: had_text,
+        calls,
+        finished,
+    }
 }
 
 /// A `generateContent` answer, or a whole `streamGenerateContent` JSON array.
@@ -304,19 +316,20 @@ impl Stream {
         if resp.model_version.is_some() {
             self.model = resp.model_version.clone();
         }
-        let (had_text, calls) = add_response(&mut self.turn, resp);
-        if !calls.is_empty() {
+        let added = add_response(&mut self.turn, resp);
+        if !added.calls.is_empty() {
             self.hold_element.get_or_insert(element);
-            return (StreamEventKind::ToolCallComplete, calls);
+            return (StreamEventKind::ToolCallComplete, added.calls);
         }
-        if had_text {
-            return (StreamEventKind::Text, Vec::new());
-        }
-        // A last object with only the finish reason and usage.
-        if self.turn.stop_reason.is_some() {
-            return (StreamEventKind::MessageEnd, Vec::new());
-        }
-        (StreamEventKind::Other, Vec::new())
+        // The last object (finish reason, usage, maybe the last text) ends the answer.
+        let kind = if added.finished {
+            StreamEventKind::MessageEnd
+        } else if added.text {
+            StreamEventKind::Text
+        } else {
+            StreamEventKind::Other
+        };
+        (kind, Vec::new())
     }
 
     pub fn mark_released(&mut self) {
@@ -357,4 +370,63 @@ fn answer_object(model: &str, text: &str, call: Option<&HaltToolCall>) -> serde_
         "modelVersion": model,
         "responseId": random_id("", 22),
     })
+}
+
+// ---------------------------------------------------------------------------------------
+// Answers loopwarden writes.
+
+pub(super) fn error_body(message: &str, failure: UpstreamFailure) -> serde_json::Value {
+    let status = match failure {
+        UpstreamFailure::Unreachable => "UNAVAILABLE",
+        UpstreamFailure::Timeout => "DEADLINE_EXCEEDED",
+    };
+    json!({"error": {"code": failure.status(), "message": message, "status": status}})
+}
+
+/// The role and raw parts of a content, to splice into its parts.
+#[derive(Deserialize)]
+struct ContentSpan<'a> {
+    #[serde(borrow, default)]
+    role: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    parts: Option<&'a RawValue>,
+}
+
+/// A text part at the end of the last user content (next to its function responses,
+/// which Gemini accepts); a new user content when the history ends otherwise.
+pub(super) fn append_reminder(body: &[u8], text: &str) -> Result<Vec<u8>, ParseError> {
+    let view = view(body, false)?;
+    let last = view
+        .messages
+        .last()
+        .ok_or_else(|| ParseError("no contents to append a reminder to".into()))?;
+    let content: ContentSpan =
+        serde_json::from_str(last.get()).map_err(|e| ParseError::json(Dialect::Gemini, e))?;
+    let part = json!({"text": text}).to_string();
+    match (content.role.as_deref().unwrap_or("user"), content.parts) {
+        ("user", Some(parts)) if parts.get().starts_with('[') => {
+            push_into_array(body, parts.get(), &part)
+        }
+        _ => insert_after(
+            body,
+            last.get(),
+            &format!(r#",{{"role":"user","parts":[{part}]}}"#),
+        ),
+    }
+}
+
+/// Gemini clients stream with `?alt=sse`; one event holds the whole answer.
+pub(super) fn halt_stream(model: &str, text: &str, call: Option<&HaltToolCall>) -> Vec<u8> {
+    let mut out = Vec::new();
+    write_sse(
+        &mut out,
+        None,
+        &answer_object(model, text, call).to_string(),
+        "\r\n",
+    );
+    out
+}
+
+pub(super) fn halt_json(model: &str, text: &str, call: Option<&HaltToolCall>) -> Vec<u8> {
+    answer_object(model, text, call).to_string().into_bytes()
 }

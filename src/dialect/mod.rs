@@ -151,6 +151,24 @@ pub struct HaltReply {
     pub body: Vec<u8>,
 }
 
+/// Why the proxy answers in place of an upstream it could not get an answer from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    /// Connection refused, DNS, TLS... (HTTP 502).
+    Unreachable,
+    /// No answer in time (HTTP 504).
+    Timeout,
+}
+
+impl UpstreamFailure {
+    pub fn status(self) -> u16 {
+        match self {
+            UpstreamFailure::Unreachable => 502,
+            UpstreamFailure::Timeout => 504,
+        }
+    }
+}
+
 /// A fully parsed request.
 #[derive(Debug)]
 pub struct ParsedRequest {
@@ -191,6 +209,60 @@ impl Dialect {
             Dialect::OpenAiResponses => openai_responses::parse_response(body),
             Dialect::Anthropic => anthropic::parse_response(body),
             Dialect::Gemini => gemini::parse_response(body),
+        }
+    }
+
+    /// A JSON error body in this API's own error shape, so clients show `message`
+    /// the way they show the API's errors. Send it with [`UpstreamFailure::status`].
+    pub fn error_body(self, message: &str, failure: UpstreamFailure) -> Vec<u8> {
+        let body = match self {
+            Dialect::OpenAiChat | Dialect::OpenAiResponses => {
+                openai_chat::error_body(message, failure)
+            }
+            Dialect::Anthropic => anthropic::error_body(message, failure),
+            Dialect::Gemini => gemini::error_body(message, failure),
+        };
+        body.to_string().into_bytes()
+    }
+
+    /// The request body with `text` appended as a reminder after everything the client
+    /// sent, by splicing bytes: the system prompt and earlier messages stay byte for
+    /// byte the same, so the provider's prompt cache still matches. Anthropic: a text
+    /// block at the end of the last user message; OpenAI Chat: a trailing `system`
+    /// message; Responses: a trailing `developer` message; Gemini: a text part at the
+    /// end of the last user content.
+    pub fn append_reminder(self, body: &[u8], text: &str) -> Result<Vec<u8>, ParseError> {
+        match self {
+            Dialect::OpenAiChat => openai_chat::append_reminder(body, text),
+            Dialect::OpenAiResponses => openai_responses::append_reminder(body, text),
+            Dialect::Anthropic => anthropic::append_reminder(body, text),
+            Dialect::Gemini => gemini::append_reminder(body, text),
+        }
+    }
+
+    /// A complete answer saying `text` (and making `opts.tool_call` if any), in the
+    /// mode the request asked for: SSE when `opts.stream` (Gemini: `?alt=sse` chunks),
+    /// JSON otherwise. Ids look like the API's own; usage is zero.
+    pub fn halt_reply(self, opts: &HaltOptions, text: &str) -> HaltReply {
+        let model = opts.model.as_deref().unwrap_or("unknown");
+        let call = opts.tool_call.as_ref();
+        let body = match (self, opts.stream) {
+            (Dialect::OpenAiChat, true) => openai_chat::halt_stream(model, text, call),
+            (Dialect::OpenAiChat, false) => openai_chat::halt_json(model, text, call),
+            (Dialect::OpenAiResponses, true) => openai_responses::halt_stream(model, text, call),
+            (Dialect::OpenAiResponses, false) => openai_responses::halt_json(model, text, call),
+            (Dialect::Anthropic, true) => anthropic::halt_stream(model, text, call),
+            (Dialect::Anthropic, false) => anthropic::halt_json(model, text, call),
+            (Dialect::Gemini, true) => gemini::halt_stream(model, text, call),
+            (Dialect::Gemini, false) => gemini::halt_json(model, text, call),
+        };
+        HaltReply {
+            content_type: if opts.stream {
+                SSE_CONTENT_TYPE
+            } else {
+                "application/json"
+            },
+            body,
         }
     }
 
@@ -316,4 +388,59 @@ fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// The content type of every stream we write.
+pub const SSE_CONTENT_TYPE: &str = "text/event-stream; charset=utf-8";
+
+// ---------------------------------------------------------------------------------------
+// Splicing: edits at the positions of borrowed slices, so the rest of a body keeps its
+// exact bytes.
+
+/// Where `part` (a slice borrowed from `body`) lies in `body`.
+fn span_of(body: &[u8], part: &str) -> Result<std::ops::Range<usize>, ParseError> {
+    let start = (part.as_ptr() as usize).wrapping_sub(body.as_ptr() as usize);
+    let end = start.wrapping_add(part.len());
+    if start <= body.len() && end <= body.len() && start <= end {
+        Ok(start..end)
+    } else {
+        Err(ParseError("internal: slice is not part of the body".into()))
+    }
+}
+
+/// `body` with the bytes of `span` replaced by `with`.
+fn replace_span(body: &[u8], span: std::ops::Range<usize>, with: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + with.len());
+    out.extend_from_slice(&body[..span.start]);
+    out.extend_from_slice(with.as_bytes());
+    out.extend_from_slice(&body[span.end..]);
+    out
+}
+
+/// `body` with `insert` right after `part` (a slice of it).
+fn insert_after(body: &[u8], part: &str, insert: &str) -> Result<Vec<u8>, ParseError> {
+    let end = span_of(body, part)?.end;
+    Ok(replace_span(body, end..end, insert))
+}
+
+/// `body` with `element` added as the last element of `array` (a JSON array slice of it).
+fn push_into_array(body: &[u8], array: &str, element: &str) -> Result<Vec<u8>, ParseError> {
+    let span = span_of(body, array)?;
+    let inner = array
+        .strip_prefix('[')
+        .and_then(|a| a.strip_suffix(']'))
+        .ok_or_else(|| ParseError("expected a JSON array".into()))?;
+    // Right after the last element (before any whitespace), so the bytes that follow
+    // it stay as they were.
+    let last_element_end = span.start + 1 + inner.trim_end().len();
+    let insert = if inner.trim().is_empty() {
+        element.to_string()
+    } else {
+        format!(",{element}")
+    };
+    Ok(replace_span(
+        body,
+        last_element_end..last_element_end,
+        &insert,
+    ))
 }

@@ -15,8 +15,8 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
-    args_from_text, content_text, offers_tools, random_id, unix_now, Dialect, HaltToolCall,
-    ParseError, RequestView, ResponseTurn, StreamEventKind,
+    args_from_text, content_text, insert_after, offers_tools, random_id, unix_now, Dialect,
+    HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -376,4 +376,60 @@ fn write_halt_chunks(
 
 fn zero_usage() -> serde_json::Value {
     json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})
+}
+
+// ---------------------------------------------------------------------------------------
+// Answers loopwarden writes.
+
+/// OpenAI's error shape (Chat Completions and Responses share it).
+pub(super) fn error_body(message: &str, failure: UpstreamFailure) -> serde_json::Value {
+    let code = match failure {
+        UpstreamFailure::Unreachable => "upstream_unreachable",
+        UpstreamFailure::Timeout => "upstream_timeout",
+    };
+    json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}})
+}
+
+/// A trailing `system` message: after the last message, whatever it is (a system
+/// message may follow tool results).
+pub(super) fn append_reminder(body: &[u8], text: &str) -> Result<Vec<u8>, ParseError> {
+    let view = view(body)?;
+    let last = view
+        .messages
+        .last()
+        .ok_or_else(|| ParseError("no messages to append a reminder to".into()))?;
+    let message = json!({"role": "system", "content": text});
+    insert_after(body, last.get(), &format!(",{message}"))
+}
+
+pub(super) fn halt_stream(model: &str, text: &str, call: Option<&HaltToolCall>) -> Vec<u8> {
+    let mut out = Vec::new();
+    write_halt_chunks(
+        &mut out,
+        &random_id("chatcmpl-", 29),
+        unix_now(),
+        model,
+        text,
+        call,
+    );
+    out
+}
+
+pub(super) fn halt_json(model: &str, text: &str, call: Option<&HaltToolCall>) -> Vec<u8> {
+    let mut message = json!({"role": "assistant", "content": text, "refusal": null});
+    if let Some(call) = call {
+        message["tool_calls"] = json!([{"id": random_id("call_", 24), "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments.to_string()}}]);
+    }
+    let finish = if call.is_some() { "tool_calls" } else { "stop" };
+    json!({
+        "id": random_id("chatcmpl-", 29),
+        "object": "chat.completion",
+        "created": unix_now(),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
+        "usage": zero_usage(),
+    })
+    .to_string()
+    .into_bytes()
 }

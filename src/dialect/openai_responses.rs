@@ -17,8 +17,9 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
-    args_from_raw, args_from_text, content_text, offers_tools, random_id, unix_now, Dialect,
-    HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind,
+    args_from_raw, args_from_text, content_text, offers_tools, push_into_array, random_id,
+    replace_span, span_of, unix_now, Dialect, HaltToolCall, ParseError, RequestView, ResponseTurn,
+    StreamEventKind,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -399,6 +400,7 @@ impl Stream {
         let mut writer = HaltWriter {
             out: Vec::new(),
             seq: hold.seq_before.map_or(0, |s| s + 1),
+            completed: None,
         };
         let base = match &self.response {
             Some(response) => response.clone(),
@@ -418,6 +420,8 @@ impl Stream {
 struct HaltWriter {
     out: Vec<u8>,
     seq: u64,
+    /// The final response object, once written.
+    completed: Option<serde_json::Value>,
 }
 
 impl HaltWriter {
@@ -508,6 +512,7 @@ impl HaltWriter {
         response["output"] = json!(items);
         response["usage"] = zero_usage();
         self.event("response.completed", json!({"response": response}));
+        self.completed = Some(response);
     }
 }
 
@@ -544,4 +549,53 @@ fn response_object(model: &str) -> serde_json::Value {
 fn zero_usage() -> serde_json::Value {
     json!({"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0},
            "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 0})
+}
+
+// ---------------------------------------------------------------------------------------
+// Answers loopwarden writes.
+
+/// A trailing `developer` message item; a plain string `input` becomes a list (the
+/// user message it was, then the reminder).
+pub(super) fn append_reminder(body: &[u8], text: &str) -> Result<Vec<u8>, ParseError> {
+    let req: Request =
+        serde_json::from_slice(body).map_err(|e| ParseError::json(Dialect::OpenAiResponses, e))?;
+    let reminder = json!({"type": "message", "role": "developer",
+                          "content": [{"type": "input_text", "text": text}]});
+    let input = req.input.get();
+    if input.starts_with('"') {
+        let list = format!(
+            r#"[{{"type":"message","role":"user","content":[{{"type":"input_text","text":{input}}}]}},{reminder}]"#
+        );
+        return Ok(replace_span(body, span_of(body, input)?, &list));
+    }
+    push_into_array(body, input, &reminder.to_string())
+}
+
+pub(super) fn halt_stream(model: &str, text: &str, call: Option<&HaltToolCall>) -> Vec<u8> {
+    let mut writer = HaltWriter {
+        out: Vec::new(),
+        seq: 0,
+        completed: None,
+    };
+    let base = response_object(model);
+    writer.event("response.created", json!({"response": base}));
+    writer.event("response.in_progress", json!({"response": base}));
+    writer.answer(base, Vec::new(), 0, text, call);
+    writer.out
+}
+
+pub(super) fn halt_json(model: &str, text: &str, call: Option<&HaltToolCall>) -> Vec<u8> {
+    // The same answer as the stream's final `response.completed` object.
+    let mut writer = HaltWriter {
+        out: Vec::new(),
+        seq: 0,
+        completed: None,
+    };
+    writer.answer(response_object(model), Vec::new(), 0, text, call);
+    writer
+        .completed
+        .take()
+        .unwrap_or_default()
+        .to_string()
+        .into_bytes()
 }
