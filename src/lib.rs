@@ -8,6 +8,7 @@
 pub mod demo;
 pub mod detect;
 pub mod dialect;
+pub mod intervene;
 pub mod mock;
 pub mod proxy;
 pub mod replay;

@@ -1,0 +1,359 @@
+//! Sticky halts: what a transcript cannot hold about a conversation. Once a conversation is
+//! halted (by the policy or by an operator), its later requests get the halt again without
+//! reaching the upstream, until a human speaks (a new human message after the halt) or an
+//! operator resumes it. The state lives in memory for the request path and in SQLite
+//! (`conversation_controls`) so it survives a restart.
+//!
+//! An operator's resume is also a fact the detection engine needs (it restarts escalation
+//! there): the request that follows a resume is recorded in `resumed_at`, which becomes
+//! `StoreFacts::resumed_at`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+use sqlx::SqlitePool;
+
+use crate::transcript::Transcript;
+
+/// The stored state of one conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct Control {
+    pub conversation_id: String,
+    pub halted: bool,
+    /// Why it was halted (shown again in every repeated halt).
+    pub reason: String,
+    /// `policy` or `operator`.
+    pub source: String,
+    /// Human messages the conversation held when it was halted; a later request with more
+    /// has a human speaking. `None` until the first request after an operator's halt.
+    pub humans_at_halt: Option<i64>,
+    /// An operator resumed it; the next request records where.
+    pub resume_pending: bool,
+    /// JSON array of the request indexes (steps carried) at which it was resumed.
+    pub resumed_at: String,
+    pub updated_ms: i64,
+}
+
+/// What a request of a conversation is subject to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Standing {
+    /// Halted: answer with the halt again. The reason is the original one.
+    Halted { reason: String },
+    /// Free to go; `resumed_at` are the operator resumes the engine must know about.
+    /// `human_resumed` is true when this very request lifted a halt because a human spoke.
+    Free {
+        resumed_at: Vec<usize>,
+        human_resumed: bool,
+    },
+}
+
+/// The sticky-halt state of every conversation that has one.
+#[derive(Clone)]
+pub struct Controls {
+    map: Arc<Mutex<HashMap<String, Control>>>,
+    pool: Option<SqlitePool>,
+}
+
+impl std::fmt::Debug for Controls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controls").finish_non_exhaustive()
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Human messages in a transcript: user messages that `is_scaffold` does not claim.
+pub fn human_messages(transcript: &Transcript, is_scaffold: &dyn Fn(&str) -> bool) -> i64 {
+    let count = |texts: &[String]| {
+        texts
+            .iter()
+            .filter(|t| !t.trim().is_empty() && !is_scaffold(t))
+            .count()
+    };
+    let after: usize = transcript.steps.iter().map(|s| count(&s.user_after)).sum();
+    (count(&transcript.task) + after) as i64
+}
+
+impl Controls {
+    /// Controls kept in memory only (tests, demo without a database).
+    pub fn in_memory() -> Controls {
+        Controls {
+            map: Arc::default(),
+            pool: None,
+        }
+    }
+
+    /// Loads the stored state (the table is small: one row per conversation ever halted).
+    pub async fn load(pool: SqlitePool) -> Result<Controls, sqlx::Error> {
+        let rows: Vec<Control> = sqlx::query_as("SELECT * FROM conversation_controls")
+            .fetch_all(&pool)
+            .await?;
+        let map = rows
+            .into_iter()
+            .map(|c| (c.conversation_id.clone(), c))
+            .collect();
+        Ok(Controls {
+            map: Arc::new(Mutex::new(map)),
+            pool: Some(pool),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Control>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The state of one conversation, if it has any.
+    pub fn get(&self, conversation: &str) -> Option<Control> {
+        self.lock().get(conversation).cloned()
+    }
+
+    /// Every conversation currently halted.
+    pub fn halted(&self) -> Vec<Control> {
+        let mut list: Vec<Control> = self.lock().values().filter(|c| c.halted).cloned().collect();
+        list.sort_by_key(|c| std::cmp::Reverse(c.updated_ms));
+        list
+    }
+
+    /// Where a request stands. `humans` is [`human_messages`] of its transcript, `steps`
+    /// the assistant turns it carries. Lifts a halt when a human spoke since, records a
+    /// pending resume; both are written through to the store off the request path.
+    pub fn standing(&self, conversation: &str, humans: i64, steps: usize) -> Standing {
+        let mut map = self.lock();
+        let Some(c) = map.get_mut(conversation) else {
+            return Standing::Free {
+                resumed_at: Vec::new(),
+                human_resumed: false,
+            };
+        };
+        let mut changed = false;
+        let mut human_resumed = false;
+        if c.halted {
+            match c.humans_at_halt {
+                None => {
+                    c.humans_at_halt = Some(humans);
+                    changed = true;
+                }
+                Some(at) if humans > at => {
+                    c.halted = false;
+                    human_resumed = true;
+                    changed = true;
+                }
+                _ => {}
+            }
+        }
+        if !c.halted && c.resume_pending {
+            c.resume_pending = false;
+            let mut at = parse_steps(&c.resumed_at);
+            if !at.contains(&steps) {
+                at.push(steps);
+            }
+            c.resumed_at = serde_json::to_string(&at).unwrap_or_else(|_| "[]".into());
+            changed = true;
+        }
+        let standing = if c.halted {
+            Standing::Halted {
+                reason: c.reason.clone(),
+            }
+        } else {
+            Standing::Free {
+                resumed_at: parse_steps(&c.resumed_at),
+                human_resumed,
+            }
+        };
+        if changed {
+            c.updated_ms = now_ms();
+            self.write_behind(c.clone());
+        }
+        standing
+    }
+
+    /// Marks a conversation halted by the policy (written behind, off the request path).
+    pub fn halt_by_policy(&self, conversation: &str, reason: &str, humans: i64) {
+        let c = self.set_halted(conversation, reason, "policy", Some(humans));
+        self.write_behind(c);
+    }
+
+    /// An operator halts a conversation by hand; returns once it is stored.
+    pub async fn halt_by_operator(
+        &self,
+        conversation: &str,
+        reason: &str,
+    ) -> Result<Control, sqlx::Error> {
+        let c = self.set_halted(conversation, reason, "operator", None);
+        self.write(&c).await?;
+        Ok(c)
+    }
+
+    fn set_halted(
+        &self,
+        conversation: &str,
+        reason: &str,
+        source: &str,
+        humans: Option<i64>,
+    ) -> Control {
+        let mut map = self.lock();
+        let c = map
+            .entry(conversation.to_string())
+            .or_insert_with(|| Control {
+                conversation_id: conversation.to_string(),
+                halted: false,
+                reason: String::new(),
+                source: String::new(),
+                humans_at_halt: None,
+                resume_pending: false,
+                resumed_at: "[]".into(),
+                updated_ms: 0,
+            });
+        c.halted = true;
+        c.reason = reason.to_string();
+        c.source = source.to_string();
+        c.humans_at_halt = humans;
+        c.resume_pending = false;
+        c.updated_ms = now_ms();
+        c.clone()
+    }
+
+    /// An operator releases a conversation (halted or paused); returns once it is stored.
+    /// The next request records where, for the engine.
+    pub async fn resume(&self, conversation: &str) -> Result<Control, sqlx::Error> {
+        let c = {
+            let mut map = self.lock();
+            let c = map
+                .entry(conversation.to_string())
+                .or_insert_with(|| Control {
+                    conversation_id: conversation.to_string(),
+                    halted: false,
+                    reason: String::new(),
+                    source: "operator".into(),
+                    humans_at_halt: None,
+                    resume_pending: false,
+                    resumed_at: "[]".into(),
+                    updated_ms: 0,
+                });
+            c.halted = false;
+            c.resume_pending = true;
+            c.updated_ms = now_ms();
+            c.clone()
+        };
+        self.write(&c).await?;
+        Ok(c)
+    }
+
+    /// Lets the next request of a conversation restart escalation (a human chose to
+    /// continue a held request): the same as an operator's resume, written behind.
+    pub fn release(&self, conversation: &str) {
+        let mut map = self.lock();
+        let c = map
+            .entry(conversation.to_string())
+            .or_insert_with(|| Control {
+                conversation_id: conversation.to_string(),
+                halted: false,
+                reason: String::new(),
+                source: "human".into(),
+                humans_at_halt: None,
+                resume_pending: false,
+                resumed_at: "[]".into(),
+                updated_ms: 0,
+            });
+        c.halted = false;
+        c.resume_pending = true;
+        c.updated_ms = now_ms();
+        let c = c.clone();
+        drop(map);
+        self.write_behind(c);
+    }
+
+    fn write_behind(&self, c: Control) {
+        if self.pool.is_none() {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = this.write(&c).await {
+                tracing::warn!(conversation = %c.conversation_id, error = %e, "cannot store the halt state");
+            }
+        });
+    }
+
+    async fn write(&self, c: &Control) -> Result<(), sqlx::Error> {
+        let Some(pool) = &self.pool else {
+            return Ok(());
+        };
+        sqlx::query(
+            "INSERT INTO conversation_controls (conversation_id, halted, reason, source, humans_at_halt, resume_pending, resumed_at, updated_ms)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT(conversation_id) DO UPDATE SET halted = excluded.halted, reason = excluded.reason,
+               source = excluded.source, humans_at_halt = excluded.humans_at_halt,
+               resume_pending = excluded.resume_pending, resumed_at = excluded.resumed_at,
+               updated_ms = excluded.updated_ms
+             WHERE excluded.updated_ms >= conversation_controls.updated_ms",
+        )
+        .bind(&c.conversation_id)
+        .bind(c.halted)
+        .bind(&c.reason)
+        .bind(&c.source)
+        .bind(c.humans_at_halt)
+        .bind(c.resume_pending)
+        .bind(&c.resumed_at)
+        .bind(c.updated_ms)
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+}
+
+fn parse_steps(json: &str) -> Vec<usize> {
+    serde_json::from_str(json).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn halted_until_a_human_speaks_or_an_operator_resumes() {
+        let c = Controls::in_memory();
+        let free = |s: &Standing| matches!(s, Standing::Free { .. });
+        assert!(free(&c.standing("a", 1, 3)));
+        c.halt_by_policy("a", "same test failed 4 times", 1);
+        assert_eq!(
+            c.standing("a", 1, 4),
+            Standing::Halted {
+                reason: "same test failed 4 times".into()
+            }
+        );
+        // a human message lifts it
+        assert_eq!(
+            c.standing("a", 2, 5),
+            Standing::Free {
+                resumed_at: vec![],
+                human_resumed: true
+            }
+        );
+        // an operator's halt learns the human count at the next request
+        c.halt_by_operator("a", "by hand").await.unwrap();
+        assert!(!free(&c.standing("a", 2, 5)));
+        assert!(!free(&c.standing("a", 2, 6)));
+        c.resume("a").await.unwrap();
+        assert_eq!(
+            c.standing("a", 2, 7),
+            Standing::Free {
+                resumed_at: vec![7],
+                human_resumed: false
+            }
+        );
+        assert_eq!(
+            c.standing("a", 2, 8),
+            Standing::Free {
+                resumed_at: vec![7],
+                human_resumed: false
+            }
+        );
+    }
+}

@@ -1,0 +1,291 @@
+//! Interventions: from a detection decision to what happens to the request.
+//!
+//! The proxy calls [`Intervener::plan`] once per parsed request with the engine's decision,
+//! and gets back what to do: forward the client's bytes, forward a rewritten body (a nudge
+//! or replan reminder appended, or looping turns rolled back), answer with a halt reply
+//! without calling the upstream, or hold the request for a human ([`pause`]). On the way
+//! back, [`block`] replaces a response whose tool call would complete a loop the policy
+//! halts on. [`controls`] keeps halted conversations halted until a human speaks or an
+//! operator resumes them, across restarts.
+//!
+//! Protocol facts this relies on (see CLIENTS.md): a halt is an ordinary assistant reply in
+//! the mode the client asked for (an SSE answer to a streaming request, never JSON, or some
+//! clients spin), never an HTTP error (clients retry errors for minutes); agents that reject
+//! a text-only reply get a tool-call halt from their [`profile`].
+
+pub mod block;
+pub mod controls;
+pub mod pause;
+pub mod profile;
+pub mod rollback;
+pub mod text;
+
+use serde::{Deserialize, Serialize};
+
+use crate::detect::{Action, Decision};
+use crate::dialect::{Dialect, HaltOptions, HaltReply};
+use crate::transcript::Transcript;
+
+pub use profile::AgentProfile;
+
+/// The `[intervene]` table of the config file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InterveneConfig {
+    /// Off: decisions are logged but every request is forwarded untouched.
+    pub enabled: bool,
+    /// Reminder appended for a nudge (placeholders: see `intervene::text`).
+    pub nudge_text: String,
+    /// Reminder appended for a replan (the stronger nudge after a nudge did not help).
+    pub replan_text: String,
+    /// The text of a halt reply.
+    pub halt_text: String,
+    /// The note that replaces rolled-back turns.
+    pub rollback_note: String,
+    /// Replace a response whose tool call completes a loop the policy halts on.
+    pub block: bool,
+    /// What a stop decision does: `halt` answers at once, `pause` holds the request for a
+    /// human (see `[intervene.pause]`).
+    pub on_stop: StopMode,
+    pub pause: PauseConfig,
+    /// How to halt each kind of agent; the first match wins, none means a text halt.
+    pub profiles: Vec<AgentProfile>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopMode {
+    Halt,
+    Pause,
+}
+
+/// What a human (or the timeout) decides for a held request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Forward the request untouched, and let the run go on.
+    Continue,
+    /// Forward it with the nudge reminder appended.
+    Nudge,
+    /// Answer with the halt reply.
+    Halt,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Continue => "continue",
+            Verdict::Nudge => "nudge",
+            Verdict::Halt => "halt",
+        }
+    }
+}
+
+/// The `[intervene.pause]` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PauseConfig {
+    /// How long a request is held for a human before `on_timeout` applies.
+    pub timeout_secs: u64,
+    /// What happens when nobody decides in time.
+    pub on_timeout: Verdict,
+    /// Interval of the `: keep-alive` comments sent to a held streaming request.
+    pub keepalive_secs: u64,
+    /// URLs that receive a JSON POST for each held request (the finding and how to decide).
+    pub webhooks: Vec<String>,
+    /// Per-webhook timeout; a slow or failing hook never delays anything else.
+    pub webhook_timeout_ms: u64,
+}
+
+impl Default for PauseConfig {
+    fn default() -> Self {
+        PauseConfig {
+            timeout_secs: 600,
+            on_timeout: Verdict::Halt,
+            keepalive_secs: 10,
+            webhooks: Vec::new(),
+            webhook_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl Default for InterveneConfig {
+    fn default() -> Self {
+        InterveneConfig {
+            enabled: true,
+            nudge_text: text::NUDGE.into(),
+            replan_text: text::REPLAN.into(),
+            halt_text: text::HALT.into(),
+            rollback_note: text::ROLLBACK.into(),
+            block: true,
+            on_stop: StopMode::Halt,
+            pause: PauseConfig::default(),
+            profiles: profile::builtin(),
+        }
+    }
+}
+
+/// What the intervener sees of one request.
+pub struct RequestInfo<'a> {
+    pub conversation: &'a str,
+    pub dialect: Dialect,
+    /// The path asks for a stream (Gemini `:streamGenerateContent`).
+    pub stream_path: bool,
+    /// The client asked for a streamed answer.
+    pub stream: bool,
+    pub model: Option<&'a str>,
+    pub user_agent: &'a str,
+    /// The body exactly as the client sent it.
+    pub body: &'a [u8],
+    pub transcript: &'a Transcript,
+}
+
+/// What to do with a request.
+#[derive(Debug)]
+pub enum Act {
+    /// Forward the client's bytes untouched.
+    Forward,
+    /// Forward these bytes instead.
+    ForwardModified(Vec<u8>),
+    /// Answer with this reply; the upstream is not called.
+    Answer(HaltReply),
+    /// Hold the request until a human decides (see [`pause`]).
+    Hold,
+}
+
+/// A decision turned into an act, with what was done, for the log and the header.
+#[derive(Debug)]
+pub struct Planned {
+    /// The decision that was acted on (a sticky halt overrides the engine's).
+    pub decision: Decision,
+    pub act: Act,
+    /// What was done: `forwarded`, `nudged`, `replanned`, `rolled_back`, `halted`,
+    /// `held`, or `failed_open` when an intervention could not be built (the request is
+    /// then forwarded untouched, never broken).
+    pub applied: &'static str,
+}
+
+/// Builds the acts. Stateless apart from its config; the stateful parts (sticky halts,
+/// held requests) are [`controls::Controls`] and [`pause::Pending`].
+#[derive(Debug, Clone, Default)]
+pub struct Intervener {
+    pub config: InterveneConfig,
+}
+
+impl Intervener {
+    pub fn new(config: InterveneConfig) -> Intervener {
+        Intervener { config }
+    }
+
+    /// Turns a decision into an act. Never fails: when a rewrite cannot be built the
+    /// request is forwarded as it is (`failed_open`).
+    pub fn plan(&self, decision: Decision, req: &RequestInfo<'_>) -> Planned {
+        if !self.config.enabled {
+            return Planned {
+                decision,
+                act: Act::Forward,
+                applied: "forwarded",
+            };
+        }
+        let action = match decision.action {
+            Action::Halt | Action::Block if self.config.on_stop == StopMode::Pause => Action::Pause,
+            a => a,
+        };
+        let (act, applied) = match action {
+            Action::Observe => (Act::Forward, "forwarded"),
+            Action::Nudge => self.remind(&self.config.nudge_text, &decision, req, "nudged"),
+            Action::Replan => self.remind(&self.config.replan_text, &decision, req, "replanned"),
+            Action::Rollback => match self.roll_back(&decision, req) {
+                Some(body) => (Act::ForwardModified(body), "rolled_back"),
+                None => self.remind(&self.config.replan_text, &decision, req, "replanned"),
+            },
+            Action::Pause => (Act::Hold, "held"),
+            Action::Halt | Action::Block => {
+                (Act::Answer(self.halt_reply(&decision, req)), "halted")
+            }
+        };
+        Planned {
+            decision,
+            act,
+            applied,
+        }
+    }
+
+    /// The act a human's verdict (or the timeout) chooses for a held request.
+    pub fn after_verdict(
+        &self,
+        verdict: Verdict,
+        decision: &Decision,
+        req: &RequestInfo<'_>,
+    ) -> (Act, &'static str) {
+        match verdict {
+            Verdict::Continue => (Act::Forward, "forwarded"),
+            Verdict::Nudge => self.remind(&self.config.nudge_text, decision, req, "nudged"),
+            Verdict::Halt => (Act::Answer(self.halt_reply(decision, req)), "halted"),
+        }
+    }
+
+    fn remind(
+        &self,
+        template: &str,
+        decision: &Decision,
+        req: &RequestInfo<'_>,
+        applied: &'static str,
+    ) -> (Act, &'static str) {
+        let goal = text::goal_line(req.transcript);
+        let reminder = text::render(template, &text::Fill::of(decision, &goal, req.conversation));
+        match req.dialect.append_reminder(req.body, &reminder) {
+            Ok(body) => (Act::ForwardModified(body), applied),
+            Err(e) => {
+                tracing::warn!(conversation = req.conversation, error = %e, "cannot append the reminder; forwarded untouched");
+                (Act::Forward, "failed_open")
+            }
+        }
+    }
+
+    /// The halt text for a decision about this request.
+    pub fn halt_text(&self, decision: &Decision, req: &RequestInfo<'_>) -> String {
+        let goal = text::goal_line(req.transcript);
+        text::render(
+            &self.config.halt_text,
+            &text::Fill::of(decision, &goal, req.conversation),
+        )
+    }
+
+    /// A complete halt reply in the API's format and the mode the client asked for, with a
+    /// tool call when the agent's profile needs one to stop.
+    pub fn halt_reply(&self, decision: &Decision, req: &RequestInfo<'_>) -> HaltReply {
+        let text = self.halt_text(decision, req);
+        let seen = profile::Seen {
+            user_agent: req.user_agent,
+            conversation: req.conversation,
+            dialect: req.dialect,
+            body: req.body,
+        };
+        let tool_call =
+            profile::matching(&self.config.profiles, &seen).and_then(|p| p.halt_call(&text));
+        req.dialect.halt_reply(
+            &HaltOptions {
+                model: req.model.map(str::to_string),
+                stream: req.stream,
+                tool_call,
+            },
+            &text,
+        )
+    }
+
+    /// The request with the turns of the leading finding rolled back, if that can be done.
+    fn roll_back(&self, decision: &Decision, req: &RequestInfo<'_>) -> Option<Vec<u8>> {
+        let lead = decision.findings.first()?;
+        let first = *lead.steps.iter().min()?;
+        let last = *lead.steps.iter().max()?;
+        let goal = text::goal_line(req.transcript);
+        let tried = rollback::tried(req.transcript, first, last, 8);
+        let mut fill = text::Fill::of(decision, &goal, req.conversation);
+        fill.count = last + 1 - first;
+        fill.tried = &tried;
+        let note = text::render(&self.config.rollback_note, &fill);
+        rollback::roll_back(req.dialect, req.body, req.stream_path, first, last, &note)
+            .map(|rb| rb.body)
+    }
+}
