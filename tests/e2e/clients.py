@@ -45,6 +45,9 @@ if __name__ == "__main__":
 BUGGY = "    return a - b  # bug"
 SAME_BUG = "    return -(b - a)  # bug"
 FIXED = "    return a + b"
+# A second real change for the control run: a new function after mul().
+MUL = "    return a * b"
+MUL_AND_SUB = "    return a * b\n\n\ndef sub(a, b):\n    return a - b"
 
 
 def make_repo(path: Path):
@@ -181,8 +184,9 @@ class Codex(Client):
 
     def edit(self, repo, old, new):
         # apply_patch is a freeform (custom) tool: the call carries the patch as raw input.
-        patch = ("*** Begin Patch\n*** Update File: calc.py\n@@\n def add(a, b):\n"
-                 f"-{old}\n+{new}\n*** End Patch\n")
+        removed = "".join(f"-{line}\n" for line in old.split("\n"))
+        added = "".join(f"+{line}\n" for line in new.split("\n"))
+        patch = f"*** Begin Patch\n*** Update File: calc.py\n@@\n{removed}{added}*** End Patch\n"
         return {"name": "apply_patch", "input": patch}
 
     def command(self, repo, home, base_url, run_dir):
