@@ -483,3 +483,31 @@ async fn probes_get_plausible_answers() {
         .await).await;
     assert_eq!(v["choices"][0]["message"]["content"], "Done.");
 }
+
+#[tokio::test]
+async fn latency_delays_the_response_head() {
+    let mut script = read_then_done();
+    script.latency_ms = 3000;
+    let mock = MockServer::start(script).await.unwrap();
+    let err = client()
+        .post(format!("{}/v1/chat/completions", mock.url()))
+        .timeout(std::time::Duration::from_millis(200))
+        .body(json!({"tools": [{"type": "function"}], "messages": []}).to_string())
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    mock.set_script(read_then_done());
+    let v = json_of(
+        post(
+            &format!("{}/v1/chat/completions", mock.url()),
+            &json!({"tools": [{"type": "function"}], "messages": []}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "Read"
+    );
+}

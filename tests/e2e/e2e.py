@@ -368,7 +368,8 @@ def check_loop(label, repo, client, script, stdout, run_dir, last, exchanges, mo
     client_bodies = [ex.body for ex in exchanges]
     nudged = [(r["turn"], added_text(r, client_bodies)) for r in turn_recs
               if r["sha256"] not in {ex.sha256 for ex in exchanges}]
-    nudged = [(turn, added) for turn, added in nudged if added]
+    # The default reminder and halt texts speak as "[loopwarden]".
+    nudged = [(turn, added) for turn, added in nudged if any("loopwarden" in a.lower() for a in added)]
     report.check(f"{label} mock received a nudge after the loop began",
                  any(turn >= 2 for turn, _ in nudged),
                  f"first at turn {nudged[0][0]}: {short(nudged[0][1][0], 120)!r}" if nudged else "none")
@@ -376,7 +377,7 @@ def check_loop(label, repo, client, script, stdout, run_dir, last, exchanges, mo
     report.check(f"{label} client received a halt", bool(halts),
                  f"decisions {sorted({str(ex.decision) for ex in exchanges})}")
     report.check(f"{label} last message is the halt text",
-                 bool(last) and last not in scripted_texts and UNHALTED not in last, repr(short(last)))
+                 "loopwarden" in last.lower() and last not in scripted_texts, repr(short(last)))
     if halts:
         after = len(exchanges) - 1 - halts[0]
         report.check(f"{label} client stopped at the halt", after <= RETRY_ALLOWANCE,
