@@ -5,11 +5,13 @@
 //! intervention rewrites or answers → [`proxy`] forwards and tees the response → the
 //! store logs it.
 
+pub mod actions;
 pub mod demo;
 pub mod detect;
 pub mod dialect;
 pub mod intervene;
 pub mod mock;
+pub mod normalize;
 pub mod proxy;
 pub mod replay;
 pub mod transcript;

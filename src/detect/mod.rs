@@ -1,10 +1,42 @@
 //! Loop and drift detection: detectors (one file each) and the engine that turns their
 //! findings into one decision per request. Everything here is a pure function of the
-//! transcript and the config.
+//! transcript and the config (plus the few store facts a transcript cannot hold, passed
+//! in explicitly as [`StoreFacts`]).
+//!
+//! Follow a request: [`Engine::decide`] folds the transcript's steps one at a time into
+//! [`facts::Facts`] (what changed, which results are new, per-check streaks), runs every
+//! registered [`Detector`] on each new step, and the engine's escalation
+//! ([`engine`]) turns the findings into the decision for the request that follows that
+//! step. The fold is incremental: an [`EngineState`] continues with only new steps.
+
+pub mod config;
+pub mod engine;
+pub mod facts;
+pub mod registry;
+
+mod budget;
+mod cycles;
+mod dead_end;
+mod edit_revert;
+mod error_pileup;
+mod error_rate;
+mod fail_loop;
+mod goal_drift;
+mod near_duplicate;
+mod output_stagnation;
+mod read_loop;
+mod repeat;
+mod repeated_text;
+mod self_diagnosed;
+mod size_oscillation;
+mod stagnation;
+mod verifier;
 
 use serde::{Deserialize, Serialize};
 
-use crate::transcript::Transcript;
+pub use config::{DetectConfig, PatternPolicy, Response};
+pub use engine::{Engine, EngineState, StoreFacts};
+pub use facts::{Facts, StepEvents};
 
 /// What the engine decides for one request (or one response, for `Block`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -31,6 +63,11 @@ impl Action {
             Action::Block => "block",
         }
     }
+
+    /// The run stops here (for now): halt, pause or block.
+    pub fn stops(self) -> bool {
+        matches!(self, Action::Halt | Action::Pause | Action::Block)
+    }
 }
 
 /// One detector's observation about a transcript.
@@ -45,15 +82,50 @@ pub struct Finding {
     pub summary: String,
     /// What the agent should do instead.
     pub suggestion: String,
+    /// A spent hard budget: may halt without an earlier nudge.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hard: bool,
+    /// Action keys (see `actions::ToolAction::key_hash`) of the calls that make up the
+    /// pattern, so the response side can recognize the call that would repeat it.
+    #[serde(skip)]
+    pub action_keys: Vec<u64>,
+}
+
+impl Finding {
+    pub fn new(
+        detector: &str,
+        confidence: f64,
+        steps: Vec<usize>,
+        summary: String,
+        suggestion: &str,
+    ) -> Finding {
+        Finding {
+            detector: detector.to_string(),
+            confidence: confidence.clamp(0.0, 1.0),
+            steps,
+            summary,
+            suggestion: suggestion.to_string(),
+            hard: false,
+            action_keys: Vec::new(),
+        }
+    }
+
+    pub fn with_keys(mut self, keys: Vec<u64>) -> Finding {
+        self.action_keys = keys;
+        self
+    }
 }
 
 /// The engine's decision for one request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Decision {
     pub action: Action,
-    /// The findings that led to the action (empty for a plain observe).
+    /// The findings of the step(s) behind the decision (warn-only findings included).
     pub findings: Vec<Finding>,
     pub reason: String,
+    /// The detector that led the decision (empty for a plain observe).
+    #[serde(default)]
+    pub detector: String,
 }
 
 impl Decision {
@@ -62,29 +134,27 @@ impl Decision {
             action: Action::Observe,
             findings: Vec::new(),
             reason: String::new(),
+            detector: String::new(),
         }
     }
 }
 
-/// Detection settings (the `[detect]` table of the config file).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct DetectConfig {}
-
-/// Runs the detectors over a transcript and decides.
-#[derive(Debug, Clone, Default)]
-pub struct Engine {
-    pub config: DetectConfig,
+/// A detector: a pure function of the folded facts, the newest step's events and the
+/// config. Register it in [`registry::builtin`].
+pub trait Detector: Send + Sync {
+    /// The pattern's name (policy key, log field).
+    fn name(&self) -> &'static str;
+    /// Looks at the newest step; returns a finding when the pattern is present now.
+    fn check(&self, facts: &Facts, step: &StepEvents, cfg: &DetectConfig) -> Option<Finding>;
 }
 
-impl Engine {
-    pub fn new(config: DetectConfig) -> Engine {
-        Engine { config }
-    }
-
-    /// The decision for the request that carries `transcript` (before it is forwarded).
-    pub fn decide(&self, transcript: &Transcript) -> Decision {
-        let _ = transcript;
-        Decision::observe()
+/// A text cut to one short line for summaries.
+pub(crate) fn short(s: &str) -> String {
+    let line = s.lines().next().unwrap_or("");
+    if line.chars().count() > 80 {
+        let cut: String = line.chars().take(77).collect();
+        format!("{cut}...")
+    } else {
+        line.to_string()
     }
 }

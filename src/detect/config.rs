@@ -1,0 +1,290 @@
+//! Detection settings: the `[detect]` table of the config file. Every field has a default,
+//! so an empty table (or none) is the shipped behaviour; see `DetectConfig::default`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::actions::ToolMapping;
+
+/// How far a pattern may push: `warn` records the finding only, `nudge` reminds the model
+/// (and may escalate to a replan reminder), `ask` pauses for a human at the top of the
+/// ladder, `halt` stops the run there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Response {
+    Off,
+    Warn,
+    Nudge,
+    Ask,
+    Halt,
+}
+
+/// The policy of one pattern (detector).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PatternPolicy {
+    pub response: Response,
+    /// Weight of the pattern's confidence in the drift score.
+    pub weight: f64,
+    /// The first intervention's action: `nudge`, `replan` or `rollback`.
+    pub first_action: super::Action,
+}
+
+impl Default for PatternPolicy {
+    fn default() -> Self {
+        PatternPolicy {
+            response: Response::Nudge,
+            weight: 1.0,
+            first_action: super::Action::Nudge,
+        }
+    }
+}
+
+impl PatternPolicy {
+    pub fn new(response: Response, weight: f64) -> Self {
+        PatternPolicy {
+            response,
+            weight,
+            first_action: super::Action::Nudge,
+        }
+    }
+}
+
+/// Drift-score thresholds and the escalation ladder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EscalationConfig {
+    /// EMA smoothing of each pattern's firing (1 = fired this step, 0 = did not).
+    pub ema_alpha: f64,
+    /// A pattern whose EMA is above this is chronic: its next intervention escalates.
+    pub escalate_ema: f64,
+    /// Drift score (sum of weight × confidence of the findings) that warrants a nudge.
+    pub nudge_score: f64,
+    /// Drift score that warrants going beyond a nudge (replan, then halt or pause).
+    pub halt_score: f64,
+    /// Steps between two interventions of one pattern at the same level.
+    pub cooldown: usize,
+    /// Minimum steps between two rungs of the ladder.
+    pub escalation_gap: usize,
+    /// Use a replan reminder between the nudge and the halt.
+    pub replan_step: bool,
+    /// Steps of quiet for a pattern after a human dismissed its alert.
+    pub dismiss_quiet: usize,
+}
+
+impl Default for EscalationConfig {
+    fn default() -> Self {
+        EscalationConfig {
+            ema_alpha: 0.3,
+            escalate_ema: 0.5,
+            nudge_score: 1.0,
+            halt_score: 1.0,
+            cooldown: 5,
+            escalation_gap: 2,
+            replan_step: false,
+            dismiss_quiet: 10,
+        }
+    }
+}
+
+/// Thresholds of the individual detectors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Thresholds {
+    /// read-loop: reads of one file region with no change to the file in between.
+    pub read_loop_reads: u32,
+    /// edit-revert: times a file returns to an earlier state (1 = a one-off diagnostic revert
+    /// is allowed; 2 = undo and redo).
+    pub edit_revert_returns: u32,
+    /// fail-loop: consecutive failures of one command with the same error.
+    pub fail_loop_runs: u32,
+    /// stagnation: consecutive already-seen results of one check command.
+    pub stagnation_streak: u32,
+    /// stagnation: how many of the streak's results may be successes (a passing check
+    /// re-run after cosmetic edits is not a spiral).
+    pub stagnation_counts_success: bool,
+    /// error pile-up: error results since the last real change...
+    pub pileup_errors: u32,
+    /// ...among at least this share of the calls since that change.
+    pub pileup_share: f64,
+    /// repeat: repeated (action, result) pairs within one unchanged stretch.
+    pub repeat_count: u32,
+    /// output stagnation: consecutive identical non-empty results of different calls.
+    pub output_same: u32,
+    /// cycles: longest period looked for, and full periods required before the tail.
+    pub cycle_max_period: usize,
+    /// near-duplicates: token-set Jaccard similarity and how many similar steps.
+    pub near_dup_similarity: f64,
+    pub near_dup_count: u32,
+    /// dead end: steps with no change and no new information.
+    pub dead_end_steps: u32,
+    /// file-size oscillation: direction reversals of one file's size.
+    pub size_reversals: u32,
+    /// error rate: share of errors among the last `error_rate_window` results.
+    pub error_rate: f64,
+    pub error_rate_window: usize,
+    /// self-diagnosed trouble: phrase hits within `self_diag_window` turns.
+    pub self_diag_hits: u32,
+    pub self_diag_window: usize,
+    /// goal drift: overlap of recent actions with the task's words, below which it fires.
+    pub goal_overlap: f64,
+    pub goal_window: usize,
+    /// repeated text: assistant passages repeated (min length in chars, repeats).
+    pub repeated_text_chars: usize,
+    pub repeated_text_count: u32,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            read_loop_reads: 3,
+            edit_revert_returns: 2,
+            fail_loop_runs: 3,
+            stagnation_streak: 3,
+            stagnation_counts_success: false,
+            pileup_errors: 6,
+            pileup_share: 0.6,
+            repeat_count: 2,
+            output_same: 4,
+            cycle_max_period: 8,
+            near_dup_similarity: 0.7,
+            near_dup_count: 3,
+            dead_end_steps: 5,
+            size_reversals: 3,
+            error_rate: 0.3,
+            error_rate_window: 10,
+            self_diag_hits: 2,
+            self_diag_window: 3,
+            goal_overlap: 0.05,
+            goal_window: 10,
+            repeated_text_chars: 40,
+            repeated_text_count: 2,
+        }
+    }
+}
+
+/// Per-conversation budgets that adapt to progress.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BudgetConfig {
+    /// Base step budget (0 = none).
+    pub steps: usize,
+    /// Extra steps granted per step that changed the world.
+    pub expand_per_change: f64,
+    /// Steps taken away per stuck step (no change, no new information)...
+    pub shrink_per_stuck: f64,
+    /// ...and taken away doubly once a stuck run is this long.
+    pub hard_stuck_run: usize,
+    /// Token budget (0 = none), counted as bytes/4 of the conversation's text.
+    pub tokens: u64,
+}
+
+impl Default for BudgetConfig {
+    fn default() -> Self {
+        BudgetConfig {
+            steps: 400,
+            expand_per_change: 1.0,
+            shrink_per_stuck: 0.5,
+            hard_stuck_run: 10,
+            tokens: 0,
+        }
+    }
+}
+
+/// A verify tool whose score tracks real progress (e.g. a test runner's pass count).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VerifierConfig {
+    /// Substring of the check command (or tool name) that is the verifier.
+    pub command: String,
+    /// Regex with one capture group: the score in its output (higher is better).
+    pub score_regex: String,
+}
+
+/// The `[detect]` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DetectConfig {
+    /// Master switch: off = every request is observed and nothing is computed.
+    pub enabled: bool,
+    pub escalation: EscalationConfig,
+    pub thresholds: Thresholds,
+    pub budget: BudgetConfig,
+    /// Per-pattern policy (missing patterns keep their built-in policy).
+    pub patterns: BTreeMap<String, PatternPolicy>,
+    /// Phrases of self-diagnosed trouble (lowercase substrings).
+    pub trouble_phrases: Vec<String>,
+    /// Beginnings of user messages a scaffold sends on its own (format errors, "please
+    /// continue"): they are not a human speaking and do not reset escalation.
+    pub scaffold_messages: Vec<String>,
+    /// The user's own tools.
+    pub tools: BTreeMap<String, ToolMapping>,
+    pub verifier: Option<VerifierConfig>,
+}
+
+impl Default for DetectConfig {
+    fn default() -> Self {
+        DetectConfig {
+            enabled: true,
+            escalation: EscalationConfig::default(),
+            thresholds: Thresholds::default(),
+            budget: BudgetConfig::default(),
+            patterns: BTreeMap::new(),
+            trouble_phrases: [
+                "i broke",
+                "let me restore",
+                "let me revert",
+                "this isn't working",
+                "this is not working",
+                "still not working",
+                "still failing",
+                "still getting the same",
+                "same error",
+                "didn't work",
+                "did not work",
+                "let me try a different approach",
+                "let me try another approach",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            scaffold_messages: [
+                "Please always provide EXACTLY ONE action",
+                "Tool call error",
+                "No tool calls found",
+                "Please continue working on the task",
+                "Your command ran successfully and did not produce any output",
+                "Your last output did not use any tool calls",
+                "<system-reminder>",
+                "<environment_context>",
+                "<returncode>",
+                "[Error occurred in processing last action]",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            tools: BTreeMap::new(),
+            verifier: None,
+        }
+    }
+}
+
+impl DetectConfig {
+    /// The policy of a pattern: the configured one, else the built-in default.
+    pub fn policy(&self, detector: &str) -> PatternPolicy {
+        if let Some(p) = self.patterns.get(detector) {
+            return p.clone();
+        }
+        super::registry::default_policy(detector)
+    }
+
+    /// Whether a user message came from the scaffold rather than a human.
+    pub fn is_scaffold_message(&self, text: &str) -> bool {
+        let t = text.trim_start();
+        self.scaffold_messages
+            .iter()
+            .any(|p| t.starts_with(p.as_str()) || (p.len() > 20 && t.contains(p.as_str())))
+            || t.contains("[Error occurred in processing last action]")
+    }
+}

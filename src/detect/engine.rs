@@ -1,0 +1,464 @@
+//! The engine: folds steps into facts, runs the detectors and turns findings into one
+//! decision per request.
+//!
+//! The decision for request k comes from folding steps 0..k-1 (the history that request
+//! carries), so the proxy and `loopwarden replay` agree by construction. Escalation is
+//! part of that fold: an earlier nudge is a nudge the engine decided for an earlier request
+//! of the same transcript, never something remembered outside it. The only outside inputs
+//! are [`StoreFacts`]: an operator's resume and a human's dismissal of an alert.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::actions::{self, CallContext};
+use crate::dialect::ResponseTurn;
+use crate::normalize::hash64;
+use crate::transcript::{Step, Transcript};
+
+use super::config::{DetectConfig, Response};
+use super::facts::{Facts, StepEvents};
+use super::{registry, verifier, Action, Decision, Detector, Finding};
+
+/// Facts from the store that a transcript cannot hold. Request indexes count like steps:
+/// request k is the one sent before assistant turn k.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreFacts {
+    /// Requests at which an operator released a halted or paused conversation.
+    pub resumed_at: Vec<usize>,
+    /// Alerts a human dismissed: (request index, detector name).
+    pub dismissed: Vec<(usize, String)>,
+}
+
+/// Smoothing and cooldown of one pattern.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct PatternState {
+    ema: f64,
+    /// The last request this pattern led an intervention at.
+    last_led: Option<usize>,
+    /// No intervention from this pattern before this request (after a dismissal).
+    quiet_until: usize,
+}
+
+/// Where escalation stands since the last time a human spoke.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+enum Level {
+    #[default]
+    Quiet,
+    Nudged,
+    Replanned,
+    Stopped,
+}
+
+/// The engine's state after folding a prefix of a conversation. Clone it and cache it per
+/// conversation: [`Engine::advance`] continues from it with only the new steps, and starts
+/// over (with the same result) when the transcript is not a continuation.
+#[derive(Debug, Clone, Default)]
+pub struct EngineState {
+    facts: Facts,
+    patterns: BTreeMap<&'static str, PatternState>,
+    level: Level,
+    last_intervention: Option<usize>,
+    /// The decision for the next request (request number `facts.steps`).
+    next: Option<Decision>,
+    /// Action keys of the loop a halting pattern reported, until the world changes.
+    loop_keys: Vec<u64>,
+    loop_detector: Option<&'static str>,
+    /// Fingerprints of the first and the last folded step, and a chain over all of them.
+    first_fp: u64,
+    last_fp: u64,
+    chain: u64,
+    /// Task fingerprint (the first user message).
+    task_fp: u64,
+}
+
+impl EngineState {
+    /// Steps folded so far.
+    pub fn steps(&self) -> usize {
+        self.facts.steps
+    }
+
+    /// Hash chain over the fingerprints of the folded steps: a cache key for the prefix.
+    pub fn chain(&self) -> u64 {
+        self.chain
+    }
+
+    /// The decision for the request that carries exactly the folded steps.
+    pub fn decision(&self) -> Decision {
+        self.next.clone().unwrap_or_else(Decision::observe)
+    }
+
+    /// The folded facts (for inspection and custom detectors' tests).
+    pub fn facts(&self) -> &Facts {
+        &self.facts
+    }
+}
+
+/// A step's fingerprint: its calls, results and texts. Equal fingerprints = same step.
+pub fn step_fingerprint(step: &Step) -> u64 {
+    let mut h = blake3::Hasher::new();
+    h.update(step.text.as_bytes());
+    for c in &step.calls {
+        h.update(b"\0c");
+        h.update(&c.call.hash());
+        if let Some(r) = &c.result {
+            h.update(b"\0r");
+            h.update(r.text.as_bytes());
+            h.update(&[r.is_error.map_or(2, u8::from)]);
+        }
+    }
+    for u in &step.user_after {
+        h.update(b"\0u");
+        h.update(u.as_bytes());
+    }
+    let b = h.finalize();
+    let b = b.as_bytes();
+    u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+}
+
+/// Runs the detectors over a transcript and decides.
+#[derive(Clone)]
+pub struct Engine {
+    pub config: DetectConfig,
+    detectors: Arc<Vec<Box<dyn Detector>>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("config", &self.config)
+            .field(
+                "detectors",
+                &self.detectors.iter().map(|d| d.name()).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Engine::new(DetectConfig::default())
+    }
+}
+
+impl Engine {
+    pub fn new(config: DetectConfig) -> Engine {
+        Engine::with_detectors(config, registry::builtin())
+    }
+
+    /// An engine with a custom detector set (the built-ins plus a user's own, say).
+    pub fn with_detectors(config: DetectConfig, detectors: Vec<Box<dyn Detector>>) -> Engine {
+        Engine {
+            config,
+            detectors: Arc::new(detectors),
+        }
+    }
+
+    /// Names of the registered detectors.
+    pub fn detector_names(&self) -> Vec<&'static str> {
+        self.detectors.iter().map(|d| d.name()).collect()
+    }
+
+    /// The decision for the request that carries `transcript` (before it is forwarded).
+    pub fn decide(&self, transcript: &Transcript) -> Decision {
+        self.decide_with(transcript, &StoreFacts::default(), None).0
+    }
+
+    /// [`Engine::decide`] with store facts and a cached state; returns the new state to
+    /// cache. The result does not depend on the cache.
+    pub fn decide_with(
+        &self,
+        transcript: &Transcript,
+        store: &StoreFacts,
+        cache: Option<EngineState>,
+    ) -> (Decision, EngineState) {
+        let mut state = cache.unwrap_or_default();
+        self.advance(&mut state, transcript, store);
+        (state.decision(), state)
+    }
+
+    /// Brings `state` up to the end of `transcript`: folds only the steps after the ones
+    /// it has, or starts over when the transcript does not continue what it folded (a
+    /// compacted or different conversation).
+    pub fn advance(&self, state: &mut EngineState, transcript: &Transcript, store: &StoreFacts) {
+        if !self.continues(state, transcript) {
+            *state = self.start(transcript);
+        }
+        let from = state.facts.steps;
+        for step in &transcript.steps[from..] {
+            self.fold(state, step, store);
+        }
+    }
+
+    /// Whether `transcript` extends the steps folded into `state` (checked on the task, the
+    /// first and the last folded step: O(1) steps, not O(conversation)).
+    fn continues(&self, state: &EngineState, transcript: &Transcript) -> bool {
+        let n = state.facts.steps;
+        if n == 0 {
+            return state.task_fp == hash64(transcript.goal().as_bytes()) && state.next.is_some();
+        }
+        transcript.steps.len() >= n
+            && state.task_fp == hash64(transcript.goal().as_bytes())
+            && transcript
+                .steps
+                .first()
+                .is_some_and(|s| step_fingerprint(s) == state.first_fp)
+            && transcript
+                .steps
+                .get(n - 1)
+                .is_some_and(|s| step_fingerprint(s) == state.last_fp)
+    }
+
+    /// A fresh state for a conversation: nothing folded, observe.
+    pub fn start(&self, transcript: &Transcript) -> EngineState {
+        EngineState {
+            facts: Facts::with_task(transcript.goal()),
+            task_fp: hash64(transcript.goal().as_bytes()),
+            next: Some(Decision::observe()),
+            ..EngineState::default()
+        }
+    }
+
+    /// Every request's decision over a whole transcript: (request index, decision) for
+    /// each request 0..=steps. What `loopwarden replay` prints, and what the proxy would
+    /// have decided request by request.
+    pub fn decisions(&self, transcript: &Transcript, store: &StoreFacts) -> Vec<(usize, Decision)> {
+        let mut state = self.start(transcript);
+        let mut out = vec![(0, state.decision())];
+        for step in &transcript.steps {
+            self.fold(&mut state, step, store);
+            out.push((state.facts.steps, state.decision()));
+        }
+        out
+    }
+
+    /// Folds one step and decides for the request after it.
+    pub fn fold(&self, state: &mut EngineState, step: &Step, store: &StoreFacts) {
+        let fp = step_fingerprint(step);
+        if state.facts.steps == 0 {
+            state.first_fp = fp;
+        }
+        state.last_fp = fp;
+        state.chain = hash64(&[state.chain.to_le_bytes(), fp.to_le_bytes()].concat());
+        if !self.config.enabled {
+            state.facts.steps += 1;
+            state.next = Some(Decision::observe());
+            return;
+        }
+        let ev = state.facts.fold(step, &self.config);
+        let findings: Vec<Finding> = self
+            .detectors
+            .iter()
+            .filter(|d| self.config.policy(d.name()).response != Response::Off)
+            .filter_map(|d| d.check(&state.facts, &ev, &self.config))
+            .collect();
+        let decision = self.escalate(state, &ev, findings, store);
+        state.next = Some(decision);
+    }
+
+    /// Findings → one decision for request `ev.index + 1`: EMA per pattern, cooldown,
+    /// escalation ladder, and the rule that a halt needs an earlier nudge unless a hard
+    /// budget is spent.
+    fn escalate(
+        &self,
+        st: &mut EngineState,
+        ev: &StepEvents,
+        findings: Vec<Finding>,
+        store: &StoreFacts,
+    ) -> Decision {
+        let cfg = &self.config;
+        let esc = &cfg.escalation;
+        let request = ev.index + 1;
+
+        for d in self.detectors.iter() {
+            let fired = findings.iter().any(|f| f.detector == d.name());
+            let p = st.patterns.entry(d.name()).or_default();
+            p.ema = esc.ema_alpha * f64::from(u8::from(fired)) + (1.0 - esc.ema_alpha) * p.ema;
+        }
+        for (at, detector) in &store.dismissed {
+            if *at <= request {
+                if let Some((_, p)) = st.patterns.iter_mut().find(|(n, _)| **n == detector) {
+                    p.quiet_until = p.quiet_until.max(at + esc.dismiss_quiet);
+                }
+            }
+        }
+        // A human spoke (not the scaffold), or an operator released the run: start over.
+        if ev.human_spoke || store.resumed_at.contains(&request) {
+            st.level = Level::Quiet;
+            st.last_intervention = None;
+            st.loop_keys.clear();
+            st.loop_detector = None;
+        }
+        if ev.changed {
+            st.loop_keys.clear();
+            st.loop_detector = None;
+        }
+        if st.level == Level::Stopped {
+            // A stopped run stays stopped until a human or an operator speaks.
+            let mut d = st.decision();
+            d.findings = findings;
+            return d;
+        }
+        let observe = |findings: Vec<Finding>| Decision {
+            findings,
+            ..Decision::observe()
+        };
+        if ev.human_spoke || verifier::rising(&st.facts, ev) {
+            // Real progress (or fresh instructions) outweighs any pattern this step.
+            return observe(findings);
+        }
+
+        if let Some(hard) = findings
+            .iter()
+            .find(|f| f.hard && cfg.policy(&f.detector).response >= Response::Ask)
+        {
+            st.level = Level::Stopped;
+            st.last_intervention = Some(request);
+            let action = stop_action(cfg.policy(&hard.detector).response);
+            return Decision {
+                action,
+                reason: hard.summary.clone(),
+                detector: hard.detector.clone(),
+                findings,
+            };
+        }
+
+        // Active findings: patterns allowed to act and not quieted by a dismissal.
+        let weighted: Vec<(usize, f64)> = findings
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| {
+                let pol = cfg.policy(&f.detector);
+                let quiet = st
+                    .patterns
+                    .get(f.detector.as_str())
+                    .is_some_and(|p| request < p.quiet_until);
+                (pol.response >= Response::Nudge && !quiet)
+                    .then_some((i, pol.weight * f.confidence))
+            })
+            .collect();
+        let score: f64 = weighted.iter().map(|(_, w)| w).sum();
+        let Some(&(lead_i, _)) = weighted.iter().max_by(|a, b| {
+            a.1.partial_cmp(&b.1)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(b.0.cmp(&a.0))
+        }) else {
+            return observe(findings);
+        };
+        if score < esc.nudge_score {
+            return observe(findings);
+        }
+        let lead = &findings[lead_i];
+        let pol = cfg.policy(&lead.detector);
+        let Some(lead_name) = self
+            .detectors
+            .iter()
+            .map(|d| d.name())
+            .find(|n| *n == lead.detector)
+        else {
+            return observe(findings);
+        };
+        let ps = st.patterns.get(lead_name).copied().unwrap_or_default();
+        if pol.response >= Response::Ask {
+            // Remember the loop's calls so the response side can block its next repeat.
+            st.loop_keys = lead.action_keys.clone();
+            st.loop_detector = Some(lead_name);
+        }
+
+        let action = match st.level {
+            Level::Quiet => Some(pol.first_action),
+            _ => {
+                let gap_ok = st
+                    .last_intervention
+                    .is_none_or(|at| request >= at + esc.escalation_gap);
+                let chronic = ps.ema > esc.escalate_ema && score >= esc.halt_score;
+                let cooled = ps.last_led.is_none_or(|at| request >= at + esc.cooldown);
+                if chronic && gap_ok {
+                    match (st.level, pol.response) {
+                        (Level::Nudged, _) if esc.replan_step => Some(Action::Replan),
+                        (_, Response::Halt | Response::Ask) => Some(stop_action(pol.response)),
+                        _ if cooled => Some(Action::Replan),
+                        _ => None,
+                    }
+                } else if cooled {
+                    Some(pol.first_action)
+                } else {
+                    None
+                }
+            }
+        };
+        let Some(action) = action else {
+            return observe(findings);
+        };
+        st.level = match action {
+            Action::Halt | Action::Pause | Action::Block => Level::Stopped,
+            Action::Replan => st.level.max(Level::Replanned),
+            _ => st.level.max(Level::Nudged),
+        };
+        st.last_intervention = Some(request);
+        if let Some(p) = st.patterns.get_mut(lead_name) {
+            p.last_led = Some(request);
+        }
+        Decision {
+            action,
+            reason: lead.summary.clone(),
+            detector: lead.detector.clone(),
+            findings,
+        }
+    }
+
+    /// The response-side check: `Block` when the response's new call would complete a loop
+    /// that the policy halts on and that the agent was already nudged about; otherwise the
+    /// request's own decision stands (observe when it was not a stop).
+    pub fn decide_response(&self, transcript: &Transcript, turn: &ResponseTurn) -> Decision {
+        let (_, state) = self.decide_with(transcript, &StoreFacts::default(), None);
+        self.decide_response_with(&state, turn)
+    }
+
+    /// [`Engine::decide_response`] from a state already advanced to the transcript.
+    pub fn decide_response_with(&self, state: &EngineState, turn: &ResponseTurn) -> Decision {
+        let request = state.decision();
+        if request.action.stops() {
+            return request;
+        }
+        let Some(detector) = state.loop_detector else {
+            return Decision::observe();
+        };
+        if state.level < Level::Nudged || state.loop_keys.is_empty() {
+            return Decision::observe();
+        }
+        let pol = self.config.policy(detector);
+        let chronic = state
+            .patterns
+            .get(detector)
+            .is_some_and(|p| p.ema > self.config.escalation.escalate_ema);
+        if pol.response != Response::Halt || !chronic {
+            return Decision::observe();
+        }
+        let ctx = CallContext {
+            open_file: state.facts.open_file.as_deref(),
+        };
+        for call in &turn.calls {
+            let a = actions::classify(call, &self.config.tools, &ctx);
+            if state.loop_keys.contains(&a.key_hash) {
+                let what = a.command.as_deref().unwrap_or(a.key.as_str());
+                return Decision {
+                    action: Action::Block,
+                    findings: Vec::new(),
+                    reason: format!(
+                        "blocked `{}`: it repeats the loop the agent was already warned about ({detector})",
+                        super::short(what)
+                    ),
+                    detector: detector.to_string(),
+                };
+            }
+        }
+        Decision::observe()
+    }
+}
+
+fn stop_action(response: Response) -> Action {
+    match response {
+        Response::Ask => Action::Pause,
+        _ => Action::Halt,
+    }
+}

@@ -1,0 +1,629 @@
+//! The world as detection knows it, folded one step at a time: which files changed and
+//! to what, which results were already seen, what each check command returned, how long
+//! the current stretch without change or new information is. Detectors read these facts;
+//! the engine updates them once per step, so a request costs only its new steps.
+//!
+//! The state is compact (hashes and counters, no result texts) so that the proxy can keep
+//! it per live conversation.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+use crate::actions::{self, ActionKind, CallContext, Change, ToolAction};
+use crate::normalize::{self, hash64};
+use crate::transcript::Step;
+
+use super::config::DetectConfig;
+
+/// What one call of the newest step did.
+#[derive(Debug, Clone)]
+pub struct CallEvent {
+    pub action: ToolAction,
+    /// Hash of the normalized result (0 when the call has no result yet).
+    pub result: u64,
+    /// First line of the normalized result, for summaries.
+    pub result_line: String,
+    pub has_result: bool,
+    pub empty_result: bool,
+    pub is_error: bool,
+    /// No call in the conversation returned this result before.
+    pub new_result: bool,
+    /// The call changed a file (or the environment) for real.
+    pub changed: bool,
+    /// For check commands: consecutive runs that returned an already-seen result.
+    pub check_streak: u32,
+    /// For check commands: whether the streak's runs were all failures.
+    pub check_streak_failing: bool,
+    /// This (action, result) pair already occurred in the current unchanged stretch.
+    pub stretch_repeat: bool,
+    /// Token hashes of the action and its result, for near-duplicate similarity.
+    pub tokens: Vec<u64>,
+    /// For reads: reads of this (file, region) since the file last changed.
+    pub reads_since_change: u32,
+    /// For commands: consecutive failures of this command with this very error.
+    pub fail_run: u32,
+    /// When this call returned its file to an earlier state: how many times that file has
+    /// now done so (0 when this call did not).
+    pub file_returns: u32,
+    /// The verifier's score, when this call is the verifier.
+    pub verifier_score: Option<f64>,
+    /// The raw call hash (name + canonical arguments).
+    pub raw_hash: u64,
+}
+
+/// What the newest step did, as detectors see it.
+#[derive(Debug, Clone, Default)]
+pub struct StepEvents {
+    pub index: usize,
+    pub calls: Vec<CallEvent>,
+    /// Some call changed the world.
+    pub changed: bool,
+    /// Some call returned a result never seen before.
+    pub new_info: bool,
+    /// The assistant's text, lowercased, for phrase checks.
+    pub text_lower: String,
+    /// A human (not the scaffold) wrote after this step.
+    pub human_spoke: bool,
+    /// The step had no tool call and the scaffold complained (format error).
+    pub rejected: bool,
+}
+
+/// Per-file knowledge.
+#[derive(Debug, Clone, Default)]
+pub struct FileFacts {
+    /// Contents the file is known to have had, in order (hashes of full contents).
+    pub states: Vec<u64>,
+    /// Edits applied: (old, new) hashes.
+    pub edits: Vec<(u64, u64)>,
+    /// How often the file came back to an earlier state (write of an earlier content,
+    /// an edit undoing an earlier one, or redoing an undone one).
+    pub returns: u32,
+    /// Sizes after writes (bytes or lines, as known).
+    pub sizes: Vec<i64>,
+    /// Reads per region since the file last changed.
+    pub reads: HashMap<String, u32>,
+    /// Step of the last change.
+    pub changed_at: Option<usize>,
+}
+
+/// Per-check-command knowledge.
+#[derive(Debug, Clone, Default)]
+pub struct CheckFacts {
+    /// Results this check has returned (hashes).
+    pub seen: Vec<u64>,
+    /// Consecutive runs returning an already-seen result.
+    pub streak: u32,
+    /// The streak's runs all failed.
+    pub streak_failing: bool,
+    pub runs: u32,
+}
+
+/// The stretch of steps since the world last changed or a new result arrived.
+#[derive(Debug, Clone, Default)]
+pub struct Stretch {
+    pub start: usize,
+    /// Steps in the stretch.
+    pub steps: u32,
+    /// (action key, result) pairs seen in the stretch, with counts.
+    pub pairs: HashMap<(u64, u64), u32>,
+    /// Repeats of pairs in the stretch.
+    pub repeats: u32,
+    /// Steps of the stretch that repeated a pair.
+    pub repeat_steps: Vec<usize>,
+}
+
+/// A compact digest of one folded step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepDigest {
+    /// Hash of the step's (action key, result) pairs: equal digests = same step.
+    pub sig: u64,
+    pub calls: u8,
+    pub errors: u8,
+    pub changed: bool,
+    pub new_info: bool,
+    pub text_hash: u64,
+    pub text_len: u32,
+}
+
+/// A window entry for near-duplicates and output stagnation.
+#[derive(Debug, Clone, Default)]
+pub struct Recent {
+    pub index: usize,
+    pub tokens: Vec<u64>,
+    pub result: u64,
+    pub key: u64,
+    pub empty: bool,
+    pub changed: bool,
+    pub is_error: bool,
+}
+
+/// Everything detection knows about a conversation after folding its steps.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    /// Steps folded.
+    pub steps: usize,
+    pub world_version: u32,
+    pub last_change: Option<usize>,
+    pub files: BTreeMap<String, FileFacts>,
+    pub checks: BTreeMap<String, CheckFacts>,
+    pub seen_results: HashSet<u64>,
+    pub stretch: Stretch,
+    /// Errors and calls since the last real change.
+    pub errors_since_change: u32,
+    pub calls_since_change: u32,
+    /// Distinct commands that failed since the last real change.
+    pub failing_keys_since_change: HashSet<u64>,
+    /// Per command key: (error result, consecutive failures with it).
+    pub fail_runs: HashMap<u64, (u64, u32)>,
+    /// SWE-agent's open file, from the last result trailer that named one.
+    pub open_file: Option<String>,
+    pub history: Vec<StepDigest>,
+    /// The last results (one entry per call), bounded.
+    pub recent: VecDeque<Recent>,
+    /// Recent assistant texts: (hash, len), bounded.
+    pub texts: VecDeque<(u64, usize)>,
+    /// Recent trouble-phrase hits: step indexes.
+    pub trouble_steps: VecDeque<usize>,
+    /// Token hashes of the task (first user message).
+    pub task_tokens: HashSet<u64>,
+    /// Token hashes of recent steps' actions and text, bounded.
+    pub recent_step_tokens: VecDeque<Vec<u64>>,
+    /// Verifier scores in order.
+    pub verifier_scores: Vec<f64>,
+    /// Steps that changed the world, and the current run of stuck steps.
+    pub changed_steps: usize,
+    pub stuck_steps: usize,
+    pub stuck_run: usize,
+    /// Approximate tokens (bytes/4) of the conversation so far.
+    pub tokens: u64,
+}
+
+/// Bounded windows: enough for every detector's look-back.
+const RECENT_CALLS: usize = 24;
+const RECENT_TEXTS: usize = 8;
+const RECENT_STEP_TOKENS: usize = 16;
+const MAX_TOKENS_PER_CALL: usize = 48;
+
+static OPEN_FILE: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+    regex::Regex::new(r"\(Open file: ([^)\n]+)\)").unwrap_or_else(|e| panic!("{e}"))
+});
+static LINES_TOTAL: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+    regex::Regex::new(r"^\[File: ([^\n]+) \((\d+) lines total\)\]")
+        .unwrap_or_else(|e| panic!("{e}"))
+});
+
+/// Word tokens of a text, hashed, deduplicated, capped.
+pub fn tokens(text: &str, cap: usize) -> Vec<u64> {
+    let mut out: Vec<u64> = Vec::new();
+    for w in text
+        .split(|c: char| !c.is_alphanumeric() && c != '_')
+        .filter(|w| w.len() >= 2)
+    {
+        let h = hash64(w.to_ascii_lowercase().as_bytes());
+        if !out.contains(&h) {
+            out.push(h);
+            if out.len() >= cap {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Jaccard similarity of two token sets.
+pub fn jaccard(a: &[u64], b: &[u64]) -> f64 {
+    if a.is_empty() && b.is_empty() {
+        return 1.0;
+    }
+    let inter = a.iter().filter(|x| b.contains(x)).count();
+    let union = a.len() + b.len() - inter;
+    if union == 0 {
+        0.0
+    } else {
+        inter as f64 / union as f64
+    }
+}
+
+impl Facts {
+    /// Starts the facts of a conversation with its task.
+    pub fn with_task(task: &str) -> Facts {
+        Facts {
+            task_tokens: tokens(task, 400).into_iter().collect(),
+            tokens: task.len() as u64 / 4,
+            ..Facts::default()
+        }
+    }
+
+    /// Folds one step into the facts and returns what it did.
+    pub fn fold(&mut self, step: &Step, cfg: &DetectConfig) -> StepEvents {
+        let index = self.steps;
+        let mut ev = StepEvents {
+            index,
+            text_lower: step.text.to_lowercase(),
+            ..StepEvents::default()
+        };
+        self.tokens += step.text.len() as u64 / 4;
+        let verifier = cfg.verifier.as_ref().and_then(|v| {
+            regex::Regex::new(&v.score_regex)
+                .ok()
+                .map(|re| (v.command.as_str(), re))
+        });
+
+        for c in &step.calls {
+            let ctx = CallContext {
+                open_file: self.open_file.as_deref(),
+            };
+            let action = actions::classify(&c.call, &cfg.tools, &ctx);
+            let raw_hash = {
+                let h = c.call.hash();
+                u64::from_le_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]])
+            };
+            let (result, result_line, has_result, empty, mut is_error, raw_text) = match &c.result {
+                Some(r) => {
+                    self.tokens += r.text.len() as u64 / 4;
+                    let mut n = normalize::normalize(r);
+                    // A search's result quotes its pattern; "no match for X" and "no match
+                    // for Y" are the same non-result.
+                    if let Some(term) = action.search.as_deref().filter(|t| t.len() >= 2) {
+                        if n.text.contains(term) {
+                            n.text = n.text.replace(term, "<term>");
+                            n.hash = hash64(n.text.as_bytes());
+                        }
+                    }
+                    let line = n.text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+                    let line: String = line.chars().take(120).collect();
+                    (
+                        n.hash,
+                        line,
+                        true,
+                        n.text.is_empty(),
+                        n.outcome.is_error,
+                        r.text.as_str(),
+                    )
+                }
+                None => (0, String::new(), false, true, false, ""),
+            };
+            // grep and friends exit 1 when nothing matches: a non-result, not a failure.
+            if action.kind == ActionKind::Search && empty {
+                is_error = false;
+            }
+            if let Some(m) = OPEN_FILE.captures(raw_text) {
+                let f = m[1].trim();
+                self.open_file = (f != "n/a").then(|| f.to_string());
+            }
+            let mut changed = false;
+            let mut returns = 0;
+            if !is_error && has_result || !has_result && !action.changes.is_empty() {
+                for ch in &action.changes {
+                    let (ch_changed, ch_returns) = self.apply_change(ch, index);
+                    changed |= ch_changed;
+                    returns = returns.max(ch_returns);
+                }
+                if action.mutating && action.changes.is_empty() && !is_error {
+                    changed = true;
+                }
+            }
+            // SWE-agent reports the size of the file it shows.
+            if let Some(m) = LINES_TOTAL.captures(raw_text) {
+                if changed {
+                    let f = self.files.entry(actions::norm_path(&m[1])).or_default();
+                    if let Ok(n) = m[2].parse::<i64>() {
+                        f.sizes.push(n);
+                    }
+                }
+            }
+            let new_result = has_result && self.seen_results.insert(result);
+
+            // The per-check streak of already-seen results, across edits.
+            let (mut check_streak, mut check_streak_failing) = (0, false);
+            if let (Some(key), true) = (&action.check, has_result) {
+                let cf = self.checks.entry(key.clone()).or_default();
+                cf.runs += 1;
+                if cf.seen.contains(&result) {
+                    cf.streak += 1;
+                    cf.streak_failing = if cf.streak == 1 {
+                        is_error
+                    } else {
+                        cf.streak_failing && is_error
+                    };
+                } else {
+                    cf.seen.push(result);
+                    cf.streak = 0;
+                    cf.streak_failing = false;
+                }
+                check_streak = cf.streak;
+                check_streak_failing = cf.streak_failing;
+            }
+
+            // Consecutive failures of one command with one error.
+            let mut fail_run = 0;
+            if has_result {
+                let entry = self.fail_runs.entry(action.key_hash).or_insert((0, 0));
+                if is_error {
+                    if entry.0 == result {
+                        entry.1 += 1;
+                    } else {
+                        *entry = (result, 1);
+                    }
+                    fail_run = entry.1;
+                } else {
+                    *entry = (0, 0);
+                }
+            }
+
+            // Reads of one region since the file changed.
+            let mut reads_since_change = 0;
+            if action.kind == ActionKind::Read && has_result && !is_error {
+                if let Some(p) = &action.path {
+                    let f = self.files.entry(actions::norm_path(p)).or_default();
+                    let r = f
+                        .reads
+                        .entry(action.region.clone().unwrap_or_default())
+                        .or_insert(0);
+                    *r += 1;
+                    reads_since_change = *r;
+                }
+            }
+
+            let verifier_score = verifier.as_ref().and_then(|(cmd, re)| {
+                let is_verifier =
+                    action.check.as_deref().is_some_and(|k| k.contains(cmd)) || c.call.name == *cmd;
+                if !is_verifier || !has_result {
+                    return None;
+                }
+                re.captures(raw_text)
+                    .and_then(|m| m.get(1))
+                    .and_then(|m| m.as_str().parse::<f64>().ok())
+            });
+            if let Some(s) = verifier_score {
+                self.verifier_scores.push(s);
+            }
+
+            let mut toks = tokens(&action.key, MAX_TOKENS_PER_CALL / 2);
+            for t in tokens(&result_line, MAX_TOKENS_PER_CALL / 2) {
+                if !toks.contains(&t) {
+                    toks.push(t);
+                }
+            }
+            ev.changed |= changed;
+            ev.new_info |= new_result;
+            ev.calls.push(CallEvent {
+                action,
+                result,
+                result_line,
+                has_result,
+                empty_result: empty,
+                is_error,
+                new_result,
+                changed,
+                check_streak,
+                check_streak_failing,
+                stretch_repeat: false,
+                tokens: toks,
+                reads_since_change,
+                fail_run,
+                file_returns: returns,
+                verifier_score,
+                raw_hash,
+            });
+        }
+
+        // A turn without a call that the scaffold rejected is a failed action of its own.
+        let mut human = false;
+        for u in &step.user_after {
+            if cfg.is_scaffold_message(u) {
+                if step.calls.is_empty() {
+                    ev.rejected = true;
+                }
+            } else {
+                human = true;
+            }
+        }
+        ev.human_spoke = human;
+        if step.calls.is_empty() && ev.rejected {
+            let complaint: String = step
+                .user_after
+                .first()
+                .map(|u| normalize::normalize_text(u))
+                .unwrap_or_default()
+                .chars()
+                .filter(|c| !c.is_ascii_digit())
+                .collect();
+            let result = hash64(complaint.as_bytes());
+            let key = "rejected-turn".to_string();
+            ev.calls.push(CallEvent {
+                action: ToolAction {
+                    kind: ActionKind::Other,
+                    path: None,
+                    region: None,
+                    changes: Vec::new(),
+                    mutating: false,
+                    check: None,
+                    command: None,
+                    search: None,
+                    key_hash: hash64(key.as_bytes()),
+                    key,
+                },
+                result,
+                result_line: complaint
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .chars()
+                    .take(120)
+                    .collect(),
+                has_result: true,
+                empty_result: false,
+                is_error: true,
+                new_result: self.seen_results.insert(result),
+                changed: false,
+                check_streak: 0,
+                check_streak_failing: false,
+                stretch_repeat: false,
+                tokens: Vec::new(),
+                reads_since_change: 0,
+                fail_run: 0,
+                file_returns: 0,
+                verifier_score: None,
+                raw_hash: 0,
+            });
+        }
+
+        // Stretches: a real change or a new result starts a new one; within one, any
+        // repeat of an (action, result) pair is being stuck.
+        if ev.changed || ev.new_info {
+            self.stretch = Stretch {
+                start: index,
+                ..Stretch::default()
+            };
+        } else {
+            self.stretch.steps += 1;
+        }
+        let mut repeated = false;
+        for call in ev.calls.iter_mut().filter(|c| c.has_result) {
+            let n = self
+                .stretch
+                .pairs
+                .entry((call.action.key_hash, call.result))
+                .or_insert(0);
+            *n += 1;
+            if *n > 1 && !call.changed {
+                call.stretch_repeat = true;
+                self.stretch.repeats += 1;
+                repeated = true;
+            }
+        }
+        if repeated {
+            self.stretch.repeat_steps.push(index);
+        }
+
+        // Errors piling up since the last real change.
+        if ev.changed {
+            self.last_change = Some(index);
+            self.world_version += 1;
+            self.errors_since_change = 0;
+            self.calls_since_change = 0;
+            self.failing_keys_since_change.clear();
+            self.changed_steps += 1;
+            self.stuck_run = 0;
+        } else if !ev.new_info {
+            self.stuck_steps += 1;
+            self.stuck_run += 1;
+        } else {
+            self.stuck_run = 0;
+        }
+        for call in ev.calls.iter().filter(|c| c.has_result && !c.changed) {
+            self.calls_since_change += 1;
+            if call.is_error {
+                self.errors_since_change += 1;
+                self.failing_keys_since_change.insert(call.action.key_hash);
+            }
+        }
+
+        // Digest and windows.
+        let mut sig = blake3::Hasher::new();
+        for c in &ev.calls {
+            sig.update(&c.action.key_hash.to_le_bytes());
+            sig.update(&c.result.to_le_bytes());
+        }
+        let text_norm: String = step.text.split_whitespace().collect::<Vec<_>>().join(" ");
+        let text_hash = hash64(text_norm.as_bytes());
+        let sig_bytes = sig.finalize();
+        let sb = sig_bytes.as_bytes();
+        self.history.push(StepDigest {
+            sig: u64::from_le_bytes([sb[0], sb[1], sb[2], sb[3], sb[4], sb[5], sb[6], sb[7]]),
+            calls: ev.calls.len().min(255) as u8,
+            errors: ev.calls.iter().filter(|c| c.is_error).count().min(255) as u8,
+            changed: ev.changed,
+            new_info: ev.new_info,
+            text_hash,
+            text_len: text_norm.len().min(u32::MAX as usize) as u32,
+        });
+        for c in &ev.calls {
+            if !c.has_result {
+                continue;
+            }
+            self.recent.push_back(Recent {
+                index,
+                tokens: c.tokens.clone(),
+                result: c.result,
+                key: c.action.key_hash,
+                empty: c.empty_result,
+                changed: c.changed,
+                is_error: c.is_error,
+            });
+            if self.recent.len() > RECENT_CALLS {
+                self.recent.pop_front();
+            }
+        }
+        self.texts.push_back((text_hash, text_norm.len()));
+        if self.texts.len() > RECENT_TEXTS {
+            self.texts.pop_front();
+        }
+        if cfg
+            .trouble_phrases
+            .iter()
+            .any(|p| ev.text_lower.contains(p.as_str()))
+        {
+            self.trouble_steps.push_back(index);
+            if self.trouble_steps.len() > 8 {
+                self.trouble_steps.pop_front();
+            }
+        }
+        let mut step_tokens = tokens(&step.text, 64);
+        for c in &ev.calls {
+            for t in &c.tokens {
+                if !step_tokens.contains(t) {
+                    step_tokens.push(*t);
+                }
+            }
+        }
+        self.recent_step_tokens.push_back(step_tokens);
+        if self.recent_step_tokens.len() > RECENT_STEP_TOKENS {
+            self.recent_step_tokens.pop_front();
+        }
+        self.steps += 1;
+        ev
+    }
+
+    /// Applies a change to a file's known state: whether it changed anything, and how many
+    /// times the file has now returned to an earlier state.
+    fn apply_change(&mut self, ch: &Change, index: usize) -> (bool, u32) {
+        let key = actions::norm_path(ch.path());
+        let f = self.files.entry(key).or_default();
+        let before = f.returns;
+        let changed = match ch {
+            Change::Write { hash, size, .. } => {
+                let current = f.states.last().copied();
+                if current == Some(*hash) {
+                    false
+                } else {
+                    if f.states.contains(hash) {
+                        f.returns += 1;
+                    }
+                    f.states.push(*hash);
+                    f.sizes.push(*size as i64);
+                    true
+                }
+            }
+            Change::Edit { old, new, .. } => {
+                if old == new {
+                    false
+                } else {
+                    // Undo: the reverse of an earlier edit. Redo: an edit that was undone.
+                    let undo = f.edits.contains(&(*new, *old));
+                    if undo {
+                        f.returns += 1;
+                    }
+                    f.edits.push((*old, *new));
+                    true
+                }
+            }
+            Change::Opaque { .. } => true,
+        };
+        if changed {
+            f.reads.clear();
+            f.changed_at = Some(index);
+        }
+        (changed, if f.returns > before { f.returns } else { 0 })
+    }
+}

@@ -1,0 +1,40 @@
+//! fail-loop: one command fails again and again with the very same (normalized) error.
+
+use super::{DetectConfig, Detector, Facts, Finding, StepEvents};
+
+pub struct FailLoop;
+
+impl Detector for FailLoop {
+    fn name(&self) -> &'static str {
+        "fail_loop"
+    }
+
+    fn check(&self, _facts: &Facts, step: &StepEvents, cfg: &DetectConfig) -> Option<Finding> {
+        let min = cfg.thresholds.fail_loop_runs;
+        let call = step
+            .calls
+            .iter()
+            .filter(|c| c.fail_run >= min)
+            .max_by_key(|c| c.fail_run)?;
+        let what = call
+            .action
+            .command
+            .as_deref()
+            .unwrap_or(call.action.key.as_str());
+        Some(
+            Finding::new(
+                self.name(),
+                (0.7 + 0.1 * (call.fail_run - min) as f64).min(1.0),
+                vec![step.index],
+                format!(
+                    "`{}` failed {} times in a row with the same error: {}",
+                    super::short(what),
+                    call.fail_run,
+                    super::short(&call.result_line)
+                ),
+                "The same command keeps failing the same way; change what causes the error before running it again.",
+            )
+            .with_keys(vec![call.action.key_hash]),
+        )
+    }
+}
