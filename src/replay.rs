@@ -1,11 +1,29 @@
 //! `loopwarden replay`: the detection engine over recorded conversations.
+//!
+//! Each input line is one run: `id` and `messages` in OpenAI Chat Completions format
+//! (plus optional `agent` and `resolved` labels). For each run the engine plays the
+//! requests the agent sent — request k holds the messages before the k-th assistant
+//! message — and the response side of each turn, exactly as the proxy would, and one JSON
+//! line is printed per intervention. A run stops at its first halt, pause or block, as
+//! the agent would have.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::detect::{Action, DetectConfig, Engine, StoreFacts};
+use crate::dialect::{Dialect, ResponseTurn};
+use crate::transcript::{Item, Transcript};
 
 /// Options of `loopwarden replay`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReplayArgs {
     /// JSONL file: one object per line with `id` and `messages` (OpenAI Chat format).
     pub file: std::path::PathBuf,
-    /// Config file (TOML) whose `[detect]` and policy settings to use.
+    /// Config file (TOML) whose `[detect]` table to use.
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,
     /// Also print harm and savings figures (needs `resolved` labels in the input).
@@ -13,7 +31,235 @@ pub struct ReplayArgs {
     pub summary: bool,
 }
 
+/// One recorded run.
+#[derive(Deserialize)]
+struct Run<'a> {
+    id: String,
+    #[serde(default)]
+    agent: Option<String>,
+    #[serde(default)]
+    resolved: Option<bool>,
+    #[serde(borrow)]
+    messages: Vec<&'a RawValue>,
+}
+
+/// One intervention, as printed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Intervention {
+    pub id: String,
+    pub step: usize,
+    pub action: String,
+    pub detector: String,
+    pub reason: String,
+}
+
+/// What replay found in one run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunResult {
+    pub id: String,
+    pub agent: String,
+    pub resolved: Option<bool>,
+    pub steps: usize,
+    pub interventions: Vec<Intervention>,
+}
+
+impl RunResult {
+    /// The step of the first halt, pause or block.
+    pub fn stop_step(&self) -> Option<usize> {
+        self.interventions
+            .iter()
+            .find(|i| matches!(i.action.as_str(), "halt" | "pause" | "block"))
+            .map(|i| i.step)
+    }
+
+    fn nudged(&self) -> bool {
+        let stop = self.stop_step();
+        self.interventions.iter().any(|i| {
+            matches!(i.action.as_str(), "nudge" | "replan" | "rollback")
+                && stop.is_none_or(|s| i.step < s)
+        })
+    }
+}
+
+/// Reads the `[detect]` table of a config file (other tables belong to the proxy).
+pub fn load_config(path: &std::path::Path) -> anyhow::Result<DetectConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config {}", path.display()))?;
+    let value: toml::Value =
+        toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?;
+    match value.get("detect") {
+        Some(t) => t
+            .clone()
+            .try_into()
+            .with_context(|| format!("reading [detect] of {}", path.display())),
+        None => Ok(DetectConfig::default()),
+    }
+}
+
+/// Replays one run (one JSONL line).
+pub fn replay_line(engine: &Engine, line: &str) -> anyhow::Result<RunResult> {
+    let run: Run = serde_json::from_str(line).context("not a run object with id and messages")?;
+    let mut items: Vec<Item> = Vec::new();
+    for raw in &run.messages {
+        items.extend(Dialect::OpenAiChat.parse_message(raw.get()));
+    }
+    let full = Transcript::from_items(items);
+    let steps = full.steps.len();
+    let mut out = Vec::new();
+    let store = StoreFacts::default();
+    // Request k carries steps 0..k-1: fold them one by one (the same fold the proxy's
+    // cached state continues), then judge turn k's own calls on the response side.
+    let mut state = engine.start(&full);
+    for k in 0..steps {
+        let d = state.decision();
+        if d.action != Action::Observe {
+            out.push(Intervention {
+                id: run.id.clone(),
+                step: k,
+                action: d.action.as_str().to_string(),
+                detector: d.detector.clone(),
+                reason: d.reason.clone(),
+            });
+            if d.action.stops() {
+                break;
+            }
+        }
+        let step = &full.steps[k];
+        let turn = ResponseTurn {
+            text: step.text.clone(),
+            calls: step.calls.iter().map(|c| c.call.clone()).collect(),
+            ..ResponseTurn::default()
+        };
+        let r = engine.decide_response_with(&state, &turn);
+        if r.action == Action::Block {
+            out.push(Intervention {
+                id: run.id.clone(),
+                step: k,
+                action: r.action.as_str().to_string(),
+                detector: r.detector.clone(),
+                reason: r.reason.clone(),
+            });
+            break;
+        }
+        engine.fold(&mut state, step, &store);
+    }
+    Ok(RunResult {
+        id: run.id,
+        agent: run.agent.unwrap_or_else(|| "?".to_string()),
+        resolved: run.resolved,
+        steps,
+        interventions: out,
+    })
+}
+
+/// Harm and savings figures over a group of runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Figures {
+    pub runs: usize,
+    pub resolved: usize,
+    pub unresolved: usize,
+    /// Share of resolved runs halted (they would have succeeded).
+    pub resolved_halted: f64,
+    /// Share of resolved runs nudged before any halt.
+    pub resolved_nudged: f64,
+    /// Share of unresolved runs halted.
+    pub unresolved_halted: f64,
+    /// Over unresolved runs: sum of (N - k) for a halt at k, over the sum of N.
+    pub steps_saved: f64,
+}
+
+pub fn figures<'a>(runs: impl IntoIterator<Item = &'a RunResult>) -> Figures {
+    let mut f = Figures::default();
+    let (mut res_halt, mut res_nudge, mut unres_halt) = (0usize, 0usize, 0usize);
+    let (mut saved, mut total) = (0usize, 0usize);
+    for r in runs {
+        f.runs += 1;
+        match r.resolved {
+            Some(true) => {
+                f.resolved += 1;
+                res_halt += usize::from(r.stop_step().is_some());
+                res_nudge += usize::from(r.nudged());
+            }
+            Some(false) => {
+                f.unresolved += 1;
+                total += r.steps;
+                if let Some(k) = r.stop_step() {
+                    unres_halt += 1;
+                    saved += r.steps.saturating_sub(k);
+                }
+            }
+            None => {}
+        }
+    }
+    let ratio = |a: usize, b: usize| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    f.resolved_halted = ratio(res_halt, f.resolved);
+    f.resolved_nudged = ratio(res_nudge, f.resolved);
+    f.unresolved_halted = ratio(unres_halt, f.unresolved);
+    f.steps_saved = ratio(saved, total);
+    f
+}
+
+fn print_figures(out: &mut impl Write, results: &[RunResult]) -> std::io::Result<()> {
+    let mut groups: BTreeMap<&str, Vec<&RunResult>> = BTreeMap::new();
+    for r in results {
+        groups.entry(r.agent.as_str()).or_default().push(r);
+    }
+    writeln!(
+        out,
+        "{:<16} {:>5} {:>5} {:>6} {:>10} {:>10} {:>12} {:>11}",
+        "group", "runs", "res", "unres", "res-halted", "res-nudged", "unres-halted", "steps-saved"
+    )?;
+    let mut rows: Vec<(&str, Figures)> = vec![("all", figures(results.iter()))];
+    rows.extend(groups.into_iter().map(|(a, rs)| (a, figures(rs))));
+    for (name, f) in rows {
+        writeln!(
+            out,
+            "{:<16} {:>5} {:>5} {:>6} {:>9.1}% {:>9.1}% {:>11.1}% {:>10.1}%",
+            name,
+            f.runs,
+            f.resolved,
+            f.unresolved,
+            100.0 * f.resolved_halted,
+            100.0 * f.resolved_nudged,
+            100.0 * f.unresolved_halted,
+            100.0 * f.steps_saved
+        )?;
+    }
+    Ok(())
+}
+
 pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
-    let _ = args;
-    anyhow::bail!("replay is not implemented yet")
+    let config = match &args.config {
+        Some(p) => load_config(p)?,
+        None => DetectConfig::default(),
+    };
+    let engine = Engine::new(config);
+    let file = std::fs::File::open(&args.file)
+        .with_context(|| format!("opening {}", args.file.display()))?;
+    let reader = std::io::BufReader::new(file);
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut results = Vec::new();
+    for (n, line) in reader.lines().enumerate() {
+        let line = line.with_context(|| format!("reading line {}", n + 1))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let result = replay_line(&engine, &line)
+            .with_context(|| format!("{}: line {}", args.file.display(), n + 1))?;
+        for i in &result.interventions {
+            serde_json::to_writer(&mut out, i)?;
+            out.write_all(b"\n")?;
+        }
+        if args.summary {
+            results.push(result);
+        }
+    }
+    if args.summary {
+        // Figures go to stderr so that stdout stays pure JSONL for scorers.
+        let mut err = std::io::stderr().lock();
+        print_figures(&mut err, &results)?;
+    }
+    out.flush()?;
+    Ok(())
 }
