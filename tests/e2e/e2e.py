@@ -373,7 +373,10 @@ def check_loop(label, repo, client, script, stdout, run_dir, last, exchanges, mo
     report.check(f"{label} mock received a nudge after the loop began",
                  any(turn >= 2 for turn, _ in nudged),
                  f"first at turn {nudged[0][0]}: {short(nudged[0][1][0], 120)!r}" if nudged else "none")
-    halts = [i for i, ex in enumerate(exchanges) if "halt" in (ex.decision or "")]
+    # A halt is announced in the decision header; a block replaces a streamed tool call after
+    # the headers went out, so its only trace on the wire is loopwarden's text in the body.
+    halts = [i for i, ex in enumerate(exchanges)
+             if any(word in (ex.decision or "") for word in ("halt", "block")) or b"[loopwarden]" in ex.response]
     report.check(f"{label} client received a halt", bool(halts),
                  f"decisions {sorted({str(ex.decision) for ex in exchanges})}")
     report.check(f"{label} last message is the halt text",
