@@ -4,6 +4,27 @@
 //! It is stateless like a real model API: each request's answer is the script's turn at the
 //! index given by the number of assistant turns in the request's history ([`history`]).
 //! A request without tools is a side request (title, router...) answered with `side_text`.
+//!
+//! A script (JSON, or [`Script`] built in Rust):
+//!
+//! ```json
+//! {"turns": [
+//!    {"text": "Let me look.", "tool_calls": [{"name": "Read", "arguments": {"file_path": "calc.py"}}]},
+//!    {"tool_calls": [{"name": "apply_patch", "input": "*** Begin Patch\n..."}]},
+//!    {"error": {"status": 429, "headers": {"retry-after": "1"}, "times": 2},
+//!     "then": {"text": "served once two 429s were given"}},
+//!    {"text": "cut short", "break_after_events": 3},
+//!    {"hang": true},
+//!    {"text": "JSON even to a stream request", "force_json": true}
+//!  ],
+//!  "after_end": "end_text", "end_text": "Done.",
+//!  "side_text": "OK", "side_rules": [{"match": "complexity_score", "text": "{...}"}],
+//!  "chunk_delay_ms": 0, "latency_ms": 0, "model": null}
+//! ```
+//!
+//! `input` makes a freeform call (a Responses `custom_tool_call`; `{"input": …}` arguments on
+//! the other APIs). Tool-call ids carry the turn index (`call_t3_0_…`), which keeps the turn
+//! count right when a client splits or trims its history.
 
 mod history;
 mod script;

@@ -275,6 +275,34 @@ mod tests {
     }
 
     #[test]
+    fn every_documented_field_parses() {
+        let script = Script::from_json(
+            r#"{"turns": [
+                {"text": "t", "tool_calls": [{"name": "Read", "arguments": {"file_path": "x"}}]},
+                {"tool_calls": [{"name": "apply_patch", "input": "*** Begin Patch"}]},
+                {"error": {"status": 429, "body": {"e": 1}, "headers": {"retry-after": "1"}, "times": 2},
+                 "then": {"text": "after"}},
+                {"text": "cut", "break_after_events": 3},
+                {"hang": true},
+                {"text": "j", "force_json": true}],
+              "after_end": "repeat_last", "end_text": "E", "side_text": "S",
+              "side_rules": [{"match": "m", "text": "r"}], "side_when_no_tools": false,
+              "chunk_delay_ms": 5, "latency_ms": 7, "model": "mm"}"#,
+        )
+        .unwrap();
+        assert_eq!(script.turns.len(), 6);
+        assert_eq!(
+            script.turns[1].tool_calls[0].input.as_deref(),
+            Some("*** Begin Patch")
+        );
+        assert_eq!(script.turns[2].error.as_ref().unwrap().times, Some(2));
+        assert_eq!(script.turns[3].break_after_events, Some(3));
+        assert!(script.turns[4].hang && script.turns[5].force_json);
+        assert_eq!((script.chunk_delay_ms, script.latency_ms), (5, 7));
+        assert_eq!(script.after_end, AfterEnd::RepeatLast);
+    }
+
+    #[test]
     fn unknown_field_is_rejected() {
         let err = Script::from_json(r#"{"turns":[{"txt":"typo"}]}"#).unwrap_err();
         assert!(err.to_string().contains("txt"), "{err}");
