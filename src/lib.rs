@@ -6,6 +6,7 @@
 //! store logs it.
 
 pub mod actions;
+pub mod config;
 pub mod demo;
 pub mod detect;
 pub mod dialect;
@@ -14,4 +15,5 @@ pub mod mock;
 pub mod normalize;
 pub mod proxy;
 pub mod replay;
+pub mod store;
 pub mod transcript;

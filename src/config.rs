@@ -1,0 +1,372 @@
+//! Configuration: built-in defaults, then the TOML file (`--config`), then `LOOPWARDEN_*`
+//! environment variables, then command-line flags. `config/loopwarden.toml` documents every
+//! key with its default; [`Config::default`] is the single source of those defaults.
+//!
+//! A bad value fails at start with an error that names the key, never later on a request.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::detect::DetectConfig;
+
+/// The whole configuration of `loopwarden serve`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub upstream: UpstreamConfig,
+    pub store: StoreConfig,
+    pub admin: AdminConfig,
+    pub cache: CacheConfig,
+    /// Detection settings; owned and documented by `crate::detect`.
+    pub detect: DetectConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to listen on (`LOOPWARDEN_LISTEN`, `--listen`).
+    pub listen: String,
+    /// Largest request body the proxy reads; larger ones get a 413 in the API's error shape.
+    pub max_body_bytes: usize,
+}
+
+/// Where each API family is forwarded. Only these bases are ever contacted: the request
+/// never chooses a host, so the proxy is not an open relay.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamConfig {
+    pub openai: String,
+    pub anthropic: String,
+    pub gemini: String,
+    /// TCP (and TLS) connect timeout; an upstream that cannot be reached gets a 502.
+    pub connect_timeout_ms: u64,
+    /// Longest wait for the upstream's response headers; then the client gets a 504.
+    /// Long because a non-streamed answer only sends headers once it is complete.
+    pub response_timeout_secs: u64,
+    /// Idle pooled upstream connections are closed after this long.
+    pub pool_idle_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Database URL (`LOOPWARDEN_DB`, `--db`). SQLite: `sqlite://path` (created if missing).
+    pub db: String,
+    /// Log records waiting to be written; when full, new records are dropped and counted,
+    /// so a slow disk never delays a request.
+    pub queue_capacity: usize,
+    /// Records written per transaction at most.
+    pub batch_size: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Bearer token for `/admin/api/` (`LOOPWARDEN_ADMIN_TOKEN`). Empty: loopback clients only.
+    pub token: String,
+}
+
+/// The parsed-message cache (see `proxy::cache`): every request resends the whole history,
+/// so each message is parsed once and found again by the hash of its bytes.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheConfig {
+    /// Upper bound of the raw bytes of the messages held parsed.
+    pub max_bytes: usize,
+    /// A message no request has carried for this long is dropped.
+    pub idle_secs: u64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            server: ServerConfig {
+                listen: "127.0.0.1:8788".into(),
+                max_body_bytes: 64 * 1024 * 1024,
+            },
+            upstream: UpstreamConfig {
+                openai: "https://api.openai.com".into(),
+                anthropic: "https://api.anthropic.com".into(),
+                gemini: "https://generativelanguage.googleapis.com".into(),
+                connect_timeout_ms: 10_000,
+                response_timeout_secs: 600,
+                pool_idle_timeout_secs: 90,
+            },
+            store: StoreConfig {
+                db: "sqlite://loopwarden.db".into(),
+                queue_capacity: 16_384,
+                batch_size: 512,
+            },
+            admin: AdminConfig::default(),
+            cache: CacheConfig {
+                max_bytes: 256 * 1024 * 1024,
+                idle_secs: 600,
+            },
+            detect: DetectConfig::default(),
+        }
+    }
+}
+
+macro_rules! section_defaults {
+    ($($t:ident => $field:ident),*) => {$(
+        impl Default for $t {
+            fn default() -> $t {
+                Config::default().$field
+            }
+        }
+    )*};
+}
+section_defaults!(ServerConfig => server, UpstreamConfig => upstream, StoreConfig => store, CacheConfig => cache);
+
+/// A configuration problem, naming the key (or file) at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("config key `{key}`{origin}: {problem}")]
+    Invalid {
+        key: &'static str,
+        /// " (from LOOPWARDEN_X)" when an environment variable set it.
+        origin: String,
+        problem: String,
+    },
+}
+
+/// Environment variables that override one key each.
+const ENV_OVERRIDES: &[(&str, &str)] = &[
+    ("LOOPWARDEN_LISTEN", "server.listen"),
+    ("LOOPWARDEN_DB", "store.db"),
+    ("LOOPWARDEN_OPENAI_BASE_URL", "upstream.openai"),
+    ("LOOPWARDEN_ANTHROPIC_BASE_URL", "upstream.anthropic"),
+    ("LOOPWARDEN_GEMINI_BASE_URL", "upstream.gemini"),
+    ("LOOPWARDEN_ADMIN_TOKEN", "admin.token"),
+];
+
+impl Config {
+    /// Defaults, then `file`, then the environment as seen through `env` (a parameter so
+    /// tests need not touch the process environment).
+    pub fn load(
+        file: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let mut config = match file {
+            Some(path) => Config::from_file(path)?,
+            None => Config::default(),
+        };
+        for (var, key) in ENV_OVERRIDES {
+            if let Some(value) = env(var) {
+                config.set(key, value);
+            }
+        }
+        config.validate(|key| {
+            ENV_OVERRIDES
+                .iter()
+                .find(|(var, k)| *k == key && env(var).is_some())
+                .map(|(var, _)| format!(" (from {var})"))
+                .unwrap_or_default()
+        })?;
+        Ok(config)
+    }
+
+    fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Sets a string key by its dotted name (the keys of [`ENV_OVERRIDES`] and flags).
+    fn set(&mut self, key: &str, value: String) {
+        match key {
+            "server.listen" => self.server.listen = value,
+            "store.db" => self.store.db = value,
+            "upstream.openai" => self.upstream.openai = value,
+            "upstream.anthropic" => self.upstream.anthropic = value,
+            "upstream.gemini" => self.upstream.gemini = value,
+            "admin.token" => self.admin.token = value,
+            _ => {}
+        }
+    }
+
+    /// Applies `serve` flags (which win over file and environment) and re-validates.
+    pub fn with_flags(
+        mut self,
+        listen: Option<String>,
+        db: Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let mut from_flag = Vec::new();
+        if let Some(listen) = listen {
+            self.set("server.listen", listen);
+            from_flag.push(("server.listen", " (from --listen)"));
+        }
+        if let Some(db) = db {
+            self.set("store.db", db);
+            from_flag.push(("store.db", " (from --db)"));
+        }
+        self.validate(|key| {
+            from_flag
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, o)| o.to_string())
+                .unwrap_or_default()
+        })?;
+        Ok(self)
+    }
+
+    /// Checks every value and normalizes base URLs (no trailing slash).
+    fn validate(&mut self, origin: impl Fn(&'static str) -> String) -> Result<(), ConfigError> {
+        let invalid = |key: &'static str, problem: String| ConfigError::Invalid {
+            key,
+            origin: origin(key),
+            problem,
+        };
+        self.listen_addr()
+            .map_err(|e| invalid("server.listen", e))?;
+        for (key, url) in [
+            ("upstream.openai", &mut self.upstream.openai),
+            ("upstream.anthropic", &mut self.upstream.anthropic),
+            ("upstream.gemini", &mut self.upstream.gemini),
+        ] {
+            *url = normalize_base_url(url).map_err(|e| invalid(key, e))?;
+        }
+        if !self.store.db.starts_with("sqlite:") {
+            return Err(invalid(
+                "store.db",
+                format!(
+                    "{:?} is not a supported database URL (expected sqlite://PATH)",
+                    self.store.db
+                ),
+            ));
+        }
+        let positive: [(&'static str, u64); 7] = [
+            ("server.max_body_bytes", self.server.max_body_bytes as u64),
+            (
+                "upstream.connect_timeout_ms",
+                self.upstream.connect_timeout_ms,
+            ),
+            (
+                "upstream.response_timeout_secs",
+                self.upstream.response_timeout_secs,
+            ),
+            ("store.queue_capacity", self.store.queue_capacity as u64),
+            ("store.batch_size", self.store.batch_size as u64),
+            ("cache.max_bytes", self.cache.max_bytes as u64),
+            ("cache.idle_secs", self.cache.idle_secs),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(invalid(key, "must be greater than 0".into()));
+            }
+        }
+        if self.admin.token.chars().any(|c| c.is_whitespace()) {
+            return Err(invalid("admin.token", "must not contain whitespace".into()));
+        }
+        Ok(())
+    }
+
+    /// `server.listen` as a socket address.
+    pub fn listen_addr(&self) -> Result<SocketAddr, String> {
+        self.server.listen.parse().map_err(|_| {
+            format!(
+                "{:?} is not an address like 127.0.0.1:8788",
+                self.server.listen
+            )
+        })
+    }
+}
+
+/// `http(s)://host[:port][/prefix]`, without a trailing slash, query or fragment.
+fn normalize_base_url(url: &str) -> Result<String, String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => return Err(format!("{url:?} must start with http:// or https://")),
+    }
+    if uri.authority().is_none() {
+        return Err(format!("{url:?} has no host"));
+    }
+    if uri.query().is_some() || url.contains('#') {
+        return Err(format!("{url:?} must not have a query or fragment"));
+    }
+    Ok(url.trim_end_matches('/').to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn the_shipped_file_states_exactly_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/loopwarden.toml");
+        let from_file = Config::load(Some(&path), no_env).expect("shipped config loads");
+        assert_eq!(from_file, Config::load(None, no_env).unwrap());
+    }
+
+    #[test]
+    fn environment_overrides_the_file_and_flags_override_both() {
+        let env = |var: &str| match var {
+            "LOOPWARDEN_LISTEN" => Some("127.0.0.1:9999".to_string()),
+            "LOOPWARDEN_OPENAI_BASE_URL" => Some("http://127.0.0.1:1234/".to_string()),
+            "LOOPWARDEN_ADMIN_TOKEN" => Some("tok".to_string()),
+            _ => None,
+        };
+        let c = Config::load(None, env).unwrap();
+        assert_eq!(c.server.listen, "127.0.0.1:9999");
+        assert_eq!(c.upstream.openai, "http://127.0.0.1:1234");
+        assert_eq!(c.admin.token, "tok");
+        let c = c
+            .with_flags(Some("127.0.0.1:1".into()), Some("sqlite://x.db".into()))
+            .unwrap();
+        assert_eq!(c.server.listen, "127.0.0.1:1");
+        assert_eq!(c.store.db, "sqlite://x.db");
+    }
+
+    #[test]
+    fn errors_name_the_key_and_where_the_value_came_from() {
+        let env = |var: &str| (var == "LOOPWARDEN_GEMINI_BASE_URL").then(|| "ftp://x".into());
+        let e = Config::load(None, env).unwrap_err().to_string();
+        assert!(e.contains("upstream.gemini"), "{e}");
+        assert!(e.contains("LOOPWARDEN_GEMINI_BASE_URL"), "{e}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[store]\nbatch_size = 0\n").unwrap();
+        let e = Config::load(Some(&path), no_env).unwrap_err().to_string();
+        assert!(
+            e.contains("store.batch_size") && e.contains("greater than 0"),
+            "{e}"
+        );
+
+        std::fs::write(&path, "[server]\nlisten_on = \"x\"\n").unwrap();
+        let e = Config::load(Some(&path), no_env).unwrap_err().to_string();
+        assert!(e.contains("listen_on"), "{e}");
+
+        std::fs::write(&path, "[upstream]\nopenai = 5\n").unwrap();
+        let e = Config::load(Some(&path), no_env).unwrap_err().to_string();
+        assert!(e.contains("openai"), "{e}");
+
+        let e = Config::default()
+            .with_flags(Some("nonsense".into()), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("server.listen") && e.contains("--listen"), "{e}");
+    }
+}

@@ -1,0 +1,505 @@
+//! The request path: read the body once, let the dialect and the detection engine read the
+//! conversation, let [`intervention::plan`] say what to do, forward the original bytes to
+//! the configured upstream, and stream the answer back through the tee.
+//!
+//! Everything the log needs travels with the response body ([`tee::Pending`]) and is
+//! handed to the recorder when the body ends; nothing on this path waits for the log.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::StatusCode;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use super::identity::{self, Identity};
+use super::intervention::{self, Plan};
+use super::record::{Captured, Finished};
+use super::route::{self, Route, Upstream};
+use super::tee::{Pending, TeeBody};
+use super::{errors, App};
+use crate::config::UpstreamConfig;
+use crate::detect::Decision;
+use crate::dialect::Dialect;
+use crate::store::redact::summary;
+use crate::store::{now_ms, ConversationSeen, RequestRow};
+use crate::transcript::Transcript;
+
+/// The pooled upstream client (HTTP/1.1 and HTTP/2, TLS for https bases).
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+pub fn upstream_client(config: &UpstreamConfig) -> UpstreamClient {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    // Streamed events are small writes; Nagle's algorithm would hold them back.
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_all_versions()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(config.pool_idle_timeout_secs))
+        .build(https)
+}
+
+pub const DECISION_HEADER: &str = "x-loopwarden-decision";
+
+/// What the dialect and the engine made of a request.
+struct Analysis {
+    identity: Identity,
+    dialect: Option<Dialect>,
+    model: Option<String>,
+    stream: bool,
+    /// `parsed`, `unparsed` or `not_conversation` (`requests.parse`).
+    parse: &'static str,
+    parse_error: Option<String>,
+    parsed: Option<Parsed>,
+}
+
+struct Parsed {
+    dialect: Dialect,
+    transcript: Transcript,
+    decision: Decision,
+}
+
+/// Reads the conversation in a request: parse (cached per message), identify, decide.
+fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> Analysis {
+    let stated = identity::stated(headers, route.conversation);
+    let fallback = || identity::fallback(headers, route.path);
+    let Some((dialect, stream_path)) = route.dialect else {
+        return Analysis {
+            identity: stated.unwrap_or_else(fallback),
+            dialect: None,
+            model: None,
+            stream: false,
+            parse: "not_conversation",
+            parse_error: None,
+            parsed: None,
+        };
+    };
+    let view = match dialect.view(body, stream_path) {
+        Ok(view) => view,
+        Err(e) => {
+            // Forwarded untouched all the same; the log says why it was not read.
+            let reason = summary(&e.0, 200);
+            tracing::warn!(path = route.path, dialect = dialect.as_str(), error = %reason, "request body not parsed; forwarded untouched");
+            return Analysis {
+                identity: stated.unwrap_or_else(fallback),
+                dialect: Some(dialect),
+                model: None,
+                stream: stream_path,
+                parse: "unparsed",
+                parse_error: Some(reason),
+                parsed: None,
+            };
+        }
+    };
+    let messages = app.cache.items(dialect, &view.messages);
+    let transcript = Transcript::from_items(
+        view.preamble
+            .into_iter()
+            .chain(messages.iter().flat_map(|m| m.iter().cloned())),
+    );
+    let identity = stated
+        .or_else(|| identity::from_head(&transcript))
+        .unwrap_or_else(fallback);
+    let decision = app.engine.decide(&transcript);
+    Analysis {
+        identity,
+        dialect: Some(dialect),
+        model: view.model,
+        stream: view.stream,
+        parse: "parsed",
+        parse_error: None,
+        parsed: Some(Parsed {
+            dialect,
+            transcript,
+            decision,
+        }),
+    }
+}
+
+/// The proxy handler: every request that is not the admin API or `/healthz`.
+pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
+    let started = Instant::now();
+    let started_ms = now_ms();
+    let (parts, body) = request.into_parts();
+    let route = route::route(&parts.uri, &parts.headers);
+
+    let body = match Limited::new(body, app.config.server.max_body_bytes)
+        .collect()
+        .await
+    {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            let too_large = e.is::<http_body_util::LengthLimitError>();
+            let (status, message) = if too_large {
+                (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "loopwarden: request body larger than server.max_body_bytes ({})",
+                        app.config.server.max_body_bytes
+                    ),
+                )
+            } else {
+                (
+                    StatusCode::BAD_REQUEST,
+                    "loopwarden: could not read the request body".to_string(),
+                )
+            };
+            return errors::api_error(route.upstream, status, &message);
+        }
+    };
+
+    let analysis = analyse(&app, &route, &parts.headers, &body);
+    let plan = match &analysis.parsed {
+        Some(p) => intervention::plan(
+            &p.decision,
+            &intervention::Context {
+                conversation: &analysis.identity.id,
+                dialect: p.dialect,
+                stream: analysis.stream,
+                body: &body,
+                transcript: &p.transcript,
+            },
+        ),
+        None => Plan::Forward,
+    };
+
+    // Responses are decoded for the log only when the request itself was read.
+    let capture_dialect = analysis.parsed.as_ref().map(|p| p.dialect);
+    let mut finished = new_record(
+        &app,
+        &parts,
+        &route,
+        &body,
+        analysis,
+        plan.applied(),
+        started_ms,
+    );
+    let conversation_header = HeaderValue::from_str(&finished.row.conversation_id).ok();
+    let decision_header = finished
+        .row
+        .decision
+        .as_deref()
+        .and_then(|d| HeaderValue::from_str(d).ok());
+    let stamp = |response: &mut Response| {
+        let headers = response.headers_mut();
+        if let Some(v) = &conversation_header {
+            headers.insert(HeaderName::from_static(identity::HEADER), v.clone());
+        }
+        if let Some(v) = &decision_header {
+            headers.insert(HeaderName::from_static(DECISION_HEADER), v.clone());
+        }
+    };
+
+    let forward_body = match plan {
+        Plan::Forward => body,
+        Plan::ForwardModified(modified) => modified,
+        Plan::Answer(mut response) => {
+            finished.row.status = response.status().as_u16() as i64;
+            finished.row.outcome = "answered".into();
+            finished.row.proxy_overhead_us = started.elapsed().as_micros() as i64;
+            app.recorder.finish(finished);
+            stamp(&mut response);
+            return response;
+        }
+    };
+
+    let Some(upstream_request) = upstream_request(&app, &parts, &route, forward_body) else {
+        // Unreachable in practice: the base URL was validated and the path came from a
+        // valid URI. Answer like an unreachable upstream rather than panic.
+        let mut response = errors::api_error(
+            route.upstream,
+            StatusCode::BAD_GATEWAY,
+            "loopwarden: cannot build the upstream URL",
+        );
+        finish_early(
+            &app,
+            finished,
+            StatusCode::BAD_GATEWAY,
+            "upstream_unreachable",
+            started,
+            None,
+        );
+        stamp(&mut response);
+        return response;
+    };
+
+    let sent = Instant::now();
+    let timeout = Duration::from_secs(app.config.upstream.response_timeout_secs);
+    let upstream_response = match tokio::time::timeout(
+        timeout,
+        app.client.request(upstream_request),
+    )
+    .await
+    {
+        Ok(Ok(response)) => response,
+        Ok(Err(e)) => {
+            tracing::warn!(upstream = route.upstream.as_str(), error = %error_chain(&e), "upstream unreachable");
+            let mut response = errors::api_error(
+                route.upstream,
+                StatusCode::BAD_GATEWAY,
+                &format!(
+                    "loopwarden: the {} upstream could not be reached",
+                    route.upstream.as_str()
+                ),
+            );
+            finish_early(
+                &app,
+                finished,
+                StatusCode::BAD_GATEWAY,
+                "upstream_unreachable",
+                started,
+                Some(sent),
+            );
+            stamp(&mut response);
+            return response;
+        }
+        Err(_) => {
+            tracing::warn!(
+                upstream = route.upstream.as_str(),
+                timeout_secs = timeout.as_secs(),
+                "upstream timed out"
+            );
+            let mut response = errors::api_error(
+                route.upstream,
+                StatusCode::GATEWAY_TIMEOUT,
+                &format!(
+                    "loopwarden: the {} upstream did not answer in time",
+                    route.upstream.as_str()
+                ),
+            );
+            finish_early(
+                &app,
+                finished,
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_timeout",
+                started,
+                Some(sent),
+            );
+            stamp(&mut response);
+            return response;
+        }
+    };
+    let headers_at = Instant::now();
+
+    let (up_parts, up_body) = upstream_response.into_parts();
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = up_parts.status;
+    copy_end_to_end_headers(&up_parts.headers, response.headers_mut());
+    stamp(&mut response);
+
+    let event_stream = is_event_stream(&up_parts.headers);
+    finished.row.status = up_parts.status.as_u16() as i64;
+    finished.row.stream |= event_stream;
+    finished.row.upstream_latency_us = Some((headers_at - sent).as_micros() as i64);
+    // Decode only answers the dialect can read: successful and not content-encoded.
+    let capture = capture_dialect
+        .filter(|_| {
+            up_parts.status.is_success() && !up_parts.headers.contains_key(header::CONTENT_ENCODING)
+        })
+        .map(|dialect| Captured {
+            dialect,
+            event_stream,
+            chunks: Vec::new(),
+        });
+    finished.row.proxy_overhead_us = ((sent - started) + headers_at.elapsed()).as_micros() as i64;
+    let pending = Pending::new(finished, app.recorder.clone(), sent, capture);
+    *response.body_mut() = Body::new(TeeBody::new(up_body, pending));
+    response
+}
+
+/// The log entry of a request, before its response is known.
+fn new_record(
+    app: &App,
+    parts: &http::request::Parts,
+    route: &Route<'_>,
+    body: &Bytes,
+    analysis: Analysis,
+    applied: &'static str,
+    started_ms: i64,
+) -> Finished {
+    let Analysis {
+        identity,
+        dialect,
+        model,
+        stream,
+        parse,
+        parse_error,
+        parsed,
+    } = analysis;
+    let (steps, decision, history, next_step) = match parsed {
+        Some(mut p) => {
+            let next_step = p.transcript.steps.len();
+            let from = app.step_log.steps_to_log(&identity.id, &p.transcript);
+            let history = p.transcript.steps.split_off(from);
+            (Some(next_step as i64), Some(p.decision), history, next_step)
+        }
+        None => (None, None, Vec::new(), 0),
+    };
+    let row = RequestRow {
+        id: fastrand::i64(1..i64::MAX),
+        conversation_id: identity.id.clone(),
+        started_ms,
+        method: parts.method.as_str().to_string(),
+        path: route.path.to_string(),
+        upstream: route.upstream.as_str().to_string(),
+        dialect: dialect.map(|d| d.as_str().to_string()),
+        model: model.clone(),
+        stream,
+        parse: parse.to_string(),
+        parse_error,
+        steps,
+        decision: decision.as_ref().map(|d| d.action.as_str().to_string()),
+        applied: applied.to_string(),
+        status: 0,
+        outcome: String::new(),
+        request_bytes: body.len() as i64,
+        response_bytes: 0,
+        upstream_latency_us: None,
+        upstream_total_us: None,
+        proxy_overhead_us: 0,
+        input_tokens: None,
+        output_tokens: None,
+        stop_reason: None,
+    };
+    Finished {
+        row,
+        conversation: ConversationSeen {
+            id: identity.id,
+            id_source: identity.source,
+            client: identity::client_name(&parts.headers),
+            dialect: dialect.map(Dialect::as_str),
+            model,
+            at_ms: started_ms,
+        },
+        decision,
+        history,
+        next_step,
+        response: None,
+    }
+}
+
+/// Logs a request that ends before any upstream body (the proxy answered an error).
+fn finish_early(
+    app: &App,
+    mut finished: Finished,
+    status: StatusCode,
+    outcome: &str,
+    started: Instant,
+    sent: Option<Instant>,
+) {
+    let waited = sent.map(|s| s.elapsed()).unwrap_or_default();
+    finished.row.status = status.as_u16() as i64;
+    finished.row.outcome = outcome.to_string();
+    finished.row.upstream_latency_us = sent.map(|_| waited.as_micros() as i64);
+    finished.row.proxy_overhead_us = started.elapsed().saturating_sub(waited).as_micros() as i64;
+    app.recorder.finish(finished);
+}
+
+/// The request to the upstream: configured base + forwarded path + original query, the
+/// client's end-to-end headers, and `body`.
+fn upstream_request(
+    app: &App,
+    parts: &http::request::Parts,
+    route: &Route<'_>,
+    body: Bytes,
+) -> Option<http::Request<Full<Bytes>>> {
+    let base = match route.upstream {
+        Upstream::OpenAi => &app.config.upstream.openai,
+        Upstream::Anthropic => &app.config.upstream.anthropic,
+        Upstream::Gemini => &app.config.upstream.gemini,
+    };
+    let mut url =
+        String::with_capacity(base.len() + route.path.len() + 1 + route.query.map_or(0, str::len));
+    url.push_str(base);
+    url.push_str(route.path);
+    if let Some(q) = route.query {
+        url.push('?');
+        url.push_str(q);
+    }
+    let mut request = http::Request::new(Full::new(body));
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = url.parse().ok()?;
+    let headers = request.headers_mut();
+    let dropped = connection_listed(&parts.headers);
+    for (name, value) in &parts.headers {
+        if is_hop_by_hop(name)
+            || dropped.contains(name)
+            || name == header::HOST
+            || name == header::CONTENT_LENGTH
+            || name == header::EXPECT
+            || name.as_str().starts_with("x-loopwarden-")
+        {
+            continue;
+        }
+        headers.append(name.clone(), value.clone());
+    }
+    Some(request)
+}
+
+fn copy_end_to_end_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    let dropped = connection_listed(from);
+    for (name, value) in from {
+        if !is_hop_by_hop(name) && !dropped.contains(name) {
+            to.append(name.clone(), value.clone());
+        }
+    }
+}
+
+/// Headers that concern one connection only (RFC 9110 §7.6.1), never forwarded.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+/// Headers the `Connection` header names as hop-by-hop.
+fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect()
+}
+
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
+}
+
+/// An error and its causes on one line (connection errors hide the cause in the source).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

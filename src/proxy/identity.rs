@@ -1,0 +1,185 @@
+//! Which conversation a request belongs to.
+//!
+//! In order: our own header `x-loopwarden-conversation`; a `/c/{id}` path prefix; the ids
+//! clients send (Claude Code session + sub-agent, Codex thread, opencode session); else a
+//! hash of the history's stable head (first system text + first user message), which every
+//! client resends unchanged until it compacts. Detection reads the transcript itself, so a
+//! wrong identity only mislabels the log; it never changes a decision.
+
+use http::HeaderMap;
+
+use crate::transcript::Transcript;
+
+/// A conversation id and where it came from (stored as `conversations.id_source`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// Safe to echo in a header: printable ASCII without spaces, at most [`MAX_ID_LEN`].
+    pub id: String,
+    pub source: &'static str,
+}
+
+pub const HEADER: &str = "x-loopwarden-conversation";
+const MAX_ID_LEN: usize = 128;
+
+/// The identity a request states explicitly (header or path), if any.
+pub fn stated(headers: &HeaderMap, path_id: Option<&str>) -> Option<Identity> {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    };
+    if let Some(id) = header(HEADER) {
+        return Some(make(id, HEADER));
+    }
+    if let Some(id) = path_id.filter(|id| !id.is_empty()) {
+        return Some(make(id, "path"));
+    }
+    if let Some(session) = header("x-claude-code-session-id") {
+        // Sub-agents share the session id; their own history makes them a conversation
+        // of their own.
+        return Some(match header("x-claude-code-agent-id") {
+            Some(agent) => make(&format!("{session}:{agent}"), "x-claude-code-session-id"),
+            None => make(session, "x-claude-code-session-id"),
+        });
+    }
+    // Codex sends one value as thread-id and session-id; the thread survives `resume`.
+    for name in ["thread-id", "session-id", "x-session-id"] {
+        if let Some(id) = header(name) {
+            return Some(make(id, name));
+        }
+    }
+    None
+}
+
+/// The identity of a conversation that states none: a hash of its stable head.
+pub fn from_head(transcript: &Transcript) -> Option<Identity> {
+    let system = transcript.system.first().map(String::as_str).unwrap_or("");
+    let task = transcript.task.first().map(String::as_str).unwrap_or("");
+    if system.is_empty() && task.is_empty() {
+        return None;
+    }
+    let mut h = blake3::Hasher::new();
+    h.update(system.as_bytes());
+    h.update(b"\0");
+    h.update(task.as_bytes());
+    Some(Identity {
+        id: format!("h-{}", &h.finalize().to_hex()[..16]),
+        source: "head_hash",
+    })
+}
+
+/// Last resort for a request with no id and no readable history: one bucket per client
+/// and endpoint, so such requests are at least grouped, not lost.
+pub fn fallback(headers: &HeaderMap, path: &str) -> Identity {
+    let agent = headers
+        .get(http::header::USER_AGENT)
+        .map(|v| v.as_bytes())
+        .unwrap_or(b"");
+    let mut h = blake3::Hasher::new();
+    h.update(agent);
+    h.update(b"\0");
+    h.update(path.as_bytes());
+    Identity {
+        id: format!("anon-{}", &h.finalize().to_hex()[..16]),
+        source: "fallback",
+    }
+}
+
+/// Keeps a client's id as it is when it is a plain token (so users can find it in the
+/// log), else replaces it by a hash (so it is always safe in a header and a URL).
+fn make(raw: &str, source: &'static str) -> Identity {
+    let plain = raw.len() <= MAX_ID_LEN
+        && raw
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:@+=".contains(&b));
+    let id = if plain {
+        raw.to_string()
+    } else {
+        format!("x-{}", &blake3::hash(raw.as_bytes()).to_hex()[..16])
+    };
+    Identity { id, source }
+}
+
+/// The product token of a user-agent (`claude-cli/2.1 (...)` → `claude-cli`): which client
+/// this is, without versions or platform details.
+pub fn client_name(headers: &HeaderMap) -> Option<String> {
+    let ua = headers.get(http::header::USER_AGENT)?.to_str().ok()?;
+    let product = ua
+        .split(|c: char| c == '/' || c.is_whitespace())
+        .next()
+        .filter(|p| !p.is_empty())?;
+    Some(product.chars().take(40).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn explicit_ids_in_order_of_precedence() {
+        let claude = headers(&[("x-claude-code-session-id", "s1")]);
+        assert_eq!(stated(&claude, None).unwrap().id, "s1");
+        let sub = headers(&[
+            ("x-claude-code-session-id", "s1"),
+            ("x-claude-code-agent-id", "a9"),
+        ]);
+        assert_eq!(stated(&sub, None).unwrap().id, "s1:a9");
+        assert_eq!(
+            stated(&sub, Some("p")).unwrap(),
+            Identity {
+                id: "p".into(),
+                source: "path"
+            }
+        );
+        let ours = headers(&[(HEADER, "mine"), ("thread-id", "t")]);
+        assert_eq!(stated(&ours, Some("p")).unwrap().id, "mine");
+        let codex = headers(&[("session-id", "t1"), ("thread-id", "t1")]);
+        assert_eq!(stated(&codex, None).unwrap().source, "thread-id");
+        let opencode = headers(&[("x-session-id", "ses_1")]);
+        assert_eq!(stated(&opencode, None).unwrap().id, "ses_1");
+        assert_eq!(stated(&headers(&[]), None), None);
+    }
+
+    #[test]
+    fn unsafe_ids_are_hashed() {
+        let odd = headers(&[(HEADER, "a b/c")]);
+        let id = stated(&odd, None).unwrap().id;
+        assert!(id.starts_with("x-") && !id.contains(' '), "{id}");
+        assert_eq!(make(&"a".repeat(200), "path").id.len(), 18);
+    }
+
+    #[test]
+    fn head_hash_depends_on_system_and_task_only() {
+        let mut t = Transcript {
+            system: vec!["sys".into()],
+            task: vec!["fix the bug".into()],
+            ..Transcript::default()
+        };
+        let a = from_head(&t).unwrap();
+        t.task.push("later".into());
+        assert_eq!(from_head(&t).unwrap(), a);
+        t.task[0] = "another task".into();
+        assert_ne!(from_head(&t).unwrap(), a);
+        assert_eq!(from_head(&Transcript::default()), None);
+    }
+
+    #[test]
+    fn client_is_the_user_agent_product() {
+        let h = headers(&[("user-agent", "claude-cli/2.1.330 (external, sdk-cli)")]);
+        assert_eq!(client_name(&h).as_deref(), Some("claude-cli"));
+        assert_eq!(client_name(&headers(&[])), None);
+    }
+}

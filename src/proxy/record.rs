@@ -1,0 +1,258 @@
+//! The recorder: turns each finished request into log rows, off the request path.
+//!
+//! A request hands over a [`Finished`] when its response has ended (or failed): the request
+//! row, the decision, the history steps that are new to the log, and the response bytes
+//! the tee captured. One background task decodes the response with the dialect (new tool
+//! calls, token usage), hashes and summarizes tool calls, and queues the rows to the store.
+//! The hand-over is a `try_send` on a bounded queue: when the recorder falls behind,
+//! records are dropped and counted, and requests never wait.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::detect::{Action, Decision};
+use crate::dialect::{Dialect, ResponseTurn};
+use crate::store::redact::summary;
+use crate::store::{
+    ConversationSeen, DecisionRow, FindingRow, Record, RequestRow, Store, ToolCallRow,
+};
+use crate::transcript::{Step, ToolCall, ToolResult};
+
+/// Longest call and result summaries kept in the log (characters).
+const CALL_SUMMARY_CHARS: usize = 160;
+const RESULT_SUMMARY_CHARS: usize = 120;
+
+/// Everything the log needs about one finished request.
+pub struct Finished {
+    pub row: RequestRow,
+    pub conversation: ConversationSeen,
+    /// The engine's decision, for requests whose history was parsed.
+    pub decision: Option<Decision>,
+    /// History steps not yet logged (with their results).
+    pub history: Vec<Step>,
+    /// Index the response's assistant turn gets: the number of steps in the history.
+    pub next_step: usize,
+    pub response: Option<Captured>,
+}
+
+/// The response bytes, as the tee saw them.
+pub struct Captured {
+    pub dialect: Dialect,
+    /// `text/event-stream` (decoded event by event) rather than one JSON body.
+    pub event_stream: bool,
+    pub chunks: Vec<Bytes>,
+}
+
+enum Command {
+    Finished(Box<Finished>),
+    Flush(oneshot::Sender<()>),
+}
+
+/// Handle to the recorder task; cheap to clone.
+#[derive(Clone)]
+pub struct Recorder {
+    tx: mpsc::Sender<Command>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl Recorder {
+    /// Starts the recorder task, which feeds `store`.
+    pub fn start(store: Store, capacity: usize) -> Recorder {
+        let (tx, mut rx) = mpsc::channel(capacity.max(1));
+        tokio::spawn(async move {
+            while let Some(command) = rx.recv().await {
+                match command {
+                    Command::Finished(finished) => record(&store, *finished),
+                    Command::Flush(done) => {
+                        let _ = done.send(());
+                    }
+                }
+            }
+        });
+        Recorder {
+            tx,
+            dropped: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Hands a finished request over without waiting.
+    pub fn finish(&self, finished: Finished) {
+        if self
+            .tx
+            .try_send(Command::Finished(Box::new(finished)))
+            .is_err()
+        {
+            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if n.is_power_of_two() {
+                tracing::warn!(
+                    dropped_total = n,
+                    "recorder queue full: requests not logged"
+                );
+            }
+        }
+    }
+
+    /// Waits until every request handed over before this call is queued to the store.
+    pub async fn flush(&self) {
+        let (done, wait) = oneshot::channel();
+        if self.tx.send(Command::Flush(done)).await.is_ok() {
+            let _ = wait.await;
+        }
+    }
+
+    /// Requests not logged because the recorder queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+fn record(store: &Store, finished: Finished) {
+    let Finished {
+        mut row,
+        conversation,
+        decision,
+        history,
+        next_step,
+        response,
+    } = finished;
+    let conversation_id = row.conversation_id.clone();
+    let at = row.started_ms;
+    let tool_call = |step: usize, index: usize, call: &ToolCall, result: Option<&ToolResult>| {
+        Record::ToolCall(Box::new(ToolCallRow {
+            conversation_id: conversation_id.clone(),
+            step: step as i64,
+            call_index: index as i64,
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            args_hash: call_hash_hex(call),
+            summary: call_summary(call),
+            result_hash: result.map(|r| blake3::hash(r.text.as_bytes()).to_hex().to_string()),
+            result_summary: result.map(|r| summary(&r.text, RESULT_SUMMARY_CHARS)),
+            is_error: result.and_then(|r| r.is_error),
+            request_id: row.id,
+            seen_ms: at,
+        }))
+    };
+
+    store.log(Record::Conversation(conversation));
+    for step in &history {
+        for (i, c) in step.calls.iter().enumerate() {
+            store.log(tool_call(step.index, i, &c.call, c.result.as_ref()));
+        }
+    }
+    if let Some(turn) = response.as_ref().and_then(decode) {
+        for (i, call) in turn.calls.iter().enumerate() {
+            store.log(tool_call(next_step, i, call, None));
+        }
+        row.input_tokens = turn.input_tokens.map(|n| n as i64);
+        row.output_tokens = turn.output_tokens.map(|n| n as i64);
+        row.stop_reason = turn.stop_reason;
+    }
+    if let Some(decision) = &decision {
+        for f in &decision.findings {
+            store.log(Record::Finding(Box::new(FindingRow {
+                request_id: row.id,
+                conversation_id: conversation_id.clone(),
+                created_ms: at,
+                detector: f.detector.clone(),
+                confidence: f.confidence,
+                step: f.steps.iter().max().map(|&s| s as i64),
+                steps: serde_json::to_string(&f.steps).unwrap_or_else(|_| "[]".into()),
+                summary: f.summary.clone(),
+                suggestion: f.suggestion.clone(),
+            })));
+        }
+        if decision.action != Action::Observe {
+            store.log(Record::Decision(Box::new(DecisionRow {
+                request_id: row.id,
+                conversation_id: conversation_id.clone(),
+                created_ms: at,
+                action: decision.action.as_str().to_string(),
+                applied: row.applied.clone(),
+                step: Some(next_step as i64),
+                reason: decision.reason.clone(),
+            })));
+        }
+    }
+    store.log(Record::Request(Box::new(row)));
+}
+
+/// The new assistant turn in a captured response.
+// TODO(dialect): decode with `Dialect::parse_response` (JSON) and `stream_decoder()`
+// (event streams) once the dialect module lands them; until then responses are logged
+// without their calls and usage.
+fn decode(captured: &Captured) -> Option<ResponseTurn> {
+    let _ = (captured.dialect, captured.event_stream, &captured.chunks);
+    None
+}
+
+fn call_hash_hex(call: &ToolCall) -> String {
+    blake3::Hash::from(call.hash()).to_hex().to_string()
+}
+
+/// `name: <the argument that says what the call does>`, short and redacted.
+fn call_summary(call: &ToolCall) -> String {
+    const TELLING: [&str; 8] = [
+        "command",
+        "cmd",
+        "file_path",
+        "filePath",
+        "path",
+        "pattern",
+        "query",
+        "url",
+    ];
+    let detail = match &call.args {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Object(map) => TELLING
+            .iter()
+            .find_map(|k| match map.get(*k) {
+                Some(serde_json::Value::String(s)) => Some(s.clone()),
+                Some(serde_json::Value::Array(parts)) => Some(
+                    parts
+                        .iter()
+                        .filter_map(|p| p.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                ),
+                _ => None,
+            })
+            .unwrap_or_else(|| call.args.to_string()),
+        other => other.to_string(),
+    };
+    summary(&format!("{}: {detail}", call.name), CALL_SUMMARY_CHARS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_summaries_show_the_telling_argument_redacted() {
+        let call = |name: &str, args: serde_json::Value| ToolCall {
+            id: String::new(),
+            name: name.into(),
+            args,
+        };
+        let s = call_summary(&call(
+            "Bash",
+            serde_json::json!({"command": "OPENAI_API_KEY=sk-abcdefghijkl python x.py", "timeout": 5}),
+        ));
+        assert!(
+            s.starts_with("Bash: OPENAI_API_KEY=[redacted] python x.py"),
+            "{s}"
+        );
+        let s = call_summary(&call("Read", serde_json::json!({"file_path": "/a.rs"})));
+        assert_eq!(s, "Read: /a.rs");
+        let s = call_summary(&call(
+            "shell",
+            serde_json::json!({"cmd": ["bash", "-lc", "ls"]}),
+        ));
+        assert_eq!(s, "shell: bash -lc ls");
+        let s = call_summary(&call("apply_patch", serde_json::json!("*** Begin Patch\n")));
+        assert_eq!(s, "apply_patch: *** Begin Patch");
+    }
+}

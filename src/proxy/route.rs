@@ -1,0 +1,245 @@
+//! Where a request goes: which upstream, which path, which wire format, and the
+//! conversation a `/c/{id}` prefix names. Pure functions of the request line and headers.
+
+use http::{HeaderMap, Uri};
+
+use crate::dialect::Dialect;
+
+/// The three API families, each with one base URL from the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Upstream {
+    OpenAi,
+    Anthropic,
+    Gemini,
+}
+
+impl Upstream {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Upstream::OpenAi => "openai",
+            Upstream::Anthropic => "anthropic",
+            Upstream::Gemini => "gemini",
+        }
+    }
+
+    fn from_prefix(segment: &str) -> Option<Upstream> {
+        match segment {
+            "openai" => Some(Upstream::OpenAi),
+            "anthropic" => Some(Upstream::Anthropic),
+            "gemini" => Some(Upstream::Gemini),
+            _ => None,
+        }
+    }
+
+    /// The API family that speaks a wire format natively.
+    fn of(dialect: Dialect) -> Upstream {
+        match dialect {
+            Dialect::OpenAiChat | Dialect::OpenAiResponses => Upstream::OpenAi,
+            Dialect::Anthropic => Upstream::Anthropic,
+            Dialect::Gemini => Upstream::Gemini,
+        }
+    }
+}
+
+/// The routing of one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route<'a> {
+    pub upstream: Upstream,
+    /// The path to forward: the request's path with loopwarden's prefixes removed.
+    pub path: &'a str,
+    /// The query string, forwarded as is (never logged: it may carry `key=`).
+    pub query: Option<&'a str>,
+    /// The conversation named by a `/c/{id}` prefix.
+    pub conversation: Option<&'a str>,
+    /// The wire format when the path is a conversation endpoint, and whether the path
+    /// itself asks for a stream (Gemini `:streamGenerateContent`).
+    pub dialect: Option<(Dialect, bool)>,
+}
+
+/// Routes a request. Prefixes `/c/{id}` and `/openai|/anthropic|/gemini` may come in
+/// either order; each is removed before forwarding.
+pub fn route<'a>(uri: &'a Uri, headers: &HeaderMap) -> Route<'a> {
+    let mut path = uri.path();
+    let mut conversation = None;
+    let mut explicit = None;
+    loop {
+        let (first, rest) = split_first_segment(path);
+        if first == "c" && conversation.is_none() {
+            let (id, rest) = split_first_segment(rest);
+            if id.is_empty() {
+                break;
+            }
+            conversation = Some(id);
+            path = rest;
+        } else if let Some(upstream) = Upstream::from_prefix(first).filter(|_| explicit.is_none()) {
+            explicit = Some(upstream);
+            path = rest;
+        } else {
+            break;
+        }
+    }
+    if path.is_empty() {
+        path = "/";
+    }
+    let dialect = dialect_of_path(path);
+    let upstream = explicit
+        .or_else(|| dialect.map(|(d, _)| Upstream::of(d)))
+        .unwrap_or_else(|| upstream_of_other(path, uri.query(), headers));
+    Route {
+        upstream,
+        path,
+        query: uri.query(),
+        conversation,
+        dialect,
+    }
+}
+
+/// `"/a/b/c"` → `("a", "/b/c")`; `"/a"` → `("a", "")`.
+fn split_first_segment(path: &str) -> (&str, &str) {
+    let trimmed = path.strip_prefix('/').unwrap_or(path);
+    match trimmed.find('/') {
+        Some(i) => (&trimmed[..i], &trimmed[i..]),
+        None => (trimmed, ""),
+    }
+}
+
+/// The wire format of a conversation endpoint.
+// TODO(dialect): replace by `Dialect::from_path` once the dialect module lands it, so
+// the dialect module alone knows its endpoints.
+fn dialect_of_path(path: &str) -> Option<(Dialect, bool)> {
+    if path.ends_with("/chat/completions") {
+        return Some((Dialect::OpenAiChat, false));
+    }
+    if path.ends_with("/responses") {
+        return Some((Dialect::OpenAiResponses, false));
+    }
+    if path.ends_with("/messages") {
+        return Some((Dialect::Anthropic, false));
+    }
+    let last = path.rsplit('/').next().unwrap_or("");
+    if path.contains("/models/") {
+        if last.ends_with(":streamGenerateContent") {
+            return Some((Dialect::Gemini, true));
+        }
+        if last.ends_with(":generateContent") {
+            return Some((Dialect::Gemini, false));
+        }
+    }
+    None
+}
+
+/// The upstream of a path that is not a conversation endpoint: known API paths first,
+/// then the request's auth style.
+fn upstream_of_other(path: &str, query: Option<&str>, headers: &HeaderMap) -> Upstream {
+    if path.starts_with("/v1/messages/") || path == "/v1/complete" {
+        return Upstream::Anthropic;
+    }
+    let gemini_method =
+        path.contains("/models/") && path.rsplit('/').next().is_some_and(|s| s.contains(':'));
+    if path.starts_with("/v1beta/") || path.starts_with("/v1alpha/") || gemini_method {
+        return Upstream::Gemini;
+    }
+    if headers.contains_key("x-api-key") && headers.contains_key("anthropic-version") {
+        return Upstream::Anthropic;
+    }
+    let key_in_query = query.is_some_and(|q| q.split('&').any(|p| p.starts_with("key=")));
+    if headers.contains_key("x-goog-api-key") || key_in_query {
+        return Upstream::Gemini;
+    }
+    Upstream::OpenAi
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(
+        uri: &str,
+        headers: &[(&str, &str)],
+    ) -> (Upstream, String, Option<String>, Option<(Dialect, bool)>) {
+        let uri: Uri = uri.parse().unwrap();
+        let mut map = HeaderMap::new();
+        for (k, v) in headers {
+            map.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        let route = route(&uri, &map);
+        (
+            route.upstream,
+            route.path.to_string(),
+            route.conversation.map(str::to_string),
+            route.dialect,
+        )
+    }
+
+    #[test]
+    fn conversation_endpoints_choose_their_api() {
+        use Dialect as D;
+        use Upstream as U;
+        assert_eq!(r("/v1/chat/completions", &[]).0, U::OpenAi);
+        assert_eq!(
+            r("/v1/chat/completions", &[]).3,
+            Some((D::OpenAiChat, false))
+        );
+        assert_eq!(r("/v1/responses", &[]).3, Some((D::OpenAiResponses, false)));
+        let (u, p, _, d) = r("/v1/messages?beta=true", &[]);
+        assert_eq!(
+            (u, p.as_str(), d),
+            (U::Anthropic, "/v1/messages", Some((D::Anthropic, false)))
+        );
+        let (u, _, _, d) = r(
+            "/v1beta/models/gemini-3.8-flash:streamGenerateContent?alt=sse",
+            &[],
+        );
+        assert_eq!((u, d), (U::Gemini, Some((D::Gemini, true))));
+        let (u, _, _, d) = r("/v1/models/gemini-3.8-flash:generateContent", &[]);
+        assert_eq!((u, d), (U::Gemini, Some((D::Gemini, false))));
+    }
+
+    #[test]
+    fn other_paths_go_by_known_path_then_auth_style() {
+        use Upstream::*;
+        assert_eq!(r("/v1/messages/count_tokens", &[]).0, Anthropic);
+        assert_eq!(r("/v1/messages/count_tokens", &[]).3, None);
+        assert_eq!(r("/v1beta/models/g:countTokens", &[]).0, Gemini);
+        assert_eq!(r("/v1/models", &[]).0, OpenAi);
+        assert_eq!(
+            r(
+                "/v1/models",
+                &[("x-api-key", "k"), ("anthropic-version", "2023-06-01")]
+            )
+            .0,
+            Anthropic
+        );
+        assert_eq!(r("/v1/models", &[("x-goog-api-key", "k")]).0, Gemini);
+        assert_eq!(r("/v1/models?key=abc", &[]).0, Gemini);
+    }
+
+    #[test]
+    fn prefixes_are_stripped_in_either_order() {
+        use Upstream::*;
+        let (u, p, c, d) = r("/c/run-42/v1/chat/completions", &[]);
+        assert_eq!(
+            (u, p.as_str(), c.as_deref()),
+            (OpenAi, "/v1/chat/completions", Some("run-42"))
+        );
+        assert!(d.is_some());
+        let (u, p, c, _) = r("/anthropic/c/abc/v1/chat/completions", &[]);
+        assert_eq!(
+            (u, p.as_str(), c.as_deref()),
+            (Anthropic, "/v1/chat/completions", Some("abc"))
+        );
+        let (u, p, c, _) = r("/c/abc/gemini/v1beta/models/x:generateContent?key=1", &[]);
+        assert_eq!(
+            (u, p.as_str(), c.as_deref()),
+            (Gemini, "/v1beta/models/x:generateContent", Some("abc"))
+        );
+        let (u, p, _, _) = r("/openai", &[]);
+        assert_eq!((u, p.as_str()), (OpenAi, "/"));
+        // Only one of each prefix is loopwarden's; a second one belongs to the path.
+        let (_, p, c, _) = r("/c/a/c/b/x", &[]);
+        assert_eq!((p.as_str(), c.as_deref()), ("/c/b/x", Some("a")));
+    }
+}

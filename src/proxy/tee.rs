@@ -1,0 +1,145 @@
+//! The response body the client receives: the upstream's body, frame by frame as it
+//! arrives, with a copy of each data frame kept for the recorder (a reference-counted
+//! `Bytes` clone, no byte copy) and the request's log entry completed when the body ends.
+//!
+//! Nothing here waits or buffers: a frame is handed on in the same poll that received it.
+//! How the body ends is the request's outcome: the upstream finished it (`complete`), it
+//! failed mid-way (`upstream_broken`, and the client sees the same break), or the client
+//! went away first (`client_disconnected`: the body is dropped, which drops the upstream
+//! response and closes that connection, so the upstream stops generating).
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use super::record::{Captured, Finished, Recorder};
+
+/// Responses larger than this are forwarded whole but not decoded for the log.
+const MAX_CAPTURE_BYTES: usize = 16 * 1024 * 1024;
+
+pub struct TeeBody {
+    inner: Incoming,
+    pending: Option<Box<Pending>>,
+}
+
+/// The log entry of a request whose response is still flowing.
+pub struct Pending {
+    pub finished: Finished,
+    pub recorder: Recorder,
+    /// When the request was sent upstream, for the upstream's total time.
+    pub sent: Instant,
+    /// Response bytes kept for decoding; `None` when not wanted or over the limit.
+    pub capture: Option<Captured>,
+    captured_bytes: usize,
+    response_bytes: u64,
+}
+
+impl Pending {
+    pub fn new(
+        finished: Finished,
+        recorder: Recorder,
+        sent: Instant,
+        capture: Option<Captured>,
+    ) -> Pending {
+        Pending {
+            finished,
+            recorder,
+            sent,
+            capture,
+            captured_bytes: 0,
+            response_bytes: 0,
+        }
+    }
+}
+
+impl TeeBody {
+    pub fn new(inner: Incoming, pending: Pending) -> TeeBody {
+        TeeBody {
+            inner,
+            pending: Some(Box::new(pending)),
+        }
+    }
+
+    fn observe(&mut self, data: &Bytes) {
+        let Some(p) = self.pending.as_mut() else {
+            return;
+        };
+        p.response_bytes += data.len() as u64;
+        if p.capture.is_some() {
+            p.captured_bytes += data.len();
+            if p.captured_bytes > MAX_CAPTURE_BYTES {
+                p.capture = None;
+            } else if let Some(c) = p.capture.as_mut() {
+                c.chunks.push(data.clone());
+            }
+        }
+    }
+
+    fn finish(&mut self, outcome: &'static str) {
+        let Some(p) = self.pending.take() else {
+            return;
+        };
+        let Pending {
+            mut finished,
+            recorder,
+            sent,
+            capture,
+            response_bytes,
+            ..
+        } = *p;
+        finished.row.outcome = outcome.to_string();
+        finished.row.response_bytes = response_bytes as i64;
+        finished.row.upstream_total_us = Some(sent.elapsed().as_micros() as i64);
+        // Only a response that arrived whole can be decoded meaningfully.
+        finished.response = capture.filter(|_| outcome == "complete");
+        recorder.finish(finished);
+    }
+}
+
+impl Body for TeeBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.observe(data);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => this.finish("upstream_broken"),
+            Poll::Ready(None) => this.finish("complete"),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for TeeBody {
+    fn drop(&mut self) {
+        // The server may drop a body it knows is complete without polling its end.
+        let outcome = if self.inner.is_end_stream() {
+            "complete"
+        } else {
+            "client_disconnected"
+        };
+        self.finish(outcome);
+    }
+}

@@ -1,0 +1,137 @@
+//! Reads for the admin API. These run on the pool's reader connections (WAL lets them run
+//! beside the writer) and never on the proxied request path.
+
+use serde::Serialize;
+use sqlx::SqlitePool;
+
+use super::{DecisionRow, FindingRow, RequestRow, ToolCallRow};
+
+/// One line of the conversation list.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct ConversationSummary {
+    pub id: String,
+    pub id_source: String,
+    pub client: Option<String>,
+    pub dialect: Option<String>,
+    pub model: Option<String>,
+    pub first_seen_ms: i64,
+    pub last_seen_ms: i64,
+    pub requests: i64,
+    pub tool_calls: i64,
+    pub findings: i64,
+    /// Decisions other than observe.
+    pub interventions: i64,
+    /// The latest request's decision.
+    pub last_decision: Option<String>,
+    /// Mean proxy overhead of the conversation's requests, microseconds.
+    pub mean_proxy_overhead_us: Option<f64>,
+}
+
+/// Everything the log holds about one conversation, each list in time order.
+#[derive(Debug, Clone, Serialize)]
+pub struct Timeline {
+    pub conversation: ConversationSummary,
+    pub requests: Vec<RequestRow>,
+    pub tool_calls: Vec<ToolCallRow>,
+    pub findings: Vec<FindingRow>,
+    pub decisions: Vec<DecisionRow>,
+}
+
+const SUMMARY_SELECT: &str = "
+    SELECT c.id, c.id_source, c.client, c.dialect, c.model, c.first_seen_ms, c.last_seen_ms,
+           c.requests,
+           (SELECT count(*) FROM tool_calls t WHERE t.conversation_id = c.id) AS tool_calls,
+           (SELECT count(*) FROM findings f WHERE f.conversation_id = c.id) AS findings,
+           (SELECT count(*) FROM decisions d WHERE d.conversation_id = c.id) AS interventions,
+           (SELECT r.decision FROM requests r WHERE r.conversation_id = c.id
+             ORDER BY r.started_ms DESC LIMIT 1) AS last_decision,
+           (SELECT avg(r.proxy_overhead_us) FROM requests r WHERE r.conversation_id = c.id)
+             AS mean_proxy_overhead_us
+    FROM conversations c";
+
+/// Conversations, most recently active first.
+pub async fn conversations(
+    pool: &SqlitePool,
+    limit: i64,
+) -> Result<Vec<ConversationSummary>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "{SUMMARY_SELECT} ORDER BY c.last_seen_ms DESC LIMIT ?1"
+    ))
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// One conversation's timeline, or `None` when the id is unknown.
+pub async fn timeline(pool: &SqlitePool, id: &str) -> Result<Option<Timeline>, sqlx::Error> {
+    let Some(conversation) =
+        sqlx::query_as::<_, ConversationSummary>(&format!("{SUMMARY_SELECT} WHERE c.id = ?1"))
+            .bind(id)
+            .fetch_optional(pool)
+            .await?
+    else {
+        return Ok(None);
+    };
+    let requests =
+        sqlx::query_as("SELECT * FROM requests WHERE conversation_id = ?1 ORDER BY started_ms, id")
+            .bind(id)
+            .fetch_all(pool)
+            .await?;
+    let tool_calls = sqlx::query_as(
+        "SELECT * FROM tool_calls WHERE conversation_id = ?1 ORDER BY step, call_index",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    let findings = sqlx::query_as(
+        "SELECT request_id, conversation_id, created_ms, detector, confidence, step, steps,
+                summary, suggestion
+         FROM findings WHERE conversation_id = ?1 ORDER BY created_ms, id",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    let decisions = sqlx::query_as(
+        "SELECT * FROM decisions WHERE conversation_id = ?1 ORDER BY created_ms, request_id",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    Ok(Some(Timeline {
+        conversation,
+        requests,
+        tool_calls,
+        findings,
+        decisions,
+    }))
+}
+
+/// The proxy's own overhead over the latest requests, for the admin API (issue 5: users
+/// must be able to see what the proxy costs them in production).
+#[derive(Debug, Clone, Serialize)]
+pub struct OverheadStats {
+    pub requests: usize,
+    pub p50_us: Option<i64>,
+    pub p99_us: Option<i64>,
+    pub max_us: Option<i64>,
+}
+
+pub async fn overhead(pool: &SqlitePool, last: i64) -> Result<OverheadStats, sqlx::Error> {
+    let mut values: Vec<i64> = sqlx::query_scalar(
+        "SELECT proxy_overhead_us FROM requests ORDER BY started_ms DESC LIMIT ?1",
+    )
+    .bind(last)
+    .fetch_all(pool)
+    .await?;
+    values.sort_unstable();
+    let pick = |q: f64| -> Option<i64> {
+        let last = values.len().checked_sub(1)?;
+        values.get(((last as f64) * q).round() as usize).copied()
+    };
+    Ok(OverheadStats {
+        requests: values.len(),
+        p50_us: pick(0.5),
+        p99_us: pick(0.99),
+        max_us: values.last().copied(),
+    })
+}
