@@ -117,7 +117,9 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
     Analysis {
         identity,
         dialect: Some(dialect),
-        model: view.model,
+        model: view
+            .model
+            .or_else(|| Dialect::model_from_path(route.path).map(str::to_string)),
         stream: view.stream,
         parse: "parsed",
         parse_error: None,

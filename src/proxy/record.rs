@@ -180,13 +180,26 @@ fn record(store: &Store, finished: Finished) {
     store.log(Record::Request(Box::new(row)));
 }
 
-/// The new assistant turn in a captured response.
-// TODO(dialect): decode with `Dialect::parse_response` (JSON) and `stream_decoder()`
-// (event streams) once the dialect module lands them; until then responses are logged
-// without their calls and usage.
+/// The new assistant turn in a captured response: an event stream is fed to the dialect's
+/// decoder chunk by chunk as it arrived, a JSON answer is parsed whole. A response the
+/// dialect cannot read is logged without its calls and usage.
 fn decode(captured: &Captured) -> Option<ResponseTurn> {
-    let _ = (captured.dialect, captured.event_stream, &captured.chunks);
-    None
+    if captured.event_stream {
+        let mut decoder = captured.dialect.stream_decoder();
+        for chunk in &captured.chunks {
+            decoder.feed(chunk);
+        }
+        return Some(decoder.finish());
+    }
+    let body: Vec<u8>;
+    let bytes: &[u8] = match captured.chunks.as_slice() {
+        [one] => one,
+        many => {
+            body = many.concat();
+            &body
+        }
+    };
+    captured.dialect.parse_response(bytes).ok()
 }
 
 fn call_hash_hex(call: &ToolCall) -> String {

@@ -81,7 +81,7 @@ pub fn route<'a>(uri: &'a Uri, headers: &HeaderMap) -> Route<'a> {
     if path.is_empty() {
         path = "/";
     }
-    let dialect = dialect_of_path(path);
+    let dialect = Dialect::from_path(path);
     let upstream = explicit
         .or_else(|| dialect.map(|(d, _)| Upstream::of(d)))
         .unwrap_or_else(|| upstream_of_other(path, uri.query(), headers));
@@ -101,31 +101,6 @@ fn split_first_segment(path: &str) -> (&str, &str) {
         Some(i) => (&trimmed[..i], &trimmed[i..]),
         None => (trimmed, ""),
     }
-}
-
-/// The wire format of a conversation endpoint.
-// TODO(dialect): replace by `Dialect::from_path` once the dialect module lands it, so
-// the dialect module alone knows its endpoints.
-fn dialect_of_path(path: &str) -> Option<(Dialect, bool)> {
-    if path.ends_with("/chat/completions") {
-        return Some((Dialect::OpenAiChat, false));
-    }
-    if path.ends_with("/responses") {
-        return Some((Dialect::OpenAiResponses, false));
-    }
-    if path.ends_with("/messages") {
-        return Some((Dialect::Anthropic, false));
-    }
-    let last = path.rsplit('/').next().unwrap_or("");
-    if path.contains("/models/") {
-        if last.ends_with(":streamGenerateContent") {
-            return Some((Dialect::Gemini, true));
-        }
-        if last.ends_with(":generateContent") {
-            return Some((Dialect::Gemini, false));
-        }
-    }
-    None
 }
 
 /// The upstream of a path that is not a conversation endpoint: known API paths first,

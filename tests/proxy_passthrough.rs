@@ -1,0 +1,187 @@
+//! Transparent forwarding over real sockets: the upstream receives the client's exact
+//! bytes and headers, the client receives the upstream's exact bytes, streams arrive event
+//! by event, and loopwarden's own prefixes are stripped.
+
+mod proxy_support;
+
+use loopwarden::mock::{MockServer, Script, ToolCall, Turn};
+use proxy_support::{client, Api, Tap, TestProxy, ALL_APIS};
+use serde_json::json;
+
+fn one_call_script() -> Script {
+    Script::with_turns(vec![Turn {
+        text: Some("Let me run the tests first, then look at the failure.".into()),
+        tool_calls: vec![ToolCall::function(
+            "bash",
+            json!({"command": "python -m pytest -q tests/test_calc.py"}),
+        )],
+        ..Turn::default()
+    }])
+}
+
+#[tokio::test]
+async fn every_api_passes_bytes_through_unchanged_both_ways() {
+    let mock = MockServer::start(one_call_script()).await.unwrap();
+    let tap = Tap::start(mock.addr()).await;
+    let proxy = TestProxy::start(&tap.url()).await;
+    for api in ALL_APIS {
+        for stream in [false, true] {
+            // Pretty-printed, with a field no API defines: re-serializing would change both.
+            let mut body = api.first_request("Fix the failing test in calc.py", stream);
+            body["x_unknown_field"] = json!({"kept": [1, 2.50, "three"]});
+            let sent = serde_json::to_vec_pretty(&body).unwrap();
+            let (auth_name, auth_value) = api.auth("FAKE-key-for-passthrough");
+            let response = client()
+                .post(proxy.url(api.path(stream)))
+                .header(auth_name, &auth_value)
+                .header("content-type", "application/json")
+                .header("user-agent", "passthrough-test/1.0")
+                .header("x-custom-header", "custom value, kept")
+                .header("anthropic-beta", "a-2025,b-2026")
+                .body(sent.clone())
+                .send()
+                .await
+                .unwrap();
+            let status = response.status();
+            let headers = response.headers().clone();
+            let received = response.bytes().await.unwrap();
+            let what = format!("{api:?} stream={stream}");
+            assert_eq!(status, 200, "{what}");
+
+            let seen = mock.requests().pop().unwrap();
+            assert_eq!(seen.body, sent, "{what}: request body bytes");
+            let (path, query) = api
+                .path(stream)
+                .split_once('?')
+                .unwrap_or((api.path(stream), ""));
+            assert_eq!(seen.path, path, "{what}");
+            assert_eq!(seen.query.as_deref().unwrap_or(""), query, "{what}");
+            for (name, value) in [
+                (auth_name, auth_value.as_str()),
+                ("content-type", "application/json"),
+                ("user-agent", "passthrough-test/1.0"),
+                ("x-custom-header", "custom value, kept"),
+                ("anthropic-beta", "a-2025,b-2026"),
+            ] {
+                assert_eq!(seen.header(name), Some(value), "{what}: header {name}");
+            }
+            assert_eq!(
+                seen.header("content-length"),
+                Some(sent.len().to_string().as_str()),
+                "{what}"
+            );
+
+            let upstream_sent = tap.upstream_bodies().pop().unwrap();
+            assert_eq!(
+                received.as_ref(),
+                upstream_sent.as_slice(),
+                "{what}: response bytes"
+            );
+            assert!(!received.is_empty(), "{what}");
+            let content_type = headers["content-type"].to_str().unwrap();
+            assert_eq!(
+                content_type.starts_with("text/event-stream"),
+                stream,
+                "{what}: {content_type}"
+            );
+            assert_eq!(headers["x-loopwarden-decision"], "observe", "{what}");
+            assert!(headers.contains_key("x-loopwarden-conversation"), "{what}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn streamed_events_reach_the_client_before_the_upstream_has_sent_them_all() {
+    let mut script = one_call_script();
+    // The mock pauses between events, so an unbuffered proxy delivers the first event
+    // while the mock still has most of the answer to send.
+    script.chunk_delay_ms = 120;
+    let mock = MockServer::start(script).await.unwrap();
+    let tap = Tap::start(mock.addr()).await;
+    let proxy = TestProxy::start(&tap.url()).await;
+    for api in ALL_APIS {
+        let before = tap.all_from_upstream().len();
+        let mut response = client()
+            .post(proxy.url(api.path(true)))
+            .body(api.first_request("Fix the failing test", true).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let first = response.chunk().await.unwrap().unwrap();
+        let upstream_at_first = tap.all_from_upstream().len() - before;
+        let mut chunks = vec![first];
+        while let Some(chunk) = response.chunk().await.unwrap() {
+            chunks.push(chunk);
+        }
+        let upstream_total = tap.all_from_upstream().len() - before;
+        assert!(
+            upstream_at_first < upstream_total,
+            "{api:?}: the client's first chunk came only after the upstream sent everything \
+             ({upstream_at_first} of {upstream_total} bytes)"
+        );
+        assert!(
+            chunks.len() >= 3,
+            "{api:?}: events arrived batched in {} chunks",
+            chunks.len()
+        );
+        let events = chunks.concat();
+        assert_eq!(
+            &events[..],
+            tap.upstream_bodies().pop().unwrap().as_slice(),
+            "{api:?}: stream bytes"
+        );
+    }
+}
+
+#[tokio::test]
+async fn prefixes_are_stripped_and_other_paths_pass_through() {
+    let mock = MockServer::start(one_call_script()).await.unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    let c = client();
+
+    let r = c
+        .post(proxy.url("/c/run-7/anthropic/v1/messages?beta=true"))
+        .header("x-api-key", "k")
+        .body(Api::Anthropic.first_request("task", false).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["x-loopwarden-conversation"], "run-7");
+    assert_eq!(r.status(), 200);
+    let seen = mock.requests().pop().unwrap();
+    assert_eq!(
+        (seen.path.as_str(), seen.query.as_deref()),
+        ("/v1/messages", Some("beta=true"))
+    );
+
+    let r = c
+        .get(proxy.url("/v1/models?limit=5"))
+        .header("authorization", "Bearer k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        !r.headers().contains_key("x-loopwarden-decision"),
+        "not a conversation"
+    );
+    let seen = mock.requests().pop().unwrap();
+    assert_eq!(
+        (seen.method.as_str(), seen.path.as_str()),
+        ("GET", "/v1/models")
+    );
+    assert_eq!(seen.query.as_deref(), Some("limit=5"));
+
+    let body = br#"{"model":"claude-opus-5-5","messages":[{"role":"user","content":"count me"}]}"#;
+    let r = c
+        .post(proxy.url("/v1/messages/count_tokens"))
+        .body(&body[..])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let seen = mock.requests().pop().unwrap();
+    assert_eq!(seen.api, "anthropic_count_tokens");
+    assert_eq!(seen.body.as_ref(), &body[..]);
+}

@@ -1,0 +1,360 @@
+//! Shared pieces of the proxy tests: a proxy started in-process against the project's mock
+//! model server, a TCP tap that records the exact bytes between the proxy and the mock,
+//! and request bodies for each API.
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use loopwarden::config::Config;
+use loopwarden::proxy::{self, Running};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A proxy whose three upstreams are `upstream`, logging to a fresh SQLite file.
+pub struct TestProxy {
+    pub running: Running,
+    pub dir: tempfile::TempDir,
+}
+
+impl TestProxy {
+    pub async fn start(upstream: &str) -> TestProxy {
+        TestProxy::start_with(upstream, |_| {}).await
+    }
+
+    pub async fn start_with(upstream: &str, adjust: impl FnOnce(&mut Config)) -> TestProxy {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.server.listen = "127.0.0.1:0".into();
+        config.store.db = format!("sqlite://{}", dir.path().join("log.db").display());
+        config.upstream.openai = upstream.to_string();
+        config.upstream.anthropic = upstream.to_string();
+        config.upstream.gemini = upstream.to_string();
+        adjust(&mut config);
+        let running = proxy::start(config).await.unwrap();
+        TestProxy { running, dir }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.running.url())
+    }
+
+    pub fn db_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("log.db")
+    }
+
+    /// Rows of a query, as JSON objects, once everything finished so far is written.
+    pub async fn rows(&self, sql: &str) -> Vec<Value> {
+        self.running.flush_log().await;
+        query_json(self.running.store().pool(), sql).await
+    }
+}
+
+/// Runs a query and returns each row as a JSON object (integers, reals, text, null).
+pub async fn query_json(pool: &sqlx::SqlitePool, sql: &str) -> Vec<Value> {
+    use sqlx::{Column, Row, TypeInfo, ValueRef};
+    let rows = sqlx::query(sql).fetch_all(pool).await.unwrap();
+    rows.iter()
+        .map(|row| {
+            let mut obj = serde_json::Map::new();
+            for (i, col) in row.columns().iter().enumerate() {
+                let raw = row.try_get_raw(i).unwrap();
+                let value = if raw.is_null() {
+                    Value::Null
+                } else {
+                    match raw.type_info().name() {
+                        "INTEGER" | "BOOLEAN" => json!(row.get::<i64, _>(i)),
+                        "REAL" => json!(row.get::<f64, _>(i)),
+                        _ => json!(row.get::<String, _>(i)),
+                    }
+                };
+                obj.insert(col.name().to_string(), value);
+            }
+            Value::Object(obj)
+        })
+        .collect()
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+/// One TCP connection through the tap.
+#[derive(Debug, Default, Clone)]
+pub struct TapConn {
+    /// Bytes the proxy sent to the mock.
+    pub to_upstream: Vec<u8>,
+    /// Bytes the mock sent to the proxy.
+    pub from_upstream: Vec<u8>,
+    /// The proxy closed (or reset) its side.
+    pub closed_by_proxy: bool,
+}
+
+/// A TCP relay in front of the mock that records every byte both ways, so a test can
+/// compare what the upstream really sent with what the client got, and see when the proxy
+/// drops an upstream connection.
+pub struct Tap {
+    addr: std::net::SocketAddr,
+    conns: Arc<Mutex<Vec<TapConn>>>,
+}
+
+impl Tap {
+    pub async fn start(target: std::net::SocketAddr) -> Tap {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns: Arc<Mutex<Vec<TapConn>>> = Arc::default();
+        let shared = conns.clone();
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let Ok(outbound) = TcpStream::connect(target).await else {
+                    continue;
+                };
+                let index = {
+                    let mut c = shared.lock().unwrap();
+                    c.push(TapConn::default());
+                    c.len() - 1
+                };
+                let (mut in_r, mut in_w) = inbound.into_split();
+                let (mut out_r, mut out_w) = outbound.into_split();
+                let up = shared.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        match in_r.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                up.lock().unwrap()[index]
+                                    .to_upstream
+                                    .extend_from_slice(&buf[..n]);
+                                if out_w.write_all(&buf[..n]).await.is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    up.lock().unwrap()[index].closed_by_proxy = true;
+                    let _ = out_w.shutdown().await;
+                });
+                let down = shared.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        match out_r.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                down.lock().unwrap()[index]
+                                    .from_upstream
+                                    .extend_from_slice(&buf[..n]);
+                                if in_w.write_all(&buf[..n]).await.is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    let _ = in_w.shutdown().await;
+                });
+            }
+        });
+        Tap { addr, conns }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn conns(&self) -> Vec<TapConn> {
+        self.conns.lock().unwrap().clone()
+    }
+
+    /// Every response body the upstream sent, in order over all connections.
+    pub fn upstream_bodies(&self) -> Vec<Vec<u8>> {
+        self.conns()
+            .iter()
+            .flat_map(|c| http_response_bodies(&c.from_upstream))
+            .collect()
+    }
+
+    /// All bytes the upstream sent so far, over every connection.
+    pub fn all_from_upstream(&self) -> Vec<u8> {
+        self.conns()
+            .into_iter()
+            .flat_map(|c| c.from_upstream)
+            .collect()
+    }
+}
+
+/// Splits raw HTTP/1.1 response bytes into the bodies of the responses (content-length or
+/// chunked), as sent, de-chunked.
+pub fn http_response_bodies(mut raw: &[u8]) -> Vec<Vec<u8>> {
+    let mut bodies = Vec::new();
+    while let Some(end) = find(raw, b"\r\n\r\n") {
+        let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+        raw = &raw[end + 4..];
+        let header = |name: &str| {
+            head.lines().find_map(|l| {
+                l.strip_prefix(&format!("{name}:"))
+                    .map(|v| v.trim().to_string())
+            })
+        };
+        let mut body = Vec::new();
+        if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+            while let Some(line_end) = find(raw, b"\r\n") {
+                let size_text = String::from_utf8_lossy(&raw[..line_end]).to_string();
+                let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16)
+                    .unwrap_or(0);
+                raw = &raw[line_end + 2..];
+                if size == 0 {
+                    raw = raw.get(2..).unwrap_or(&[]);
+                    break;
+                }
+                let take = size.min(raw.len());
+                body.extend_from_slice(&raw[..take]);
+                raw = raw.get(take + 2..).unwrap_or(&[]);
+            }
+        } else {
+            let len: usize = header("content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let take = len.min(raw.len());
+            body.extend_from_slice(&raw[..take]);
+            raw = &raw[take..];
+        }
+        bodies.push(body);
+    }
+    bodies
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A port nothing listens on.
+pub async fn closed_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Polls `check` until it holds, for at most 10 s (a bound on waiting, never asserted).
+pub async fn eventually(mut check: impl FnMut() -> bool) -> bool {
+    for _ in 0..200 {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    check()
+}
+
+// ---- request bodies, one per API, shaped like the real clients' ----
+
+/// The API a test speaks, with its path and a body builder.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Api {
+    Chat,
+    Responses,
+    Anthropic,
+    Gemini,
+}
+
+pub const ALL_APIS: [Api; 4] = [Api::Chat, Api::Responses, Api::Anthropic, Api::Gemini];
+
+impl Api {
+    /// Path (with query) of a conversation request.
+    pub fn path(self, stream: bool) -> &'static str {
+        match (self, stream) {
+            (Api::Chat, _) => "/v1/chat/completions",
+            (Api::Responses, _) => "/v1/responses",
+            (Api::Anthropic, _) => "/v1/messages?beta=true",
+            (Api::Gemini, true) => "/v1beta/models/gemini-3.8-flash:streamGenerateContent?alt=sse",
+            (Api::Gemini, false) => "/v1beta/models/gemini-3.8-flash:generateContent",
+        }
+    }
+
+    /// Auth header of the API (fake key).
+    pub fn auth(self, key: &str) -> (&'static str, String) {
+        match self {
+            Api::Chat | Api::Responses => ("authorization", format!("Bearer {key}")),
+            Api::Anthropic => ("x-api-key", key.to_string()),
+            Api::Gemini => ("x-goog-api-key", key.to_string()),
+        }
+    }
+
+    /// A first request: system prompt, the task, a `bash` tool.
+    pub fn first_request(self, task: &str, stream: bool) -> Value {
+        self.request(task, stream, &[])
+    }
+
+    /// A request whose history holds `done` assistant turns, each a `bash` call with
+    /// `command` and its result `output`.
+    pub fn request(self, task: &str, stream: bool, done: &[(&str, &str)]) -> Value {
+        let system = "You are a careful coding agent.";
+        match self {
+            Api::Chat => {
+                let mut messages = vec![
+                    json!({"role": "system", "content": system}),
+                    json!({"role": "user", "content": task}),
+                ];
+                for (i, (command, output)) in done.iter().enumerate() {
+                    let id = format!("call_{i}");
+                    messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                        {"id": id, "type": "function", "function": {"name": "bash",
+                         "arguments": json!({"command": command}).to_string()}}]}));
+                    messages.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
+                }
+                let mut body = json!({"model": "gpt-5.5", "messages": messages,
+                    "tools": [{"type": "function", "function": {"name": "bash",
+                        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]});
+                if stream {
+                    body["stream"] = json!(true);
+                    body["stream_options"] = json!({"include_usage": true});
+                }
+                body
+            }
+            Api::Responses => {
+                let mut input = vec![
+                    json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": system}]}),
+                    json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": task}]}),
+                ];
+                for (i, (command, output)) in done.iter().enumerate() {
+                    let id = format!("call_{i}");
+                    input.push(
+                        json!({"type": "function_call", "id": format!("fc_{i}"), "call_id": id,
+                        "name": "bash", "arguments": json!({"command": command}).to_string()}),
+                    );
+                    input.push(
+                        json!({"type": "function_call_output", "call_id": id, "output": output}),
+                    );
+                }
+                json!({"model": "gpt-5.5", "stream": stream, "store": false, "input": input,
+                    "tools": [{"type": "function", "name": "bash",
+                        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}]})
+            }
+            Api::Anthropic => {
+                let mut messages =
+                    vec![json!({"role": "user", "content": [{"type": "text", "text": task}]})];
+                for (i, (command, output)) in done.iter().enumerate() {
+                    let id = format!("toolu_{i}");
+                    messages.push(json!({"role": "assistant", "content": [
+                        {"type": "tool_use", "id": id, "name": "bash", "input": {"command": command}}]}));
+                    messages.push(json!({"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": id, "content": output, "is_error": false}]}));
+                }
+                json!({"model": "claude-opus-5-5", "max_tokens": 1024, "stream": stream,
+                    "system": [{"type": "text", "text": system}], "messages": messages,
+                    "tools": [{"name": "bash", "input_schema": {"type": "object"}}]})
+            }
+            Api::Gemini => {
+                let mut contents = vec![json!({"role": "user", "parts": [{"text": task}]})];
+                for (command, output) in done {
+                    contents.push(json!({"role": "model", "parts": [
+                        {"functionCall": {"name": "bash", "args": {"command": command}}}]}));
+                    contents.push(json!({"role": "user", "parts": [
+                        {"functionResponse": {"name": "bash", "response": {"output": output}}}]}));
+                }
+                json!({"contents": contents, "systemInstruction": {"parts": [{"text": system}]},
+                    "tools": [{"functionDeclarations": [{"name": "bash"}]}]})
+            }
+        }
+    }
+}
