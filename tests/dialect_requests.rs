@@ -543,3 +543,53 @@ fn shared_captured_requests_parse() {
     }
     assert!(seen >= 9, "only {seen} fixtures");
 }
+
+fn json_value() -> impl Strategy<Value = serde_json::Value> {
+    let leaf = prop_oneof![
+        Just(serde_json::Value::Null),
+        any::<bool>().prop_map(serde_json::Value::from),
+        any::<i64>().prop_map(serde_json::Value::from),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(serde_json::Value::from),
+        "(\\PC|[\"\\\\/\\n\\t{}\\[\\],:])*".prop_map(serde_json::Value::from),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::from),
+            proptest::collection::btree_map("[a-z\"\\\\]{0,6}", inner, 0..6)
+                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    /// The scanner cuts the history exactly where serde_json does, pretty or compact.
+    #[test]
+    fn view_splits_messages_like_serde(values in proptest::collection::vec(json_value(), 0..8), pretty in any::<bool>()) {
+        let body = json!({"model": "m", "stream": true, "messages": values});
+        let bytes = if pretty { serde_json::to_vec_pretty(&body).unwrap() } else { serde_json::to_vec(&body).unwrap() };
+        let view = Dialect::OpenAiChat.view(&bytes, false).unwrap();
+        let top: std::collections::HashMap<String, &serde_json::value::RawValue> = serde_json::from_slice(&bytes).unwrap();
+        let serde: Vec<&serde_json::value::RawValue> = serde_json::from_str(top["messages"].get()).unwrap();
+        let ours: Vec<&str> = view.messages.iter().map(|m| m.get()).collect();
+        prop_assert_eq!(ours, serde.iter().map(|r| r.get()).collect::<Vec<_>>());
+        prop_assert!(view.stream);
+        prop_assert_eq!(view.model.as_deref(), Some("m"));
+    }
+
+    #[test]
+    fn view_never_panics(data in proptest::collection::vec(any::<u8>(), 0..300), prefix in any::<bool>()) {
+        let mut body = if prefix { b"{\"messages\":[".to_vec() } else { Vec::new() };
+        body.extend(data);
+        for d in [Dialect::OpenAiChat, Dialect::OpenAiResponses, Dialect::Anthropic, Dialect::Gemini] {
+            if let Ok(p) = d.parse_request(&body, false) {
+                let _ = p.transcript.goal();
+            }
+            let _ = d.append_reminder(&body, "x");
+        }
+    }
+}

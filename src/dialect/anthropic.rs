@@ -17,38 +17,23 @@ use super::stream::PartialCall;
 use super::{
     args_from_raw, content_text, insert_after, offers_tools, push_into_array, push_line, random_id,
     replace_span, span_of, Dialect, HaltToolCall, ParseError, RequestView, ResponseTurn,
-    StreamEventKind, UpstreamFailure,
+    StreamEventKind, TopLevel, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
-#[derive(Deserialize)]
-struct Request<'a> {
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    stream: Option<bool>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    system: Option<&'a RawValue>,
-    #[serde(borrow)]
-    messages: Vec<&'a RawValue>,
-}
-
 pub(super) fn view(body: &[u8]) -> Result<RequestView<'_>, ParseError> {
-    let req: Request =
-        serde_json::from_slice(body).map_err(|e| ParseError::json(Dialect::Anthropic, e))?;
-    let system = content_text(req.system);
+    let top = TopLevel::read(Dialect::Anthropic, body)?;
+    let system = content_text(top.raw("system"));
     Ok(RequestView {
-        model: req.model,
-        stream: req.stream.unwrap_or(false),
-        has_tools: offers_tools(req.tools),
+        model: top.field("model")?,
+        stream: top.field("stream")?.unwrap_or(false),
+        has_tools: offers_tools(top.raw("tools")),
         preamble: if system.is_empty() {
             Vec::new()
         } else {
             vec![Item::System { text: system }]
         },
-        messages: req.messages,
+        messages: top.messages("messages")?,
     })
 }
 
@@ -95,7 +80,7 @@ pub(super) fn parse_message(raw: &str) -> Vec<Item> {
         Vec::new()
     };
     let mut text = if content.starts_with('"') {
-        content_text(msg.content)
+        content_text(msg.content.map(RawValue::get))
     } else {
         String::new()
     };
@@ -115,7 +100,7 @@ pub(super) fn parse_message(raw: &str) -> Vec<Item> {
             "tool_result" => results.push(Item::ToolResult(ToolResult {
                 call_id: block.tool_use_id.unwrap_or_default(),
                 name: String::new(),
-                text: content_text(block.content),
+                text: content_text(block.content.map(RawValue::get)),
                 is_error: block.is_error,
             })),
             // thinking, redacted_thinking, images, documents, server tools: nothing

@@ -17,40 +17,28 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::{
     args_from_raw, insert_after, offers_tools, push_into_array, random_id, value_text, Dialect,
-    HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind, UpstreamFailure,
+    HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind, TopLevel,
+    UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Request<'a> {
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow, default, alias = "system_instruction")]
-    system_instruction: Option<&'a RawValue>,
-    #[serde(borrow)]
-    contents: Vec<&'a RawValue>,
-}
-
 pub(super) fn view(body: &[u8], stream_path: bool) -> Result<RequestView<'_>, ParseError> {
-    let req: Request =
-        serde_json::from_slice(body).map_err(|e| ParseError::json(Dialect::Gemini, e))?;
-    let system = req
-        .system_instruction
-        .map(|raw| content_text(raw.get()))
+    let top = TopLevel::read(Dialect::Gemini, body)?;
+    let system = top
+        .raw("systemInstruction")
+        .or_else(|| top.raw("system_instruction"))
+        .map(content_text)
         .unwrap_or_default();
     Ok(RequestView {
-        model: req.model,
+        model: top.field("model")?,
         stream: stream_path,
-        has_tools: offers_tools(req.tools),
+        has_tools: offers_tools(top.raw("tools")),
         preamble: if system.is_empty() {
             Vec::new()
         } else {
             vec![Item::System { text: system }]
         },
-        messages: req.contents,
+        messages: top.messages("contents")?,
     })
 }
 

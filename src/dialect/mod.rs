@@ -15,6 +15,7 @@ mod framing;
 mod gemini;
 mod openai_chat;
 mod openai_responses;
+mod scan;
 mod stream;
 
 pub use stream::{StreamDecoder, StreamEvent, StreamEventKind};
@@ -110,7 +111,18 @@ pub struct RequestView<'a> {
     /// Each message of the history, raw, in order. Each slice points into the body that
     /// was viewed (OpenAI Responses `input` given as a plain string is one message: the
     /// raw JSON string).
-    pub messages: Vec<&'a RawValue>,
+    pub messages: Vec<RawMessage<'a>>,
+}
+
+/// One message of a request's history: its raw JSON text, a slice of the body. Only
+/// its structure was checked; [`Dialect::parse_message`] reads (and validates) it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawMessage<'a>(&'a str);
+
+impl<'a> RawMessage<'a> {
+    pub fn get(&self) -> &'a str {
+        self.0
+    }
 }
 
 /// What the model answered in one response.
@@ -289,6 +301,52 @@ impl Dialect {
 // ---------------------------------------------------------------------------------------
 // Helpers shared by the wire modules: how text, arguments and tool lists are read.
 
+/// The top level of a request body: its members found by the scanner, the few we read
+/// parsed with serde.
+struct TopLevel<'a> {
+    dialect: Dialect,
+    object: scan::Object<'a>,
+}
+
+impl<'a> TopLevel<'a> {
+    fn read(dialect: Dialect, body: &'a [u8]) -> Result<TopLevel<'a>, ParseError> {
+        let text = std::str::from_utf8(body)
+            .map_err(|e| ParseError(format!("not a {} request body: {e}", dialect.as_str())))?;
+        let object = scan::Object::parse(text)
+            .map_err(|e| ParseError(format!("not a {} request body: {}", dialect.as_str(), e.0)))?;
+        Ok(TopLevel { dialect, object })
+    }
+
+    /// A member's raw JSON.
+    fn raw(&self, key: &str) -> Option<&'a str> {
+        self.object.get(key)
+    }
+
+    /// A small member parsed (`model`, `stream`); absent and `null` are `None`.
+    fn field<T: Deserialize<'a>>(&self, key: &str) -> Result<Option<T>, ParseError> {
+        match self.raw(key) {
+            Some(raw) => serde_json::from_str(raw).map_err(|e| {
+                ParseError(format!(
+                    "{} request: field {key}: {e}",
+                    self.dialect.as_str()
+                ))
+            }),
+            None => Ok(None),
+        }
+    }
+
+    /// The history: a required array member, split into raw messages.
+    fn messages(&self, key: &str) -> Result<Vec<RawMessage<'a>>, ParseError> {
+        let elements = self.object.elements(key).ok_or_else(|| {
+            ParseError(format!(
+                "not a {} request body: no {key} array",
+                self.dialect.as_str()
+            ))
+        })?;
+        Ok(elements.iter().map(|&raw| RawMessage(raw)).collect())
+    }
+}
+
 /// A content part of any of the APIs, reduced to what text extraction needs. Parts
 /// without a string `text` (images, thinking, tool blocks) contribute nothing.
 #[derive(Deserialize)]
@@ -300,11 +358,10 @@ struct TextPart<'a> {
 /// The text of a content field: a string, a list of parts (`text`, `input_text`,
 /// `output_text` blocks) joined with newlines, or nothing. Parts that are not text are
 /// skipped one by one, so one odd part does not lose the rest.
-fn content_text(raw: Option<&RawValue>) -> String {
-    let Some(raw) = raw else {
+fn content_text(raw: Option<&str>) -> String {
+    let Some(s) = raw else {
         return String::new();
     };
-    let s = raw.get();
     match s.as_bytes().first() {
         Some(b'"') => serde_json::from_str::<Cow<str>>(s)
             .map(Cow::into_owned)
@@ -363,12 +420,9 @@ fn args_from_raw(raw: Option<&RawValue>) -> serde_json::Value {
 }
 
 /// Whether a `tools` field offers at least one tool (absent, `null` and `[]` do not).
-fn offers_tools(raw: Option<&RawValue>) -> bool {
+fn offers_tools(raw: Option<&str>) -> bool {
     match raw {
-        Some(raw) => {
-            let s = raw.get();
-            s != "null" && s.trim_start_matches('[').trim_start() != "]"
-        }
+        Some(s) => s != "null" && s.trim_start_matches('[').trim_start() != "]",
         None => false,
     }
 }

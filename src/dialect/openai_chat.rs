@@ -16,34 +16,20 @@ use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
     args_from_text, content_text, insert_after, offers_tools, random_id, unix_now, Dialect,
-    HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind, UpstreamFailure,
+    HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind, TopLevel,
+    UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
-#[derive(Deserialize)]
-struct Request<'a> {
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    stream: Option<bool>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    /// The pre-tools function calling API.
-    #[serde(borrow, default)]
-    functions: Option<&'a RawValue>,
-    #[serde(borrow)]
-    messages: Vec<&'a RawValue>,
-}
-
 pub(super) fn view(body: &[u8]) -> Result<RequestView<'_>, ParseError> {
-    let req: Request =
-        serde_json::from_slice(body).map_err(|e| ParseError::json(Dialect::OpenAiChat, e))?;
+    let top = TopLevel::read(Dialect::OpenAiChat, body)?;
     Ok(RequestView {
-        model: req.model,
-        stream: req.stream.unwrap_or(false),
-        has_tools: offers_tools(req.tools) || offers_tools(req.functions),
+        model: top.field("model")?,
+        stream: top.field("stream")?.unwrap_or(false),
+        // `functions`: the pre-tools function calling API
+        has_tools: offers_tools(top.raw("tools")) || offers_tools(top.raw("functions")),
         preamble: Vec::new(),
-        messages: req.messages,
+        messages: top.messages("messages")?,
     })
 }
 
@@ -94,7 +80,7 @@ pub(super) fn parse_message(raw: &str) -> Vec<Item> {
     let Ok(msg) = serde_json::from_str::<Message>(raw) else {
         return Vec::new();
     };
-    let text = content_text(msg.content);
+    let text = content_text(msg.content.map(RawValue::get));
     match msg.role.as_ref() {
         "system" | "developer" => vec![Item::System { text }],
         "assistant" => {

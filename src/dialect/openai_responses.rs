@@ -18,39 +18,23 @@ use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
     args_from_raw, args_from_text, content_text, offers_tools, push_into_array, random_id,
-    replace_span, span_of, unix_now, Dialect, HaltToolCall, ParseError, RequestView, ResponseTurn,
-    StreamEventKind,
+    replace_span, span_of, unix_now, Dialect, HaltToolCall, ParseError, RawMessage, RequestView,
+    ResponseTurn, StreamEventKind, TopLevel,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
-#[derive(Deserialize)]
-struct Request<'a> {
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    stream: Option<bool>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    instructions: Option<&'a RawValue>,
-    #[serde(borrow)]
-    input: &'a RawValue,
-}
-
 pub(super) fn view(body: &[u8]) -> Result<RequestView<'_>, ParseError> {
-    let req: Request =
-        serde_json::from_slice(body).map_err(|e| ParseError::json(Dialect::OpenAiResponses, e))?;
-    let messages = match req.input.get().as_bytes().first() {
+    let top = TopLevel::read(Dialect::OpenAiResponses, body)?;
+    let messages = match top.raw("input") {
         // A plain string input is one user message; parse_message reads it as such.
-        Some(b'"') => vec![req.input],
-        _ => serde_json::from_str(req.input.get())
-            .map_err(|e| ParseError::json(Dialect::OpenAiResponses, e))?,
+        Some(input) if input.starts_with('"') => vec![RawMessage(input)],
+        _ => top.messages("input")?,
     };
-    let instructions = content_text(req.instructions);
+    let instructions = content_text(top.raw("instructions"));
     Ok(RequestView {
-        model: req.model,
-        stream: req.stream.unwrap_or(false),
-        has_tools: offers_tools(req.tools),
+        model: top.field("model")?,
+        stream: top.field("stream")?.unwrap_or(false),
+        has_tools: offers_tools(top.raw("tools")),
         preamble: if instructions.is_empty() {
             Vec::new()
         } else {
@@ -108,7 +92,7 @@ pub(super) fn parse_message(raw: &str) -> Vec<Item> {
     };
     match item.kind.as_deref().unwrap_or("message") {
         "message" => {
-            let text = content_text(item.content);
+            let text = content_text(item.content.map(RawValue::get));
             match item.role.as_deref().unwrap_or("user") {
                 "system" | "developer" => vec![Item::System { text }],
                 "assistant" => vec![Item::AssistantPart {
@@ -145,7 +129,7 @@ pub(super) fn parse_message(raw: &str) -> Vec<Item> {
 /// A call output is a string, or a list of content parts (`input_text`...).
 fn output_text(raw: Option<&RawValue>) -> String {
     match raw {
-        Some(raw) if raw.get().starts_with(['"', '[']) => content_text(Some(raw)),
+        Some(raw) if raw.get().starts_with(['"', '[']) => content_text(Some(raw.get())),
         Some(raw) => super::value_text(raw),
         None => String::new(),
     }
@@ -557,11 +541,12 @@ fn zero_usage() -> serde_json::Value {
 /// A trailing `developer` message item; a plain string `input` becomes a list (the
 /// user message it was, then the reminder).
 pub(super) fn append_reminder(body: &[u8], text: &str) -> Result<Vec<u8>, ParseError> {
-    let req: Request =
-        serde_json::from_slice(body).map_err(|e| ParseError::json(Dialect::OpenAiResponses, e))?;
+    let top = TopLevel::read(Dialect::OpenAiResponses, body)?;
+    let input = top
+        .raw("input")
+        .ok_or_else(|| ParseError("no input to append a reminder to".into()))?;
     let reminder = json!({"type": "message", "role": "developer",
                           "content": [{"type": "input_text", "text": text}]});
-    let input = req.input.get();
     if input.starts_with('"') {
         let list = format!(
             r#"[{{"type":"message","role":"user","content":[{{"type":"input_text","text":{input}}}]}},{reminder}]"#
