@@ -120,6 +120,11 @@ pub struct RequestView<'a> {
 pub struct RawMessage<'a>(&'a str);
 
 impl<'a> RawMessage<'a> {
+    /// A message from its raw JSON text (for callers that hold messages of their own).
+    pub fn new(json: &'a str) -> RawMessage<'a> {
+        RawMessage(json)
+    }
+
     pub fn get(&self) -> &'a str {
         self.0
     }

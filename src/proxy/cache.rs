@@ -15,9 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::value::RawValue;
-
-use crate::dialect::Dialect;
+use crate::dialect::{Dialect, RawMessage};
 use crate::transcript::Item;
 
 /// The items of one message, shared between the cache and requests in flight.
@@ -53,7 +51,7 @@ impl MessageCache {
 
     /// The items of each message, in order, parsing only the messages not cached. The
     /// lock is held only for lookups and inserts, never while parsing.
-    pub fn items(&self, dialect: Dialect, messages: &[&RawValue]) -> Vec<Items> {
+    pub fn items(&self, dialect: Dialect, messages: &[RawMessage]) -> Vec<Items> {
         let keys: Vec<blake3::Hash> = messages
             .iter()
             .map(|raw| {
@@ -154,6 +152,7 @@ fn evict_oldest_quarter(inner: &mut Inner) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::value::RawValue;
 
     fn raws(texts: &[&str]) -> Vec<Box<RawValue>> {
         texts
@@ -169,7 +168,7 @@ mod tests {
             r#"{"role":"user","content":"a"}"#,
             r#"{"role":"user","content":"b"}"#,
         ]);
-        let msgs: Vec<&RawValue> = owned.iter().map(|b| &**b).collect();
+        let msgs: Vec<RawMessage> = owned.iter().map(|b| RawMessage::new(b.get())).collect();
         let first = cache.items(Dialect::OpenAiChat, &msgs);
         assert_eq!(cache.size().0, 2);
         let again = cache.items(Dialect::OpenAiChat, &msgs);
@@ -188,12 +187,12 @@ mod tests {
         let texts: Vec<String> = (0..20).map(|i| format!(r#"{{"n":"{i:010}"}}"#)).collect();
         let owned = raws(&texts.iter().map(String::as_str).collect::<Vec<_>>());
         for raw in &owned {
-            cache.items(Dialect::OpenAiChat, &[&**raw]);
+            cache.items(Dialect::OpenAiChat, &[RawMessage::new(raw.get())]);
         }
         assert!(cache.size().1 <= 100, "{:?}", cache.size());
 
         let cache = MessageCache::new(1 << 20, Duration::ZERO);
-        cache.items(Dialect::OpenAiChat, &[&*owned[0]]);
+        cache.items(Dialect::OpenAiChat, &[RawMessage::new(owned[0].get())]);
         std::thread::sleep(Duration::from_millis(2));
         cache.sweep();
         assert_eq!(cache.size(), (0, 0));
