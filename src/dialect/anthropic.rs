@@ -16,8 +16,8 @@ use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
     args_from_raw, content_text, insert_after, offers_tools, push_into_array, push_line, random_id,
-    replace_span, span_of, Dialect, HaltToolCall, ParseError, RequestView, ResponseTurn,
-    StreamEventKind, TopLevel, UpstreamFailure,
+    replace_span, span_of, system_preamble, Dialect, HaltToolCall, ParseError, RequestView,
+    ResponseTurn, StreamEventKind, TopLevel, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -28,11 +28,7 @@ pub(super) fn view(body: &[u8]) -> Result<RequestView<'_>, ParseError> {
         model: top.field("model")?,
         stream: top.field("stream")?.unwrap_or(false),
         has_tools: offers_tools(top.raw("tools")),
-        preamble: if system.is_empty() {
-            Vec::new()
-        } else {
-            vec![Item::System { text: system }]
-        },
+        preamble: system_preamble(system),
         messages: top.messages("messages")?,
     })
 }

@@ -16,9 +16,9 @@ use serde_json::json;
 
 use super::framing::{write_sse, Frame};
 use super::{
-    args_from_raw, insert_after, offers_tools, push_into_array, random_id, value_text, Dialect,
-    HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind, TopLevel,
-    UpstreamFailure,
+    args_from_raw, insert_after, offers_tools, push_into_array, random_id, system_preamble,
+    value_text, Dialect, HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind,
+    TopLevel, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -33,11 +33,7 @@ pub(super) fn view(body: &[u8], stream_path: bool) -> Result<RequestView<'_>, Pa
         model: top.field("model")?,
         stream: stream_path,
         has_tools: offers_tools(top.raw("tools")),
-        preamble: if system.is_empty() {
-            Vec::new()
-        } else {
-            vec![Item::System { text: system }]
-        },
+        preamble: system_preamble(system),
         messages: top.messages("contents")?,
     })
 }

@@ -396,6 +396,16 @@ fn value_text(raw: &RawValue) -> String {
     s.to_string()
 }
 
+/// The preamble a top-level system text (`system`, `instructions`, `systemInstruction`)
+/// gives: one system item, or none when it is empty.
+fn system_preamble(text: String) -> Vec<Item> {
+    if text.is_empty() {
+        Vec::new()
+    } else {
+        vec![Item::System { text }]
+    }
+}
+
 /// Appends `text` as a new line of `out` (no leading newline on the first one).
 fn push_line(out: &mut String, text: &str) {
     if text.is_empty() {

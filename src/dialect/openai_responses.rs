@@ -18,8 +18,8 @@ use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
     args_from_raw, args_from_text, content_text, offers_tools, push_into_array, random_id,
-    replace_span, span_of, unix_now, Dialect, HaltToolCall, ParseError, RawMessage, RequestView,
-    ResponseTurn, StreamEventKind, TopLevel,
+    replace_span, span_of, system_preamble, unix_now, Dialect, HaltToolCall, ParseError,
+    RawMessage, RequestView, ResponseTurn, StreamEventKind, TopLevel,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -35,11 +35,7 @@ pub(super) fn view(body: &[u8]) -> Result<RequestView<'_>, ParseError> {
         model: top.field("model")?,
         stream: top.field("stream")?.unwrap_or(false),
         has_tools: offers_tools(top.raw("tools")),
-        preamble: if instructions.is_empty() {
-            Vec::new()
-        } else {
-            vec![Item::System { text: instructions }]
-        },
+        preamble: system_preamble(instructions),
         messages,
     })
 }
