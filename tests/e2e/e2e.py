@@ -373,12 +373,13 @@ def check_loop(label, repo, client, script, stdout, run_dir, last, exchanges, mo
     report.check(f"{label} mock received a nudge after the loop began",
                  any(turn >= 2 for turn, _ in nudged),
                  f"first at turn {nudged[0][0]}: {short(nudged[0][1][0], 120)!r}" if nudged else "none")
-    # A halt is announced in the decision header; a block replaces a streamed tool call after
-    # the headers went out, so its only trace on the wire is loopwarden's text in the body.
-    halts = [i for i, ex in enumerate(exchanges)
-             if any(word in (ex.decision or "") for word in ("halt", "block")) or b"[loopwarden]" in ex.response]
+    # A delivered halt is a reply loopwarden wrote: the mock never says "[loopwarden]". (The
+    # decision header alone is not enough: it names the decision even when it was not applied,
+    # and a block replaces a streamed tool call after the headers went out.)
+    halts = [i for i, ex in enumerate(exchanges) if b"[loopwarden]" in ex.response]
     report.check(f"{label} client received a halt", bool(halts),
-                 f"decisions {sorted({str(ex.decision) for ex in exchanges})}")
+                 f"at request {halts[0] + 1} of {len(exchanges)}, decision header {exchanges[halts[0]].decision!r}"
+                 if halts else f"none; decision headers seen {sorted({str(ex.decision) for ex in exchanges})}")
     report.check(f"{label} last message is the halt text",
                  "loopwarden" in last.lower() and last not in scripted_texts, repr(short(last)))
     if halts:
@@ -395,12 +396,15 @@ def check_loop(label, repo, client, script, stdout, run_dir, last, exchanges, mo
     report.check(f"{label} log holds findings", isinstance(findings, list) and len(findings) > 0,
                  f"{len(findings)} findings, e.g. {short(findings[0], 120)!r}"
                  if isinstance(findings, list) and findings else f"{findings}")
-    actions = query(db, "select action from decisions order by request_id")
-    ok = isinstance(actions, list)
-    kinds = [a for (a,) in actions] if ok else []
-    report.check(f"{label} log holds the nudge and the halt",
-                 any(k in ("nudge", "replan") for k in kinds) and "halt" in kinds,
-                 f"decisions {kinds}" if ok else actions)
+    rows = query(db, "select action, applied from decisions order by created_ms, request_id")
+    ok = isinstance(rows, list)
+    applied = [f"{action}:{how}" for action, how in rows] if ok else []
+    # Applied, not only decided: a nudge changes the forwarded request, a halt is answered
+    # by loopwarden itself.
+    nudged = any(a in ("nudge", "replan") and how == "forwarded_modified" for a, how in rows) if ok else False
+    halted = any(a == "halt" and how == "answered" for a, how in rows) if ok else False
+    report.check(f"{label} log holds the applied nudge and halt", nudged and halted,
+                 f"decisions {short(applied, 160)}" if ok else rows)
 
 
 # ------------------------------------------------------------------------------ main
