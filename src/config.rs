@@ -22,6 +22,8 @@ pub struct Config {
     pub cache: CacheConfig,
     /// Detection settings; owned and documented by `crate::detect`.
     pub detect: DetectConfig,
+    /// What interventions do and say; owned and documented by `crate::intervene`.
+    pub intervene: crate::intervene::InterveneConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -106,6 +108,7 @@ impl Default for Config {
                 idle_secs: 600,
             },
             detect: DetectConfig::default(),
+            intervene: Default::default(),
         }
     }
 }
@@ -250,7 +253,15 @@ impl Config {
                 ),
             ));
         }
-        let positive: [(&'static str, u64); 7] = [
+        let positive: [(&'static str, u64); 9] = [
+            (
+                "intervene.pause.timeout_secs",
+                self.intervene.pause.timeout_secs,
+            ),
+            (
+                "intervene.pause.keepalive_secs",
+                self.intervene.pause.keepalive_secs,
+            ),
             ("server.max_body_bytes", self.server.max_body_bytes as u64),
             (
                 "upstream.connect_timeout_ms",
@@ -273,6 +284,9 @@ impl Config {
         if self.admin.token.chars().any(|c| c.is_whitespace()) {
             return Err(invalid("admin.token", "must not contain whitespace".into()));
         }
+        self.intervene
+            .validate()
+            .map_err(|(key, problem)| invalid(key, problem))?;
         Ok(())
     }
 

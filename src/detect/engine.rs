@@ -87,6 +87,19 @@ impl EngineState {
         self.next.clone().unwrap_or_else(Decision::observe)
     }
 
+    /// Whether [`Engine::decide_response_with`] could say `Block` for a response to the
+    /// request that carries exactly the folded steps, so the proxy reads only those
+    /// responses on the way back (the others stream through untouched).
+    pub fn may_block(&self, config: &DetectConfig) -> bool {
+        let Some(detector) = self.loop_detector else {
+            return false;
+        };
+        self.level >= Level::Nudged
+            && self.level < Level::Stopped
+            && !self.loop_keys.is_empty()
+            && config.policy(detector).response == Response::Halt
+    }
+
     /// The folded facts (for inspection and custom detectors' tests).
     pub fn facts(&self) -> &Facts {
         &self.facts

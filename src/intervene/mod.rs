@@ -18,6 +18,7 @@ pub mod controls;
 pub mod pause;
 pub mod profile;
 pub mod rollback;
+pub mod service;
 pub mod text;
 
 use serde::{Deserialize, Serialize};
@@ -287,5 +288,33 @@ impl Intervener {
         let note = text::render(&self.config.rollback_note, &fill);
         rollback::roll_back(req.dialect, req.body, req.stream_path, first, last, &note)
             .map(|rb| rb.body)
+    }
+}
+
+impl InterveneConfig {
+    /// Checks what serde cannot: `Err((key, problem))` names the key at fault.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        for url in &self.pause.webhooks {
+            if !(url.starts_with("http://") || url.starts_with("https://"))
+                || reqwest::Url::parse(url).is_err()
+            {
+                return Err((
+                    "intervene.pause.webhooks",
+                    format!("{url:?} is not an http(s) URL"),
+                ));
+            }
+        }
+        for p in &self.profiles {
+            if !p.halt_tool.is_empty() && !p.halt_arguments.is_object() {
+                return Err((
+                    "intervene.profiles.halt_arguments",
+                    format!(
+                        "profile {:?}: must be a table (the call's arguments)",
+                        p.name
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 }

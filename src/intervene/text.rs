@@ -21,8 +21,8 @@ Stop and replan before the next action: write a short summary of what you have t
 far and why it did not work, then pick a different approach from the ones you tried. {suggestion}";
 
 /// Default text of a halt reply.
-pub const HALT: &str = "[loopwarden] I stopped this run because it was stuck in a loop: {reason}. \
-A human should look at it before it continues. To resume, send a new message in this \
+pub const HALT: &str = "[loopwarden] I stopped this run: {reason}. \
+It was going in circles, so a human should look at it before it continues. To resume, send a new message in this \
 conversation, or release it with POST /admin/api/conversations/{conversation}/resume on loopwarden.";
 
 /// Default note that replaces the turns removed by a rollback.

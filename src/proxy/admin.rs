@@ -98,6 +98,115 @@ pub async fn conversation(
     }
 }
 
+/// `POST /admin/api/conversations/{id}/resume`: releases a halted conversation; its next
+/// request goes upstream and detection starts over from there.
+pub async fn resume_conversation(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if !allowed(&app.config.admin.token, &headers, peer) {
+        return refuse(&app);
+    }
+    match app.interventions.operator_resume(&id).await {
+        Ok(control) => Json(serde_json::json!({ "resumed": control })).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+#[derive(Deserialize, Default)]
+struct HaltBody {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// `POST /admin/api/conversations/{id}/halt` (optional body `{"reason": "..."}`): halts a
+/// conversation by hand; its requests get the halt reply until it is resumed or a human
+/// writes to it.
+pub async fn halt_conversation(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    if !allowed(&app.config.admin.token, &headers, peer) {
+        return refuse(&app);
+    }
+    let parsed: HaltBody = if body.iter().all(u8::is_ascii_whitespace) {
+        HaltBody::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(b) => b,
+            Err(e) => return bad_request(&format!("expected {{\"reason\": \"...\"}}: {e}")),
+        }
+    };
+    let reason = parsed
+        .reason
+        .filter(|r| !r.trim().is_empty())
+        .unwrap_or_else(|| "halted by an operator".to_string());
+    match app.interventions.operator_halt(&id, &reason).await {
+        Ok(control) => Json(serde_json::json!({ "halted": control })).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+/// `GET /admin/api/pending`: requests held for a human, oldest first.
+pub async fn pending(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> Response {
+    if !allowed(&app.config.admin.token, &headers, peer) {
+        return refuse(&app);
+    }
+    Json(serde_json::json!({ "pending": app.interventions.pending.list() })).into_response()
+}
+
+#[derive(Deserialize)]
+struct DecideBody {
+    decision: crate::intervene::Verdict,
+}
+
+/// `POST /admin/api/pending/{id}` with `{"decision": "continue" | "nudge" | "halt"}`.
+pub async fn decide_pending(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    if !allowed(&app.config.admin.token, &headers, peer) {
+        return refuse(&app);
+    }
+    let verdict = match serde_json::from_slice::<DecideBody>(&body) {
+        Ok(b) => b.decision,
+        Err(e) => {
+            return bad_request(&format!(
+                "expected {{\"decision\": \"continue\" | \"nudge\" | \"halt\"}}: {e}"
+            ))
+        }
+    };
+    match app.interventions.pending.decide(&id, verdict) {
+        Some(held) => Json(serde_json::json!({ "decided": verdict.as_str(), "pending": held }))
+            .into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({ "error": "no request held under that id (decided, timed out or gone)" })),
+        )
+            .into_response(),
+    }
+}
+
+fn bad_request(message: &str) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        Json(serde_json::json!({ "error": message })),
+    )
+        .into_response()
+}
+
 /// `GET /admin/api/stats`: the proxy's own overhead and the log's health.
 pub async fn stats(
     State(app): State<Arc<App>>,

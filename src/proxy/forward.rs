@@ -21,14 +21,16 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use super::identity::{self, Identity};
-use super::intervention::{self, Plan};
+use super::intervention::{self, Guard, Plan};
 use super::record::{Captured, Finished};
 use super::route::{self, Route, Upstream};
 use super::tee::{Pending, TeeBody};
 use super::{errors, App};
 use crate::config::UpstreamConfig;
-use crate::detect::Decision;
+use crate::detect::{Decision, EngineState};
 use crate::dialect::Dialect;
+use crate::intervene::service::Before;
+use crate::intervene::RequestInfo;
 use crate::store::redact::summary;
 use crate::store::{now_ms, ConversationSeen, RequestRow};
 use crate::transcript::Transcript;
@@ -68,8 +70,13 @@ struct Analysis {
 
 struct Parsed {
     dialect: Dialect,
+    stream_path: bool,
     transcript: Transcript,
     decision: Decision,
+    /// The engine's state after the transcript, for the response-side block check.
+    state: EngineState,
+    /// Sticky halts and operator resumes that apply to this request.
+    before: Before,
 }
 
 /// Reads the conversation in a request: parse (cached per message), identify, decide.
@@ -113,7 +120,10 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
     let identity = stated
         .or_else(|| identity::from_head(&transcript))
         .unwrap_or_else(fallback);
-    let decision = app.engine.decide(&transcript);
+    let before = app
+        .interventions
+        .before_decide(&identity.id, &transcript, &app.engine);
+    let (decision, state) = app.engine.decide_with(&transcript, &before.facts, None);
     Analysis {
         identity,
         dialect: Some(dialect),
@@ -125,8 +135,11 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
         parse_error: None,
         parsed: Some(Parsed {
             dialect,
+            stream_path,
             transcript,
             decision,
+            state,
+            before,
         }),
     }
 }
@@ -163,99 +176,146 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         }
     };
 
-    let analysis = analyse(&app, &route, &parts.headers, &body);
-    let plan = match &analysis.parsed {
-        Some(p) => intervention::plan(
-            &p.decision,
-            &intervention::Context {
+    let mut analysis = analyse(&app, &route, &parts.headers, &body);
+    let request_id = fastrand::i64(1..i64::MAX);
+    let user_agent = parts
+        .headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let stream = analysis.stream;
+    let planned = match analysis.parsed.as_mut() {
+        Some(p) => {
+            let req = RequestInfo {
                 conversation: &analysis.identity.id,
                 dialect: p.dialect,
-                stream: analysis.stream,
+                stream_path: p.stream_path,
+                stream,
+                model: analysis.model.as_deref(),
+                user_agent,
                 body: &body,
                 transcript: &p.transcript,
-            },
-        ),
-        None => Plan::Forward,
+            };
+            let decision = std::mem::replace(&mut p.decision, Decision::observe());
+            let state = std::mem::take(&mut p.state);
+            let planned =
+                intervention::plan(&app, decision, &p.before, state, &req, &body, request_id);
+            p.decision = planned.decision.clone();
+            Some(planned)
+        }
+        None => None,
+    };
+    let (plan, applied, guard) = match planned {
+        Some(p) => (p.plan, p.applied, p.guard),
+        None => (Plan::Forward, "forwarded", None),
     };
 
     // Responses are decoded for the log only when the request itself was read.
     let capture_dialect = analysis.parsed.as_ref().map(|p| p.dialect);
-    let mut finished = new_record(
-        &app,
-        &parts,
-        &route,
-        &body,
-        analysis,
-        plan.applied(),
-        started_ms,
-    );
-    let conversation_header = HeaderValue::from_str(&finished.row.conversation_id).ok();
-    let decision_header = finished
-        .row
-        .decision
-        .as_deref()
-        .and_then(|d| HeaderValue::from_str(d).ok());
-    let stamp = |response: &mut Response| {
+    let mut finished = new_record(&app, &parts, &route, &body, analysis, applied, started_ms);
+    // The id the intervention log already used for this request.
+    finished.row.id = request_id;
+    let stamp = Stamp {
+        conversation: HeaderValue::from_str(&finished.row.conversation_id).ok(),
+        decision: finished
+            .row
+            .decision
+            .as_deref()
+            .and_then(|d| HeaderValue::from_str(d).ok()),
+    };
+    let held_stamp = stamp.clone();
+    let next = Next {
+        app: app.clone(),
+        parts,
+        body,
+        started,
+        capture_dialect,
+        stamp,
+    };
+    match plan {
+        Plan::Hold(held) if stream => {
+            // The client asked for a stream: keep it alive with SSE comments while a human
+            // decides; the answer then follows in the same stream.
+            let mut response = intervention::held_stream(&app, async move {
+                let (plan, applied) = intervention::decide_held(&next.app, *held).await;
+                finished.row.applied = applied.to_string();
+                next.dispatch(plan, finished, None).await
+            });
+            held_stamp.apply(&mut response);
+            response
+        }
+        Plan::Hold(held) => {
+            let (plan, applied) = intervention::decide_held(&app, *held).await;
+            finished.row.applied = applied.to_string();
+            next.dispatch(plan, finished, None).await
+        }
+        plan => next.dispatch(plan, finished, guard).await,
+    }
+}
+
+/// Response headers every answer of a request carries.
+#[derive(Clone)]
+struct Stamp {
+    conversation: Option<HeaderValue>,
+    decision: Option<HeaderValue>,
+}
+
+impl Stamp {
+    fn apply(&self, response: &mut Response) {
         let headers = response.headers_mut();
-        if let Some(v) = &conversation_header {
+        if let Some(v) = &self.conversation {
             headers.insert(HeaderName::from_static(identity::HEADER), v.clone());
         }
-        if let Some(v) = &decision_header {
+        if let Some(v) = &self.decision {
             headers.insert(HeaderName::from_static(DECISION_HEADER), v.clone());
         }
-    };
+    }
+}
 
-    let forward_body = match plan {
-        Plan::Forward => body,
-        Plan::ForwardModified(modified) => modified,
-        Plan::Answer(mut response) => {
-            finished.row.status = response.status().as_u16() as i64;
-            finished.row.outcome = "answered".into();
-            finished.row.proxy_overhead_us = started.elapsed().as_micros() as i64;
-            app.recorder.finish(finished);
-            stamp(&mut response);
-            return response;
-        }
-    };
+/// What carrying out a plan needs: the request, and how to stamp and log its answer.
+struct Next {
+    app: Arc<App>,
+    parts: http::request::Parts,
+    body: Bytes,
+    started: Instant,
+    capture_dialect: Option<Dialect>,
+    stamp: Stamp,
+}
 
-    let Some(upstream_request) = upstream_request(&app, &parts, &route, forward_body) else {
-        // Unreachable in practice: the base URL was validated and the path came from a
-        // valid URI. Answer like an unreachable upstream rather than panic.
-        let mut response = errors::api_error(
-            route.upstream,
-            StatusCode::BAD_GATEWAY,
-            "loopwarden: cannot build the upstream URL",
-        );
-        finish_early(
-            &app,
-            finished,
-            StatusCode::BAD_GATEWAY,
-            "upstream_unreachable",
+impl Next {
+    /// Carries out a plan: answer, or forward (the original or a rewritten body) and stream
+    /// the upstream's answer back through the tee (and the block check when `guard`).
+    async fn dispatch(self, plan: Plan, mut finished: Finished, guard: Option<Guard>) -> Response {
+        let Next {
+            app,
+            parts,
+            body,
             started,
-            None,
-        );
-        stamp(&mut response);
-        return response;
-    };
+            capture_dialect,
+            stamp,
+        } = self;
+        let route = route::route(&parts.uri, &parts.headers);
+        let forward_body = match plan {
+            Plan::Forward | Plan::Hold(_) => body,
+            Plan::ForwardModified(modified) => modified,
+            Plan::Answer(mut response) => {
+                finished.row.status = response.status().as_u16() as i64;
+                finished.row.outcome = "answered".into();
+                finished.row.proxy_overhead_us = started.elapsed().as_micros() as i64;
+                app.recorder.finish(finished);
+                stamp.apply(&mut response);
+                return response;
+            }
+        };
+        let stamp = |response: &mut Response| stamp.apply(response);
 
-    let sent = Instant::now();
-    let timeout = Duration::from_secs(app.config.upstream.response_timeout_secs);
-    let upstream_response = match tokio::time::timeout(
-        timeout,
-        app.client.request(upstream_request),
-    )
-    .await
-    {
-        Ok(Ok(response)) => response,
-        Ok(Err(e)) => {
-            tracing::warn!(upstream = route.upstream.as_str(), error = %error_chain(&e), "upstream unreachable");
+        let Some(upstream_request) = upstream_request(&app, &parts, &route, forward_body) else {
+            // Unreachable in practice: the base URL was validated and the path came from a
+            // valid URI. Answer like an unreachable upstream rather than panic.
             let mut response = errors::api_error(
                 route.upstream,
                 StatusCode::BAD_GATEWAY,
-                &format!(
-                    "loopwarden: the {} upstream could not be reached",
-                    route.upstream.as_str()
-                ),
+                "loopwarden: cannot build the upstream URL",
             );
             finish_early(
                 &app,
@@ -263,63 +323,158 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
                 StatusCode::BAD_GATEWAY,
                 "upstream_unreachable",
                 started,
-                Some(sent),
+                None,
             );
             stamp(&mut response);
             return response;
-        }
-        Err(_) => {
-            tracing::warn!(
-                upstream = route.upstream.as_str(),
-                timeout_secs = timeout.as_secs(),
-                "upstream timed out"
-            );
-            let mut response = errors::api_error(
-                route.upstream,
-                StatusCode::GATEWAY_TIMEOUT,
-                &format!(
-                    "loopwarden: the {} upstream did not answer in time",
-                    route.upstream.as_str()
-                ),
-            );
-            finish_early(
-                &app,
-                finished,
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream_timeout",
-                started,
-                Some(sent),
-            );
-            stamp(&mut response);
-            return response;
-        }
-    };
-    let headers_at = Instant::now();
+        };
 
-    let (up_parts, up_body) = upstream_response.into_parts();
-    let mut response = Response::new(Body::empty());
-    *response.status_mut() = up_parts.status;
-    copy_end_to_end_headers(&up_parts.headers, response.headers_mut());
-    stamp(&mut response);
+        let sent = Instant::now();
+        let timeout = Duration::from_secs(app.config.upstream.response_timeout_secs);
+        let upstream_response = match tokio::time::timeout(
+            timeout,
+            app.client.request(upstream_request),
+        )
+        .await
+        {
+            Ok(Ok(response)) => response,
+            Ok(Err(e)) => {
+                tracing::warn!(upstream = route.upstream.as_str(), error = %error_chain(&e), "upstream unreachable");
+                let mut response = errors::api_error(
+                    route.upstream,
+                    StatusCode::BAD_GATEWAY,
+                    &format!(
+                        "loopwarden: the {} upstream could not be reached",
+                        route.upstream.as_str()
+                    ),
+                );
+                finish_early(
+                    &app,
+                    finished,
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_unreachable",
+                    started,
+                    Some(sent),
+                );
+                stamp(&mut response);
+                return response;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    upstream = route.upstream.as_str(),
+                    timeout_secs = timeout.as_secs(),
+                    "upstream timed out"
+                );
+                let mut response = errors::api_error(
+                    route.upstream,
+                    StatusCode::GATEWAY_TIMEOUT,
+                    &format!(
+                        "loopwarden: the {} upstream did not answer in time",
+                        route.upstream.as_str()
+                    ),
+                );
+                finish_early(
+                    &app,
+                    finished,
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "upstream_timeout",
+                    started,
+                    Some(sent),
+                );
+                stamp(&mut response);
+                return response;
+            }
+        };
+        let headers_at = Instant::now();
 
-    let event_stream = is_event_stream(&up_parts.headers);
-    finished.row.status = up_parts.status.as_u16() as i64;
-    finished.row.stream |= event_stream;
-    finished.row.upstream_latency_us = Some((headers_at - sent).as_micros() as i64);
-    // Decode only answers the dialect can read: successful and not content-encoded.
-    let capture = capture_dialect
-        .filter(|_| {
-            up_parts.status.is_success() && !up_parts.headers.contains_key(header::CONTENT_ENCODING)
-        })
-        .map(|dialect| Captured {
-            dialect,
-            event_stream,
-            chunks: Vec::new(),
-        });
-    finished.row.proxy_overhead_us = ((sent - started) + headers_at.elapsed()).as_micros() as i64;
-    let pending = Pending::new(finished, app.recorder.clone(), sent, capture);
-    *response.body_mut() = Body::new(TeeBody::new(up_body, pending));
-    response
+        let (up_parts, up_body) = upstream_response.into_parts();
+        let mut response = Response::new(Body::empty());
+        *response.status_mut() = up_parts.status;
+        copy_end_to_end_headers(&up_parts.headers, response.headers_mut());
+        stamp(&mut response);
+
+        let event_stream = is_event_stream(&up_parts.headers);
+        finished.row.status = up_parts.status.as_u16() as i64;
+        finished.row.stream |= event_stream;
+        finished.row.upstream_latency_us = Some((headers_at - sent).as_micros() as i64);
+        // Decode only answers the dialect can read: successful and not content-encoded.
+        let capture = capture_dialect
+            .filter(|_| {
+                up_parts.status.is_success()
+                    && !up_parts.headers.contains_key(header::CONTENT_ENCODING)
+            })
+            .map(|dialect| Captured {
+                dialect,
+                event_stream,
+                chunks: Vec::new(),
+            });
+        finished.row.proxy_overhead_us =
+            ((sent - started) + headers_at.elapsed()).as_micros() as i64;
+        // The block check reads only answers it can decode, and only when a block is possible.
+        let guard = guard.filter(|_| capture.is_some());
+        let body = match guard {
+            None => {
+                let pending = Pending::new(finished, app.recorder.clone(), sent, capture);
+                Body::new(TeeBody::new(up_body, pending))
+            }
+            Some(guard) if event_stream => {
+                let pending = Pending::new(finished, app.recorder.clone(), sent, capture);
+                Body::new(TeeBody::new(guard.stream(&app, up_body), pending))
+            }
+            Some(guard) => {
+                // A whole JSON answer: read it (the client waits for all of it anyway), and
+                // replace it by the halt when it carries the call that completes a loop.
+                let whole = match Limited::new(up_body, app.config.server.max_body_bytes)
+                    .collect()
+                    .await
+                {
+                    Ok(collected) => collected.to_bytes(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "upstream answer broke off while checked for a block");
+                        let mut response = errors::api_error(
+                            route.upstream,
+                            StatusCode::BAD_GATEWAY,
+                            "loopwarden: the upstream answer broke off",
+                        );
+                        finish_early(
+                            &app,
+                            finished,
+                            StatusCode::BAD_GATEWAY,
+                            "upstream_broken",
+                            started,
+                            Some(sent),
+                        );
+                        stamp(&mut response);
+                        return response;
+                    }
+                };
+                let whole = match guard.json(&app, &whole) {
+                    Some(reply) => {
+                        finished.row.applied = "blocked".into();
+                        let headers = response.headers_mut();
+                        headers.remove(header::CONTENT_LENGTH);
+                        headers.remove(header::CONTENT_ENCODING);
+                        headers.insert(
+                            header::CONTENT_TYPE,
+                            HeaderValue::from_static(reply.content_type),
+                        );
+                        headers.insert(
+                            HeaderName::from_static(DECISION_HEADER),
+                            HeaderValue::from_static("block"),
+                        );
+                        Bytes::from(reply.body)
+                    }
+                    None => whole,
+                };
+                let pending = Pending::new(finished, app.recorder.clone(), sent, capture);
+                let full =
+                    Full::new(whole).map_err(|never: std::convert::Infallible| match never {});
+                Body::new(TeeBody::new(full, pending))
+            }
+        };
+        *response.body_mut() = body;
+        response
+    }
 }
 
 /// The log entry of a request, before its response is known.

@@ -23,7 +23,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use axum::Router;
 use tokio::sync::oneshot;
@@ -56,6 +56,8 @@ pub struct App {
     pub step_log: step_log::StepLog,
     pub store: Store,
     pub recorder: record::Recorder,
+    /// Sticky halts, held requests and the intervention log (`crate::intervene`).
+    pub interventions: crate::intervene::service::Interventions,
 }
 
 /// A running proxy (in-process): its address, and a handle to stop it cleanly.
@@ -116,7 +118,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
     let addr = listener.local_addr()?;
     let idle = Duration::from_secs(config.cache.idle_secs);
+    let interventions =
+        crate::intervene::service::Interventions::open(config.intervene.clone(), store.clone())
+            .await?;
     let app = Arc::new(App {
+        interventions,
         client: forward::upstream_client(&config.upstream),
         engine: Engine::new(config.detect.clone()),
         cache: cache::MessageCache::new(config.cache.max_bytes, idle),
@@ -133,6 +139,16 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .route("/admin/api/conversations", get(admin::conversations))
         .route("/admin/api/conversations/{id}", get(admin::conversation))
         .route("/admin/api/stats", get(admin::stats))
+        .route(
+            "/admin/api/conversations/{id}/resume",
+            post(admin::resume_conversation),
+        )
+        .route(
+            "/admin/api/conversations/{id}/halt",
+            post(admin::halt_conversation),
+        )
+        .route("/admin/api/pending", get(admin::pending))
+        .route("/admin/api/pending/{id}", post(admin::decide_pending))
         .fallback(forward::handle)
         .with_state(app.clone());
     let listener = listener.tap_io(|tcp| {

@@ -21,8 +21,9 @@ use super::record::{Captured, Finished, Recorder};
 /// Responses larger than this are forwarded whole but not decoded for the log.
 const MAX_CAPTURE_BYTES: usize = 16 * 1024 * 1024;
 
-pub struct TeeBody {
-    inner: Incoming,
+/// `B` is the upstream's body, or that body behind the block check.
+pub struct TeeBody<B: Body = Incoming> {
+    inner: B,
     pending: Option<Box<Pending>>,
 }
 
@@ -56,8 +57,8 @@ impl Pending {
     }
 }
 
-impl TeeBody {
-    pub fn new(inner: Incoming, pending: Pending) -> TeeBody {
+impl<B: Body> TeeBody<B> {
+    pub fn new(inner: B, pending: Pending) -> TeeBody<B> {
         TeeBody {
             inner,
             pending: Some(Box::new(pending)),
@@ -100,7 +101,10 @@ impl TeeBody {
     }
 }
 
-impl Body for TeeBody {
+impl<B> Body for TeeBody<B>
+where
+    B: Body<Data = Bytes, Error = hyper::Error> + Unpin,
+{
     type Data = Bytes;
     type Error = hyper::Error;
 
@@ -132,7 +136,7 @@ impl Body for TeeBody {
     }
 }
 
-impl Drop for TeeBody {
+impl<B: Body> Drop for TeeBody<B> {
     fn drop(&mut self) {
         // The server may drop a body it knows is complete without polling its end.
         let outcome = if self.inner.is_end_stream() {

@@ -106,6 +106,20 @@ pub struct DecisionRow {
     pub reason: String,
 }
 
+/// One intervention (see `crate::intervene` and `migrations/0002_interventions.sql`).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct InterventionRow {
+    pub conversation_id: String,
+    pub request_id: Option<i64>,
+    pub created_ms: i64,
+    pub action: String,
+    pub applied: String,
+    pub source: String,
+    pub detector: String,
+    pub reason: String,
+    pub finding: String,
+}
+
 /// Anything the log records.
 #[derive(Debug, Clone)]
 pub enum Record {
@@ -114,6 +128,7 @@ pub enum Record {
     ToolCall(Box<ToolCallRow>),
     Finding(Box<FindingRow>),
     Decision(Box<DecisionRow>),
+    Intervention(Box<InterventionRow>),
 }
 
 enum Command {
@@ -396,6 +411,24 @@ async fn write_one(
             .bind(&d.applied)
             .bind(d.step)
             .bind(&d.reason)
+            .execute(conn)
+            .await?;
+        }
+        Record::Intervention(i) => {
+            sqlx::query(
+                "INSERT INTO interventions (conversation_id, request_id, created_ms, action,
+                   applied, source, detector, reason, finding)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )
+            .bind(&i.conversation_id)
+            .bind(i.request_id)
+            .bind(i.created_ms)
+            .bind(&i.action)
+            .bind(&i.applied)
+            .bind(&i.source)
+            .bind(&i.detector)
+            .bind(&i.reason)
+            .bind(&i.finding)
             .execute(conn)
             .await?;
         }

@@ -4,7 +4,7 @@
 use serde::Serialize;
 use sqlx::SqlitePool;
 
-use super::{DecisionRow, FindingRow, RequestRow, ToolCallRow};
+use super::{DecisionRow, FindingRow, InterventionRow, RequestRow, ToolCallRow};
 
 /// One line of the conversation list.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -35,6 +35,8 @@ pub struct Timeline {
     pub tool_calls: Vec<ToolCallRow>,
     pub findings: Vec<FindingRow>,
     pub decisions: Vec<DecisionRow>,
+    /// What loopwarden did (nudges, halts, blocks, pauses, resumes), with who decided.
+    pub interventions: Vec<InterventionRow>,
 }
 
 const SUMMARY_SELECT: &str = "
@@ -97,12 +99,21 @@ pub async fn timeline(pool: &SqlitePool, id: &str) -> Result<Option<Timeline>, s
     .bind(id)
     .fetch_all(pool)
     .await?;
+    let interventions = sqlx::query_as(
+        "SELECT conversation_id, request_id, created_ms, action, applied, source, detector,
+                reason, finding
+         FROM interventions WHERE conversation_id = ?1 ORDER BY created_ms, id",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
     Ok(Some(Timeline {
         conversation,
         requests,
         tool_calls,
         findings,
         decisions,
+        interventions,
     }))
 }
 

@@ -1,0 +1,377 @@
+//! The stateful side of interventions, as the proxy holds it: sticky halts
+//! ([`Controls`]), held requests ([`Pending`]), the webhook client and the log. The proxy
+//! calls, per request: [`Interventions::before_decide`] (what the engine must know from
+//! the store), [`Interventions::plan`] (the act), and for a held request
+//! [`Interventions::hold`] then [`Interventions::after_verdict`]; per response,
+//! [`Interventions::armed`] and [`Interventions::check_response`] (block).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::controls::{human_messages, Control, Controls, Standing};
+use super::pause::{DecidedBy, FindingInfo, HeldInfo, Pending, Ticket};
+use super::{Act, InterveneConfig, Intervener, Planned, RequestInfo, Verdict};
+use crate::detect::{Action, Decision, Engine, EngineState, StoreFacts};
+use crate::dialect::{Dialect, ResponseTurn};
+use crate::store::{now_ms, InterventionRow, Record, Store};
+use crate::transcript::Transcript;
+
+/// Cheap to clone: every part is shared.
+#[derive(Clone)]
+pub struct Interventions {
+    pub intervener: Arc<Intervener>,
+    pub controls: Controls,
+    pub pending: Pending,
+    webhooks: reqwest::Client,
+    store: Store,
+}
+
+/// What a request is subject to before the engine decides.
+#[derive(Debug, Clone)]
+pub struct Before {
+    pub standing: Standing,
+    /// Facts for [`Engine::decide_with`].
+    pub facts: StoreFacts,
+    /// Human messages in the request (see [`human_messages`]).
+    pub humans: i64,
+}
+
+/// A request, owned, for acts decided later (a held request).
+#[derive(Debug, Clone)]
+pub struct OwnedRequest {
+    pub conversation: String,
+    pub dialect: Dialect,
+    pub stream_path: bool,
+    pub stream: bool,
+    pub model: Option<String>,
+    pub user_agent: String,
+    pub body: Bytes,
+    pub transcript: Transcript,
+}
+
+impl OwnedRequest {
+    pub fn of(req: &RequestInfo<'_>, body: &Bytes) -> OwnedRequest {
+        OwnedRequest {
+            conversation: req.conversation.to_string(),
+            dialect: req.dialect,
+            stream_path: req.stream_path,
+            stream: req.stream,
+            model: req.model.map(str::to_string),
+            user_agent: req.user_agent.to_string(),
+            body: body.clone(),
+            transcript: req.transcript.clone(),
+        }
+    }
+
+    pub fn info(&self) -> RequestInfo<'_> {
+        RequestInfo {
+            conversation: &self.conversation,
+            dialect: self.dialect,
+            stream_path: self.stream_path,
+            stream: self.stream,
+            model: self.model.as_deref(),
+            user_agent: &self.user_agent,
+            body: &self.body,
+            transcript: &self.transcript,
+        }
+    }
+}
+
+impl Interventions {
+    /// Loads the sticky-halt state from the store's database.
+    pub async fn open(config: InterveneConfig, store: Store) -> anyhow::Result<Interventions> {
+        let controls = Controls::load(store.pool().clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot read conversation_controls: {e}"))?;
+        let webhooks = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .map_err(|e| anyhow::anyhow!("webhook client: {e}"))?;
+        Ok(Interventions {
+            intervener: Arc::new(Intervener::new(config)),
+            controls,
+            pending: Pending::default(),
+            webhooks,
+            store,
+        })
+    }
+
+    pub fn config(&self) -> &InterveneConfig {
+        &self.intervener.config
+    }
+
+    /// Where a request stands (sticky halt, operator resumes) and what the engine needs.
+    pub fn before_decide(
+        &self,
+        conversation: &str,
+        transcript: &Transcript,
+        engine: &Engine,
+    ) -> Before {
+        let humans = human_messages(transcript, &|t| engine.config.is_scaffold_message(t));
+        let standing = self
+            .controls
+            .standing(conversation, humans, transcript.steps.len());
+        let facts = match &standing {
+            Standing::Free { resumed_at, .. } => StoreFacts {
+                resumed_at: resumed_at.clone(),
+                dismissed: Vec::new(),
+            },
+            Standing::Halted { .. } => StoreFacts::default(),
+        };
+        if let Standing::Free {
+            human_resumed: true,
+            ..
+        } = &standing
+        {
+            self.log(
+                conversation,
+                None,
+                "resume",
+                "resumed",
+                "human",
+                "",
+                "a human wrote a new message after the halt",
+                "",
+            );
+        }
+        Before {
+            standing,
+            facts,
+            humans,
+        }
+    }
+
+    /// The act for a request: the engine's decision, or the halt again for a conversation
+    /// that is halted. Logs the intervention and makes a halt sticky.
+    pub fn plan(
+        &self,
+        decision: Decision,
+        before: &Before,
+        req: &RequestInfo<'_>,
+        request_id: i64,
+    ) -> Planned {
+        let (decision, source) = match &before.standing {
+            Standing::Halted { reason } if self.config().enabled => {
+                let mut d = decision;
+                d.action = Action::Halt;
+                d.reason = reason.clone();
+                (d, "sticky")
+            }
+            _ => (decision, "policy"),
+        };
+        let planned = self.intervener.plan(decision, req);
+        if planned.applied != "forwarded" {
+            self.log_decision(
+                &planned.decision,
+                req.conversation,
+                Some(request_id),
+                planned.applied,
+                source,
+            );
+        }
+        if planned.applied == "halted" && source == "policy" {
+            self.controls
+                .halt_by_policy(req.conversation, &planned.decision.reason, before.humans);
+        }
+        planned
+    }
+
+    /// Holds a request for a human: lists it, tells the webhooks, logs it.
+    pub fn hold(&self, decision: &Decision, req: &RequestInfo<'_>) -> Ticket {
+        let pause = &self.config().pause;
+        let now = now_ms();
+        let info = HeldInfo {
+            id: String::new(),
+            conversation_id: req.conversation.to_string(),
+            created_ms: now,
+            deadline_ms: now + (pause.timeout_secs as i64) * 1000,
+            on_timeout: pause.on_timeout,
+            detector: decision.detector.clone(),
+            reason: decision.reason.clone(),
+            findings: decision
+                .findings
+                .iter()
+                .map(|f| FindingInfo {
+                    detector: f.detector.clone(),
+                    summary: f.summary.clone(),
+                    suggestion: f.suggestion.clone(),
+                })
+                .collect(),
+            stream: req.stream,
+        };
+        let (ticket, info) = self.pending.hold(info);
+        super::pause::notify(&self.webhooks, pause, &info);
+        ticket
+    }
+
+    /// Waits for the verdict on a held request (or the timeout's default).
+    pub async fn verdict(&self, ticket: Ticket) -> (Verdict, DecidedBy) {
+        let pause = &self.config().pause;
+        ticket
+            .verdict(Duration::from_secs(pause.timeout_secs), pause.on_timeout)
+            .await
+    }
+
+    /// The act a verdict chooses, logged; a halt becomes sticky, a continue or nudge lets
+    /// the next request restart escalation.
+    pub fn after_verdict(
+        &self,
+        verdict: Verdict,
+        by: DecidedBy,
+        decision: &Decision,
+        req: &RequestInfo<'_>,
+        humans: i64,
+        request_id: i64,
+    ) -> (Act, &'static str) {
+        let (act, applied) = self.intervener.after_verdict(verdict, decision, req);
+        let mut logged = decision.clone();
+        logged.action = match verdict {
+            Verdict::Continue => Action::Observe,
+            Verdict::Nudge => Action::Nudge,
+            Verdict::Halt => Action::Halt,
+        };
+        self.log_decision(
+            &logged,
+            req.conversation,
+            Some(request_id),
+            applied,
+            by.as_str(),
+        );
+        match verdict {
+            Verdict::Halt => {
+                self.controls
+                    .halt_by_policy(req.conversation, &decision.reason, humans)
+            }
+            Verdict::Continue | Verdict::Nudge => self.controls.release(req.conversation),
+        }
+        (act, applied)
+    }
+
+    /// Whether a response to this request could be blocked, so that only those responses
+    /// are read on the way back.
+    pub fn armed(&self, engine: &Engine, state: &EngineState) -> bool {
+        self.config().enabled && self.config().block && state.may_block(&engine.config)
+    }
+
+    /// The response-side check: `Some((decision, halt text))` when the response's calls
+    /// complete a loop the policy halts on. Logs the block and halts the conversation.
+    pub fn check_response(
+        &self,
+        engine: &Engine,
+        state: &EngineState,
+        turn: &ResponseTurn,
+        req: &RequestInfo<'_>,
+        humans: i64,
+        request_id: i64,
+    ) -> Option<(Decision, String)> {
+        let decision = engine.decide_response_with(state, turn);
+        if decision.action != Action::Block {
+            return None;
+        }
+        let text = self.intervener.halt_text(&decision, req);
+        self.log_decision(
+            &decision,
+            req.conversation,
+            Some(request_id),
+            "blocked",
+            "policy",
+        );
+        self.controls
+            .halt_by_policy(req.conversation, &decision.reason, humans);
+        Some((decision, text))
+    }
+
+    /// An operator halts a conversation by hand.
+    pub async fn operator_halt(
+        &self,
+        conversation: &str,
+        reason: &str,
+    ) -> Result<Control, sqlx::Error> {
+        let c = self.controls.halt_by_operator(conversation, reason).await?;
+        self.log(
+            conversation,
+            None,
+            "halt",
+            "halted",
+            "operator",
+            "",
+            reason,
+            "",
+        );
+        Ok(c)
+    }
+
+    /// An operator resumes a conversation.
+    pub async fn operator_resume(&self, conversation: &str) -> Result<Control, sqlx::Error> {
+        let c = self.controls.resume(conversation).await?;
+        self.log(
+            conversation,
+            None,
+            "resume",
+            "resumed",
+            "operator",
+            "",
+            "resumed by an operator",
+            "",
+        );
+        Ok(c)
+    }
+
+    fn log_decision(
+        &self,
+        d: &Decision,
+        conversation: &str,
+        request_id: Option<i64>,
+        applied: &str,
+        source: &str,
+    ) {
+        let finding = d.findings.first().map(|f| f.summary.as_str()).unwrap_or("");
+        self.log(
+            conversation,
+            request_id,
+            d.action.as_str(),
+            applied,
+            source,
+            &d.detector,
+            &d.reason,
+            finding,
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn log(
+        &self,
+        conversation: &str,
+        request_id: Option<i64>,
+        action: &str,
+        applied: &str,
+        source: &str,
+        detector: &str,
+        reason: &str,
+        finding: &str,
+    ) {
+        tracing::info!(
+            conversation,
+            action,
+            applied,
+            source,
+            detector,
+            reason,
+            "intervention"
+        );
+        self.store
+            .log(Record::Intervention(Box::new(InterventionRow {
+                conversation_id: conversation.to_string(),
+                request_id,
+                created_ms: now_ms(),
+                action: action.to_string(),
+                applied: applied.to_string(),
+                source: source.to_string(),
+                detector: detector.to_string(),
+                reason: reason.to_string(),
+                finding: finding.to_string(),
+            })));
+    }
+}

@@ -1,0 +1,427 @@
+//! Interventions through the real proxy over loopback sockets, in front of the scripted
+//! mock: the nudge the upstream receives, the halt the client receives (every API, JSON
+//! and SSE), sticky halts and both ways to resume, block, rollback, and the log.
+
+mod intervene_support;
+
+use intervene_support::*;
+use loopwarden::detect::Action;
+use loopwarden::dialect::Dialect;
+use serde_json::{json, Value};
+
+/// Where each API must carry the reminder: after everything the client sent.
+fn reminder_of(dialect: Dialect, body: &Value) -> Option<String> {
+    let text = match dialect {
+        Dialect::OpenAiChat => {
+            let last = body["messages"].as_array()?.last()?;
+            (last["role"] == "system").then(|| last["content"].as_str().map(str::to_string))??
+        }
+        Dialect::OpenAiResponses => {
+            let last = body["input"].as_array()?.last()?;
+            (last["role"] == "developer")
+                .then(|| last["content"][0]["text"].as_str().map(str::to_string))??
+        }
+        Dialect::Anthropic => {
+            let last = body["messages"].as_array()?.last()?;
+            if last["role"] != "user" {
+                return None;
+            }
+            last["content"].as_array()?.last()?["text"]
+                .as_str()?
+                .to_string()
+        }
+        Dialect::Gemini => {
+            let last = body["contents"].as_array()?.last()?;
+            if last["role"] != "user" {
+                return None;
+            }
+            last["parts"].as_array()?.last()?["text"]
+                .as_str()?
+                .to_string()
+        }
+    };
+    Some(text)
+}
+
+#[tokio::test]
+async fn the_nudge_reaches_the_upstream_after_everything_the_client_sent() {
+    for dialect in ALL {
+        let setup = Setup::start(looping_script(dialect), |_| {}).await;
+        let k = first_k(dialect, Action::Nudge);
+        let sent = loop_body(dialect, k, false, None);
+        let resp = setup.post(&path(dialect, "nudge-me", false), &sent).await;
+        assert_eq!(
+            header(&resp, "x-loopwarden-decision"),
+            "nudge",
+            "{dialect:?}"
+        );
+        assert!(resp.status().is_success());
+        let seen = setup.mock.requests();
+        assert_eq!(seen.len(), 1, "{dialect:?}: forwarded once");
+        let got = seen[0].json();
+        let reminder = reminder_of(dialect, &got)
+            .unwrap_or_else(|| panic!("{dialect:?}: no trailing reminder in {got}"));
+        assert!(
+            reminder.starts_with("[loopwarden]"),
+            "{dialect:?}: {reminder}"
+        );
+        assert!(
+            reminder.contains("Fix the failing test"),
+            "{dialect:?}: the goal is in it"
+        );
+        // The request stays valid: it reads back with the same turns, every call paired.
+        let before = dialect
+            .parse_request(sent.to_string().as_bytes(), dialect == Dialect::Gemini)
+            .unwrap();
+        let after = dialect
+            .parse_request(&seen[0].body, dialect == Dialect::Gemini)
+            .unwrap();
+        assert_eq!(
+            after.transcript.steps.len(),
+            before.transcript.steps.len(),
+            "{dialect:?}"
+        );
+        assert!(after
+            .transcript
+            .steps
+            .iter()
+            .all(|s| s.calls.iter().all(|c| c.result.is_some())));
+        // Everything the client sent comes first, byte for byte (the prompt cache holds).
+        let original = sent.to_string();
+        let prefix = &original[..original.len() - 8];
+        let upstream = String::from_utf8(seen[0].body.to_vec()).unwrap();
+        let common = original
+            .bytes()
+            .zip(upstream.bytes())
+            .take_while(|(a, b)| a == b)
+            .count();
+        assert!(
+            common > prefix.len() / 2,
+            "{dialect:?}: the history is not rewritten"
+        );
+    }
+}
+
+#[tokio::test]
+async fn halts_are_complete_answers_in_each_api_and_mode_without_calling_the_upstream() {
+    for dialect in ALL {
+        for stream in [false, true] {
+            let setup = Setup::start(looping_script(dialect), |_| {}).await;
+            let k = first_k(dialect, Action::Halt);
+            let resp = setup
+                .post(
+                    &path(dialect, "halt-me", stream),
+                    &loop_body(dialect, k, stream, None),
+                )
+                .await;
+            assert_eq!(resp.status().as_u16(), 200, "{dialect:?} stream={stream}");
+            assert_eq!(header(&resp, "x-loopwarden-decision"), "halt");
+            let content_type = header(&resp, "content-type");
+            assert_eq!(
+                content_type.starts_with("text/event-stream"),
+                stream,
+                "{dialect:?}: {content_type}"
+            );
+            let body = resp.bytes().await.unwrap();
+            let (text, calls, ended) = read_answer(dialect, stream, &body);
+            assert!(ended, "{dialect:?} stream={stream}: complete");
+            assert!(calls.is_empty(), "{dialect:?}: a text halt");
+            assert!(
+                text.starts_with("[loopwarden] I stopped this run"),
+                "{dialect:?}: {text}"
+            );
+            assert!(
+                text.contains("/admin/api/conversations/halt-me/resume"),
+                "says how to resume"
+            );
+            assert!(
+                setup.mock.requests().is_empty(),
+                "{dialect:?}: the upstream was not called"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn mini_swe_agent_is_halted_with_its_submit_command() {
+    let dialect = Dialect::OpenAiChat;
+    let setup = Setup::start(looping_script(dialect), |_| {}).await;
+    let k = first_k(dialect, Action::Halt);
+    let mut body = loop_body(dialect, k, false, None);
+    body.as_object_mut().unwrap().remove("stream");
+    body["tools"] = json!([{"type": "function", "function": {"name": "bash", "parameters": {}}}]);
+    let resp = client()
+        .post(setup.url(&path(dialect, "mini", false)))
+        .header("user-agent", "OpenAI/Python 2.54.0")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let answer: Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
+    let call = &answer["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "bash");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    let command = args["command"].as_str().unwrap();
+    assert!(
+        command.starts_with("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo '[loopwarden]"),
+        "{command}"
+    );
+    assert_eq!(answer["choices"][0]["finish_reason"], "tool_calls");
+}
+
+#[tokio::test]
+async fn a_halt_sticks_until_a_human_speaks_or_an_operator_resumes() {
+    let dialect = Dialect::Anthropic;
+    let setup = Setup::start(looping_script(dialect), |_| {}).await;
+    let k = first_k(dialect, Action::Halt);
+    let p = path(dialect, "sticky", true);
+    let resp = setup.post(&p, &loop_body(dialect, k, true, None)).await;
+    assert_eq!(header(&resp, "x-loopwarden-decision"), "halt");
+    let _ = resp.bytes().await;
+
+    // The client tries again, with more history: halted again, upstream never called.
+    for extra in [0, 1] {
+        let resp = setup
+            .post(&p, &loop_body(dialect, k + extra, true, None))
+            .await;
+        assert_eq!(header(&resp, "x-loopwarden-decision"), "halt");
+        let (text, _, _) = read_answer(dialect, true, &resp.bytes().await.unwrap());
+        assert!(text.starts_with("[loopwarden]"));
+    }
+    assert!(setup.mock.requests().is_empty());
+
+    // A human writes: the conversation goes on.
+    let human = loop_body(
+        dialect,
+        k + 1,
+        true,
+        Some("Try reading calc.py before running the test again."),
+    );
+    let resp = setup.post(&p, &human).await;
+    assert_ne!(header(&resp, "x-loopwarden-decision"), "halt");
+    let _ = resp.bytes().await;
+    assert_eq!(setup.mock.requests().len(), 1);
+
+    // An operator halts it by hand, then resumes it.
+    let (status, v) = setup
+        .admin(
+            "/admin/api/conversations/sticky/halt",
+            Some(json!({"reason": "checking the workspace"})),
+        )
+        .await;
+    assert_eq!((status, v["halted"]["halted"].as_bool()), (200, Some(true)));
+    let resp = setup.post(&p, &human).await;
+    assert_eq!(header(&resp, "x-loopwarden-decision"), "halt");
+    let (text, _, _) = read_answer(dialect, true, &resp.bytes().await.unwrap());
+    assert!(text.contains("checking the workspace"), "{text}");
+    assert_eq!(setup.mock.requests().len(), 1);
+    let (status, _) = setup
+        .admin("/admin/api/conversations/sticky/resume", None)
+        .await;
+    assert_eq!(status, 200);
+    let resp = setup.post(&p, &human).await;
+    assert_ne!(header(&resp, "x-loopwarden-decision"), "halt");
+    let _ = resp.bytes().await;
+    assert_eq!(setup.mock.requests().len(), 2);
+
+    // Every intervention is in the log with its source.
+    setup.proxy.flush_log().await;
+    let (_, timeline) = setup.admin("/admin/api/conversations/sticky", None).await;
+    let sources: Vec<(String, String)> = timeline["interventions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["action"].as_str().unwrap().into(),
+                i["source"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    for want in [
+        ("halt", "policy"),
+        ("halt", "sticky"),
+        ("resume", "human"),
+        ("halt", "operator"),
+        ("resume", "operator"),
+    ] {
+        assert!(
+            sources.contains(&(want.0.to_string(), want.1.to_string())),
+            "{want:?} missing from {sources:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_halt_survives_a_restart() {
+    let dialect = Dialect::OpenAiChat;
+    let mock = loopwarden::mock::MockServer::start(looping_script(dialect))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let p = path(dialect, "restart", false);
+    let body = loop_body(dialect, first_k(dialect, Action::Nudge), false, None);
+    {
+        let proxy = loopwarden::proxy::start(config(&mock, &dir, |_| {}))
+            .await
+            .unwrap();
+        let (status, _) = {
+            let r = client()
+                .post(format!(
+                    "{}/admin/api/conversations/restart/halt",
+                    proxy.url()
+                ))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), ())
+        };
+        assert_eq!(status, 200);
+        proxy.shutdown().await.unwrap();
+    }
+    let proxy = loopwarden::proxy::start(config(&mock, &dir, |_| {}))
+        .await
+        .unwrap();
+    let resp = client()
+        .post(format!("{}{p}", proxy.url()))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(header(&resp, "x-loopwarden-decision"), "halt");
+    let (text, _, _) = read_answer(dialect, false, &resp.bytes().await.unwrap());
+    assert!(text.contains("halted by an operator"), "{text}");
+    assert!(mock.requests().is_empty());
+    proxy.shutdown().await.unwrap();
+}
+
+/// The smallest k whose request is forwarded but whose answer (the looping call) is blocked.
+fn block_k(dialect: Dialect) -> Option<usize> {
+    use loopwarden::detect::{Engine, StoreFacts};
+    let engine = Engine::default();
+    let call = {
+        let c = loop_call(dialect);
+        loopwarden::transcript::ToolCall {
+            id: "x".into(),
+            name: c.name.clone(),
+            args: c.arguments.clone().unwrap_or(json!({})),
+        }
+    };
+    (1..40).find(|&k| {
+        let bytes = loop_body(dialect, k, false, None).to_string();
+        let t = dialect
+            .parse_request(bytes.as_bytes(), dialect == Dialect::Gemini)
+            .unwrap()
+            .transcript;
+        let (d, state) = engine.decide_with(&t, &StoreFacts::default(), None);
+        let turn = loopwarden::dialect::ResponseTurn {
+            calls: vec![call.clone()],
+            ..Default::default()
+        };
+        !d.action.stops() && engine.decide_response_with(&state, &turn).action == Action::Block
+    })
+}
+
+#[tokio::test]
+async fn a_response_that_completes_the_loop_is_blocked_in_json_and_sse() {
+    for dialect in ALL {
+        let Some(k) = block_k(dialect) else {
+            panic!("{dialect:?}: the default policy never blocks this loop");
+        };
+        for stream in [false, true] {
+            let setup = Setup::start(looping_script(dialect), |_| {}).await;
+            let resp = setup
+                .post(
+                    &path(dialect, "block-me", stream),
+                    &loop_body(dialect, k, stream, None),
+                )
+                .await;
+            assert_eq!(resp.status().as_u16(), 200);
+            if !stream {
+                assert_eq!(
+                    header(&resp, "x-loopwarden-decision"),
+                    "block",
+                    "{dialect:?}"
+                );
+            }
+            let body = resp.bytes().await.unwrap();
+            let (text, calls, ended) = read_answer(dialect, stream, &body);
+            assert_eq!(setup.mock.requests().len(), 1, "the upstream answered");
+            assert!(
+                calls.is_empty(),
+                "{dialect:?} stream={stream}: the call never reaches the agent"
+            );
+            assert!(ended, "{dialect:?} stream={stream}: well-formed");
+            assert!(
+                text.contains("[loopwarden] I stopped this run"),
+                "{dialect:?}: {text}"
+            );
+            if stream {
+                assert!(
+                    text.starts_with("Running the test again."),
+                    "{dialect:?}: text delivered: {text}"
+                );
+            }
+            // The conversation is halted from now on.
+            let resp = setup
+                .post(
+                    &path(dialect, "block-me", stream),
+                    &loop_body(dialect, k, stream, None),
+                )
+                .await;
+            assert_eq!(header(&resp, "x-loopwarden-decision"), "halt");
+            let _ = resp.bytes().await;
+            assert_eq!(setup.mock.requests().len(), 1);
+        }
+    }
+}
+
+#[tokio::test]
+async fn rollback_forwards_whole_pairs_replaced_by_a_note() {
+    for dialect in ALL {
+        let setup = Setup::start(looping_script(dialect), |config| {
+            let engine = loopwarden::detect::Engine::default();
+            for name in engine.detector_names() {
+                let mut policy = config.detect.policy(name);
+                policy.first_action = Action::Rollback;
+                config.detect.patterns.insert(name.to_string(), policy);
+            }
+        })
+        .await;
+        let k = first_k(dialect, Action::Nudge);
+        let sent = loop_body(dialect, k, false, None);
+        let resp = setup.post(&path(dialect, "roll", false), &sent).await;
+        assert_eq!(
+            header(&resp, "x-loopwarden-decision"),
+            "rollback",
+            "{dialect:?}"
+        );
+        let _ = resp.bytes().await;
+        let seen = setup.mock.requests();
+        let after = dialect
+            .parse_request(&seen[0].body, dialect == Dialect::Gemini)
+            .unwrap()
+            .transcript;
+        assert!(
+            after.steps.len() < k,
+            "{dialect:?}: turns removed ({} of {k} left)",
+            after.steps.len()
+        );
+        assert!(
+            after
+                .steps
+                .iter()
+                .all(|s| s.calls.iter().all(|c| c.result.is_some())),
+            "{dialect:?}: no call without its result"
+        );
+        let upstream = String::from_utf8(seen[0].body.to_vec()).unwrap();
+        assert!(
+            upstream.contains("earlier turns were removed"),
+            "{dialect:?}: the note is there"
+        );
+        assert!(
+            upstream.contains(COMMAND),
+            "{dialect:?}: the note says what was tried"
+        );
+    }
+}
