@@ -362,6 +362,23 @@ async fn a_response_that_completes_the_loop_is_blocked_in_json_and_sse() {
                     "{dialect:?}: text delivered: {text}"
                 );
             }
+            setup.proxy.flush_log().await;
+            let (_, timeline) = setup.admin("/admin/api/conversations/block-me", None).await;
+            let logged: Vec<(&str, &str)> = timeline["decisions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| {
+                    (
+                        d["action"].as_str().unwrap(),
+                        d["applied"].as_str().unwrap(),
+                    )
+                })
+                .collect();
+            assert!(
+                logged.contains(&("block", "blocked")),
+                "{dialect:?}: {logged:?}"
+            );
             // The conversation is halted from now on.
             let resp = setup
                 .post(

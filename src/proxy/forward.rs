@@ -206,7 +206,10 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         None => None,
     };
     let (plan, applied, guard) = match planned {
-        Some(p) => (p.plan, p.applied, p.guard),
+        Some(p) => {
+            let applied = p.plan.applied();
+            (p.plan, applied, p.guard)
+        }
         None => (Plan::Forward, "forwarded", None),
     };
 
@@ -418,8 +421,9 @@ impl Next {
                 Body::new(TeeBody::new(up_body, pending))
             }
             Some(guard) if event_stream => {
-                let pending = Pending::new(finished, app.recorder.clone(), sent, capture);
-                Body::new(TeeBody::new(guard.stream(&app, up_body), pending))
+                let mut pending = Pending::new(finished, app.recorder.clone(), sent, capture);
+                let blocked = pending.blocked.insert(Default::default()).clone();
+                Body::new(TeeBody::new(guard.stream(&app, up_body, blocked), pending))
             }
             Some(guard) => {
                 // A whole JSON answer: read it (the client waits for all of it anyway), and
@@ -449,8 +453,10 @@ impl Next {
                     }
                 };
                 let whole = match guard.json(&app, &whole) {
-                    Some(reply) => {
+                    Some((decision, reply)) => {
                         finished.row.applied = "blocked".into();
+                        finished.row.decision = Some(decision.action.as_str().to_string());
+                        finished.decision = Some(decision);
                         let headers = response.headers_mut();
                         headers.remove(header::CONTENT_LENGTH);
                         headers.remove(header::CONTENT_ENCODING);

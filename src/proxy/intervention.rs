@@ -30,6 +30,19 @@ pub enum Plan {
     Hold(Box<Held>),
 }
 
+impl Plan {
+    /// How the log names what the proxy did (`requests.applied`, `decisions.applied`);
+    /// the intervention log (`interventions.applied`) says what the intervention was.
+    pub fn applied(&self) -> &'static str {
+        match self {
+            Plan::Forward => "forwarded",
+            Plan::ForwardModified(_) => "forwarded_modified",
+            Plan::Answer(_) => "answered",
+            Plan::Hold(_) => "held",
+        }
+    }
+}
+
 /// A request held for a human.
 pub struct Held {
     pub ticket: Ticket,
@@ -44,8 +57,6 @@ pub struct Planned {
     pub plan: Plan,
     /// The decision acted on (a sticky halt replaces the engine's).
     pub decision: Decision,
-    /// What was done, for the log (`requests.applied`, `decisions.applied`).
-    pub applied: &'static str,
     /// Set when the response must be checked for a call to block.
     pub guard: Option<Guard>,
 }
@@ -83,7 +94,6 @@ pub fn plan(
     Planned {
         plan,
         decision: planned.decision,
-        applied: planned.applied,
         guard,
     }
 }
@@ -98,7 +108,7 @@ pub async fn decide_held(app: &App, held: Held) -> (Plan, &'static str) {
         request_id,
     } = held;
     let (verdict, by) = app.interventions.verdict(ticket).await;
-    let (act, applied) = app.interventions.after_verdict(
+    let (act, _) = app.interventions.after_verdict(
         verdict,
         by,
         &decision,
@@ -111,6 +121,7 @@ pub async fn decide_held(app: &App, held: Held) -> (Plan, &'static str) {
         Act::ForwardModified(bytes) => Plan::ForwardModified(Bytes::from(bytes)),
         Act::Answer(reply) => Plan::Answer(answer(reply)),
     };
+    let applied = plan.applied();
     (plan, applied)
 }
 
@@ -158,7 +169,12 @@ pub struct Guard {
 
 impl Guard {
     /// The streamed answer, with tool calls held until complete and checked.
-    pub fn stream<B>(self, app: &Arc<App>, upstream: B) -> BlockBody<B> {
+    pub fn stream<B>(
+        self,
+        app: &Arc<App>,
+        upstream: B,
+        blocked: super::tee::Blocked,
+    ) -> BlockBody<B> {
         let decoder = self.request.dialect.stream_decoder();
         let app = app.clone();
         let check: Check = Box::new(move |calls| {
@@ -175,13 +191,17 @@ impl Guard {
                     self.humans,
                     self.request_id,
                 )
-                .map(|(_, text)| text)
+                .map(|(decision, text)| {
+                    let _ = blocked.set(decision);
+                    text
+                })
         });
         BlockBody::new(upstream, decoder, check)
     }
 
-    /// A whole JSON answer: `Some(halt reply)` replaces it when it carries a call to block.
-    pub fn json(self, app: &App, body: &[u8]) -> Option<HaltReply> {
+    /// A whole JSON answer: `Some((block decision, halt reply))` replaces it when it
+    /// carries a call to block.
+    pub fn json(self, app: &App, body: &[u8]) -> Option<(Decision, HaltReply)> {
         let turn = self.request.dialect.parse_response(body).ok()?;
         if turn.calls.is_empty() {
             return None;
@@ -195,6 +215,7 @@ impl Guard {
             self.humans,
             self.request_id,
         )?;
-        Some(app.interventions.intervener.halt_reply(&decision, &req))
+        let reply = app.interventions.intervener.halt_reply(&decision, &req);
+        Some((decision, reply))
     }
 }

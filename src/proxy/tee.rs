@@ -35,9 +35,14 @@ pub struct Pending {
     pub sent: Instant,
     /// Response bytes kept for decoding; `None` when not wanted or over the limit.
     pub capture: Option<Captured>,
+    /// Set when the block check replaced a call in this answer: the decision to log.
+    pub blocked: Option<Blocked>,
     captured_bytes: usize,
     response_bytes: u64,
 }
+
+/// Where the block check leaves its decision for the log.
+pub type Blocked = std::sync::Arc<std::sync::OnceLock<crate::detect::Decision>>;
 
 impl Pending {
     pub fn new(
@@ -51,6 +56,7 @@ impl Pending {
             recorder,
             sent,
             capture,
+            blocked: None,
             captured_bytes: 0,
             response_bytes: 0,
         }
@@ -89,9 +95,15 @@ impl<B: Body> TeeBody<B> {
             recorder,
             sent,
             capture,
+            blocked,
             response_bytes,
             ..
         } = *p;
+        if let Some(decision) = blocked.as_ref().and_then(|b| b.get()) {
+            finished.row.decision = Some(decision.action.as_str().to_string());
+            finished.row.applied = "blocked".into();
+            finished.decision = Some(decision.clone());
+        }
         finished.row.outcome = outcome.to_string();
         finished.row.response_bytes = response_bytes as i64;
         finished.row.upstream_total_us = Some(sent.elapsed().as_micros() as i64);
