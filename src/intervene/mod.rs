@@ -188,11 +188,13 @@ impl Intervener {
                 applied: "forwarded",
             };
         }
-        let action = match decision.action {
-            Action::Halt | Action::Block if self.config.on_stop == StopMode::Pause => Action::Pause,
-            a => a,
-        };
-        let (act, applied) = match action {
+        let mut decision = decision;
+        if self.config.on_stop == StopMode::Pause
+            && matches!(decision.action, Action::Halt | Action::Block)
+        {
+            decision.action = Action::Pause;
+        }
+        let (act, applied) = match decision.action {
             Action::Observe => (Act::Forward, "forwarded"),
             Action::Nudge => self.remind(&self.config.nudge_text, &decision, req, "nudged"),
             Action::Replan => self.remind(&self.config.replan_text, &decision, req, "replanned"),

@@ -161,7 +161,16 @@ impl Interventions {
             }
             _ => (decision, "policy"),
         };
-        let planned = self.intervener.plan(decision, req);
+        let planned = if source == "sticky" {
+            // Halted already (perhaps by a human's verdict): answer, never hold again.
+            Planned {
+                act: Act::Answer(self.intervener.halt_reply(&decision, req)),
+                decision,
+                applied: "halted",
+            }
+        } else {
+            self.intervener.plan(decision, req)
+        };
         if planned.applied != "forwarded" {
             self.log_decision(
                 &planned.decision,

@@ -1,0 +1,223 @@
+//! Pause for a human, through the real proxy: the request is held, listed, announced to a
+//! webhook (a loopback server), and decided by `continue`, `nudge`, `halt` or the timeout;
+//! a held streaming request is kept alive with SSE comments.
+
+mod intervene_support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use intervene_support::*;
+use loopwarden::detect::Action;
+use loopwarden::dialect::Dialect;
+use loopwarden::intervene::{StopMode, Verdict};
+use serde_json::{json, Value};
+
+/// A loopback webhook receiver that keeps every JSON body it is sent.
+async fn webhook() -> (String, Arc<Mutex<Vec<Value>>>) {
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let store = got.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let store = store.clone();
+            async move {
+                store
+                    .lock()
+                    .unwrap()
+                    .push(serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null));
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, got)
+}
+
+async fn pause_setup(hook: &str, timeout_secs: u64) -> Setup {
+    let hook = hook.to_string();
+    Setup::start(looping_script(Dialect::OpenAiChat), move |c| {
+        c.intervene.on_stop = StopMode::Pause;
+        c.intervene.pause.webhooks = vec![hook];
+        c.intervene.pause.timeout_secs = timeout_secs;
+        c.intervene.pause.keepalive_secs = 1;
+    })
+    .await
+}
+
+/// Waits until a request of `conversation` is held; returns its id.
+async fn held_id(setup: &Setup, conversation: &str) -> String {
+    for _ in 0..500 {
+        let (_, v) = setup.admin("/admin/api/pending", None).await;
+        if let Some(p) = v["pending"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["conversation_id"] == conversation)
+        {
+            return p["id"].as_str().unwrap().to_string();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{conversation} was never held");
+}
+
+#[tokio::test]
+async fn a_held_request_is_listed_announced_and_decided_by_a_human() {
+    let (hook, got) = webhook().await;
+    let setup = Arc::new(pause_setup(&hook, 60).await);
+    let dialect = Dialect::OpenAiChat;
+    let body = loop_body(dialect, first_k(dialect, Action::Halt), false, None);
+    for (verdict, conversation) in [
+        (Verdict::Continue, "p-continue"),
+        (Verdict::Nudge, "p-nudge"),
+        (Verdict::Halt, "p-halt"),
+    ] {
+        let before = setup.mock.requests().len();
+        let s = setup.clone();
+        let p = path(dialect, conversation, false);
+        let b = body.clone();
+        let client = tokio::spawn(async move {
+            let resp = s.post(&p, &b).await;
+            let decision = header(&resp, "x-loopwarden-decision");
+            (decision, resp.bytes().await.unwrap())
+        });
+        let id = held_id(&setup, conversation).await;
+        assert_eq!(setup.mock.requests().len(), before, "held, not forwarded");
+        // A wrong body is refused with a clear error and decides nothing.
+        let (status, v) = setup
+            .admin(
+                &format!("/admin/api/pending/{id}"),
+                Some(json!({"decision": "later"})),
+            )
+            .await;
+        assert_eq!(status, 400, "{v}");
+        let (status, _) = setup
+            .admin(
+                &format!("/admin/api/pending/{id}"),
+                Some(json!({"decision": verdict.as_str()})),
+            )
+            .await;
+        assert_eq!(status, 200);
+        let (decision, answer) = client.await.unwrap();
+        assert_eq!(decision, "pause");
+        let (text, calls, _) = read_answer(dialect, false, &answer);
+        match verdict {
+            Verdict::Continue => {
+                assert_eq!(setup.mock.requests().len(), before + 1);
+                assert_eq!(calls, vec!["bash"], "the upstream's answer: {text}");
+                let sent = setup.mock.requests().last().unwrap().body.clone();
+                assert_eq!(
+                    sent.as_ref(),
+                    body.to_string().as_bytes(),
+                    "forwarded untouched"
+                );
+            }
+            Verdict::Nudge => {
+                assert_eq!(setup.mock.requests().len(), before + 1);
+                let got = setup.mock.requests().last().unwrap().json();
+                let last = got["messages"].as_array().unwrap().last().unwrap().clone();
+                assert_eq!(last["role"], "system");
+                assert!(last["content"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("[loopwarden]"));
+            }
+            Verdict::Halt => {
+                assert_eq!(setup.mock.requests().len(), before, "not forwarded");
+                assert!(
+                    text.starts_with("[loopwarden] I stopped this run"),
+                    "{text}"
+                );
+            }
+        }
+        // Decided once: the id is gone.
+        let (status, _) = setup
+            .admin(
+                &format!("/admin/api/pending/{id}"),
+                Some(json!({"decision": "halt"})),
+            )
+            .await;
+        assert_eq!(status, 404);
+        // The webhook was told, with the finding and how to decide.
+        let hooks = got.lock().unwrap().clone();
+        let hook = hooks
+            .iter()
+            .find(|h| h["pending"]["id"] == id.as_str())
+            .unwrap_or_else(|| panic!("no webhook for {id}: {hooks:?}"));
+        assert_eq!(hook["event"], "loopwarden.pause");
+        assert_eq!(hook["pending"]["conversation_id"], conversation);
+        assert!(!hook["pending"]["findings"].as_array().unwrap().is_empty());
+        assert_eq!(hook["decide"]["path"], format!("/admin/api/pending/{id}"));
+    }
+    setup.proxy.flush_log().await;
+    let (_, timeline) = setup.admin("/admin/api/conversations/p-halt", None).await;
+    let sources: Vec<(&str, &str)> = timeline["interventions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["action"].as_str().unwrap(), i["source"].as_str().unwrap()))
+        .collect();
+    assert!(sources.contains(&("pause", "policy")), "{sources:?}");
+    assert!(sources.contains(&("halt", "human")), "{sources:?}");
+}
+
+#[tokio::test]
+async fn nobody_decides_and_the_default_halts() {
+    let (hook, _) = webhook().await;
+    let setup = pause_setup(&hook, 1).await;
+    let dialect = Dialect::OpenAiChat;
+    let body = loop_body(dialect, first_k(dialect, Action::Halt), false, None);
+    let resp = setup.post(&path(dialect, "p-timeout", false), &body).await;
+    let (text, _, _) = read_answer(dialect, false, &resp.bytes().await.unwrap());
+    assert!(
+        text.starts_with("[loopwarden] I stopped this run"),
+        "{text}"
+    );
+    assert!(setup.mock.requests().is_empty());
+    let (_, v) = setup.admin("/admin/api/pending", None).await;
+    assert_eq!(v["pending"], json!([]));
+}
+
+#[tokio::test]
+async fn a_held_stream_is_kept_alive_then_carries_the_answer() {
+    let (hook, _) = webhook().await;
+    let dialect = Dialect::Anthropic;
+    let hook2 = hook.clone();
+    let setup = Arc::new(
+        Setup::start(looping_script(dialect), move |c| {
+            c.intervene.on_stop = StopMode::Pause;
+            c.intervene.pause.webhooks = vec![hook2];
+            c.intervene.pause.keepalive_secs = 1;
+        })
+        .await,
+    );
+    let body = loop_body(dialect, first_k(dialect, Action::Halt), true, None);
+    let mut resp = setup.post(&path(dialect, "p-stream", true), &body).await;
+    assert!(header(&resp, "content-type").starts_with("text/event-stream"));
+    let first = resp.chunk().await.unwrap().unwrap();
+    assert_eq!(
+        first.as_ref(),
+        b": keep-alive\n\n",
+        "kept alive before any decision"
+    );
+    let id = held_id(&setup, "p-stream").await;
+    let (status, _) = setup
+        .admin(
+            &format!("/admin/api/pending/{id}"),
+            Some(json!({"decision": "continue"})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let mut rest = first.to_vec();
+    while let Some(chunk) = resp.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+    let (text, calls, ended) = read_answer(dialect, true, &rest);
+    assert!(ended, "a complete stream after the comments");
+    assert_eq!(text, "Running the test again.");
+    assert_eq!(calls, vec!["Bash"]);
+    assert_eq!(setup.mock.requests().len(), 1);
+}
