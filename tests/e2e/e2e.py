@@ -399,10 +399,10 @@ def check_loop(label, repo, client, script, stdout, run_dir, last, exchanges, mo
     rows = query(db, "select action, applied from decisions order by created_ms, request_id")
     ok = isinstance(rows, list)
     applied = [f"{action}:{how}" for action, how in rows] if ok else []
-    # Applied, not only decided: a nudge changes the forwarded request, a halt is answered
-    # by loopwarden itself.
-    nudged = any(a in ("nudge", "replan") and how == "forwarded_modified" for a, how in rows) if ok else False
-    halted = any(a == "halt" and how == "answered" for a, how in rows) if ok else False
+    # Applied, not only decided: `applied` says what the proxy did, and plain "forwarded"
+    # means it let the request through unchanged.
+    nudged = any(a in ("nudge", "replan") and how != "forwarded" for a, how in rows) if ok else False
+    halted = any(a == "halt" and how != "forwarded" for a, how in rows) if ok else False
     report.check(f"{label} log holds the applied nudge and halt", nudged and halted,
                  f"decisions {short(applied, 160)}" if ok else rows)
 
