@@ -113,6 +113,11 @@ impl Controls {
         self.lock().get(conversation).cloned()
     }
 
+    /// Whether a conversation has any state (most have none: one lookup, no copy).
+    pub fn contains(&self, conversation: &str) -> bool {
+        self.lock().contains_key(conversation)
+    }
+
     /// Every conversation currently halted.
     pub fn halted(&self) -> Vec<Control> {
         let mut list: Vec<Control> = self.lock().values().filter(|c| c.halted).cloned().collect();

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use super::controls::{human_messages, Control, Controls, Standing};
 use super::pause::{DecidedBy, FindingInfo, HeldInfo, Pending, Ticket};
 use super::{Act, InterveneConfig, Intervener, Planned, RequestInfo, Verdict};
-use crate::detect::{Action, Decision, Engine, EngineState, StoreFacts};
+use crate::detect::{Action, Decision, DetectConfig, Engine, EngineState, StoreFacts};
 use crate::dialect::{Dialect, ResponseTurn};
 use crate::store::{now_ms, InterventionRow, Record, Store};
 use crate::transcript::Transcript;
@@ -26,6 +26,8 @@ pub struct Interventions {
     pub pending: Pending,
     webhooks: reqwest::Client,
     store: Store,
+    /// Tells a scaffold's own user messages from a human's (the detection config's list).
+    detect: Arc<DetectConfig>,
 }
 
 /// What a request is subject to before the engine decides.
@@ -34,8 +36,6 @@ pub struct Before {
     pub standing: Standing,
     /// Facts for [`Engine::decide_with`].
     pub facts: StoreFacts,
-    /// Human messages in the request (see [`human_messages`]).
-    pub humans: i64,
 }
 
 /// A request, owned, for acts decided later (a held request).
@@ -81,7 +81,11 @@ impl OwnedRequest {
 
 impl Interventions {
     /// Loads the sticky-halt state from the store's database.
-    pub async fn open(config: InterveneConfig, store: Store) -> anyhow::Result<Interventions> {
+    pub async fn open(
+        config: InterveneConfig,
+        detect: &DetectConfig,
+        store: Store,
+    ) -> anyhow::Result<Interventions> {
         let controls = Controls::load(store.pool().clone())
             .await
             .map_err(|e| anyhow::anyhow!("cannot read conversation_controls: {e}"))?;
@@ -95,6 +99,7 @@ impl Interventions {
             pending: Pending::default(),
             webhooks,
             store,
+            detect: Arc::new(detect.clone()),
         })
     }
 
@@ -102,14 +107,24 @@ impl Interventions {
         &self.intervener.config
     }
 
+    /// Human messages in a transcript (what tells a human speaking after a halt). O(the
+    /// conversation), so computed only for conversations that have a halt state.
+    fn humans(&self, transcript: &Transcript) -> i64 {
+        human_messages(transcript, &|t| self.detect.is_scaffold_message(t))
+    }
+
     /// Where a request stands (sticky halt, operator resumes) and what the engine needs.
-    pub fn before_decide(
-        &self,
-        conversation: &str,
-        transcript: &Transcript,
-        engine: &Engine,
-    ) -> Before {
-        let humans = human_messages(transcript, &|t| engine.config.is_scaffold_message(t));
+    pub fn before_decide(&self, conversation: &str, transcript: &Transcript) -> Before {
+        if !self.controls.contains(conversation) {
+            return Before {
+                standing: Standing::Free {
+                    resumed_at: Vec::new(),
+                    human_resumed: false,
+                },
+                facts: StoreFacts::default(),
+            };
+        }
+        let humans = self.humans(transcript);
         let standing = self
             .controls
             .standing(conversation, humans, transcript.steps.len());
@@ -136,11 +151,7 @@ impl Interventions {
                 "",
             );
         }
-        Before {
-            standing,
-            facts,
-            humans,
-        }
+        Before { standing, facts }
     }
 
     /// The act for a request: the engine's decision, or the halt again for a conversation
@@ -181,8 +192,11 @@ impl Interventions {
             );
         }
         if planned.applied == "halted" && source == "policy" {
-            self.controls
-                .halt_by_policy(req.conversation, &planned.decision.reason, before.humans);
+            self.controls.halt_by_policy(
+                req.conversation,
+                &planned.decision.reason,
+                self.humans(req.transcript),
+            );
         }
         planned
     }
@@ -231,7 +245,6 @@ impl Interventions {
         by: DecidedBy,
         decision: &Decision,
         req: &RequestInfo<'_>,
-        humans: i64,
         request_id: i64,
     ) -> (Act, &'static str) {
         let (act, applied) = self.intervener.after_verdict(verdict, decision, req);
@@ -249,10 +262,11 @@ impl Interventions {
             by.as_str(),
         );
         match verdict {
-            Verdict::Halt => {
-                self.controls
-                    .halt_by_policy(req.conversation, &decision.reason, humans)
-            }
+            Verdict::Halt => self.controls.halt_by_policy(
+                req.conversation,
+                &decision.reason,
+                self.humans(req.transcript),
+            ),
             Verdict::Continue | Verdict::Nudge => self.controls.release(req.conversation),
         }
         (act, applied)
@@ -272,7 +286,6 @@ impl Interventions {
         state: &EngineState,
         turn: &ResponseTurn,
         req: &RequestInfo<'_>,
-        humans: i64,
         request_id: i64,
     ) -> Option<(Decision, String)> {
         let decision = engine.decide_response_with(state, turn);
@@ -287,8 +300,11 @@ impl Interventions {
             "blocked",
             "policy",
         );
-        self.controls
-            .halt_by_policy(req.conversation, &decision.reason, humans);
+        self.controls.halt_by_policy(
+            req.conversation,
+            &decision.reason,
+            self.humans(req.transcript),
+        );
         Some((decision, text))
     }
 

@@ -120,9 +120,7 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
     let identity = stated
         .or_else(|| identity::from_head(&transcript))
         .unwrap_or_else(fallback);
-    let before = app
-        .interventions
-        .before_decide(&identity.id, &transcript, &app.engine);
+    let before = app.interventions.before_decide(&identity.id, &transcript);
     let (decision, state) = app.engine.decide_with(&transcript, &before.facts, None);
     Analysis {
         identity,

@@ -48,7 +48,6 @@ pub struct Held {
     pub ticket: Ticket,
     pub decision: Decision,
     pub request: OwnedRequest,
-    pub humans: i64,
     pub request_id: i64,
 }
 
@@ -80,7 +79,6 @@ pub fn plan(
             ticket: app.interventions.hold(&planned.decision, req),
             decision: planned.decision.clone(),
             request: OwnedRequest::of(req, body),
-            humans: before.humans,
             request_id,
         })),
     };
@@ -88,7 +86,6 @@ pub fn plan(
     let guard = (forwards && app.interventions.armed(&app.engine, &state)).then(|| Guard {
         state,
         request: OwnedRequest::of(req, body),
-        humans: before.humans,
         request_id,
     });
     Planned {
@@ -104,18 +101,12 @@ pub async fn decide_held(app: &App, held: Held) -> (Plan, &'static str) {
         ticket,
         decision,
         request,
-        humans,
         request_id,
     } = held;
     let (verdict, by) = app.interventions.verdict(ticket).await;
-    let (act, _) = app.interventions.after_verdict(
-        verdict,
-        by,
-        &decision,
-        &request.info(),
-        humans,
-        request_id,
-    );
+    let (act, _) =
+        app.interventions
+            .after_verdict(verdict, by, &decision, &request.info(), request_id);
     let plan = match act {
         Act::Forward | Act::Hold => Plan::Forward,
         Act::ForwardModified(bytes) => Plan::ForwardModified(Bytes::from(bytes)),
@@ -163,7 +154,6 @@ fn answer(reply: HaltReply) -> Response {
 pub struct Guard {
     state: EngineState,
     request: OwnedRequest,
-    humans: i64,
     request_id: i64,
 }
 
@@ -188,7 +178,6 @@ impl Guard {
                     &self.state,
                     &turn,
                     &self.request.info(),
-                    self.humans,
                     self.request_id,
                 )
                 .map(|(decision, text)| {
@@ -212,7 +201,6 @@ impl Guard {
             &self.state,
             &turn,
             &req,
-            self.humans,
             self.request_id,
         )?;
         let reply = app.interventions.intervener.halt_reply(&decision, &req);

@@ -118,9 +118,12 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
     let addr = listener.local_addr()?;
     let idle = Duration::from_secs(config.cache.idle_secs);
-    let interventions =
-        crate::intervene::service::Interventions::open(config.intervene.clone(), store.clone())
-            .await?;
+    let interventions = crate::intervene::service::Interventions::open(
+        config.intervene.clone(),
+        &config.detect,
+        store.clone(),
+    )
+    .await?;
     let app = Arc::new(App {
         interventions,
         client: forward::upstream_client(&config.upstream),
