@@ -401,9 +401,10 @@ def check_loop(label, repo, client, script, stdout, run_dir, last, exchanges, mo
     applied = [f"{action}:{how}" for action, how in rows] if ok else []
     # Applied, not only decided: `applied` says what the proxy did, and plain "forwarded"
     # means it let the request through unchanged.
-    nudged = any(a in ("nudge", "replan") and how != "forwarded" for a, how in rows) if ok else False
+    # The first intervention is a nudge or replan (rollback for some patterns, opt-in).
+    nudged = any(a in ("nudge", "replan", "rollback") and how != "forwarded" for a, how in rows) if ok else False
     halted = any(a == "halt" and how != "forwarded" for a, how in rows) if ok else False
-    report.check(f"{label} log holds the applied nudge and halt", nudged and halted,
+    report.check(f"{label} log holds the applied nudge (or replan/rollback) and halt", nudged and halted,
                  f"decisions {short(applied, 160)}" if ok else rows)
 
 
