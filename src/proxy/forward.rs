@@ -121,7 +121,9 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
         .or_else(|| identity::from_head(&transcript))
         .unwrap_or_else(fallback);
     let before = app.interventions.before_decide(&identity.id, &transcript);
-    let (decision, state) = app.engine.decide_with(&transcript, &before.facts, None);
+    // Continue the conversation's cached fold: only the new steps are analysed.
+    let cached = app.conversations.take_engine(&identity.id);
+    let (decision, state) = app.engine.decide_with(&transcript, &before.facts, cached);
     Analysis {
         identity,
         dialect: Some(dialect),
@@ -195,9 +197,10 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
                 transcript: &p.transcript,
             };
             let decision = std::mem::replace(&mut p.decision, Decision::observe());
-            let state = std::mem::take(&mut p.state);
             let planned =
-                intervention::plan(&app, decision, &p.before, state, &req, &body, request_id);
+                intervention::plan(&app, decision, &p.before, &p.state, &req, &body, request_id);
+            app.conversations
+                .put_engine(&analysis.identity.id, std::mem::take(&mut p.state));
             p.decision = planned.decision.clone();
             Some(planned)
         }
@@ -503,7 +506,7 @@ fn new_record(
     let (steps, decision, history, next_step) = match parsed {
         Some(mut p) => {
             let next_step = p.transcript.steps.len();
-            let from = app.step_log.steps_to_log(&identity.id, &p.transcript);
+            let from = app.conversations.steps_to_log(&identity.id, &p.transcript);
             let history = p.transcript.steps.split_off(from);
             (Some(next_step as i64), Some(p.decision), history, next_step)
         }

@@ -65,7 +65,7 @@ pub fn plan(
     app: &App,
     decision: Decision,
     before: &Before,
-    state: EngineState,
+    state: &EngineState,
     req: &RequestInfo<'_>,
     body: &Bytes,
     request_id: i64,
@@ -83,8 +83,9 @@ pub fn plan(
         })),
     };
     let forwards = matches!(plan, Plan::Forward | Plan::ForwardModified(_));
-    let guard = (forwards && app.interventions.armed(&app.engine, &state)).then(|| Guard {
-        state,
+    // The state is copied only for the rare response that may complete a loop.
+    let guard = (forwards && app.interventions.armed(&app.engine, state)).then(|| Guard {
+        state: state.clone(),
         request: OwnedRequest::of(req, body),
         request_id,
     });

@@ -9,13 +9,13 @@
 
 pub mod admin;
 pub mod cache;
+pub mod conversations;
 pub mod errors;
 pub mod forward;
 pub mod identity;
 pub mod intervention;
 pub mod record;
 pub mod route;
-pub mod step_log;
 pub mod tee;
 
 use std::future::IntoFuture;
@@ -53,7 +53,7 @@ pub struct App {
     pub client: forward::UpstreamClient,
     pub engine: Engine,
     pub cache: cache::MessageCache,
-    pub step_log: step_log::StepLog,
+    pub conversations: conversations::Conversations,
     pub store: Store,
     pub recorder: record::Recorder,
     /// Sticky halts, held requests and the intervention log (`crate::intervene`).
@@ -129,7 +129,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         client: forward::upstream_client(&config.upstream),
         engine: Engine::new(config.detect.clone()),
         cache: cache::MessageCache::new(config.cache.max_bytes, idle),
-        step_log: step_log::StepLog::new(idle),
+        conversations: conversations::Conversations::new(idle),
         recorder: record::Recorder::start(store.clone(), config.store.queue_capacity),
         store,
         config,
@@ -187,7 +187,7 @@ fn spawn_sweeper(app: std::sync::Weak<App>, idle: Duration) {
             tick.tick().await;
             let Some(app) = app.upgrade() else { return };
             app.cache.sweep();
-            app.step_log.sweep();
+            app.conversations.sweep();
         }
     });
 }

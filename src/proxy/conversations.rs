@@ -1,45 +1,66 @@
-//! How far each conversation's tool calls are in the log, so that each request logs only
-//! the steps that are new or that gained results, not the whole history again.
+//! What the proxy keeps per live conversation, so that each request costs work for its new
+//! steps only:
+//! - the detection engine's fold of the steps seen so far ([`EngineState`]), which
+//!   `Engine::decide_with` continues with the new steps (and rebuilds, with the same
+//!   result, when the history is not a continuation: the cache never changes a decision);
+//! - how far the conversation's tool calls are in the log, so each request logs only the
+//!   steps that are new or that gained results.
 //!
-//! A few dozen bytes per conversation, dropped when the conversation is idle. After a
-//! restart (or eviction) the next request logs its whole history once; the log's upserts
-//! make that harmless.
+//! Dropped when the conversation is idle. After a restart (or eviction) the next request
+//! folds and logs its whole history once; the log's upserts make that harmless.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::detect::EngineState;
 use crate::transcript::Transcript;
 
-pub struct StepLog {
-    inner: Mutex<HashMap<String, Progress>>,
+pub struct Conversations {
+    inner: Mutex<HashMap<String, State>>,
     idle: Duration,
 }
 
-struct Progress {
+struct State {
     /// Steps before this index were logged with a result for every call.
     complete: usize,
+    /// The engine's fold; `None` while a request of this conversation is deciding.
+    engine: Option<EngineState>,
     last_used: Instant,
 }
 
-impl StepLog {
-    pub fn new(idle: Duration) -> StepLog {
-        StepLog {
+impl Conversations {
+    pub fn new(idle: Duration) -> Conversations {
+        Conversations {
             inner: Mutex::new(HashMap::new()),
             idle,
         }
     }
 
+    /// The engine's cached fold of the conversation, taken out while a request of the
+    /// conversation decides (a concurrent request of the same conversation simply folds
+    /// from scratch, with the same result).
+    pub fn take_engine(&self, conversation: &str) -> Option<EngineState> {
+        self.lock()
+            .get_mut(conversation)
+            .and_then(|s| s.engine.take())
+    }
+
+    /// Puts the fold back for the conversation's next request.
+    pub fn put_engine(&self, conversation: &str, state: EngineState) {
+        entry(&mut self.lock(), conversation).engine = Some(state);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, State>> {
+        // A panic elsewhere while holding the lock leaves consistent entries: keep going.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The first step of `transcript` that still needs logging, and records that
     /// everything up to the first step with an unanswered call will have been logged.
     pub fn steps_to_log(&self, conversation: &str, transcript: &Transcript) -> usize {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        let progress = inner.entry(conversation.to_string()).or_insert(Progress {
-            complete: 0,
-            last_used: now,
-        });
-        progress.last_used = now;
+        let mut inner = self.lock();
+        let progress = entry(&mut inner, conversation);
         let from = progress.complete.min(transcript.steps.len());
         let first_open = transcript.steps[from..]
             .iter()
@@ -56,9 +77,20 @@ impl StepLog {
         let Some(cutoff) = Instant::now().checked_sub(self.idle) else {
             return;
         };
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        inner.retain(|_, p| p.last_used >= cutoff);
+        self.lock().retain(|_, p| p.last_used >= cutoff);
     }
+}
+
+/// The state of a conversation, created if new, marked as used now.
+fn entry<'a>(map: &'a mut HashMap<String, State>, conversation: &str) -> &'a mut State {
+    let now = Instant::now();
+    let state = map.entry(conversation.to_string()).or_insert(State {
+        complete: 0,
+        engine: None,
+        last_used: now,
+    });
+    state.last_used = now;
+    state
 }
 
 #[cfg(test)]
@@ -89,7 +121,7 @@ mod tests {
 
     #[test]
     fn each_request_logs_only_what_is_new() {
-        let log = StepLog::new(Duration::from_secs(60));
+        let log = Conversations::new(Duration::from_secs(60));
         let mut t = Transcript {
             steps: vec![step(0, true), step(1, true)],
             ..Transcript::default()

@@ -1,0 +1,357 @@
+//! What the log records, over real sockets and a real SQLite file: conversations, requests,
+//! tool calls with their results, conversation identity, and unparsed bodies.
+
+mod proxy_support;
+
+use loopwarden::mock::{MockServer, Script, ToolCall as MockCall, Turn};
+use loopwarden::transcript::ToolCall;
+use proxy_support::{client, Api, TestProxy, ALL_APIS};
+use serde_json::{json, Value};
+
+const TASK: &str = "Fix the failing test in calc.py";
+
+fn test_then_done() -> Script {
+    Script::with_turns(vec![
+        Turn {
+            text: Some("Running the tests.".into()),
+            tool_calls: vec![MockCall::function("bash", json!({"command": "pytest -q"}))],
+            ..Turn::default()
+        },
+        Turn::text("Fixed."),
+    ])
+}
+
+async fn send(
+    proxy: &TestProxy,
+    api: Api,
+    stream: bool,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut request = client()
+        .post(proxy.url(api.path(stream)))
+        .header("content-type", "application/json")
+        .header("user-agent", "log-test/2.0 (linux)")
+        .body(body.to_string());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.send().await.unwrap()
+}
+
+#[tokio::test]
+async fn a_conversation_with_a_tool_call_is_logged_in_every_api() {
+    let mock = MockServer::start(test_then_done()).await.unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    for (api, stream) in [
+        (Api::Chat, false),
+        (Api::Responses, true),
+        (Api::Anthropic, true),
+        (Api::Gemini, true),
+        (Api::Chat, true),
+        (Api::Anthropic, false),
+    ] {
+        let id = format!("log-{api:?}-{stream}");
+        let first = api.first_request(TASK, stream);
+        let r = send(
+            &proxy,
+            api,
+            stream,
+            &first,
+            &[("x-loopwarden-conversation", &id)],
+        )
+        .await;
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+        let second = api.request(TASK, stream, &[("pytest -q", "1 failed, 3 passed")]);
+        let r = send(
+            &proxy,
+            api,
+            stream,
+            &second,
+            &[("x-loopwarden-conversation", &id)],
+        )
+        .await;
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+        let what = format!("{api:?} stream={stream}");
+
+        let conv = proxy
+            .rows(&format!("SELECT * FROM conversations WHERE id = '{id}'"))
+            .await;
+        assert_eq!(conv.len(), 1, "{what}");
+        let c = &conv[0];
+        assert_eq!(c["requests"], 2, "{what}");
+        assert_eq!(c["client"], "log-test", "{what}");
+        assert_eq!(c["id_source"], "x-loopwarden-conversation", "{what}");
+        let expected_dialect = match api {
+            Api::Chat => "openai_chat",
+            Api::Responses => "openai_responses",
+            Api::Anthropic => "anthropic",
+            Api::Gemini => "gemini",
+        };
+        assert_eq!(c["dialect"], expected_dialect, "{what}");
+        let expected_model = match api {
+            Api::Chat | Api::Responses => "gpt-5.5",
+            Api::Anthropic => "claude-opus-5-5",
+            Api::Gemini => "gemini-3.8-flash",
+        };
+        assert_eq!(c["model"], expected_model, "{what}");
+
+        let requests = proxy
+            .rows(&format!(
+                "SELECT * FROM requests WHERE conversation_id = '{id}' ORDER BY steps"
+            ))
+            .await;
+        assert_eq!(requests.len(), 2, "{what}");
+        for (i, (row, body)) in requests.iter().zip([&first, &second]).enumerate() {
+            assert_eq!(row["status"], 200, "{what}");
+            assert_eq!(row["parse"], "parsed", "{what}");
+            assert_eq!(row["steps"], i, "{what}");
+            assert_eq!(row["decision"], "observe", "{what}");
+            assert_eq!(row["applied"], "forwarded", "{what}");
+            assert_eq!(row["outcome"], "complete", "{what}");
+            assert_eq!(row["stream"], i64::from(stream), "{what}");
+            assert_eq!(row["request_bytes"], body.to_string().len(), "{what}");
+            assert!(row["response_bytes"].as_i64().unwrap() > 0, "{what}");
+            assert!(row["upstream_latency_us"].as_i64().is_some(), "{what}");
+            assert!(
+                row["upstream_total_us"].as_i64() >= row["upstream_latency_us"].as_i64(),
+                "{what}"
+            );
+            assert!(row["proxy_overhead_us"].as_i64().is_some(), "{what}");
+            assert!(
+                !row["path"].as_str().unwrap().contains('?'),
+                "{what}: the query is never logged"
+            );
+        }
+        // The response was decoded: usage and stop reason of the first answer.
+        assert!(
+            requests[0]["output_tokens"].as_i64().unwrap_or(0) > 0,
+            "{what}: {}",
+            requests[0]
+        );
+        assert!(requests[0]["stop_reason"].is_string(), "{what}");
+
+        let calls = proxy
+            .rows(&format!(
+                "SELECT * FROM tool_calls WHERE conversation_id = '{id}'"
+            ))
+            .await;
+        assert_eq!(calls.len(), 1, "{what}: {calls:?}");
+        let call = &calls[0];
+        assert_eq!(
+            (call["step"].as_i64(), call["call_index"].as_i64()),
+            (Some(0), Some(0)),
+            "{what}"
+        );
+        assert_eq!(call["name"], "bash", "{what}");
+        assert_eq!(call["summary"], "bash: pytest -q", "{what}");
+        let expected_hash = ToolCall {
+            id: String::new(),
+            name: "bash".into(),
+            args: json!({"command": "pytest -q"}),
+        }
+        .hash();
+        assert_eq!(
+            call["args_hash"],
+            blake3::Hash::from(expected_hash).to_hex().as_str(),
+            "{what}"
+        );
+        assert!(
+            call["result_hash"].is_string(),
+            "{what}: the second request carried the result"
+        );
+        assert!(
+            call["result_summary"]
+                .as_str()
+                .unwrap()
+                .contains("1 failed, 3 passed"),
+            "{what}: {call}"
+        );
+        if api != Api::Gemini {
+            assert_eq!(
+                call["result_hash"],
+                blake3::hash(b"1 failed, 3 passed").to_hex().as_str(),
+                "{what}"
+            );
+        }
+        if api == Api::Anthropic {
+            assert_eq!(call["is_error"], 0, "{what}: Anthropic carries is_error");
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_new_call_is_logged_from_the_response_before_its_result_arrives() {
+    let mock = MockServer::start(test_then_done()).await.unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    for api in ALL_APIS {
+        let id = format!("resp-{api:?}");
+        let r = send(
+            &proxy,
+            api,
+            true,
+            &api.first_request(TASK, true),
+            &[("x-loopwarden-conversation", &id)],
+        )
+        .await;
+        r.bytes().await.unwrap();
+        let calls = proxy
+            .rows(&format!("SELECT name, step, summary, result_hash FROM tool_calls WHERE conversation_id = '{id}'"))
+            .await;
+        assert_eq!(
+            calls,
+            vec![
+                json!({"name": "bash", "step": 0, "summary": "bash: pytest -q", "result_hash": null})
+            ],
+            "{api:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn conversation_identity_follows_the_documented_order() {
+    let mock = MockServer::start(test_then_done()).await.unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    let body = Api::Chat.first_request(TASK, false);
+    let id_of = |r: &reqwest::Response| {
+        r.headers()["x-loopwarden-conversation"]
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    let cases: Vec<(Vec<(&str, &str)>, &str, &str)> = vec![
+        (
+            vec![("x-claude-code-session-id", "37546eee-2ef1")],
+            "37546eee-2ef1",
+            "x-claude-code-session-id",
+        ),
+        (
+            vec![
+                ("x-claude-code-session-id", "37546eee-2ef1"),
+                ("x-claude-code-agent-id", "a1b2"),
+            ],
+            "37546eee-2ef1:a1b2",
+            "x-claude-code-session-id",
+        ),
+        (
+            vec![("session-id", "019a-thread"), ("thread-id", "019a-thread")],
+            "019a-thread",
+            "thread-id",
+        ),
+        (
+            vec![("x-session-id", "ses_42"), ("x-session-affinity", "ses_42")],
+            "ses_42",
+            "x-session-id",
+        ),
+        (
+            vec![
+                ("x-loopwarden-conversation", "mine"),
+                ("x-claude-code-session-id", "other"),
+            ],
+            "mine",
+            "x-loopwarden-conversation",
+        ),
+    ];
+    for (headers, expected, source) in cases {
+        let r = send(&proxy, Api::Chat, false, &body, &headers).await;
+        assert_eq!(id_of(&r), expected, "{headers:?}");
+        let rows = proxy
+            .rows(&format!(
+                "SELECT id_source FROM conversations WHERE id = '{expected}'"
+            ))
+            .await;
+        assert_eq!(rows, vec![json!({"id_source": source})]);
+    }
+    // The /c/{id} prefix names the conversation for clients that send no id...
+    let r = client()
+        .post(proxy.url("/c/run-9/v1/chat/completions"))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(id_of(&r), "run-9");
+    // ...but our own header still wins over it.
+    let r = client()
+        .post(proxy.url("/c/run-9/v1/chat/completions"))
+        .header("x-loopwarden-conversation", "hdr")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(id_of(&r), "hdr");
+
+    // No id at all: the hash of the stable head (system + first user message), the same
+    // for every later request of the conversation, different for another task.
+    let head = id_of(&send(&proxy, Api::Chat, false, &body, &[]).await);
+    assert!(head.starts_with("h-"), "{head}");
+    let later = Api::Chat.request(
+        TASK,
+        false,
+        &[("pytest -q", "1 failed"), ("cat calc.py", "def add")],
+    );
+    assert_eq!(
+        id_of(&send(&proxy, Api::Chat, false, &later, &[]).await),
+        head
+    );
+    let other = Api::Chat.first_request("Another task entirely", false);
+    assert_ne!(
+        id_of(&send(&proxy, Api::Chat, false, &other, &[]).await),
+        head
+    );
+    // Same head in another API: the head is the text, so it is the same conversation.
+    let anthropic = Api::Anthropic.first_request(TASK, false);
+    assert_eq!(
+        id_of(&send(&proxy, Api::Anthropic, false, &anthropic, &[]).await),
+        head
+    );
+}
+
+#[tokio::test]
+async fn a_body_that_does_not_parse_is_forwarded_untouched_and_logged_as_unparsed() {
+    let mock = MockServer::start(test_then_done()).await.unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    let bodies: [(&str, &[u8]); 3] = [
+        (
+            "/v1/chat/completions",
+            br#"{"model": "gpt-5.5", "messages": [{"role": "user", "content": "unterminated"#,
+        ),
+        ("/v1/messages", b"\xff\xfe not json at all \x00\x01"),
+        (
+            "/v1beta/models/gemini-3.8-flash:generateContent",
+            br#"{"contents": "should be a list"}"#,
+        ),
+    ];
+    for (i, (path, body)) in bodies.iter().enumerate() {
+        let id = format!("bad-{i}");
+        let r = client()
+            .post(proxy.url(path))
+            .header("x-loopwarden-conversation", &id)
+            .body(body.to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            !r.headers().contains_key("x-loopwarden-decision"),
+            "{path}: nothing was decided"
+        );
+        let status = r.status().as_u16();
+        let seen = mock.requests().pop().unwrap();
+        assert_eq!(seen.body.as_ref(), *body, "{path}: forwarded byte for byte");
+        assert_eq!(seen.path, *path);
+        let rows = proxy
+            .rows(&format!("SELECT parse, parse_error, status, decision FROM requests WHERE conversation_id = '{id}'"))
+            .await;
+        assert_eq!(rows.len(), 1, "{path}");
+        assert_eq!(rows[0]["parse"], "unparsed", "{path}");
+        assert!(
+            rows[0]["parse_error"]
+                .as_str()
+                .is_some_and(|e| !e.is_empty()),
+            "{path}"
+        );
+        assert_eq!(rows[0]["status"], status, "{path}");
+        assert_eq!(rows[0]["decision"], Value::Null, "{path}");
+    }
+}
