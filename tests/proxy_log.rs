@@ -221,7 +221,9 @@ async fn conversation_identity_follows_the_documented_order() {
             .unwrap()
             .to_string()
     };
-    let cases: Vec<(Vec<(&str, &str)>, &str, &str)> = vec![
+    // (request headers, expected id, expected id_source)
+    type Case<'a> = (Vec<(&'a str, &'a str)>, &'a str, &'a str);
+    let cases: Vec<Case> = vec![
         (
             vec![("x-claude-code-session-id", "37546eee-2ef1")],
             "37546eee-2ef1",

@@ -1,0 +1,113 @@
+//! The admin API: access rules, the conversation list, a conversation's timeline, stats.
+
+mod proxy_support;
+
+use loopwarden::mock::{MockServer, Script, ToolCall, Turn};
+use proxy_support::{client, Api, TestProxy};
+use serde_json::{json, Value};
+
+async fn get(url: String, token: Option<&str>) -> (u16, Value) {
+    let mut request = client().get(url);
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let r = request.send().await.unwrap();
+    let status = r.status().as_u16();
+    let bytes = r.bytes().await.unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test]
+async fn a_token_guards_the_admin_api_but_not_healthz() {
+    let mock = MockServer::start(Script::default()).await.unwrap();
+    let proxy = TestProxy::start_with(&mock.url(), |c| c.admin.token = "s3cret-admin".into()).await;
+    let list = proxy.url("/admin/api/conversations");
+    assert_eq!(get(list.clone(), None).await.0, 401);
+    assert_eq!(get(list.clone(), Some("wrong")).await.0, 401);
+    let (status, body) = get(list, Some("s3cret-admin")).await;
+    assert_eq!(status, 200);
+    assert_eq!(body, json!({"conversations": []}));
+    assert_eq!(get(proxy.url("/admin/api/stats"), None).await.0, 401);
+    assert_eq!(
+        get(proxy.url("/admin/api/conversations/x"), None).await.0,
+        401
+    );
+    let r = client().get(proxy.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn without_a_token_loopback_clients_see_the_timeline() {
+    let script = Script::with_turns(vec![
+        Turn::calls(vec![ToolCall::function(
+            "bash",
+            json!({"command": "make test"}),
+        )]),
+        Turn::text("Done."),
+    ]);
+    let mock = MockServer::start(script).await.unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    let send = |id: &'static str, body: Value| {
+        let url = proxy.url(Api::Anthropic.path(true));
+        async move {
+            let r = client()
+                .post(url)
+                .header("x-loopwarden-conversation", id)
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            r.bytes().await.unwrap();
+        }
+    };
+    send("older", Api::Anthropic.first_request("first task", true)).await;
+    send("newer", Api::Anthropic.first_request("second task", true)).await;
+    send(
+        "newer",
+        Api::Anthropic.request("second task", true, &[("make test", "ok")]),
+    )
+    .await;
+    proxy.running.flush_log().await;
+
+    let (status, body) = get(proxy.url("/admin/api/conversations"), None).await;
+    assert_eq!(status, 200);
+    let list = body["conversations"].as_array().unwrap();
+    let ids: Vec<&str> = list.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, vec!["newer", "older"], "newest first");
+    assert_eq!(list[0]["requests"], 2);
+    assert_eq!(list[0]["tool_calls"], 1);
+    assert_eq!(list[0]["last_decision"], "observe");
+    assert_eq!(list[0]["dialect"], "anthropic");
+
+    let (status, timeline) = get(proxy.url("/admin/api/conversations/newer"), None).await;
+    assert_eq!(status, 200);
+    assert_eq!(timeline["conversation"]["id"], "newer");
+    let requests = timeline["requests"].as_array().unwrap();
+    assert_eq!(requests.len(), 2);
+    assert!(requests
+        .iter()
+        .all(|r| r["status"] == 200 && r["proxy_overhead_us"].is_i64()));
+    let calls = timeline["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0]["summary"], "bash: make test");
+    assert_eq!(calls[0]["result_summary"], "ok");
+    assert_eq!(timeline["findings"], json!([]));
+    assert_eq!(timeline["decisions"], json!([]));
+
+    assert_eq!(
+        get(proxy.url("/admin/api/conversations/nope"), None)
+            .await
+            .0,
+        404
+    );
+
+    let (status, stats) = get(proxy.url("/admin/api/stats"), None).await;
+    assert_eq!(status, 200);
+    assert_eq!(stats["proxy_overhead_us"]["requests"], 3);
+    assert!(stats["proxy_overhead_us"]["p50_us"].is_i64());
+    assert_eq!(stats["log"]["dropped"], 0);
+    assert!(stats["log"]["written"].as_u64().unwrap() > 0);
+}

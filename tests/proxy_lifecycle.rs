@@ -1,0 +1,270 @@
+//! The `loopwarden serve` binary: it prints where it listens, shuts down cleanly on SIGTERM
+//! (finishing the stream in flight and writing the log), never writes an API key to its
+//! logs or its database, and refuses a bad config naming the key.
+
+mod proxy_support;
+
+use std::process::Stdio;
+
+use loopwarden::mock::{MockServer, Script, ToolCall, Turn};
+use proxy_support::{client, closed_port, query_json, Api};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_loopwarden");
+
+/// Starts `loopwarden serve` and returns it with the URL it printed.
+async fn serve(db: &std::path::Path, env: &[(&str, String)]) -> (Child, String) {
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .arg(format!("sqlite://{}", db.display()))
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let mut child = command.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let line = lines.next_line().await.unwrap().unwrap();
+    let url = line
+        .strip_prefix("loopwarden listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    // Keep draining stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, url)
+}
+
+fn sigterm(child: &Child) {
+    let pid = child.id().unwrap().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+async fn open_db(path: &std::path::Path) -> sqlx::SqlitePool {
+    sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=ro", path.display()))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn sigterm_finishes_the_stream_in_flight_and_writes_the_log() {
+    let mut script = Script::with_turns(vec![Turn::text(&"A slow streamed answer. ".repeat(10))]);
+    script.chunk_delay_ms = 60;
+    let mock = MockServer::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("log.db");
+    let (mut child, url) = serve(
+        &db,
+        &[
+            ("LOOPWARDEN_OPENAI_BASE_URL", mock.url()),
+            ("LOOPWARDEN_ANTHROPIC_BASE_URL", mock.url()),
+        ],
+    )
+    .await;
+
+    let quick = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("x-loopwarden-conversation", "before-term")
+        .body(Api::Chat.first_request("task", false).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(quick.status(), 200);
+    quick.bytes().await.unwrap();
+
+    let mut streaming = client()
+        .post(format!("{url}{}", Api::Anthropic.path(true)))
+        .header("x-loopwarden-conversation", "in-flight")
+        .body(Api::Anthropic.first_request("task", true).to_string())
+        .send()
+        .await
+        .unwrap();
+    let mut received = streaming.chunk().await.unwrap().unwrap().to_vec();
+    sigterm(&child);
+    while let Some(chunk) = streaming.chunk().await.unwrap() {
+        received.extend_from_slice(&chunk);
+    }
+    assert!(
+        String::from_utf8_lossy(&received).contains("message_stop"),
+        "the stream in flight ran to its end"
+    );
+    let status = child.wait().await.unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .await
+        .unwrap();
+    assert!(stderr.contains("log written"), "{stderr}");
+
+    let pool = open_db(&db).await;
+    let rows = query_json(
+        &pool,
+        "SELECT conversation_id, outcome FROM requests ORDER BY conversation_id",
+    )
+    .await;
+    let ids: Vec<&str> = rows
+        .iter()
+        .map(|r| r["conversation_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["before-term", "in-flight"]);
+    assert_eq!(rows[1]["outcome"], "complete");
+}
+
+#[tokio::test]
+async fn api_keys_never_reach_the_logs_or_the_database() {
+    let script = Script::with_turns(vec![
+        Turn::calls(vec![ToolCall::function(
+            "bash",
+            json!({"command": "env | grep KEY"}),
+        )]),
+        Turn::text("Done."),
+    ]);
+    let mock = MockServer::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("log.db");
+    let dead = format!("http://127.0.0.1:{}", closed_port().await);
+    let (mut child, url) = serve(
+        &db,
+        &[
+            ("LOOPWARDEN_OPENAI_BASE_URL", mock.url()),
+            ("LOOPWARDEN_ANTHROPIC_BASE_URL", mock.url()),
+            // Gemini unreachable: the error path must not leak the `?key=` either.
+            ("LOOPWARDEN_GEMINI_BASE_URL", dead),
+        ],
+    )
+    .await;
+    let secrets = [
+        "sk-FAKE-openai-0123456789abcdef",
+        "sk-ant-FAKE-anthropic-0123456789",
+        "FAKE-goog-header-key-0123456789",
+        "FAKE-goog-query-key-0123456789",
+    ];
+    let c = client();
+    for stream in [false, true] {
+        let result = format!("OPENAI_API_KEY={}", secrets[0]);
+        for body in [
+            Api::Chat.first_request("task", stream),
+            Api::Chat.request("task", stream, &[("env | grep KEY", &result)]),
+        ] {
+            c.post(format!("{url}/v1/chat/completions"))
+                .header("authorization", format!("Bearer {}", secrets[0]))
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap();
+        }
+        c.post(format!("{url}{}", Api::Anthropic.path(stream)))
+            .header("x-api-key", secrets[1])
+            .header("anthropic-version", "2023-06-01")
+            .body(Api::Anthropic.first_request("task", stream).to_string())
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let r = c
+            .post(format!(
+                "{url}{}&key={}",
+                Api::Gemini.path(true),
+                secrets[3]
+            ))
+            .header("x-goog-api-key", secrets[2])
+            .body(Api::Gemini.first_request("task", true).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 502);
+        let error_body = r.bytes().await.unwrap();
+        for secret in secrets {
+            assert!(!String::from_utf8_lossy(&error_body).contains(secret));
+        }
+    }
+    // A malformed body, with a key in an unparsed request.
+    c.post(format!("{url}/v1/messages?key={}", secrets[3]))
+        .header("x-api-key", secrets[1])
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    sigterm(&child);
+    assert!(child.wait().await.unwrap().success());
+    let mut logs = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut logs)
+        .await
+        .unwrap();
+    assert!(
+        logs.contains("upstream unreachable"),
+        "the logs were captured: {logs}"
+    );
+
+    // The mock did get the keys: they were forwarded, just never kept.
+    assert!(mock
+        .requests()
+        .iter()
+        .any(|r| r.header("authorization") == Some(&format!("Bearer {}", secrets[0]))));
+    let pool = open_db(&db).await;
+    let stored = query_json(&pool, "SELECT count(*) AS n FROM requests").await;
+    assert_eq!(stored[0]["n"], 9, "every request was logged");
+    pool.close().await;
+    let mut haystacks = vec![("logs".to_string(), logs.into_bytes())];
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        haystacks.push((path.display().to_string(), std::fs::read(&path).unwrap()));
+    }
+    for (name, bytes) in &haystacks {
+        for secret in secrets {
+            let found = bytes.windows(secret.len()).any(|w| w == secret.as_bytes());
+            assert!(!found, "{secret} found in {name}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_bad_config_stops_the_start_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, "[upstream]\nanthropic = \"not a url\"\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("upstream.anthropic"), "{stderr}");
+
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("LOOPWARDEN_DB", "postgres://nope")
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("store.db") && stderr.contains("LOOPWARDEN_DB"),
+        "{stderr}"
+    );
+}
