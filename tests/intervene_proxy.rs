@@ -442,3 +442,46 @@ async fn rollback_forwards_whole_pairs_replaced_by_a_note() {
         );
     }
 }
+
+#[tokio::test]
+async fn an_operator_resume_lets_the_very_same_request_through() {
+    // The client retries the halted request unchanged; after a resume that same request
+    // must reach the upstream (detection starts over there, whatever it cached).
+    let dialect = Dialect::OpenAiChat;
+    let setup = Setup::start(looping_script(dialect), |_| {}).await;
+    let p = path(dialect, "retry", false);
+    let body = loop_body(dialect, first_k(dialect, Action::Halt), false, None);
+    for _ in 0..2 {
+        let resp = setup.post(&p, &body).await;
+        assert_eq!(header(&resp, "x-loopwarden-decision"), "halt");
+        let _ = resp.bytes().await;
+    }
+    assert!(setup.mock.requests().is_empty());
+    let (status, _) = setup
+        .admin("/admin/api/conversations/retry/resume", None)
+        .await;
+    assert_eq!(status, 200);
+    let resp = setup.post(&p, &body).await;
+    let decision = header(&resp, "x-loopwarden-decision");
+    assert!(decision != "halt" && decision != "pause", "{decision}");
+    let _ = resp.bytes().await;
+    assert_eq!(setup.mock.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_gemini_stream_without_sse_is_halted_with_a_json_array() {
+    let dialect = Dialect::Gemini;
+    let setup = Setup::start(looping_script(dialect), |_| {}).await;
+    let body = loop_body(dialect, first_k(dialect, Action::Halt), true, None);
+    let resp = setup
+        .post("/c/array/v1beta/models/g:streamGenerateContent", &body)
+        .await;
+    assert_eq!(header(&resp, "x-loopwarden-decision"), "halt");
+    assert!(header(&resp, "content-type").starts_with("application/json"));
+    let bytes = resp.bytes().await.unwrap();
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert!(v.is_array(), "{v}");
+    let (text, _, _) = read_answer(dialect, true, &bytes);
+    assert!(text.starts_with("[loopwarden]"), "{text}");
+    assert!(setup.mock.requests().is_empty());
+}

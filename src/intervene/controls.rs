@@ -41,10 +41,13 @@ pub enum Standing {
     /// Halted: answer with the halt again. The reason is the original one.
     Halted { reason: String },
     /// Free to go; `resumed_at` are the operator resumes the engine must know about.
-    /// `human_resumed` is true when this very request lifted a halt because a human spoke.
+    /// `human_resumed` is true when this very request lifted a halt because a human spoke;
+    /// `resumed_now` when this request is the first after an operator's resume (its
+    /// index was just added to `resumed_at`).
     Free {
         resumed_at: Vec<usize>,
         human_resumed: bool,
+        resumed_now: bool,
     },
 }
 
@@ -134,10 +137,12 @@ impl Controls {
             return Standing::Free {
                 resumed_at: Vec::new(),
                 human_resumed: false,
+                resumed_now: false,
             };
         };
         let mut changed = false;
         let mut human_resumed = false;
+        let mut resumed_now = false;
         if c.halted {
             match c.humans_at_halt {
                 None => {
@@ -160,6 +165,7 @@ impl Controls {
             }
             c.resumed_at = serde_json::to_string(&at).unwrap_or_else(|_| "[]".into());
             changed = true;
+            resumed_now = true;
         }
         let standing = if c.halted {
             Standing::Halted {
@@ -169,6 +175,7 @@ impl Controls {
             Standing::Free {
                 resumed_at: parse_steps(&c.resumed_at),
                 human_resumed,
+                resumed_now,
             }
         };
         if changed {
@@ -338,7 +345,8 @@ mod tests {
             c.standing("a", 2, 5),
             Standing::Free {
                 resumed_at: vec![],
-                human_resumed: true
+                human_resumed: true,
+                resumed_now: false
             }
         );
         // an operator's halt learns the human count at the next request
@@ -350,14 +358,16 @@ mod tests {
             c.standing("a", 2, 7),
             Standing::Free {
                 resumed_at: vec![7],
-                human_resumed: false
+                human_resumed: false,
+                resumed_now: true
             }
         );
         assert_eq!(
             c.standing("a", 2, 8),
             Standing::Free {
                 resumed_at: vec![7],
-                human_resumed: false
+                human_resumed: false,
+                resumed_now: false
             }
         );
     }

@@ -134,6 +134,9 @@ pub struct RequestInfo<'a> {
     pub stream_path: bool,
     /// The client asked for a streamed answer.
     pub stream: bool,
+    /// The stream it asked for is one JSON array, not SSE (Gemini
+    /// `:streamGenerateContent` without `alt=sse`).
+    pub json_array: bool,
     pub model: Option<&'a str>,
     pub user_agent: &'a str,
     /// The body exactly as the client sent it.
@@ -267,14 +270,23 @@ impl Intervener {
         };
         let tool_call =
             profile::matching(&self.config.profiles, &seen).and_then(|p| p.halt_call(&text));
-        req.dialect.halt_reply(
+        let mut reply = req.dialect.halt_reply(
             &HaltOptions {
                 model: req.model.map(str::to_string),
-                stream: req.stream,
+                stream: req.stream && !req.json_array,
                 tool_call,
             },
             &text,
-        )
+        );
+        if req.json_array {
+            // A Gemini stream without `alt=sse` is a JSON array of response objects.
+            let mut array = Vec::with_capacity(reply.body.len() + 2);
+            array.push(b'[');
+            array.append(&mut reply.body);
+            array.push(b']');
+            reply.body = array;
+        }
+        reply
     }
 
     /// The request with the turns of the leading finding rolled back, if that can be done.

@@ -36,6 +36,9 @@ pub struct Before {
     pub standing: Standing,
     /// Facts for [`Engine::decide_with`].
     pub facts: StoreFacts,
+    /// The facts just changed (an operator's resume takes effect at this request): a
+    /// cached engine fold of this conversation is stale and must not be continued.
+    pub refold: bool,
 }
 
 /// A request, owned, for acts decided later (a held request).
@@ -45,6 +48,7 @@ pub struct OwnedRequest {
     pub dialect: Dialect,
     pub stream_path: bool,
     pub stream: bool,
+    pub json_array: bool,
     pub model: Option<String>,
     pub user_agent: String,
     pub body: Bytes,
@@ -58,6 +62,7 @@ impl OwnedRequest {
             dialect: req.dialect,
             stream_path: req.stream_path,
             stream: req.stream,
+            json_array: req.json_array,
             model: req.model.map(str::to_string),
             user_agent: req.user_agent.to_string(),
             body: body.clone(),
@@ -71,6 +76,7 @@ impl OwnedRequest {
             dialect: self.dialect,
             stream_path: self.stream_path,
             stream: self.stream,
+            json_array: self.json_array,
             model: self.model.as_deref(),
             user_agent: &self.user_agent,
             body: &self.body,
@@ -120,8 +126,10 @@ impl Interventions {
                 standing: Standing::Free {
                     resumed_at: Vec::new(),
                     human_resumed: false,
+                    resumed_now: false,
                 },
                 facts: StoreFacts::default(),
+                refold: false,
             };
         }
         let humans = self.humans(transcript);
@@ -151,7 +159,18 @@ impl Interventions {
                 "",
             );
         }
-        Before { standing, facts }
+        let refold = matches!(
+            standing,
+            Standing::Free {
+                resumed_now: true,
+                ..
+            }
+        );
+        Before {
+            standing,
+            facts,
+            refold,
+        }
     }
 
     /// The act for a request: the engine's decision, or the halt again for a conversation

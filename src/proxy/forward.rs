@@ -184,6 +184,15 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     let stream = analysis.stream;
+    // Gemini streams a JSON array unless asked for SSE.
+    let json_array = stream
+        && analysis
+            .parsed
+            .as_ref()
+            .is_some_and(|p| p.dialect == Dialect::Gemini)
+        && !route
+            .query
+            .is_some_and(|q| q.split('&').any(|kv| kv == "alt=sse"));
     let planned = match analysis.parsed.as_mut() {
         Some(p) => {
             let req = RequestInfo {
@@ -191,6 +200,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
                 dialect: p.dialect,
                 stream_path: p.stream_path,
                 stream,
+                json_array,
                 model: analysis.model.as_deref(),
                 user_agent,
                 body: &body,
@@ -237,7 +247,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         stamp,
     };
     match plan {
-        Plan::Hold(held) if stream => {
+        Plan::Hold(held) if stream && !json_array => {
             // The client asked for a stream: keep it alive with SSE comments while a human
             // decides; the answer then follows in the same stream.
             let mut response = intervention::held_stream(&app, async move {
