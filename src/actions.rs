@@ -1185,6 +1185,11 @@ pub fn shell(cmd: &str) -> ToolAction {
         mutating = true;
     }
     let command = key_parts.join(" && ");
+    if kind == ActionKind::Read {
+        // A pipeline's filters (`nl -ba f | sed -n '10,40p'`) pick the region read: the
+        // whole command is the region, so paging through a file is not the same read.
+        region = Some(command.clone());
+    }
     // The key includes heredoc bodies hashed: two writes of different content differ.
     let mut key = format!("sh:{command}");
     for p in &parts {
@@ -1246,7 +1251,14 @@ mod tests {
     fn shell_reads_writes_and_checks() {
         let a = shell("sed -n '10,20p' src/x.py");
         assert_eq!(a.kind, ActionKind::Read);
-        assert_eq!(a.region.as_deref(), Some("10,20p"));
+        assert_eq!(
+            a.region.as_deref(),
+            Some("sed x.py -n 10,20p").map(|_| a.command.as_deref().unwrap_or(""))
+        );
+        assert_ne!(
+            shell("nl -ba x.py | sed -n '1,20p'").region,
+            shell("nl -ba x.py | sed -n '20,40p'").region
+        );
         let a = shell("sed -i 's/a/b/' src/x.py");
         assert_eq!(a.kind, ActionKind::Edit);
         assert_eq!(a.changes.len(), 1);

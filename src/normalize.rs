@@ -233,6 +233,42 @@ fn mask_hex(s: &str) -> String {
         .into_owned()
 }
 
+/// Lines that state an error or a test verdict.
+static VERDICT_LINE: LazyLock<Regex> =
+    LazyLock::new(|| re(r"(?i)(error|exception|failed|failure|assert|traceback|panicked|fatal)"));
+
+/// The outcome signature of a normalized result: what failed, not the debug output around
+/// it. Two runs of a check that end in the same error lines have the same signature even
+/// when the prints before them differ; a result with no error line is its whole text.
+pub fn outcome_signature(normalized: &str) -> u64 {
+    let lines: Vec<&str> = normalized
+        .lines()
+        .filter(|l| VERDICT_LINE.is_match(l))
+        .collect();
+    if lines.is_empty() {
+        return hash64(normalized.as_bytes());
+    }
+    let tail = &lines[lines.len().saturating_sub(3)..];
+    hash64(tail.join("\n").as_bytes())
+}
+
+/// Words that report a failure in program output ("0 failed" and "no errors" do not).
+static FAILURE_WORD: LazyLock<Regex> = LazyLock::new(|| {
+    re(
+        r"(?i)\b(error|exception|traceback|failed|failure|fail|assertionerror|panicked|fatal|not found|cannot|can't|unable)\b",
+    )
+});
+static NOT_FAILURE: LazyLock<Regex> =
+    LazyLock::new(|| re(r"(?i)\b(0|no) (errors?|failures?|failed)\b"));
+
+/// Whether a result's text reports a failure even though its exit code may be 0 (a repro
+/// script printing "Test failed: ...", a test runner's summary).
+pub fn shows_failure(normalized: &str) -> bool {
+    normalized
+        .lines()
+        .any(|l| FAILURE_WORD.is_match(l) && !NOT_FAILURE.is_match(l))
+}
+
 /// Normalizes a result: masked text, its hash and its outcome.
 pub fn normalize(result: &ToolResult) -> NormalizedResult {
     let text = normalize_text(&result.text);

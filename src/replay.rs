@@ -29,6 +29,9 @@ pub struct ReplayArgs {
     /// Also print harm and savings figures (needs `resolved` labels in the input).
     #[arg(long)]
     pub summary: bool,
+    /// Print, for the run with this id, what the engine saw at each step (to stderr).
+    #[arg(long)]
+    pub explain: Option<String>,
 }
 
 /// One recorded run.
@@ -152,6 +155,67 @@ pub fn replay_line(engine: &Engine, line: &str) -> anyhow::Result<RunResult> {
     })
 }
 
+/// Writes, step by step, what the engine saw in one run: each call's meaning, result,
+/// the facts it changed, the findings and the decision for the next request.
+pub fn explain_line(
+    engine: &Engine,
+    line: &str,
+    id: &str,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let run: Run = serde_json::from_str(line).context("not a run object with id and messages")?;
+    if run.id != id {
+        return Ok(());
+    }
+    let mut items: Vec<Item> = Vec::new();
+    for raw in &run.messages {
+        items.extend(Dialect::OpenAiChat.parse_message(raw.get()));
+    }
+    let full = Transcript::from_items(items);
+    let mut state = engine.start(&full);
+    let mut facts = crate::detect::Facts::with_task(full.goal());
+    for step in &full.steps {
+        let ev = facts.fold(step, &engine.config);
+        for c in &ev.calls {
+            writeln!(
+                out,
+                "{:>3} {:?} {} | check={:?} streak={} fail_run={} reads={} err={} new={} changed={} rep={} | {}",
+                ev.index,
+                c.action.kind,
+                crate::detect::short(&c.action.key),
+                c.action.check,
+                c.check_streak,
+                c.fail_run,
+                c.reads_since_change,
+                c.is_error,
+                c.new_result,
+                c.changed,
+                c.stretch_repeat,
+                crate::detect::short(&c.result_line),
+            )?;
+        }
+        engine.fold(&mut state, step, &StoreFacts::default());
+        let d = state.decision();
+        for f in &d.findings {
+            writeln!(
+                out,
+                "      finding {} {:.2}: {}",
+                f.detector, f.confidence, f.summary
+            )?;
+        }
+        if d.action != Action::Observe {
+            writeln!(
+                out,
+                "  ==> request {}: {} ({})",
+                ev.index + 1,
+                d.action.as_str(),
+                d.detector
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// Harm and savings figures over a group of runs.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Figures {
@@ -244,6 +308,11 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         let line = line.with_context(|| format!("reading line {}", n + 1))?;
         if line.trim().is_empty() {
             continue;
+        }
+        if let Some(id) = &args.explain {
+            if line.contains(id.as_str()) {
+                explain_line(&engine, &line, id, &mut std::io::stderr().lock())?;
+            }
         }
         let result = replay_line(&engine, &line)
             .with_context(|| format!("{}: line {}", args.file.display(), n + 1))?;

@@ -78,11 +78,11 @@ impl Default for EscalationConfig {
         EscalationConfig {
             ema_alpha: 0.3,
             escalate_ema: 0.5,
-            nudge_score: 1.0,
-            halt_score: 1.0,
+            nudge_score: 0.6,
+            halt_score: 0.8,
             cooldown: 5,
             escalation_gap: 2,
-            replan_step: false,
+            replan_step: true,
             dismiss_quiet: 10,
         }
     }
@@ -142,7 +142,7 @@ impl Default for Thresholds {
             edit_revert_returns: 2,
             fail_loop_runs: 3,
             stagnation_streak: 3,
-            stagnation_counts_success: false,
+            stagnation_counts_success: true,
             pileup_errors: 6,
             pileup_share: 0.6,
             repeat_count: 2,

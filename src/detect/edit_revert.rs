@@ -12,6 +12,10 @@ impl Detector for EditRevert {
         "edit_revert"
     }
 
+    fn applies(&self, step: &StepEvents) -> bool {
+        step.changed
+    }
+
     fn check(&self, _facts: &Facts, step: &StepEvents, cfg: &DetectConfig) -> Option<Finding> {
         let min = cfg.thresholds.edit_revert_returns;
         let call = step.calls.iter().find(|c| c.file_returns >= min)?;

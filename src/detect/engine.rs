@@ -284,6 +284,9 @@ impl Engine {
 
         for d in self.detectors.iter() {
             let fired = findings.iter().any(|f| f.detector == d.name());
+            if !fired && !d.applies(ev) {
+                continue;
+            }
             let p = st.patterns.entry(d.name()).or_default();
             p.ema = esc.ema_alpha * f64::from(u8::from(fired)) + (1.0 - esc.ema_alpha) * p.ema;
         }

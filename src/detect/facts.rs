@@ -95,6 +95,8 @@ pub struct CheckFacts {
     /// The streak's runs all failed.
     pub streak_failing: bool,
     pub runs: u32,
+    /// The change counter at the last run: equal now = nothing changed since.
+    pub changes_at_last_run: u64,
 }
 
 /// The stretch of steps since the world last changed or a new result arrived.
@@ -142,6 +144,8 @@ pub struct Facts {
     /// Steps folded.
     pub steps: usize,
     pub world_version: u32,
+    /// Calls that changed the world so far (finer than `world_version`, which counts steps).
+    pub changes: u64,
     pub last_change: Option<usize>,
     pub files: BTreeMap<String, FileFacts>,
     pub checks: BTreeMap<String, CheckFacts>,
@@ -257,31 +261,35 @@ impl Facts {
                 let h = c.call.hash();
                 u64::from_le_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]])
             };
-            let (result, result_line, has_result, empty, mut is_error, raw_text) = match &c.result {
-                Some(r) => {
-                    self.tokens += r.text.len() as u64 / 4;
-                    let mut n = normalize::normalize(r);
-                    // A search's result quotes its pattern; "no match for X" and "no match
-                    // for Y" are the same non-result.
-                    if let Some(term) = action.search.as_deref().filter(|t| t.len() >= 2) {
-                        if n.text.contains(term) {
-                            n.text = n.text.replace(term, "<term>");
-                            n.hash = hash64(n.text.as_bytes());
+            let mut result_text = String::new();
+            let (result, signature, result_line, has_result, empty, mut is_error, raw_text) =
+                match &c.result {
+                    Some(r) => {
+                        self.tokens += r.text.len() as u64 / 4;
+                        let mut n = normalize::normalize(r);
+                        // A search's result quotes its pattern; "no match for X" and "no match
+                        // for Y" are the same non-result.
+                        if let Some(term) = action.search.as_deref().filter(|t| t.len() >= 2) {
+                            if n.text.contains(term) {
+                                n.text = n.text.replace(term, "<term>");
+                                n.hash = hash64(n.text.as_bytes());
+                            }
                         }
+                        let line = n.text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+                        let line: String = line.chars().take(120).collect();
+                        result_text.clone_from(&n.text);
+                        (
+                            n.hash,
+                            normalize::outcome_signature(&n.text),
+                            line,
+                            true,
+                            n.text.is_empty(),
+                            n.outcome.is_error,
+                            r.text.as_str(),
+                        )
                     }
-                    let line = n.text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-                    let line: String = line.chars().take(120).collect();
-                    (
-                        n.hash,
-                        line,
-                        true,
-                        n.text.is_empty(),
-                        n.outcome.is_error,
-                        r.text.as_str(),
-                    )
-                }
-                None => (0, String::new(), false, true, false, ""),
-            };
+                    None => (0, 0, String::new(), false, true, false, ""),
+                };
             // grep and friends exit 1 when nothing matches: a non-result, not a failure.
             if action.kind == ActionKind::Search && empty {
                 is_error = false;
@@ -313,22 +321,31 @@ impl Facts {
             }
             let new_result = has_result && self.seen_results.insert(result);
 
-            // The per-check streak of already-seen results, across edits.
+            // The per-check streak of already-seen results, across edits. A re-run with no
+            // change since the last run neither extends nor breaks the streak (repeats
+            // within an unchanged stretch are the repeat detector's business).
+            if changed {
+                self.changes += 1;
+            }
             let (mut check_streak, mut check_streak_failing) = (0, false);
             if let (Some(key), true) = (&action.check, has_result) {
+                let failing = is_error || normalize::shows_failure(&result_text);
+                let changes = self.changes;
                 let cf = self.checks.entry(key.clone()).or_default();
+                let edited = cf.runs == 0 || cf.changes_at_last_run != changes;
                 cf.runs += 1;
-                if cf.seen.contains(&result) {
-                    cf.streak += 1;
-                    cf.streak_failing = if cf.streak == 1 {
-                        is_error
-                    } else {
-                        cf.streak_failing && is_error
-                    };
-                } else {
-                    cf.seen.push(result);
+                cf.changes_at_last_run = changes;
+                if !cf.seen.contains(&signature) {
+                    cf.seen.push(signature);
                     cf.streak = 0;
                     cf.streak_failing = false;
+                } else if edited {
+                    cf.streak += 1;
+                    cf.streak_failing = if cf.streak == 1 {
+                        failing
+                    } else {
+                        cf.streak_failing && failing
+                    };
                 }
                 check_streak = cf.streak;
                 check_streak_failing = cf.streak_failing;

@@ -9,6 +9,10 @@ impl Detector for FailLoop {
         "fail_loop"
     }
 
+    fn applies(&self, step: &StepEvents) -> bool {
+        step.calls.iter().any(|c| c.is_error)
+    }
+
     fn check(&self, _facts: &Facts, step: &StepEvents, cfg: &DetectConfig) -> Option<Finding> {
         let min = cfg.thresholds.fail_loop_runs;
         let call = step

@@ -146,10 +146,16 @@ pub trait Detector: Send + Sync {
     fn name(&self) -> &'static str;
     /// Looks at the newest step; returns a finding when the pattern is present now.
     fn check(&self, facts: &Facts, step: &StepEvents, cfg: &DetectConfig) -> Option<Finding>;
+    /// Whether the newest step was an occasion for this pattern (a check ran, for
+    /// stagnation). The pattern's EMA moves only on its occasions, so a pattern that fires
+    /// every time it can is chronic even when its occasions are a few steps apart.
+    fn applies(&self, _step: &StepEvents) -> bool {
+        true
+    }
 }
 
 /// A text cut to one short line for summaries.
-pub(crate) fn short(s: &str) -> String {
+pub fn short(s: &str) -> String {
     let line = s.lines().next().unwrap_or("");
     if line.chars().count() > 80 {
         let cut: String = line.chars().take(77).collect();

@@ -10,6 +10,12 @@ impl Detector for ReadLoop {
         "read_loop"
     }
 
+    fn applies(&self, step: &StepEvents) -> bool {
+        step.calls
+            .iter()
+            .any(|c| c.action.kind == crate::actions::ActionKind::Read)
+    }
+
     fn check(&self, _facts: &Facts, step: &StepEvents, cfg: &DetectConfig) -> Option<Finding> {
         let min = cfg.thresholds.read_loop_reads;
         let call = step

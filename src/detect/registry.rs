@@ -30,7 +30,9 @@ pub fn builtin() -> Vec<Box<dyn Detector>> {
 }
 
 /// The shipped policy of each pattern: outcome-based signals may halt; the noisier
-/// ones (counted on the recorded runs) warn or nudge only.
+/// ones (counted on the recorded runs) warn or nudge only. read-loop warns: re-reading
+/// a file while editing others is what good runs do (it nudged 11 of 151 successful
+/// mini-swe-agent runs on the dev set and caught no labelled loop first).
 pub fn default_policy(detector: &str) -> PatternPolicy {
     match detector {
         "stagnation" | "fail_loop" | "repeat" | "cycles" | "dead_end" | "error_pileup"
@@ -40,7 +42,7 @@ pub fn default_policy(detector: &str) -> PatternPolicy {
             weight: 1.0,
             first_action: Action::Rollback,
         },
-        "read_loop" | "near_duplicate" | "output_stagnation" | "verifier_drift" => {
+        "near_duplicate" | "output_stagnation" | "verifier_drift" => {
             PatternPolicy::new(Response::Nudge, 1.0)
         }
         _ => PatternPolicy::new(Response::Warn, 0.5),

@@ -12,6 +12,12 @@ impl Detector for Stagnation {
         "stagnation"
     }
 
+    fn applies(&self, step: &StepEvents) -> bool {
+        step.calls
+            .iter()
+            .any(|c| c.action.check.is_some() && c.has_result)
+    }
+
     fn check(&self, facts: &Facts, step: &StepEvents, cfg: &DetectConfig) -> Option<Finding> {
         let t = &cfg.thresholds;
         let call = step
