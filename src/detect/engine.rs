@@ -29,6 +29,29 @@ pub struct StoreFacts {
     pub dismissed: Vec<(usize, String)>,
 }
 
+impl StoreFacts {
+    /// A hash of the facts: a cached fold made with other facts is not continued (an
+    /// operator's resume at request k changes the decisions from k on).
+    pub fn fingerprint(&self) -> u64 {
+        if self.resumed_at.is_empty() && self.dismissed.is_empty() {
+            return 0;
+        }
+        let mut h = blake3::Hasher::new();
+        for r in &self.resumed_at {
+            h.update(&(*r as u64).to_le_bytes());
+        }
+        h.update(b"|");
+        for (at, d) in &self.dismissed {
+            h.update(&(*at as u64).to_le_bytes());
+            h.update(d.as_bytes());
+            h.update(b"\0");
+        }
+        let b = h.finalize();
+        let b = b.as_bytes();
+        u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+    }
+}
+
 /// Smoothing and cooldown of one pattern.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct PatternState {
@@ -69,6 +92,8 @@ pub struct EngineState {
     chain: u64,
     /// Task fingerprint (the first user message).
     task_fp: u64,
+    /// Fingerprint of the store facts the fold used: other facts, other fold.
+    store_fp: u64,
 }
 
 impl EngineState {
@@ -193,8 +218,10 @@ impl Engine {
     /// it has, or starts over when the transcript does not continue what it folded (a
     /// compacted or different conversation).
     pub fn advance(&self, state: &mut EngineState, transcript: &Transcript, store: &StoreFacts) {
-        if !self.continues(state, transcript) {
+        let store_fp = store.fingerprint();
+        if !self.continues(state, transcript) || state.store_fp != store_fp {
             *state = self.start(transcript);
+            state.store_fp = store_fp;
         }
         let from = state.facts.steps;
         for step in &transcript.steps[from..] {
