@@ -397,6 +397,7 @@ async fn a_response_that_completes_the_loop_is_blocked_in_json_and_sse() {
 async fn rollback_forwards_whole_pairs_replaced_by_a_note() {
     for dialect in ALL {
         let setup = Setup::start(looping_script(dialect), |config| {
+            config.intervene.rollback = true;
             let engine = loopwarden::detect::Engine::default();
             for name in engine.detector_names() {
                 let mut policy = config.detect.policy(name);
@@ -484,4 +485,37 @@ async fn a_gemini_stream_without_sse_is_halted_with_a_json_array() {
     let (text, _, _) = read_answer(dialect, true, &bytes);
     assert!(text.starts_with("[loopwarden]"), "{text}");
     assert!(setup.mock.requests().is_empty());
+}
+
+#[tokio::test]
+async fn without_the_opt_in_a_rollback_decision_is_a_replan_reminder() {
+    let dialect = Dialect::OpenAiChat;
+    let setup = Setup::start(looping_script(dialect), |config| {
+        let engine = loopwarden::detect::Engine::default();
+        for name in engine.detector_names() {
+            let mut policy = config.detect.policy(name);
+            policy.first_action = Action::Rollback;
+            config.detect.patterns.insert(name.to_string(), policy);
+        }
+    })
+    .await;
+    let k = first_k(dialect, Action::Nudge);
+    let sent = loop_body(dialect, k, false, None);
+    let resp = setup.post(&path(dialect, "no-roll", false), &sent).await;
+    assert_eq!(header(&resp, "x-loopwarden-decision"), "replan");
+    let _ = resp.bytes().await;
+    let got = setup.mock.requests()[0].json();
+    let last = got["messages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["role"], "system");
+    assert!(
+        last["content"].as_str().unwrap().contains("replan"),
+        "{last}"
+    );
+    let upstream_steps = dialect
+        .parse_request(&setup.mock.requests()[0].body, false)
+        .unwrap()
+        .transcript
+        .steps
+        .len();
+    assert_eq!(upstream_steps, k, "history untouched");
 }

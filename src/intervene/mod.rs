@@ -43,6 +43,10 @@ pub struct InterveneConfig {
     pub halt_text: String,
     /// The note that replaces rolled-back turns.
     pub rollback_note: String,
+    /// Opt-in: let a `rollback` decision cut the looping turns out of the history sent
+    /// upstream. Off, a rollback decision is applied as a replan reminder: rewriting the
+    /// history throws away the provider's prompt cache for the rest of the run.
+    pub rollback: bool,
     /// Replace a response whose tool call completes a loop the policy halts on.
     pub block: bool,
     /// What a stop decision does: `halt` answers at once, `pause` holds the request for a
@@ -118,6 +122,7 @@ impl Default for InterveneConfig {
             replan_text: text::REPLAN.into(),
             halt_text: text::HALT.into(),
             rollback_note: text::ROLLBACK.into(),
+            rollback: false,
             block: true,
             on_stop: StopMode::Halt,
             pause: PauseConfig::default(),
@@ -196,6 +201,9 @@ impl Intervener {
             && matches!(decision.action, Action::Halt | Action::Block)
         {
             decision.action = Action::Pause;
+        }
+        if decision.action == Action::Rollback && !self.config.rollback {
+            decision.action = Action::Replan;
         }
         let (act, applied) = match decision.action {
             Action::Observe => (Act::Forward, "forwarded"),

@@ -403,7 +403,8 @@ def check_loop(label, repo, client, script, stdout, run_dir, last, exchanges, mo
     # means it let the request through unchanged.
     # The first intervention is a nudge or replan (rollback for some patterns, opt-in).
     nudged = any(a in ("nudge", "replan", "rollback") and how != "forwarded" for a, how in rows) if ok else False
-    halted = any(a == "halt" and how != "forwarded" for a, how in rows) if ok else False
+    # A block (the looping call replaced by the halt in the answer) stops the run as a halt does.
+    halted = any(a in ("halt", "block") and how != "forwarded" for a, how in rows) if ok else False
     report.check(f"{label} log holds the applied nudge (or replan/rollback) and halt", nudged and halted,
                  f"decisions {short(applied, 160)}" if ok else rows)
 
