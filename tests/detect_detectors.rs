@@ -1,0 +1,583 @@
+//! Each detector fires on a realistic loop and stays quiet on the healthy version of the
+//! same work, with the tool shapes of at least two clients (CLIENTS.md §4.3-4.4).
+
+use loopwarden::detect::{Action, Engine, StoreFacts};
+use loopwarden::transcript::{CallWithResult, Step, ToolCall, ToolResult, Transcript};
+use serde_json::{json, Value};
+
+/// One call with its result.
+fn call(name: &str, args: Value, result: &str, is_error: Option<bool>) -> CallWithResult {
+    CallWithResult {
+        call: ToolCall {
+            id: String::new(),
+            name: name.into(),
+            args,
+        },
+        result: Some(ToolResult {
+            call_id: String::new(),
+            name: String::new(),
+            text: result.into(),
+            is_error,
+        }),
+    }
+}
+
+fn transcript(steps: Vec<Vec<CallWithResult>>) -> Transcript {
+    Transcript {
+        system: vec!["You are a coding agent.".into()],
+        task: vec!["Fix the failing test in calc.py".into()],
+        steps: steps
+            .into_iter()
+            .enumerate()
+            .map(|(index, calls)| Step {
+                index,
+                text: format!("Step {index}: working on it."),
+                calls,
+                user_after: Vec::new(),
+            })
+            .collect(),
+    }
+}
+
+/// The detectors that fired at any step of the transcript.
+fn fired(t: &Transcript) -> Vec<String> {
+    let mut out = Vec::new();
+    let engine = Engine::default();
+    let mut state = engine.start(t);
+    for step in &t.steps {
+        engine.fold(&mut state, step, &StoreFacts::default());
+        for f in state.decision().findings {
+            if !out.contains(&f.detector) {
+                out.push(f.detector);
+            }
+        }
+    }
+    out
+}
+
+// Client shapes: a failing shell run and a file edit, per client.
+fn claude_bash(cmd: &str, out: &str, fail: bool) -> CallWithResult {
+    let text = if fail {
+        format!("Exit code 1\n{out}")
+    } else {
+        out.to_string()
+    };
+    call("Bash", json!({"command": cmd}), &text, Some(fail))
+}
+fn codex_exec(cmd: &str, out: &str, fail: bool, chunk: usize) -> CallWithResult {
+    let text = format!(
+        "Chunk ID: {chunk:x}a{chunk}f\nWall time: 0.{chunk}1 seconds\nProcess exited with code {}\nOriginal token count: 18\nOutput:\n{out}",
+        u8::from(fail)
+    );
+    call("exec_command", json!({"cmd": cmd}), &text, None)
+}
+fn gemini_shell(cmd: &str, out: &str, fail: bool, pgid: usize) -> CallWithResult {
+    let text = format!(
+        "<untrusted_context>\nOutput: {out}\nExit Code: {}\nProcess Group PGID: {pgid}\n</untrusted_context>",
+        u8::from(fail)
+    );
+    call("run_shell_command", json!({"command": cmd}), &text, None)
+}
+fn mini_bash(cmd: &str, out: &str, code: i32) -> CallWithResult {
+    call(
+        "bash",
+        json!({"command": cmd}),
+        &format!("<returncode>{code}</returncode>\n<output>\n{out}\n</output>"),
+        None,
+    )
+}
+fn openhands_edit(path: &str, old: &str, new: &str) -> CallWithResult {
+    call(
+        "str_replace_editor",
+        json!({"command": "str_replace", "path": path, "old_str": old, "new_str": new}),
+        &format!("The file {path} has been edited. Review the changes and make sure they are as expected."),
+        None,
+    )
+}
+fn claude_edit(path: &str, old: &str, new: &str) -> CallWithResult {
+    call(
+        "Edit",
+        json!({"file_path": path, "old_string": old, "new_string": new, "replace_all": false}),
+        &format!("The file {path} has been updated successfully."),
+        None,
+    )
+}
+
+const FAIL: &str = "FAILED test_calc.py::test_add - AssertionError: assert -1 == 3";
+
+#[test]
+fn fail_loop_fires_on_the_same_failure_and_not_on_changing_ones() {
+    for mk in [
+        |i: usize, out: &str| claude_bash("pytest test_calc.py", out, true).with_i(i),
+        |i: usize, out: &str| codex_exec("pytest test_calc.py", out, true, i),
+        |i: usize, out: &str| gemini_shell("pytest test_calc.py", out, true, 6000 + i),
+    ] {
+        let same = transcript((0..4).map(|i| vec![mk(i, FAIL)]).collect());
+        assert!(
+            fired(&same).contains(&"fail_loop".to_string()),
+            "{:?}",
+            fired(&same)
+        );
+        let changing = transcript(
+            (0..4)
+                .map(|i| {
+                    vec![mk(
+                        i,
+                        &format!("FAILED test_calc.py::test_add - assert {i} == 3"),
+                    )]
+                })
+                .collect(),
+        );
+        assert!(!fired(&changing).contains(&"fail_loop".to_string()));
+    }
+}
+
+trait WithI {
+    fn with_i(self, i: usize) -> Self;
+}
+impl WithI for CallWithResult {
+    fn with_i(self, _i: usize) -> Self {
+        self
+    }
+}
+
+/// edit → same check → same failure, with different edits each time.
+fn edit_check_cycles(
+    edit: fn(usize) -> CallWithResult,
+    check: fn(&str) -> CallWithResult,
+    outputs: &[&str],
+) -> Transcript {
+    let mut steps = vec![vec![check(outputs[0])]];
+    for (i, out) in outputs.iter().enumerate().skip(1) {
+        steps.push(vec![edit(i)]);
+        steps.push(vec![check(out)]);
+    }
+    transcript(steps)
+}
+
+#[test]
+fn stagnation_fires_across_edits_when_the_outcome_never_changes() {
+    type Edit = fn(usize) -> CallWithResult;
+    type Check = fn(&str) -> CallWithResult;
+    let cases: [(Edit, Check); 2] = [
+        (
+            |i| openhands_edit("/w/calc.py", &format!("v{i}"), &format!("v{}", i + 1)),
+            |out| {
+                call("execute_bash", json!({"command": "cd /workspace && python reproduce.py"}),
+                &format!("{out}\n[The command completed with exit code 1.]\n[Current working directory: /workspace]\n[Command finished with exit code 1]"), None)
+            },
+        ),
+        (
+            |i| claude_edit("/w/calc.py", &format!("v{i}"), &format!("v{}", i + 1)),
+            |out| claude_bash("python /w/reproduce.py", out, true),
+        ),
+    ];
+    for (edit, check) in cases {
+        let stuck = edit_check_cycles(edit, check, &[FAIL; 5]);
+        assert!(
+            fired(&stuck).contains(&"stagnation".to_string()),
+            "{:?}",
+            fired(&stuck)
+        );
+        let progress = edit_check_cycles(
+            edit,
+            check,
+            &[
+                "assert 1 == 3",
+                "assert 2 == 3",
+                "assert 4 == 3",
+                "assert 5 == 3",
+                "ok",
+            ],
+        );
+        assert!(
+            !fired(&progress).contains(&"stagnation".to_string()),
+            "{:?}",
+            fired(&progress)
+        );
+    }
+}
+
+#[test]
+fn repeat_fires_on_identical_calls_in_an_unchanged_stretch_only() {
+    // mini-swe-agent and Codex: the same read-only command with the same answer.
+    let mini = transcript(
+        (0..4)
+            .map(|_| {
+                vec![mini_bash(
+                    "grep -n 'def add' calc.py",
+                    "3:def add(a, b):",
+                    0,
+                )]
+            })
+            .collect(),
+    );
+    assert!(fired(&mini).contains(&"repeat".to_string()));
+    let codex = transcript(
+        (0..4)
+            .map(|i| {
+                vec![codex_exec(
+                    "cat calc.py",
+                    "def add(a, b):\n    return a - b",
+                    false,
+                    i,
+                )]
+            })
+            .collect(),
+    );
+    assert!(
+        fired(&codex).contains(&"repeat".to_string()),
+        "chunk ids and wall times are masked"
+    );
+    // Re-running after each real change is not a repeat.
+    let mut steps = Vec::new();
+    for i in 0..4 {
+        steps.push(vec![mini_bash(
+            &format!("sed -i 's/v{i}/v{}/' calc.py", i + 1),
+            "",
+            0,
+        )]);
+        steps.push(vec![mini_bash("python calc.py", &format!("result {i}"), 0)]);
+    }
+    assert!(!fired(&transcript(steps)).contains(&"repeat".to_string()));
+}
+
+#[test]
+fn cycles_fire_on_a_b_a_b_with_the_same_results() {
+    let a = || {
+        call(
+            "open",
+            json!({"path": "gson/$Gson$Types.java"}),
+            "File .java not found\n(Open file: n/a)\n(Current directory: /gson)\nbash-$",
+            None,
+        )
+    };
+    let b = || {
+        call("find_file", json!({"file_name": "Types.java"}), "No matches found for \"Types.java\" in /gson\n(Open file: n/a)\n(Current directory: /gson)\nbash-$", None)
+    };
+    let t = transcript(vec![vec![a()], vec![b()], vec![a()], vec![b()], vec![a()]]);
+    assert!(fired(&t).contains(&"cycles".to_string()));
+    let c = |f: &str| gemini_shell(&format!("cat {f}"), f, false, 1);
+    let t = transcript(vec![
+        vec![c("a")],
+        vec![c("b")],
+        vec![c("c")],
+        vec![c("d")],
+        vec![c("e")],
+    ]);
+    assert!(!fired(&t).contains(&"cycles".to_string()));
+}
+
+#[test]
+fn edit_revert_fires_on_undo_and_redo_not_on_one_diagnostic_revert() {
+    for edit in [openhands_edit, claude_edit] {
+        let flip = transcript(vec![
+            vec![edit("/w/calc.py", "a - b", "a + b")],
+            vec![edit("/w/calc.py", "a + b", "a - b")],
+            vec![edit("/w/calc.py", "a - b", "a + b")],
+        ]);
+        assert!(fired(&flip).contains(&"edit_revert".to_string()));
+        let diagnostic = transcript(vec![
+            vec![edit("/w/calc.py", "a - b", "a + b")],
+            vec![edit("/w/calc.py", "a + b", "a - b")],
+        ]);
+        assert!(!fired(&diagnostic).contains(&"edit_revert".to_string()));
+    }
+    // Codex patches: a patch that reverses an earlier patch, then redoes it.
+    let p = |from: &str, to: &str| {
+        call("apply_patch", json!(format!("*** Begin Patch\n*** Update File: calc.py\n@@\n-    return {from}\n+    return {to}\n*** End Patch")), "Exit code: 0\nWall time: 0 seconds\nOutput:\nSuccess. Updated the following files:\nM calc.py\n", None)
+    };
+    let t = transcript(vec![
+        vec![p("a - b", "a + b")],
+        vec![p("a + b", "a - b")],
+        vec![p("a - b", "a + b")],
+    ]);
+    assert!(fired(&t).contains(&"edit_revert".to_string()));
+}
+
+#[test]
+fn read_loop_fires_on_rereading_an_unchanged_file() {
+    let claude = transcript(
+        (0..3)
+            .map(|_| {
+                vec![call(
+                    "Read",
+                    json!({"file_path": "/w/calc.py"}),
+                    "1\tdef add(a, b):",
+                    None,
+                )]
+            })
+            .collect(),
+    );
+    assert!(fired(&claude).contains(&"read_loop".to_string()));
+    let opencode = transcript(vec![
+        vec![call(
+            "read",
+            json!({"filePath": "/w/calc.py"}),
+            "<content>1: def add</content>",
+            None,
+        )],
+        vec![call(
+            "edit",
+            json!({"filePath": "/w/calc.py", "oldString": "-", "newString": "+"}),
+            "Edit applied successfully.",
+            None,
+        )],
+        vec![call(
+            "read",
+            json!({"filePath": "/w/calc.py"}),
+            "<content>1: def add +</content>",
+            None,
+        )],
+        vec![call(
+            "read",
+            json!({"filePath": "/w/other.py"}),
+            "<content>1: x</content>",
+            None,
+        )],
+    ]);
+    assert!(!fired(&opencode).contains(&"read_loop".to_string()));
+}
+
+#[test]
+fn error_pileup_and_dead_end_fire_when_fighting_the_environment() {
+    let cmds = [
+        "javac A.java",
+        "mvn compile",
+        "./mvnw test",
+        "gradle build",
+        "java -version",
+        "javac -cp . A.java",
+        "which javac",
+    ];
+    let swe = transcript(cmds.iter().map(|c| vec![call("bash", json!({"command": c}), &format!("/bin/bash: line 1{}: {}: command not found\n(Open file: n/a)\n(Current directory: /r)\nbash-$", c.len(), c.split(' ').next().unwrap()), None)]).collect());
+    let f = fired(&swe);
+    assert!(f.contains(&"error_pileup".to_string()), "{f:?}");
+    let healthy = transcript(
+        cmds.iter()
+            .enumerate()
+            .map(|(i, c)| vec![gemini_shell(c, &format!("built {i}"), false, i)])
+            .collect(),
+    );
+    let f = fired(&healthy);
+    assert!(
+        !f.contains(&"error_pileup".to_string()) && !f.contains(&"dead_end".to_string()),
+        "{f:?}"
+    );
+}
+
+#[test]
+fn near_duplicates_and_output_stagnation_fire_on_reworded_searches() {
+    let search = |term: &str| {
+        call("search_dir", json!({"search_term": term}), &format!("No matches found for \"{term}\" in /r\n(Open file: n/a)\n(Current directory: /r)\nbash-$"), None)
+    };
+    let t = transcript(vec![
+        vec![search("jackson xml property")],
+        vec![search("jackson xml mapping")],
+        vec![search("jackson xml serialization")],
+        vec![search("xml property")],
+        vec![search("xml")],
+    ]);
+    let f = fired(&t);
+    assert!(
+        f.contains(&"output_stagnation".to_string()) || f.contains(&"near_duplicate".to_string()),
+        "{f:?}"
+    );
+    let grep = |term: &str, hit: &str| mini_bash(&format!("grep -rn '{term}' src"), hit, 0);
+    let t = transcript(vec![
+        vec![grep("Foo", "a.py:1:Foo")],
+        vec![grep("Bar", "b.py:2:Bar")],
+        vec![grep("Baz", "c.py:3:Baz")],
+        vec![grep("Qux", "d.py:4:Qux")],
+    ]);
+    let f = fired(&t);
+    assert!(
+        !f.contains(&"output_stagnation".to_string()) && !f.contains(&"near_duplicate".to_string()),
+        "{f:?}"
+    );
+}
+
+#[test]
+fn self_diagnosed_and_repeated_text_read_the_assistant_text() {
+    let mut t = transcript(
+        (0..4)
+            .map(|i| vec![claude_bash(&format!("ls {i}"), &format!("f{i}"), false)])
+            .collect(),
+    );
+    for s in &mut t.steps {
+        s.text = "This isn't working. Let me try a different approach to the parser fix.".into();
+    }
+    let f = fired(&t);
+    assert!(
+        f.contains(&"self_diagnosed".to_string()) && f.contains(&"repeated_text".to_string()),
+        "{f:?}"
+    );
+    let quiet = transcript(
+        (0..4)
+            .map(|i| vec![codex_exec(&format!("ls {i}"), "x", false, i)])
+            .collect(),
+    );
+    let f = fired(&quiet);
+    assert!(
+        !f.contains(&"self_diagnosed".to_string()) && !f.contains(&"repeated_text".to_string()),
+        "{f:?}"
+    );
+}
+
+#[test]
+fn budget_is_hard_and_halts_without_a_nudge() {
+    let mut cfg = loopwarden::detect::DetectConfig::default();
+    cfg.budget.steps = 3;
+    cfg.budget.expand_per_change = 0.0;
+    let engine = Engine::new(cfg);
+    let t = transcript(
+        (0..5)
+            .map(|i| vec![gemini_shell(&format!("ls {i}"), &format!("{i}"), false, i)])
+            .collect(),
+    );
+    let d = engine.decisions(&t, &StoreFacts::default());
+    let first = d.iter().find(|(_, d)| d.action != Action::Observe).unwrap();
+    assert_eq!(first.1.action, Action::Halt);
+    assert_eq!(first.1.detector, "budget");
+    // The default budget never stops a short healthy run.
+    assert!(Engine::default()
+        .decisions(&t, &StoreFacts::default())
+        .iter()
+        .all(|(_, d)| d.action == Action::Observe));
+}
+
+#[test]
+fn verifier_drift_fires_on_a_falling_score() {
+    let cfg = loopwarden::detect::DetectConfig {
+        verifier: Some(loopwarden::detect::config::VerifierConfig {
+            command: "pytest".into(),
+            score_regex: r"(\d+) passed".into(),
+        }),
+        ..Default::default()
+    };
+    let engine = Engine::new(cfg);
+    let run = |scores: &[u32]| {
+        let mut steps = Vec::new();
+        for (i, s) in scores.iter().enumerate() {
+            steps.push(vec![claude_edit(
+                "/w/a.py",
+                &format!("x{i}"),
+                &format!("x{}", i + 1),
+            )]);
+            steps.push(vec![claude_bash(
+                "pytest",
+                &format!("{s} passed, 1 failed"),
+                true,
+            )]);
+        }
+        let t = transcript(steps);
+        let mut state = engine.start(&t);
+        let mut seen = Vec::new();
+        for step in &t.steps {
+            engine.fold(&mut state, step, &StoreFacts::default());
+            seen.extend(state.decision().findings.into_iter().map(|f| f.detector));
+        }
+        seen
+    };
+    assert!(run(&[9, 7, 5]).contains(&"verifier_drift".to_string()));
+    assert!(!run(&[5, 7, 9]).contains(&"verifier_drift".to_string()));
+}
+
+#[test]
+fn goal_drift_fires_when_recent_work_shares_no_words_with_the_task() {
+    let mut cfg = loopwarden::detect::DetectConfig::default();
+    cfg.thresholds.goal_window = 3;
+    let engine = Engine::new(cfg);
+    let fired_with = |cmds: &[&str]| {
+        let mut t = transcript(
+            cmds.iter()
+                .enumerate()
+                .map(|(i, c)| vec![codex_exec(c, &format!("ok {i}"), false, i)])
+                .collect(),
+        );
+        for s in &mut t.steps {
+            s.text = String::new();
+        }
+        let mut state = engine.start(&t);
+        let mut seen = Vec::new();
+        for step in &t.steps {
+            engine.fold(&mut state, step, &StoreFacts::default());
+            seen.extend(state.decision().findings.into_iter().map(|f| f.detector));
+        }
+        seen
+    };
+    assert!(
+        fired_with(&["curl weather", "npm view leftpad", "brew info ffmpeg"])
+            .contains(&"goal_drift".to_string())
+    );
+    assert!(
+        !fired_with(&["cat calc.py", "pytest test_calc.py", "sed -n 1,9p calc.py"])
+            .contains(&"goal_drift".to_string())
+    );
+}
+
+#[test]
+fn size_oscillation_fires_on_a_file_growing_and_shrinking() {
+    let w = |content: &str| {
+        call(
+            "Write",
+            json!({"file_path": "/w/a.py", "content": content}),
+            "File created successfully",
+            None,
+        )
+    };
+    let t = transcript(vec![
+        vec![w("a")],
+        vec![w("aaaaaa")],
+        vec![w("aa")],
+        vec![w("aaaaaaa")],
+        vec![w("aaa")],
+        vec![w("aaaaaaaa")],
+    ]);
+    assert!(fired(&t).contains(&"size_oscillation".to_string()));
+    let g = |content: &str| {
+        call(
+            "write_file",
+            json!({"file_path": "/w/a.py", "content": content}),
+            "ok",
+            None,
+        )
+    };
+    let t = transcript(vec![
+        vec![g("a")],
+        vec![g("aa")],
+        vec![g("aaa")],
+        vec![g("aaaa")],
+        vec![g("aaaaa")],
+    ]);
+    assert!(!fired(&t).contains(&"size_oscillation".to_string()));
+}
+
+#[test]
+fn error_rate_fires_when_most_recent_results_fail() {
+    let t = transcript(
+        (0..10)
+            .map(|i| {
+                vec![claude_bash(
+                    &format!("make t{i}"),
+                    &format!("error {i}"),
+                    i % 3 != 0,
+                )]
+            })
+            .collect(),
+    );
+    assert!(fired(&t).contains(&"error_rate".to_string()));
+    let t = transcript(
+        (0..10)
+            .map(|i| {
+                vec![gemini_shell(
+                    &format!("make t{i}"),
+                    &format!("built {i}"),
+                    i == 4,
+                    i,
+                )]
+            })
+            .collect(),
+    );
+    assert!(!fired(&t).contains(&"error_rate".to_string()));
+}

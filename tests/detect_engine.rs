@@ -1,0 +1,322 @@
+//! The engine: EMA, cooldown, escalation ladder, human resets, scaffold messages that are
+//! not a human, incremental folding, the response-side block, and property tests.
+
+use loopwarden::detect::{Action, DetectConfig, Engine, StoreFacts};
+use loopwarden::dialect::ResponseTurn;
+use loopwarden::transcript::{CallWithResult, Step, ToolCall, ToolResult, Transcript};
+use proptest::prelude::*;
+use serde_json::json;
+
+fn run_cmd(cmd: &str, out: &str) -> CallWithResult {
+    run_code(cmd, out, 1)
+}
+
+fn run_code(cmd: &str, out: &str, code: i32) -> CallWithResult {
+    CallWithResult {
+        call: ToolCall {
+            id: String::new(),
+            name: "bash".into(),
+            args: json!({"command": cmd}),
+        },
+        result: Some(ToolResult {
+            call_id: String::new(),
+            name: String::new(),
+            text: format!("<returncode>{code}</returncode>\n<output>\n{out}\n</output>"),
+            is_error: None,
+        }),
+    }
+}
+
+fn looping(n: usize) -> Transcript {
+    Transcript {
+        system: vec![],
+        task: vec!["fix calc".into()],
+        steps: (0..n)
+            .map(|index| Step {
+                index,
+                text: String::new(),
+                calls: vec![run_cmd("pytest test_calc.py", "FAILED test_add")],
+                user_after: vec![],
+            })
+            .collect(),
+    }
+}
+
+fn actions(engine: &Engine, t: &Transcript, store: &StoreFacts) -> Vec<Action> {
+    engine
+        .decisions(t, store)
+        .into_iter()
+        .map(|(_, d)| d.action)
+        .collect()
+}
+
+#[test]
+fn a_loop_is_nudged_then_escalates_and_halts_only_after_the_nudge() {
+    let a = actions(&Engine::default(), &looping(12), &StoreFacts::default());
+    let first = a.iter().position(|x| *x != Action::Observe).unwrap();
+    assert_eq!(a[first], Action::Nudge, "{a:?}");
+    let halt = a
+        .iter()
+        .position(|x| *x == Action::Halt)
+        .expect("a chronic loop halts");
+    assert!(halt > first);
+    let replan = a.iter().position(|x| *x == Action::Replan).unwrap();
+    assert!(first < replan && replan < halt, "{a:?}");
+    // Escalation steps are at least the configured gap apart.
+    let gap = DetectConfig::default().escalation.escalation_gap;
+    assert!(replan - first >= gap && halt - replan >= gap, "{a:?}");
+    // A halted run stays halted.
+    assert!(a[halt..].iter().all(|x| *x == Action::Halt), "{a:?}");
+}
+
+#[test]
+fn a_pattern_that_never_becomes_chronic_only_nudges_and_cools_down() {
+    // EMA above 0.5 is required to escalate: with a high bar, the same loop only nudges,
+    // and nudges repeat no more often than the cooldown.
+    let mut cfg = DetectConfig::default();
+    cfg.escalation.escalate_ema = 1.0;
+    let a = actions(
+        &Engine::new(cfg.clone()),
+        &looping(20),
+        &StoreFacts::default(),
+    );
+    assert!(!a.iter().any(|x| x.stops()), "{a:?}");
+    let nudges: Vec<usize> = a
+        .iter()
+        .enumerate()
+        .filter(|(_, x)| **x != Action::Observe)
+        .map(|(i, _)| i)
+        .collect();
+    assert!(nudges.len() >= 2, "{a:?}");
+    assert!(
+        nudges
+            .windows(2)
+            .all(|w| w[1] - w[0] >= cfg.escalation.cooldown),
+        "{nudges:?}"
+    );
+}
+
+#[test]
+fn ema_smooths_one_blip_into_a_single_nudge() {
+    // One repeated failure pair, then varied work: a nudge at most, never an escalation.
+    let mut t = looping(4);
+    for i in 4..14 {
+        t.steps.push(Step {
+            index: i,
+            text: String::new(),
+            calls: vec![run_code(&format!("ls dir{i}"), &format!("file{i}"), 0)],
+            user_after: vec![],
+        });
+    }
+    let a = actions(&Engine::default(), &t, &StoreFacts::default());
+    assert!(
+        a.iter().filter(|x| **x != Action::Observe).count() <= 2,
+        "{a:?}"
+    );
+    assert!(
+        !a.iter().any(|x| x.stops() || *x == Action::Replan),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn a_human_message_resets_escalation_but_scaffold_messages_do_not() {
+    let base = actions(&Engine::default(), &looping(12), &StoreFacts::default());
+    let halt = base.iter().position(|x| *x == Action::Halt).unwrap();
+    // A human speaks right before the request that would have halted.
+    let mut t = looping(12);
+    t.steps[halt - 1]
+        .user_after
+        .push("Try reading the stack trace instead.".into());
+    let a = actions(&Engine::default(), &t, &StoreFacts::default());
+    assert_eq!(a[halt], Action::Observe, "{a:?}");
+    let next = a[halt + 1..]
+        .iter()
+        .find(|x| **x != Action::Observe)
+        .unwrap();
+    assert_eq!(*next, Action::Nudge, "escalation starts over: {a:?}");
+    // mini-swe-agent's format complaint and OpenHands' "please continue" are not a human.
+    for auto in [
+        "Please always provide EXACTLY ONE action in triple backticks, found 2 actions.",
+        "Please continue working on the task on whatever approach you think is suitable.",
+    ] {
+        let mut t = looping(12);
+        t.steps[halt - 1].user_after.push(auto.into());
+        assert_eq!(
+            actions(&Engine::default(), &t, &StoreFacts::default())[halt],
+            Action::Halt,
+            "{auto}"
+        );
+    }
+}
+
+#[test]
+fn an_operator_resume_and_a_dismissal_are_store_facts() {
+    let base = actions(&Engine::default(), &looping(12), &StoreFacts::default());
+    let halt = base.iter().position(|x| *x == Action::Halt).unwrap();
+    let resumed = StoreFacts {
+        resumed_at: vec![halt],
+        dismissed: vec![],
+    };
+    let a = actions(&Engine::default(), &looping(12), &resumed);
+    assert_ne!(a[halt], Action::Halt, "{a:?}");
+    // A cached fold made without the resume is not continued with it.
+    let engine = Engine::default();
+    let t = looping(halt);
+    let (d, state) = engine.decide_with(&t, &StoreFacts::default(), None);
+    assert_eq!(d.action, Action::Halt);
+    let (d, _) = engine.decide_with(&t, &resumed, Some(state));
+    assert_ne!(d.action, Action::Halt);
+    // Dismissing the leading pattern's alert quiets it for the configured turns.
+    let first = base.iter().position(|x| *x != Action::Observe).unwrap();
+    let lead = engine.decisions(&looping(12), &StoreFacts::default())[first]
+        .1
+        .detector
+        .clone();
+    let mut cfg = DetectConfig::default();
+    for other in engine.detector_names().into_iter().filter(|n| *n != lead) {
+        let mut p = cfg.policy(other);
+        p.response = loopwarden::detect::Response::Off;
+        cfg.patterns.insert(other.to_string(), p);
+    }
+    let only = Engine::new(cfg);
+    let dismissed = StoreFacts {
+        resumed_at: vec![],
+        dismissed: vec![(first, lead.clone())],
+    };
+    let a = actions(&only, &looping(12), &dismissed);
+    assert!(
+        a[first + 1..(first + 10).min(a.len())]
+            .iter()
+            .all(|x| *x == Action::Observe),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn incremental_folding_gives_the_same_decisions_as_a_fresh_fold() {
+    let engine = Engine::default();
+    let full = looping(30);
+    let mut cached = None;
+    for k in 0..=30 {
+        let t = Transcript {
+            steps: full.steps[..k].to_vec(),
+            ..full.clone()
+        };
+        let (fresh, _) = engine.decide_with(&t, &StoreFacts::default(), None);
+        let (inc, state) = engine.decide_with(&t, &StoreFacts::default(), cached.take());
+        assert_eq!(fresh, inc, "request {k}");
+        assert_eq!(state.steps(), k);
+        cached = Some(state);
+    }
+    // A different conversation under the same cache starts over.
+    let other = Transcript {
+        task: vec!["another task".into()],
+        ..looping(3)
+    };
+    let (d, state) = engine.decide_with(&other, &StoreFacts::default(), cached);
+    assert_eq!(state.steps(), 3);
+    assert_eq!(d, engine.decide(&other));
+}
+
+#[test]
+fn the_response_side_blocks_the_call_that_repeats_a_warned_loop() {
+    let engine = Engine::default();
+    let a = actions(&engine, &looping(12), &StoreFacts::default());
+    let replan = a.iter().position(|x| *x == Action::Replan).unwrap();
+    let t = looping(replan);
+    let same = ResponseTurn {
+        calls: vec![ToolCall {
+            id: "x".into(),
+            name: "bash".into(),
+            args: json!({"command": "pytest  test_calc.py"}),
+        }],
+        ..ResponseTurn::default()
+    };
+    assert_eq!(engine.decide_response(&t, &same).action, Action::Block);
+    let different = ResponseTurn {
+        calls: vec![ToolCall {
+            id: "y".into(),
+            name: "bash".into(),
+            args: json!({"command": "cat test_calc.py"}),
+        }],
+        ..ResponseTurn::default()
+    };
+    assert_eq!(
+        engine.decide_response(&t, &different).action,
+        Action::Observe
+    );
+    // Before any nudge there is nothing to block.
+    assert_eq!(
+        engine.decide_response(&looping(1), &same).action,
+        Action::Observe
+    );
+}
+
+#[test]
+fn config_roundtrips_through_toml_with_defaults() {
+    let cfg: DetectConfig =
+        toml::from_str("[escalation]\ncooldown = 7\n[patterns.read_loop]\nresponse = \"off\"\n")
+            .unwrap();
+    assert_eq!(cfg.escalation.cooldown, 7);
+    assert_eq!(cfg.escalation.ema_alpha, 0.3);
+    assert_eq!(
+        cfg.policy("read_loop").response,
+        loopwarden::detect::Response::Off
+    );
+    assert_eq!(
+        cfg.policy("stagnation").response,
+        loopwarden::detect::Response::Halt
+    );
+    assert!(
+        toml::from_str::<DetectConfig>("nonsense = 1").is_err(),
+        "unknown keys are errors"
+    );
+}
+
+fn shuffle_keys(v: &serde_json::Value) -> String {
+    // Serialize objects with keys in reverse order: what a client with another key order sends.
+    match v {
+        serde_json::Value::Object(m) => {
+            let parts: Vec<String> = m
+                .iter()
+                .rev()
+                .map(|(k, v)| format!("{}:{}", serde_json::to_string(k).unwrap(), shuffle_keys(v)))
+                .collect();
+            format!("{{{}}}", parts.join(","))
+        }
+        other => other.to_string(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Argument key order and volatile output parts (chunk ids, wall times, PGIDs,
+    /// addresses, temp paths) never change a decision.
+    #[test]
+    fn key_order_and_volatile_output_never_change_a_decision(
+        seq in proptest::collection::vec(0usize..3, 4..16),
+        noise in proptest::collection::vec((0u32..1_000_000, 0u32..10_000), 16),
+    ) {
+        let cmds = ["pytest -x test_calc.py", "cat calc.py", "python repro.py"];
+        let build = |volatile: bool| -> Transcript {
+            let steps = seq.iter().enumerate().map(|(i, &c)| {
+                let (n1, n2) = noise[i];
+                let (chunk, wall, pgid) = if volatile { (format!("{n1:x}f{n2}"), format!("0.{n2}"), n1) } else { ("a1".into(), "0.0".into(), 7) };
+                let out = format!("Chunk ID: {chunk}\nWall time: {wall} seconds\nProcess exited with code 1\nOutput:\nFAILED at 0x{:x} in /tmp/tmp{n2}x/t.py\nProcess Group PGID: {pgid}", n1 + 4096);
+                let args: serde_json::Value = json!({"cmd": cmds[c], "workdir": "/r", "yield_time_ms": 1000});
+                let args = if volatile { loopwarden::transcript::canonical_args_from_str(&shuffle_keys(&args)) } else { args };
+                Step { index: i, text: String::new(), calls: vec![CallWithResult {
+                    call: ToolCall { id: format!("c{i}"), name: "exec_command".into(), args },
+                    result: Some(ToolResult { call_id: format!("c{i}"), name: String::new(), text: out, is_error: None }),
+                }], user_after: vec![] }
+            }).collect();
+            Transcript { system: vec![], task: vec!["fix".into()], steps }
+        };
+        let engine = Engine::default();
+        let a: Vec<(usize, Action, String)> = engine.decisions(&build(false), &StoreFacts::default()).into_iter().map(|(k, d)| (k, d.action, d.detector)).collect();
+        let b: Vec<(usize, Action, String)> = engine.decisions(&build(true), &StoreFacts::default()).into_iter().map(|(k, d)| (k, d.action, d.detector)).collect();
+        prop_assert_eq!(a, b);
+    }
+}
