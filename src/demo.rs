@@ -317,15 +317,29 @@ pub async fn demo(out: &mut dyn Write, step_delay: Duration) -> anyhow::Result<D
         .bytes()
         .await?;
     let timeline: Value = serde_json::from_slice(&timeline_bytes).unwrap_or(Value::Null);
-    let mut shown = std::collections::BTreeSet::new();
+    // One line per detector: its first finding, and how often it fired.
+    let mut by_detector: Vec<(String, String, usize)> = Vec::new();
     for f in timeline["findings"].as_array().into_iter().flatten() {
-        let key = (
-            f["detector"].as_str().unwrap_or("").to_string(),
-            f["summary"].as_str().unwrap_or("").to_string(),
-        );
-        if shown.insert(key.clone()) {
-            writeln!(out, "  finding   {:<18} {}", key.0, line(&key.1, 90))?;
+        let detector = f["detector"].as_str().unwrap_or("").to_string();
+        match by_detector.iter_mut().find(|(d, _, _)| *d == detector) {
+            Some((_, _, n)) => *n += 1,
+            None => {
+                by_detector.push((detector, f["summary"].as_str().unwrap_or("").to_string(), 1))
+            }
         }
+    }
+    for (detector, summary, n) in &by_detector {
+        let times = if *n > 1 {
+            format!(" (x{n})")
+        } else {
+            String::new()
+        };
+        writeln!(
+            out,
+            "  finding   {:<18} {}{times}",
+            detector,
+            line(summary, 80)
+        )?;
     }
     for d in timeline["decisions"].as_array().into_iter().flatten() {
         writeln!(
