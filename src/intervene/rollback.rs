@@ -126,6 +126,9 @@ pub fn roll_back(
         .iter()
         .position(|b| *b == Some(last + 1))
         .unwrap_or(view.messages.len());
+    if end <= start {
+        return None;
+    }
     // Items that say nothing (reasoning) belong with the turn they precede.
     while start > 0 && empty[start - 1] {
         start -= 1;
