@@ -210,18 +210,7 @@ impl Controls {
         humans: Option<i64>,
     ) -> Control {
         let mut map = self.lock();
-        let c = map
-            .entry(conversation.to_string())
-            .or_insert_with(|| Control {
-                conversation_id: conversation.to_string(),
-                halted: false,
-                reason: String::new(),
-                source: String::new(),
-                humans_at_halt: None,
-                resume_pending: false,
-                resumed_at: "[]".into(),
-                updated_ms: 0,
-            });
+        let c = entry(&mut map, conversation);
         c.halted = true;
         c.reason = reason.to_string();
         c.source = source.to_string();
@@ -236,18 +225,8 @@ impl Controls {
     pub async fn resume(&self, conversation: &str) -> Result<Control, sqlx::Error> {
         let c = {
             let mut map = self.lock();
-            let c = map
-                .entry(conversation.to_string())
-                .or_insert_with(|| Control {
-                    conversation_id: conversation.to_string(),
-                    halted: false,
-                    reason: String::new(),
-                    source: "operator".into(),
-                    humans_at_halt: None,
-                    resume_pending: false,
-                    resumed_at: "[]".into(),
-                    updated_ms: 0,
-                });
+            let c = entry(&mut map, conversation);
+            c.source = "operator".into();
             c.halted = false;
             c.resume_pending = true;
             c.updated_ms = now_ms();
@@ -261,18 +240,8 @@ impl Controls {
     /// continue a held request): the same as an operator's resume, written behind.
     pub fn release(&self, conversation: &str) {
         let mut map = self.lock();
-        let c = map
-            .entry(conversation.to_string())
-            .or_insert_with(|| Control {
-                conversation_id: conversation.to_string(),
-                halted: false,
-                reason: String::new(),
-                source: "human".into(),
-                humans_at_halt: None,
-                resume_pending: false,
-                resumed_at: "[]".into(),
-                updated_ms: 0,
-            });
+        let c = entry(&mut map, conversation);
+        c.source = "human".into();
         c.halted = false;
         c.resume_pending = true;
         c.updated_ms = now_ms();
@@ -318,6 +287,21 @@ impl Controls {
         .await?;
         Ok(())
     }
+}
+
+/// The state of a conversation, created (free, nothing recorded) if it has none.
+fn entry<'a>(map: &'a mut HashMap<String, Control>, conversation: &str) -> &'a mut Control {
+    map.entry(conversation.to_string())
+        .or_insert_with(|| Control {
+            conversation_id: conversation.to_string(),
+            halted: false,
+            reason: String::new(),
+            source: String::new(),
+            humans_at_halt: None,
+            resume_pending: false,
+            resumed_at: "[]".into(),
+            updated_ms: 0,
+        })
 }
 
 fn parse_steps(json: &str) -> Vec<usize> {
