@@ -114,6 +114,17 @@ async fn a_held_request_is_listed_announced_and_decided_by_a_human() {
                     body.to_string().as_bytes(),
                     "forwarded untouched"
                 );
+                // The human let it go on: the next request is not held again at once.
+                let k = first_k(dialect, Action::Halt);
+                let next = setup
+                    .post(
+                        &path(dialect, conversation, false),
+                        &loop_body(dialect, k + 1, false, None),
+                    )
+                    .await;
+                assert_ne!(header(&next, "x-loopwarden-decision"), "pause");
+                let _ = next.bytes().await;
+                assert_eq!(setup.mock.requests().len(), before + 2);
             }
             Verdict::Nudge => {
                 assert_eq!(setup.mock.requests().len(), before + 1);
@@ -220,4 +231,30 @@ async fn a_held_stream_is_kept_alive_then_carries_the_answer() {
     assert_eq!(text, "Running the test again.");
     assert_eq!(calls, vec!["Bash"]);
     assert_eq!(setup.mock.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_withdraws_its_held_request() {
+    let (hook, _) = webhook().await;
+    let dialect = Dialect::Anthropic;
+    let setup = Setup::start(looping_script(dialect), move |c| {
+        c.intervene.on_stop = StopMode::Pause;
+        c.intervene.pause.webhooks = vec![hook];
+        c.intervene.pause.keepalive_secs = 1;
+    })
+    .await;
+    let body = loop_body(dialect, first_k(dialect, Action::Halt), true, None);
+    let mut resp = setup.post(&path(dialect, "p-gone", true), &body).await;
+    let _ = resp.chunk().await.unwrap();
+    let _ = held_id(&setup, "p-gone").await;
+    drop(resp);
+    for _ in 0..500 {
+        let (_, v) = setup.admin("/admin/api/pending", None).await;
+        if v["pending"] == json!([]) {
+            assert!(setup.mock.requests().is_empty());
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the held request stayed listed after its client left");
 }
