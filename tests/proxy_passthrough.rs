@@ -185,3 +185,32 @@ async fn prefixes_are_stripped_and_other_paths_pass_through() {
     assert_eq!(seen.api, "anthropic_count_tokens");
     assert_eq!(seen.body.as_ref(), &body[..]);
 }
+
+#[tokio::test]
+async fn a_request_never_chooses_the_upstream_host() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mock = MockServer::start(one_call_script()).await.unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    // Absolute-form target and a foreign Host: a proxy that honoured either would be an
+    // open relay. The request must still go to the configured upstream.
+    let body = Api::Chat.first_request("task", false).to_string();
+    let raw = format!(
+        "POST http://relay-victim.example/v1/chat/completions HTTP/1.1\r\nhost: relay-victim.example\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut tcp = tokio::net::TcpStream::connect(proxy.running.addr())
+        .await
+        .unwrap();
+    tcp.write_all(raw.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tcp.read_to_end(&mut answer).await.unwrap();
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    let seen = mock.requests().pop().unwrap();
+    assert_eq!(seen.path, "/v1/chat/completions");
+    assert_eq!(seen.header("host"), Some(mock.addr().to_string().as_str()));
+}
