@@ -12,8 +12,11 @@
 //! [`sweep`]: MessageCache::sweep
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 
 use crate::dialect::{Dialect, RawMessage};
 use crate::transcript::Item;
@@ -49,30 +52,44 @@ impl MessageCache {
         }
     }
 
-    /// The items of each message, in order, parsing only the messages not cached. The
-    /// lock is held only for lookups and inserts, never while parsing.
-    pub fn items(&self, dialect: Dialect, messages: &[RawMessage]) -> Vec<Items> {
-        let keys: Vec<blake3::Hash> = messages
+    /// The items of each message, in order, parsing only the messages not cached.
+    /// Messages that `previous` (the conversation's last request) carried at the same
+    /// position with the same bytes are recognised by comparing bytes, which is several
+    /// times cheaper than hashing them; the others are looked up by hash. The lock is held
+    /// only for lookups and inserts, never while parsing.
+    pub fn items(
+        &self,
+        dialect: Dialect,
+        messages: &[RawMessage],
+        previous: Option<&Previous>,
+    ) -> Vec<Items> {
+        let mut found: Vec<Option<Items>> = messages
             .iter()
-            .map(|raw| {
-                let mut h = blake3::Hasher::new();
-                h.update(&[dialect as u8]);
-                h.update(raw.get().as_bytes());
-                h.finalize()
+            .enumerate()
+            .map(|(i, m)| previous.and_then(|p| p.same(dialect, i, m.get())))
+            .collect();
+        let keys: Vec<Option<blake3::Hash>> = found
+            .iter()
+            .zip(messages)
+            .map(|(slot, raw)| {
+                slot.is_none().then(|| {
+                    let mut h = blake3::Hasher::new();
+                    h.update(&[dialect as u8]);
+                    h.update(raw.get().as_bytes());
+                    h.finalize()
+                })
             })
             .collect();
         let now = Instant::now();
-        let mut found: Vec<Option<Items>> = {
+        if keys.iter().any(Option::is_some) {
             let mut inner = self.lock();
-            keys.iter()
-                .map(|k| {
-                    inner.map.get_mut(k).map(|e| {
-                        e.last_used = now;
-                        e.items.clone()
-                    })
-                })
-                .collect()
-        };
+            for (slot, key) in found.iter_mut().zip(&keys) {
+                if let Some(entry) = key.as_ref().and_then(|k| inner.map.get_mut(k)) {
+                    entry.last_used = now;
+                    *slot = Some(entry.items.clone());
+                }
+            }
+        }
         let mut parsed = Vec::new();
         for (i, slot) in found.iter_mut().enumerate() {
             if slot.is_none() {
@@ -84,13 +101,14 @@ impl MessageCache {
         if !parsed.is_empty() {
             let mut inner = self.lock();
             for (i, items) in parsed {
+                let Some(key) = keys[i] else { continue };
                 let bytes = messages[i].get().len();
                 let entry = Entry {
                     items,
                     bytes,
                     last_used: now,
                 };
-                if let Some(old) = inner.map.insert(keys[i], entry) {
+                if let Some(old) = inner.map.insert(key, entry) {
                     inner.bytes -= old.bytes;
                 }
                 inner.bytes += bytes;
@@ -128,6 +146,54 @@ impl MessageCache {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A panic elsewhere while holding the lock leaves a consistent map: keep going.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A conversation's last request: its body (a reference-counted handle, not a copy), where
+/// each message lies in it, and the message's items.
+pub struct Previous {
+    dialect: Dialect,
+    body: Bytes,
+    spans: Vec<Option<Range<usize>>>,
+    items: Vec<Items>,
+}
+
+impl Previous {
+    /// `messages` are slices of `body` (as the dialect's view hands them out).
+    pub fn new(
+        dialect: Dialect,
+        body: &Bytes,
+        messages: &[RawMessage],
+        items: Vec<Items>,
+    ) -> Previous {
+        let base = body.as_ptr() as usize;
+        let spans = messages
+            .iter()
+            .map(|m| {
+                let text = m.get();
+                let start = (text.as_ptr() as usize).checked_sub(base)?;
+                let end = start.checked_add(text.len())?;
+                (end <= body.len()).then_some(start..end)
+            })
+            .collect();
+        Previous {
+            dialect,
+            body: body.clone(),
+            spans,
+            items,
+        }
+    }
+
+    /// The items of message `i` when the previous request had the same bytes there.
+    fn same(&self, dialect: Dialect, i: usize, text: &str) -> Option<Items> {
+        if self.dialect != dialect {
+            return None;
+        }
+        let span = self.spans.get(i)?.clone()?;
+        if self.body.get(span)? != text.as_bytes() {
+            return None;
+        }
+        self.items.get(i).cloned()
     }
 }
 
@@ -169,15 +235,15 @@ mod tests {
             r#"{"role":"user","content":"b"}"#,
         ]);
         let msgs: Vec<RawMessage> = owned.iter().map(|b| RawMessage::new(b.get())).collect();
-        let first = cache.items(Dialect::OpenAiChat, &msgs);
+        let first = cache.items(Dialect::OpenAiChat, &msgs, None);
         assert_eq!(cache.size().0, 2);
-        let again = cache.items(Dialect::OpenAiChat, &msgs);
+        let again = cache.items(Dialect::OpenAiChat, &msgs, None);
         assert!(
             Arc::ptr_eq(&first[0], &again[0]),
             "second lookup reuses the parsed items"
         );
         // Same bytes under another wire format are another message.
-        cache.items(Dialect::Anthropic, &msgs[..1]);
+        cache.items(Dialect::Anthropic, &msgs[..1], None);
         assert_eq!(cache.size().0, 3);
     }
 
@@ -187,14 +253,68 @@ mod tests {
         let texts: Vec<String> = (0..20).map(|i| format!(r#"{{"n":"{i:010}"}}"#)).collect();
         let owned = raws(&texts.iter().map(String::as_str).collect::<Vec<_>>());
         for raw in &owned {
-            cache.items(Dialect::OpenAiChat, &[RawMessage::new(raw.get())]);
+            cache.items(Dialect::OpenAiChat, &[RawMessage::new(raw.get())], None);
         }
         assert!(cache.size().1 <= 100, "{:?}", cache.size());
 
         let cache = MessageCache::new(1 << 20, Duration::ZERO);
-        cache.items(Dialect::OpenAiChat, &[RawMessage::new(owned[0].get())]);
+        cache.items(
+            Dialect::OpenAiChat,
+            &[RawMessage::new(owned[0].get())],
+            None,
+        );
         std::thread::sleep(Duration::from_millis(2));
         cache.sweep();
         assert_eq!(cache.size(), (0, 0));
+    }
+
+    #[test]
+    fn unchanged_messages_of_the_previous_request_are_recognised_by_their_bytes() {
+        let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
+        let slices = |body: &Bytes| -> Vec<RawMessage<'static>> {
+            // The test bodies are leaked so their slices can outlive this closure.
+            let text: &'static str =
+                Box::leak(String::from_utf8(body.to_vec()).unwrap().into_boxed_str());
+            text.split('|').map(RawMessage::new).collect()
+        };
+        let first =
+            Bytes::from_static(br#"{"role":"user","content":"a"}|{"role":"user","content":"b"}"#);
+        let first_msgs: Vec<RawMessage> = std::str::from_utf8(&first)
+            .unwrap()
+            .split('|')
+            .map(RawMessage::new)
+            .collect();
+        let items = cache.items(Dialect::OpenAiChat, &first_msgs, None);
+        let previous = Previous::new(Dialect::OpenAiChat, &first, &first_msgs, items.clone());
+        let parsed_before = cache.size().0;
+
+        // Same two messages plus a new one, in a new body: the two are recognised without
+        // a lookup (the same parsed items), only the third is new.
+        let second = Bytes::from_static(
+            br#"{"role":"user","content":"a"}|{"role":"user","content":"b"}|{"role":"user","content":"c"}"#,
+        );
+        let second_msgs = slices(&second);
+        let again = cache.items(Dialect::OpenAiChat, &second_msgs, Some(&previous));
+        assert!(Arc::ptr_eq(&again[0], &items[0]) && Arc::ptr_eq(&again[1], &items[1]));
+        assert_eq!(cache.size().0, parsed_before + 1);
+
+        // Slices that are not part of the previous body are never taken for it.
+        let foreign = Previous::new(
+            Dialect::OpenAiChat,
+            &Bytes::from_static(b"x"),
+            &first_msgs,
+            items.clone(),
+        );
+        assert!(foreign
+            .same(Dialect::OpenAiChat, 0, first_msgs[0].get())
+            .is_none());
+        // Another wire format never reuses the items.
+        assert!(previous
+            .same(Dialect::Anthropic, 0, first_msgs[0].get())
+            .is_none());
+        // A changed message at the same position is not the same message.
+        assert!(previous
+            .same(Dialect::OpenAiChat, 1, r#"{"role":"user","content":"B"}"#)
+            .is_none());
     }
 }

@@ -3,6 +3,8 @@
 //! - the detection engine's fold of the steps seen so far ([`EngineState`]), which
 //!   `Engine::decide_with` continues with the new steps (and rebuilds, with the same
 //!   result, when the history is not a continuation: the cache never changes a decision);
+//! - the last request's body and parsed messages ([`Previous`]), so unchanged messages
+//!   are recognised by comparing bytes;
 //! - how far the conversation's tool calls are in the log, so each request logs only the
 //!   steps that are new or that gained results.
 //!
@@ -13,6 +15,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::cache::Previous;
 use crate::detect::EngineState;
 use crate::transcript::Transcript;
 
@@ -26,6 +29,8 @@ struct State {
     complete: usize,
     /// The engine's fold; `None` while a request of this conversation is deciding.
     engine: Option<EngineState>,
+    /// The last request's messages, to recognise the unchanged ones by their bytes.
+    previous: Option<Previous>,
     last_used: Instant,
 }
 
@@ -49,6 +54,17 @@ impl Conversations {
     /// Puts the fold back for the conversation's next request.
     pub fn put_engine(&self, conversation: &str, state: EngineState) {
         entry(&mut self.lock(), conversation).engine = Some(state);
+    }
+
+    /// The conversation's last request (taken out; see [`Previous`]).
+    pub fn take_previous(&self, conversation: &str) -> Option<Previous> {
+        self.lock()
+            .get_mut(conversation)
+            .and_then(|s| s.previous.take())
+    }
+
+    pub fn put_previous(&self, conversation: &str, previous: Previous) {
+        entry(&mut self.lock(), conversation).previous = Some(previous);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, State>> {
@@ -87,6 +103,7 @@ fn entry<'a>(map: &'a mut HashMap<String, State>, conversation: &str) -> &'a mut
     let state = map.entry(conversation.to_string()).or_insert(State {
         complete: 0,
         engine: None,
+        previous: None,
         last_used: now,
     });
     state.last_used = now;

@@ -20,6 +20,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use super::cache::Previous;
 use super::identity::{self, Identity};
 use super::intervention::{self, Guard, Plan};
 use super::record::{Captured, Finished};
@@ -111,7 +112,16 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
             };
         }
     };
-    let messages = app.cache.items(dialect, &view.messages);
+    // The conversation's last request, when the request names its conversation: its
+    // unchanged messages are recognised by comparing bytes instead of hashing them.
+    let previous = stated
+        .as_ref()
+        .and_then(|s| app.conversations.take_previous(&s.id));
+    let messages = app.cache.items(dialect, &view.messages, previous.as_ref());
+    if let Some(s) = &stated {
+        let previous = Previous::new(dialect, body, &view.messages, messages.clone());
+        app.conversations.put_previous(&s.id, previous);
+    }
     let transcript = Transcript::from_items(
         view.preamble
             .into_iter()
