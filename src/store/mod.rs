@@ -443,3 +443,90 @@ pub fn now_ms() -> i64 {
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(id: i64) -> Record {
+        Record::Request(Box::new(RequestRow {
+            id,
+            conversation_id: "c".into(),
+            started_ms: id,
+            method: "POST".into(),
+            path: "/v1/messages".into(),
+            upstream: "anthropic".into(),
+            dialect: Some("anthropic".into()),
+            model: None,
+            stream: true,
+            parse: "parsed".into(),
+            parse_error: None,
+            steps: Some(0),
+            decision: Some("observe".into()),
+            applied: "forwarded".into(),
+            status: 200,
+            outcome: "complete".into(),
+            request_bytes: 10,
+            response_bytes: 20,
+            upstream_latency_us: Some(5),
+            upstream_total_us: Some(9),
+            proxy_overhead_us: 1,
+            input_tokens: None,
+            output_tokens: None,
+            stop_reason: None,
+        }))
+    }
+
+    async fn open(dir: &tempfile::TempDir, queue_capacity: usize) -> Store {
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        Store::open(
+            &url,
+            StoreOptions {
+                queue_capacity,
+                batch_size: 64,
+            },
+        )
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_drops_and_counts_instead_of_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir, 4).await;
+        // On this single-threaded runtime the writer cannot run until we yield, so the
+        // queue fills up: the caller must never wait for it.
+        for id in 1..=100 {
+            store.log(request(id));
+        }
+        store.flush().await;
+        let health = store.health();
+        assert_eq!(health.dropped, 96);
+        assert_eq!(health.written, 4);
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM requests")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(n, 4);
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_is_counted_and_the_log_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir, 64).await;
+        sqlx::query("ALTER TABLE requests RENAME TO requests_gone")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        store.log(request(1));
+        store.flush().await;
+        assert_eq!(store.health().failed, 1);
+        sqlx::query("ALTER TABLE requests_gone RENAME TO requests")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        store.log(request(2));
+        store.flush().await;
+        assert_eq!(store.health().written, 1);
+    }
+}
