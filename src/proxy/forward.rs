@@ -29,7 +29,7 @@ use super::tee::{Pending, TeeBody};
 use super::{errors, App};
 use crate::config::UpstreamConfig;
 use crate::detect::{Decision, EngineState};
-use crate::dialect::Dialect;
+use crate::dialect::{Dialect, RawMessage};
 use crate::intervene::service::Before;
 use crate::intervene::RequestInfo;
 use crate::store::redact::summary;
@@ -112,16 +112,18 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
             };
         }
     };
-    // The conversation's last request, when the request names its conversation: its
-    // unchanged messages are recognised by comparing bytes instead of hashing them.
-    let previous = stated
-        .as_ref()
-        .and_then(|s| app.conversations.take_previous(&s.id));
+    // The conversation's last request: its unchanged messages are recognised by comparing
+    // bytes instead of hashing them. Found under the stated id, or for clients that state
+    // none under their first messages' bytes (a guess that is only ever a speed-up: the
+    // byte comparison decides).
+    let previous_key = match &stated {
+        Some(s) => s.id.clone(),
+        None => head_key(dialect, &view.messages),
+    };
+    let previous = app.conversations.take_previous(&previous_key);
     let messages = app.cache.items(dialect, &view.messages, previous.as_ref());
-    if let Some(s) = &stated {
-        let previous = Previous::new(dialect, body, &view.messages, messages.clone());
-        app.conversations.put_previous(&s.id, previous);
-    }
+    let previous = Previous::new(dialect, body, &view.messages, messages.clone());
+    app.conversations.put_previous(&previous_key, previous);
     let transcript = Transcript::from_items(
         view.preamble
             .into_iter()
@@ -154,6 +156,18 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
             before,
         }),
     }
+}
+
+/// A key for the last request of a conversation that states no id: its first two
+/// messages' raw bytes. `#` never appears in conversation ids, so the keys cannot collide.
+fn head_key(dialect: Dialect, messages: &[RawMessage]) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(&[dialect as u8]);
+    for m in messages.iter().take(2) {
+        h.update(m.get().as_bytes());
+        h.update(b"\0");
+    }
+    format!("#head-{}", &h.finalize().to_hex()[..16])
 }
 
 /// The proxy handler: every request that is not the admin API or `/healthz`.
@@ -688,4 +702,31 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_keys_follow_the_first_two_messages_and_never_look_like_ids() {
+        let m =
+            |texts: &[&'static str]| texts.iter().map(|t| RawMessage::new(t)).collect::<Vec<_>>();
+        let a = head_key(Dialect::OpenAiChat, &m(&["sys", "task", "turn 1"]));
+        assert_eq!(
+            a,
+            head_key(
+                Dialect::OpenAiChat,
+                &m(&["sys", "task", "turn 1", "turn 2"])
+            )
+        );
+        assert_ne!(a, head_key(Dialect::OpenAiChat, &m(&["sys", "other task"])));
+        assert_ne!(a, head_key(Dialect::Anthropic, &m(&["sys", "task"])));
+        let plain_id = |id: &str| identity::stated(&HeaderMap::new(), Some(id)).map(|i| i.id);
+        assert_ne!(
+            plain_id(&a),
+            Some(a.clone()),
+            "a head key is never a conversation id"
+        );
+    }
 }
