@@ -1,0 +1,208 @@
+//! What the proxy does to a request before forwarding it, on 8.8 KB / 209 KB / 2 MB agent
+//! conversations in OpenAI and Anthropic shapes:
+//!
+//! - `parse_cold`: find the messages (`Dialect::view`) and parse every one of them;
+//! - `parse_warm`: the same through the per-message cache, every message already known
+//!   (each later request of a conversation: only hashing and lookups);
+//! - `request`: the whole per-request path as `proxy::forward` runs it: identity, view,
+//!   cached parse, transcript, detection decision from the conversation's cached engine
+//!   state (`request/warm`), or for a conversation seen for the first time (`request/cold`);
+//! - `growth`: request 30 and request 300 of one conversation, each after its predecessor
+//!   (so only the newest turn is new), beside `read_bytes` (scan + hash of the same body):
+//!   what the request costs beyond reading its bytes should not grow with the history.
+//!
+//! `cargo bench --bench request_path` (add `-- growth` etc. to pick a group).
+
+mod support;
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
+use http::HeaderMap;
+
+use loopwarden::detect::{Decision, Engine, EngineState, StoreFacts};
+use loopwarden::dialect::Dialect;
+use loopwarden::proxy::cache::MessageCache;
+use loopwarden::proxy::identity;
+use loopwarden::transcript::Transcript;
+
+use support::{Agent, Shape, SIZES};
+
+const SHAPES: [Shape; 2] = [Shape::OpenAi, Shape::Anthropic];
+
+/// The proxy's analysis state: the message cache and each conversation's engine state.
+struct Proxy {
+    engine: Engine,
+    cache: MessageCache,
+    states: HashMap<String, EngineState>,
+}
+
+impl Proxy {
+    fn new() -> Proxy {
+        Proxy {
+            engine: Engine::default(),
+            cache: MessageCache::new(1 << 30, Duration::from_secs(3600)),
+            states: HashMap::new(),
+        }
+    }
+
+    /// The per-request work of `proxy::forward` before the bytes go upstream.
+    fn analyse(&mut self, dialect: Dialect, headers: &HeaderMap, body: &[u8]) -> Decision {
+        let stated = identity::stated(headers, None);
+        let view = dialect.view(body, false).expect("bench payloads parse");
+        let messages = self.cache.items(dialect, &view.messages);
+        let transcript = Transcript::from_items(
+            view.preamble
+                .into_iter()
+                .chain(messages.iter().flat_map(|m| m.iter().cloned())),
+        );
+        let identity = stated
+            .or_else(|| identity::from_head(&transcript))
+            .unwrap_or_else(|| identity::fallback(headers, "/v1/chat/completions"));
+        let cached = self.states.remove(&identity.id);
+        let (decision, state) =
+            self.engine
+                .decide_with(&transcript, &StoreFacts::default(), cached);
+        self.states.insert(identity.id, state);
+        decision
+    }
+}
+
+fn payloads() -> Vec<(Shape, &'static str, Vec<u8>)> {
+    let mut out = Vec::new();
+    for shape in SHAPES {
+        for (label, size) in SIZES {
+            out.push((shape, label, support::payload(shape, size)));
+        }
+    }
+    out
+}
+
+fn parse(c: &mut Criterion) {
+    let payloads = payloads();
+    let mut cold = c.benchmark_group("parse_cold");
+    for (shape, label, body) in &payloads {
+        let dialect = shape.dialect();
+        cold.throughput(Throughput::Bytes(body.len() as u64));
+        cold.bench_with_input(BenchmarkId::new(shape.name(), label), body, |b, body| {
+            b.iter(|| {
+                let view = dialect.view(black_box(body), false).unwrap();
+                let items: usize = view
+                    .messages
+                    .iter()
+                    .map(|m| dialect.parse_message(m.get()).len())
+                    .sum();
+                black_box(items)
+            })
+        });
+    }
+    cold.finish();
+
+    let mut warm = c.benchmark_group("parse_warm");
+    for (shape, label, body) in &payloads {
+        let dialect = shape.dialect();
+        let cache = MessageCache::new(1 << 30, Duration::from_secs(3600));
+        cache.items(dialect, &dialect.view(body, false).unwrap().messages);
+        warm.throughput(Throughput::Bytes(body.len() as u64));
+        warm.bench_with_input(BenchmarkId::new(shape.name(), label), body, |b, body| {
+            b.iter(|| {
+                let view = dialect.view(black_box(body), false).unwrap();
+                black_box(cache.items(dialect, &view.messages).len())
+            })
+        });
+    }
+    warm.finish();
+}
+
+fn request(c: &mut Criterion) {
+    let payloads = payloads();
+    let headers = HeaderMap::new();
+    let mut group = c.benchmark_group("request");
+    for (shape, label, body) in &payloads {
+        let dialect = shape.dialect();
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        // Steady state: the conversation's messages and engine state are cached (what the
+        // load harness measures, since it sends the same conversation again and again).
+        let mut proxy = Proxy::new();
+        proxy.analyse(dialect, &headers, body);
+        group.bench_with_input(
+            BenchmarkId::new(format!("warm/{}", shape.name()), label),
+            body,
+            |b, body| b.iter(|| black_box(proxy.analyse(dialect, &headers, black_box(body)))),
+        );
+        // First sight of a conversation: every message parsed, every step folded.
+        group.bench_with_input(
+            BenchmarkId::new(format!("cold/{}", shape.name()), label),
+            body,
+            |b, body| {
+                b.iter_batched(
+                    Proxy::new,
+                    |mut proxy| black_box(proxy.analyse(dialect, &headers, black_box(body))),
+                    BatchSize::PerIteration,
+                )
+            },
+        );
+    }
+    group.finish();
+}
+
+/// Request `k` of a conversation after request `k - 1` went through: a proxy that has seen
+/// the history but not the newest turn.
+fn growth(c: &mut Criterion) {
+    let headers = HeaderMap::new();
+    let mut group = c.benchmark_group("growth");
+    group.sample_size(30);
+    for shape in SHAPES {
+        let dialect = shape.dialect();
+        let mut agent = Agent::new(7);
+        let turns: Vec<_> = (0..300).map(|_| agent.turn(false)).collect();
+        for k in [30usize, 300] {
+            let before = support::render(shape, &turns[..k - 1], false);
+            let body = support::render(shape, &turns[..k], false);
+            let primed = || {
+                let mut proxy = Proxy::new();
+                proxy.analyse(dialect, &headers, &before);
+                proxy
+            };
+            group.throughput(Throughput::Bytes(body.len() as u64));
+            group.bench_function(
+                BenchmarkId::new(format!("{}/request", shape.name()), k),
+                |b| {
+                    b.iter_batched(
+                        primed,
+                        |mut proxy| black_box(proxy.analyse(dialect, &headers, black_box(&body))),
+                        BatchSize::PerIteration,
+                    )
+                },
+            );
+            // Reading the bytes: finding the messages and hashing each one, which any
+            // per-message cache must do and which grows with the body by nature.
+            group.bench_function(
+                BenchmarkId::new(format!("{}/read_bytes", shape.name()), k),
+                |b| {
+                    b.iter(|| {
+                        let view = dialect.view(black_box(&body), false).unwrap();
+                        let hashes: Vec<blake3::Hash> = view
+                            .messages
+                            .iter()
+                            .map(|m| blake3::hash(m.get().as_bytes()))
+                            .collect();
+                        black_box(hashes)
+                    })
+                },
+            );
+        }
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    targets = parse, request, growth
+}
+criterion_main!(benches);

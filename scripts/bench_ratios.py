@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Issue-5 ratios from a harness run directory (summary.json written by summarize.py).
+
+    scripts/bench_ratios.py RUN_DIR [LOG_DB]
+
+Prints, per load, loopwarden against nginx: CPU per request (target: <= 4x on 8.8 KB,
+<= 2.5x on 209 KB and 2 MB), added p50 latency over a direct connection (<= 2x nginx's),
+time to first token on streams (<= nginx + 0.3 ms), and peak memory (< 64 MB at 64
+concurrent 209 KB requests). With LOG_DB (or the loopwarden-*.db the run wrote), also
+the proxy's own overhead as it logged it (requests.proxy_overhead_us), per request size.
+"""
+import glob
+import json
+import os
+import sqlite3
+import sys
+
+run = sys.argv[1]
+S = json.load(open(os.path.join(run, "summary.json")))
+OURS, REF, DIRECT = "loopwarden", "nginx", "direct"
+
+
+def loads():
+    seen = []
+    for key in S:
+        load = key.split("|")[1]
+        if load not in seen:
+            seen.append(load)
+    return seen
+
+
+def get(peer, load, k):
+    m = S.get(f"{peer}|{load}")
+    return None if m is None else m.get(k)
+
+
+def size_of(load):
+    return load.split("-")[1]
+
+
+def cpu_target(load):
+    return 4.0 if size_of(load) == "8k" else 2.5
+
+
+def fmt(x, nd=3):
+    return "–" if x is None else f"{x:.{nd}f}"
+
+
+def verdict(ok):
+    return "–" if ok is None else ("ok" if ok else "**over**")
+
+
+out = []
+P = out.append
+have_ref = any(k.startswith(REF + "|") for k in S)
+if not any(k.startswith(OURS + "|") for k in S):
+    print("no loopwarden results in", run)
+    sys.exit(1)
+
+P("### loopwarden against nginx (issue 5 targets)")
+P("")
+if not have_ref:
+    P("nginx was not measured (not installed?): ratios cannot be computed.")
+    P("")
+P("CPU = proxy process CPU milliseconds per request (median of rounds); +p50 = p50 latency minus the "
+  "direct connection's; TTFT = time to the first streamed token, p50.")
+P("")
+P("| load | CPU ms/req nginx | CPU ms/req loopwarden | ratio | target | | +p50 ms nginx | +p50 ms loopwarden | ratio (≤ 2) | peak RSS MB |")
+P("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+for load in loads():
+    c_ref, c_us = get(REF, load, "cpu1k"), get(OURS, load, "cpu1k")
+    ratio = c_us / c_ref if (c_us is not None and c_ref) else None
+    d = get(DIRECT, load, "p50")
+    a_ref = get(REF, load, "p50") - d if (d is not None and get(REF, load, "p50") is not None) else None
+    a_us = get(OURS, load, "p50") - d if (d is not None and get(OURS, load, "p50") is not None) else None
+    # An added latency below 10 µs is within the timer's noise: no meaningful ratio.
+    a_ratio = a_us / a_ref if (a_us is not None and a_ref is not None and a_ref > 0.01) else None
+    P(f"| {load} | {fmt(c_ref)} | {fmt(c_us)} | {fmt(ratio, 2)} | ≤ {cpu_target(load)} | "
+      f"{verdict(None if ratio is None else ratio <= cpu_target(load))} | {fmt(a_ref)} | {fmt(a_us)} | "
+      f"{fmt(a_ratio, 2)} | {fmt(get(OURS, load, 'rss_mb'), 1)} |")
+P("")
+
+streams = [l for l in loads() if "sse" in l]
+if streams:
+    P("| stream load | TTFT p50 direct | TTFT p50 nginx | TTFT p50 loopwarden | loopwarden − nginx ms (≤ 0.3) | |")
+    P("|---|---:|---:|---:|---:|---|")
+    for load in streams:
+        t_d, t_ref, t_us = (get(p, load, "ttft50") for p in (DIRECT, REF, OURS))
+        delta = t_us - t_ref if (t_us is not None and t_ref is not None) else None
+        P(f"| {load} | {fmt(t_d)} | {fmt(t_ref)} | {fmt(t_us)} | {fmt(delta)} | "
+          f"{verdict(None if delta is None else delta <= 0.3)} |")
+    P("")
+
+rss = [(get(OURS, l, "rss_mb"), l) for l in loads() if get(OURS, l, "rss_mb") is not None]
+if rss:
+    top, at = max(rss)
+    P(f"Peak RSS of loopwarden over all loads: {top:.1f} MB (during {at}); "
+      f"nginx: {max((get(REF, l, 'rss_mb') or 0) for l in loads()):.1f} MB.")
+    c64 = [l for l in loads() if size_of(l) == "200k" and l.endswith("-c64")]
+    for l in c64:
+        r = get(OURS, l, "rss_mb")
+        P(f"At 64 concurrent 209 KB requests ({l}): {r:.1f} MB (target < 64 MB: {verdict(r < 64)}).")
+    P("")
+
+db = sys.argv[2] if len(sys.argv) > 2 else None
+if db is None:
+    stamp = os.path.basename(os.path.normpath(run))
+    cands = glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.normpath(run))), f"loopwarden-{stamp}.db"))
+    db = cands[0] if cands else None
+if db and os.path.exists(db):
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    rows = con.execute("SELECT request_bytes, stream, proxy_overhead_us FROM requests").fetchall()
+    buckets = {}
+    for size, stream, us in rows:
+        label = "8.8 KB" if size < 50_000 else "209 KB" if size < 1_000_000 else "2 MB"
+        buckets.setdefault((label, "stream" if stream else "plain"), []).append(us)
+    if buckets:
+        P("The proxy's own overhead as it logged it (`requests.proxy_overhead_us`: time in the proxy "
+          "minus time waiting for the upstream, including reading the request body off the socket):")
+        P("")
+        P("| request | requests | p50 µs | p99 µs |")
+        P("|---|---:|---:|---:|")
+        order = {"8.8 KB": 0, "209 KB": 1, "2 MB": 2}
+        for (label, kind), xs in sorted(buckets.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
+            xs.sort()
+            pick = lambda q: xs[min(len(xs) - 1, round((len(xs) - 1) * q))]
+            P(f"| {label} {kind} | {len(xs)} | {pick(0.5)} | {pick(0.99)} |")
+        P("")
+
+print("\n".join(out))
