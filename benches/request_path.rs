@@ -15,60 +15,17 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use http::HeaderMap;
 
-use loopwarden::detect::{Decision, Engine, EngineState, StoreFacts};
-use loopwarden::dialect::Dialect;
 use loopwarden::proxy::cache::MessageCache;
-use loopwarden::proxy::identity;
-use loopwarden::transcript::Transcript;
 
-use support::{Agent, Shape, SIZES};
+use support::{Agent, Proxy, Shape, SIZES};
 
 const SHAPES: [Shape; 2] = [Shape::OpenAi, Shape::Anthropic];
-
-/// The proxy's analysis state: the message cache and each conversation's engine state.
-struct Proxy {
-    engine: Engine,
-    cache: MessageCache,
-    states: HashMap<String, EngineState>,
-}
-
-impl Proxy {
-    fn new() -> Proxy {
-        Proxy {
-            engine: Engine::default(),
-            cache: MessageCache::new(1 << 30, Duration::from_secs(3600)),
-            states: HashMap::new(),
-        }
-    }
-
-    /// The per-request work of `proxy::forward` before the bytes go upstream.
-    fn analyse(&mut self, dialect: Dialect, headers: &HeaderMap, body: &[u8]) -> Decision {
-        let stated = identity::stated(headers, None);
-        let view = dialect.view(body, false).expect("bench payloads parse");
-        let messages = self.cache.items(dialect, &view.messages);
-        let transcript = Transcript::from_items(
-            view.preamble
-                .into_iter()
-                .chain(messages.iter().flat_map(|m| m.iter().cloned())),
-        );
-        let identity = stated
-            .or_else(|| identity::from_head(&transcript))
-            .unwrap_or_else(|| identity::fallback(headers, "/v1/chat/completions"));
-        let cached = self.states.remove(&identity.id);
-        let (decision, state) =
-            self.engine
-                .decide_with(&transcript, &StoreFacts::default(), cached);
-        self.states.insert(identity.id, state);
-        decision
-    }
-}
 
 fn payloads() -> Vec<(Shape, &'static str, Vec<u8>)> {
     let mut out = Vec::new();

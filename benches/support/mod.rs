@@ -7,7 +7,18 @@
 
 #![allow(dead_code)] // each bench uses a different part
 
+use std::hint::black_box;
+use std::time::Duration;
+
+use http::HeaderMap;
 use serde_json::{json, Value};
+
+use loopwarden::detect::{Decision, Engine, StoreFacts};
+use loopwarden::dialect::Dialect;
+use loopwarden::proxy::cache::MessageCache;
+use loopwarden::proxy::conversations::Conversations;
+use loopwarden::proxy::identity;
+use loopwarden::transcript::Transcript;
 
 /// Which wire format to render.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,12 +106,39 @@ impl Agent {
         let mut out = String::new();
         for i in 1..=lines {
             let line = match self.rng.u8(..6) {
-                0 => format!("pub fn {}(&mut self, {}: usize) -> Result<(), Error> {{", self.ident(), self.word()),
-                1 => format!("    let {} = self.{}.{}({})?;", self.ident(), self.word(), self.ident(), self.word()),
-                2 => format!("    // {} the {} before the {} is {}", self.word(), self.word(), self.word(), self.word()),
-                3 => format!("    if {}.len() > {} {{ return Err(Error::{}); }}", self.word(), self.rng.u32(..4096), self.word()),
+                0 => format!(
+                    "pub fn {}(&mut self, {}: usize) -> Result<(), Error> {{",
+                    self.ident(),
+                    self.word()
+                ),
+                1 => format!(
+                    "    let {} = self.{}.{}({})?;",
+                    self.ident(),
+                    self.word(),
+                    self.ident(),
+                    self.word()
+                ),
+                2 => format!(
+                    "    // {} the {} before the {} is {}",
+                    self.word(),
+                    self.word(),
+                    self.word(),
+                    self.word()
+                ),
+                3 => format!(
+                    "    if {}.len() > {} {{ return Err(Error::{}); }}",
+                    self.word(),
+                    self.rng.u32(..4096),
+                    self.word()
+                ),
                 4 => "    }".to_string(),
-                _ => format!("    tracing::debug!({} = ?{}, \"{} {}\");", self.word(), self.word(), self.word(), self.word()),
+                _ => format!(
+                    "    tracing::debug!({} = ?{}, \"{} {}\");",
+                    self.word(),
+                    self.word(),
+                    self.word(),
+                    self.word()
+                ),
             };
             out.push_str(&format!("{i:>5}\t{line}\n"));
         }
@@ -111,7 +149,11 @@ impl Agent {
         let mut out = String::from("   Compiling proxy v0.3.0 (/workspace/repo)\n    Finished `test` profile in 4.2s\n     Running unittests src/lib.rs\n\n");
         let n = 8 + self.rng.usize(..30);
         for _ in 0..n {
-            out.push_str(&format!("test {}::tests::{} ... ok\n", self.word(), self.ident()));
+            out.push_str(&format!(
+                "test {}::tests::{} ... ok\n",
+                self.word(),
+                self.ident()
+            ));
         }
         if fail {
             let name = self.ident();
@@ -135,23 +177,44 @@ impl Agent {
             self.word(),
             self.word()
         );
-        let lines = if big { 40 + self.rng.usize(..120) } else { 6 + self.rng.usize(..14) };
+        let lines = if big {
+            40 + self.rng.usize(..120)
+        } else {
+            6 + self.rng.usize(..14)
+        };
         let calls = match self.rng.u8(..5) {
             0 | 1 => {
                 let path = self.path();
                 let src = self.source(lines);
-                vec![(id(0), "read_file", json!({"path": path, "start_line": 1}), src, false)]
+                vec![(
+                    id(0),
+                    "read_file",
+                    json!({"path": path, "start_line": 1}),
+                    src,
+                    false,
+                )]
             }
             2 => {
                 let pattern = self.ident();
                 let mut hits = String::new();
                 for _ in 0..(lines / 3).max(2) {
-                    hits.push_str(&format!("{}:{}:    let {pattern} = {};\n", self.path(), self.rng.u32(1..900), self.word()));
+                    hits.push_str(&format!(
+                        "{}:{}:    let {pattern} = {};\n",
+                        self.path(),
+                        self.rng.u32(1..900),
+                        self.word()
+                    ));
                 }
                 let path = self.path();
                 let src = self.source(lines / 2 + 2);
                 vec![
-                    (id(0), "grep", json!({"pattern": pattern, "path": "src"}), hits, false),
+                    (
+                        id(0),
+                        "grep",
+                        json!({"pattern": pattern, "path": "src"}),
+                        hits,
+                        false,
+                    ),
                     (id(1), "read_file", json!({"path": path}), src, false),
                 ]
             }
@@ -194,7 +257,9 @@ impl Agent {
                 + turn
                     .calls
                     .iter()
-                    .map(|(_, _, args, result, _)| args.to_string().len() + result.len() * 11 / 10 + 120)
+                    .map(|(_, _, args, result, _)| {
+                        args.to_string().len() + result.len() * 11 / 10 + 120
+                    })
                     .sum::<usize>();
             turns.push(turn);
         }
@@ -211,26 +276,63 @@ impl Agent {
 fn tools() -> Vec<(&'static str, &'static str, Value)> {
     let s = |d: &str| json!({"type": "string", "description": d});
     let i = |d: &str| json!({"type": "integer", "description": d});
-    let obj = |props: Value, req: &[&str]| {
-        json!({"type": "object", "properties": props, "required": req, "additionalProperties": false})
-    };
+    let obj = |props: Value, req: &[&str]| json!({"type": "object", "properties": props, "required": req, "additionalProperties": false});
     vec![
-        ("read_file", "Read a UTF-8 text file from the repository with line numbers.",
-         obj(json!({"path": s("Path relative to the root."), "start_line": i("First line, 1-based."), "end_line": i("Last line.")}), &["path"])),
-        ("write_file", "Create or overwrite a file.",
-         obj(json!({"path": s("Path."), "content": s("Full new content.")}), &["path", "content"])),
-        ("edit_file", "Replace an exact, unique occurrence of old_string with new_string.",
-         obj(json!({"path": s("Path."), "old_string": s("Exact text to replace."), "new_string": s("Replacement.")}), &["path", "old_string", "new_string"])),
-        ("run_shell", "Run a bash command in the repository root; returns stdout, stderr and the exit code.",
-         obj(json!({"command": s("The command line."), "timeout_s": i("Timeout in seconds.")}), &["command"])),
-        ("grep", "Search file contents with a regular expression.",
-         obj(json!({"pattern": s("Regular expression."), "path": s("Directory or file.")}), &["pattern"])),
-        ("glob", "List files matching a glob pattern.",
-         obj(json!({"pattern": s("Glob pattern.")}), &["pattern"])),
-        ("list_dir", "List the entries of a directory.",
-         obj(json!({"path": s("Directory path.")}), &["path"])),
-        ("git_diff", "Show the working-tree diff.",
-         obj(json!({"staged": {"type": "boolean"}}), &[])),
+        (
+            "read_file",
+            "Read a UTF-8 text file from the repository with line numbers.",
+            obj(
+                json!({"path": s("Path relative to the root."), "start_line": i("First line, 1-based."), "end_line": i("Last line.")}),
+                &["path"],
+            ),
+        ),
+        (
+            "write_file",
+            "Create or overwrite a file.",
+            obj(
+                json!({"path": s("Path."), "content": s("Full new content.")}),
+                &["path", "content"],
+            ),
+        ),
+        (
+            "edit_file",
+            "Replace an exact, unique occurrence of old_string with new_string.",
+            obj(
+                json!({"path": s("Path."), "old_string": s("Exact text to replace."), "new_string": s("Replacement.")}),
+                &["path", "old_string", "new_string"],
+            ),
+        ),
+        (
+            "run_shell",
+            "Run a bash command in the repository root; returns stdout, stderr and the exit code.",
+            obj(
+                json!({"command": s("The command line."), "timeout_s": i("Timeout in seconds.")}),
+                &["command"],
+            ),
+        ),
+        (
+            "grep",
+            "Search file contents with a regular expression.",
+            obj(
+                json!({"pattern": s("Regular expression."), "path": s("Directory or file.")}),
+                &["pattern"],
+            ),
+        ),
+        (
+            "glob",
+            "List files matching a glob pattern.",
+            obj(json!({"pattern": s("Glob pattern.")}), &["pattern"]),
+        ),
+        (
+            "list_dir",
+            "List the entries of a directory.",
+            obj(json!({"path": s("Directory path.")}), &["path"]),
+        ),
+        (
+            "git_diff",
+            "Show the working-tree diff.",
+            obj(json!({"staged": {"type": "boolean"}}), &[]),
+        ),
     ]
 }
 
@@ -264,7 +366,8 @@ pub fn render(shape: Shape, turns: &[Turn], stream: bool) -> Vec<u8> {
             json!({"model": "gpt-4.1", "stream": stream, "messages": messages, "tools": tools, "temperature": 0.2})
         }
         Shape::Anthropic => {
-            let mut messages = vec![json!({"role": "user", "content": [{"type": "text", "text": TASK}]})];
+            let mut messages =
+                vec![json!({"role": "user", "content": [{"type": "text", "text": TASK}]})];
             for t in turns {
                 let mut content = vec![json!({"type": "text", "text": t.text})];
                 content.extend(t.calls.iter().map(|(id, name, args, _, _)| {
@@ -303,4 +406,45 @@ pub fn render(shape: Shape, turns: &[Turn], stream: bool) -> Vec<u8> {
 pub fn payload(shape: Shape, target: usize) -> Vec<u8> {
     let turns = Agent::new(target as u64).conversation(shape, target);
     render(shape, &turns, false)
+}
+
+/// The proxy's analysis state: the message cache and each conversation's engine state.
+pub struct Proxy {
+    engine: Engine,
+    cache: MessageCache,
+    conversations: Conversations,
+}
+
+impl Proxy {
+    pub fn new() -> Proxy {
+        Proxy {
+            engine: Engine::default(),
+            cache: MessageCache::new(1 << 30, Duration::from_secs(3600)),
+            conversations: Conversations::new(Duration::from_secs(3600)),
+        }
+    }
+
+    /// The per-request work of `proxy::forward::analyse` before the bytes go upstream:
+    /// identity, view, cached parse, transcript, the decision from the cached fold, and
+    /// which steps are new to the log.
+    pub fn analyse(&mut self, dialect: Dialect, headers: &HeaderMap, body: &[u8]) -> Decision {
+        let stated = identity::stated(headers, None);
+        let view = dialect.view(body, false).expect("bench payloads parse");
+        let messages = self.cache.items(dialect, &view.messages);
+        let transcript = Transcript::from_items(
+            view.preamble
+                .into_iter()
+                .chain(messages.iter().flat_map(|m| m.iter().cloned())),
+        );
+        let identity = stated
+            .or_else(|| identity::from_head(&transcript))
+            .unwrap_or_else(|| identity::fallback(headers, "/v1/chat/completions"));
+        let cached = self.conversations.engine(&identity.id);
+        let (decision, state) =
+            self.engine
+                .decide_with(&transcript, &StoreFacts::default(), cached);
+        self.conversations.put_engine(&identity.id, state);
+        black_box(self.conversations.steps_to_log(&identity.id, &transcript));
+        decision
+    }
 }

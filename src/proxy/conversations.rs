@@ -27,7 +27,7 @@ pub struct Conversations {
 struct State {
     /// Steps before this index were logged with a result for every call.
     complete: usize,
-    /// The engine's fold; `None` while a request of this conversation is deciding.
+    /// The engine's fold after the latest request that decided.
     engine: Option<EngineState>,
     /// The last request's messages, to recognise the unchanged ones by their bytes.
     previous: Option<Previous>,
@@ -42,16 +42,15 @@ impl Conversations {
         }
     }
 
-    /// The engine's cached fold of the conversation, taken out while a request of the
-    /// conversation decides (a concurrent request of the same conversation simply folds
-    /// from scratch, with the same result).
-    pub fn take_engine(&self, conversation: &str) -> Option<EngineState> {
-        self.lock()
-            .get_mut(conversation)
-            .and_then(|s| s.engine.take())
+    /// A copy of the engine's cached fold of the conversation. Copied rather than taken
+    /// out, so that concurrent requests of one conversation (an agent's side calls, or a
+    /// load test sending one history from many clients) all continue the fold instead of
+    /// folding the whole history again: copying is far cheaper than folding.
+    pub fn engine(&self, conversation: &str) -> Option<EngineState> {
+        self.lock().get(conversation).and_then(|s| s.engine.clone())
     }
 
-    /// Puts the fold back for the conversation's next request.
+    /// Keeps the fold for the conversation's next request (the latest one wins).
     pub fn put_engine(&self, conversation: &str, state: EngineState) {
         entry(&mut self.lock(), conversation).engine = Some(state);
     }
@@ -134,6 +133,29 @@ mod tests {
             }],
             user_after: Vec::new(),
         }
+    }
+
+    #[test]
+    fn concurrent_requests_all_get_the_fold() {
+        let conversations = Conversations::new(Duration::from_secs(60));
+        assert!(conversations.engine("a").is_none());
+        let engine = crate::detect::Engine::default();
+        let t = Transcript {
+            task: vec!["fix it".into()],
+            steps: vec![step(0, true)],
+            ..Transcript::default()
+        };
+        let (_, state) = engine.decide_with(&t, &Default::default(), None);
+        conversations.put_engine("a", state);
+        let first = conversations.engine("a").map(|s| s.steps());
+        let second = conversations.engine("a").map(|s| s.steps());
+        assert_eq!(first, Some(1));
+        assert_eq!(
+            second,
+            Some(1),
+            "a second request in flight is not left without it"
+        );
+        assert!(conversations.engine("b").is_none());
     }
 
     #[test]

@@ -134,7 +134,7 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
         .unwrap_or_else(fallback);
     let before = app.interventions.before_decide(&identity.id, &transcript);
     // Continue the conversation's cached fold: only the new steps are analysed.
-    let cached = app.conversations.take_engine(&identity.id);
+    let cached = app.conversations.engine(&identity.id);
     // An operator's resume changes the store facts: the cached fold is stale.
     let cached = cached.filter(|_| !before.refold);
     let (decision, state) = app.engine.decide_with(&transcript, &before.facts, cached);

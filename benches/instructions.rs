@@ -1,0 +1,111 @@
+//! Instruction counts of the per-request path under callgrind: noise-free before/after
+//! figures on a machine shared with others (wall-clock benches there swing by 2x).
+//!
+//! `scripts/callgrind.sh` builds this and runs each scenario under
+//! `valgrind --tool=callgrind --collect-atstart=no --toggle-collect=*measured*`, so only
+//! the work inside [`measured`] is counted, never the payload generation or the priming.
+//! Run alone (`cargo bench --bench instructions -- SCENARIO`), it just runs the scenario
+//! once; `list` prints the scenario names.
+
+mod support;
+
+use std::hint::black_box;
+
+use http::HeaderMap;
+
+use loopwarden::detect::Decision;
+use loopwarden::dialect::Dialect;
+
+use support::{Agent, Proxy, Shape, SIZES};
+
+/// The only code callgrind counts.
+#[inline(never)]
+fn measured(proxy: &mut Proxy, dialect: Dialect, body: &[u8]) -> Decision {
+    proxy.analyse(dialect, &HeaderMap::new(), body)
+}
+
+/// Reading the bytes: finding the messages and hashing each (what any cache must do).
+#[inline(never)]
+fn measured_read(dialect: Dialect, body: &[u8]) -> usize {
+    let view = dialect.view(body, false).expect("bench payloads parse");
+    view.messages
+        .iter()
+        .map(|m| blake3::hash(m.get().as_bytes()).as_bytes()[0] as usize)
+        .sum()
+}
+
+fn scenarios() -> Vec<String> {
+    let mut out = Vec::new();
+    for shape in ["openai", "anthropic"] {
+        for (size, _) in SIZES {
+            out.push(format!("warm/{shape}/{size}"));
+            out.push(format!("cold/{shape}/{size}"));
+        }
+        for k in [30, 300] {
+            out.push(format!("growth/{shape}/{k}"));
+            out.push(format!("read_bytes/{shape}/{k}"));
+        }
+    }
+    out
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; the scenario is the first other argument.
+    let Some(name) = std::env::args().skip(1).find(|a| !a.starts_with("--")) else {
+        eprintln!("usage: instructions SCENARIO | list");
+        return;
+    };
+    if name == "list" {
+        for s in scenarios() {
+            println!("{s}");
+        }
+        return;
+    }
+    let parts: Vec<&str> = name.split('/').collect();
+    let [kind, shape, arg] = parts[..] else {
+        eprintln!("unknown scenario {name}; try `list`");
+        std::process::exit(2);
+    };
+    let shape = match shape {
+        "openai" => Shape::OpenAi,
+        "anthropic" => Shape::Anthropic,
+        _ => {
+            eprintln!("unknown shape {shape}");
+            std::process::exit(2);
+        }
+    };
+    let dialect = shape.dialect();
+    let headers = HeaderMap::new();
+    match kind {
+        "warm" | "cold" => {
+            let Some(&(_, size)) = SIZES.iter().find(|(l, _)| *l == arg) else {
+                eprintln!("unknown size {arg}");
+                std::process::exit(2);
+            };
+            let body = support::payload(shape, size);
+            let mut proxy = Proxy::new();
+            if kind == "warm" {
+                proxy.analyse(dialect, &headers, &body);
+            }
+            black_box(measured(&mut proxy, dialect, &body));
+        }
+        "growth" | "read_bytes" => {
+            let k: usize = arg.parse().unwrap_or(30).max(1);
+            let mut agent = Agent::new(7);
+            let turns: Vec<_> = (0..k).map(|_| agent.turn(false)).collect();
+            let before = support::render(shape, &turns[..k - 1], false);
+            let body = support::render(shape, &turns, false);
+            if kind == "growth" {
+                let mut proxy = Proxy::new();
+                proxy.analyse(dialect, &headers, &before);
+                black_box(measured(&mut proxy, dialect, &body));
+            } else {
+                black_box(measured_read(dialect, &body));
+            }
+        }
+        _ => {
+            eprintln!("unknown scenario {name}; try `list`");
+            std::process::exit(2);
+        }
+    }
+}
