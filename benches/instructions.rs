@@ -11,6 +11,7 @@ mod support;
 
 use std::hint::black_box;
 
+use bytes::Bytes;
 use http::HeaderMap;
 
 use loopwarden::detect::Decision;
@@ -20,8 +21,8 @@ use support::{Agent, Proxy, Shape, SIZES};
 
 /// The only code callgrind counts.
 #[inline(never)]
-fn measured(proxy: &mut Proxy, dialect: Dialect, body: &[u8]) -> Decision {
-    proxy.analyse(dialect, &HeaderMap::new(), body)
+fn measured(proxy: &mut Proxy, dialect: Dialect, headers: &HeaderMap, body: &Bytes) -> Decision {
+    proxy.analyse(dialect, headers, body)
 }
 
 /// Reading the bytes: finding the messages and hashing each (what any cache must do).
@@ -87,9 +88,11 @@ fn main() {
             if kind == "warm" {
                 proxy.analyse(dialect, &headers, &body);
             }
-            black_box(measured(&mut proxy, dialect, &body));
+            black_box(measured(&mut proxy, dialect, &headers, &body));
         }
         "growth" | "read_bytes" => {
+            // An agent that names its conversation, as Claude Code, Codex and opencode do.
+            let headers = support::stated_headers();
             let k: usize = arg.parse().unwrap_or(30).max(1);
             let mut agent = Agent::new(7);
             let turns: Vec<_> = (0..k).map(|_| agent.turn(false)).collect();
@@ -98,7 +101,7 @@ fn main() {
             if kind == "growth" {
                 let mut proxy = Proxy::new();
                 proxy.analyse(dialect, &headers, &before);
-                black_box(measured(&mut proxy, dialect, &body));
+                black_box(measured(&mut proxy, dialect, &headers, &body));
             } else {
                 black_box(measured_read(dialect, &body));
             }

@@ -27,7 +27,7 @@ use support::{Agent, Proxy, Shape, SIZES};
 
 const SHAPES: [Shape; 2] = [Shape::OpenAi, Shape::Anthropic];
 
-fn payloads() -> Vec<(Shape, &'static str, Vec<u8>)> {
+fn payloads() -> Vec<(Shape, &'static str, bytes::Bytes)> {
     let mut out = Vec::new();
     for shape in SHAPES {
         for (label, size) in SIZES {
@@ -61,12 +61,12 @@ fn parse(c: &mut Criterion) {
     for (shape, label, body) in &payloads {
         let dialect = shape.dialect();
         let cache = MessageCache::new(1 << 30, Duration::from_secs(3600));
-        cache.items(dialect, &dialect.view(body, false).unwrap().messages);
+        cache.items(dialect, &dialect.view(body, false).unwrap().messages, None);
         warm.throughput(Throughput::Bytes(body.len() as u64));
         warm.bench_with_input(BenchmarkId::new(shape.name(), label), body, |b, body| {
             b.iter(|| {
                 let view = dialect.view(black_box(body), false).unwrap();
-                black_box(cache.items(dialect, &view.messages).len())
+                black_box(cache.items(dialect, &view.messages, None).len())
             })
         });
     }
@@ -108,7 +108,8 @@ fn request(c: &mut Criterion) {
 /// Request `k` of a conversation after request `k - 1` went through: a proxy that has seen
 /// the history but not the newest turn.
 fn growth(c: &mut Criterion) {
-    let headers = HeaderMap::new();
+    // An agent that names its conversation, as Claude Code, Codex and opencode do.
+    let headers = support::stated_headers();
     let mut group = c.benchmark_group("growth");
     group.sample_size(30);
     for shape in SHAPES {

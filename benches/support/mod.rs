@@ -10,12 +10,13 @@
 use std::hint::black_box;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::HeaderMap;
 use serde_json::{json, Value};
 
 use loopwarden::detect::{Decision, Engine, StoreFacts};
 use loopwarden::dialect::Dialect;
-use loopwarden::proxy::cache::MessageCache;
+use loopwarden::proxy::cache::{MessageCache, Previous};
 use loopwarden::proxy::conversations::Conversations;
 use loopwarden::proxy::identity;
 use loopwarden::transcript::Transcript;
@@ -337,7 +338,7 @@ fn tools() -> Vec<(&'static str, &'static str, Value)> {
 }
 
 /// The request body that carries `turns` as history (every call answered).
-pub fn render(shape: Shape, turns: &[Turn], stream: bool) -> Vec<u8> {
+pub fn render(shape: Shape, turns: &[Turn], stream: bool) -> Bytes {
     let body = match shape {
         Shape::OpenAi => {
             let mut messages = vec![
@@ -399,11 +400,11 @@ pub fn render(shape: Shape, turns: &[Turn], stream: bool) -> Vec<u8> {
             })
         }
     };
-    serde_json::to_vec(&body).expect("a JSON value always serializes")
+    Bytes::from(serde_json::to_vec(&body).expect("a JSON value always serializes"))
 }
 
 /// A conversation of about `target` bytes in `shape`, rendered.
-pub fn payload(shape: Shape, target: usize) -> Vec<u8> {
+pub fn payload(shape: Shape, target: usize) -> Bytes {
     let turns = Agent::new(target as u64).conversation(shape, target);
     render(shape, &turns, false)
 }
@@ -427,10 +428,19 @@ impl Proxy {
     /// The per-request work of `proxy::forward::analyse` before the bytes go upstream:
     /// identity, view, cached parse, transcript, the decision from the cached fold, and
     /// which steps are new to the log.
-    pub fn analyse(&mut self, dialect: Dialect, headers: &HeaderMap, body: &[u8]) -> Decision {
+    pub fn analyse(&mut self, dialect: Dialect, headers: &HeaderMap, body: &Bytes) -> Decision {
         let stated = identity::stated(headers, None);
         let view = dialect.view(body, false).expect("bench payloads parse");
-        let messages = self.cache.items(dialect, &view.messages);
+        // As forward.rs: a conversation that states its id is compared with its last
+        // request byte for byte; others are looked up by hash.
+        let previous = stated
+            .as_ref()
+            .and_then(|s| self.conversations.take_previous(&s.id));
+        let messages = self.cache.items(dialect, &view.messages, previous.as_ref());
+        if let Some(s) = &stated {
+            let previous = Previous::new(dialect, body, &view.messages, messages.clone());
+            self.conversations.put_previous(&s.id, previous);
+        }
         let transcript = Transcript::from_items(
             view.preamble
                 .into_iter()
@@ -447,4 +457,14 @@ impl Proxy {
         black_box(self.conversations.steps_to_log(&identity.id, &transcript));
         decision
     }
+}
+
+/// Headers of an agent that names its conversation (Claude Code, Codex, opencode do).
+pub fn stated_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "x-claude-code-session-id",
+        http::HeaderValue::from_static("bench-session"),
+    );
+    headers
 }
