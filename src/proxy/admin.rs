@@ -6,7 +6,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use http::{header, HeaderMap, StatusCode};
@@ -46,6 +47,19 @@ fn refuse(app: &App) -> Response {
     (status, Json(serde_json::json!({ "error": message }))).into_response()
 }
 
+/// The access rule, applied once to every `/admin/api/` route (see [`allowed`]).
+pub async fn require_access(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if !allowed(&app.config.admin.token, request.headers(), peer) {
+        return refuse(&app);
+    }
+    next.run(request).await
+}
+
 fn internal(e: sqlx::Error) -> Response {
     tracing::warn!(error = %e, "admin query failed");
     (
@@ -63,13 +77,8 @@ pub struct ListParams {
 /// `GET /admin/api/conversations?limit=N`: newest first, with counts.
 pub async fn conversations(
     State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
     Query(params): Query<ListParams>,
 ) -> Response {
-    if !allowed(&app.config.admin.token, &headers, peer) {
-        return refuse(&app);
-    }
     let limit = params.limit.unwrap_or(100).clamp(1, 10_000);
     match query::conversations(app.store.pool(), limit).await {
         Ok(list) => Json(serde_json::json!({ "conversations": list })).into_response(),
@@ -78,15 +87,7 @@ pub async fn conversations(
 }
 
 /// `GET /admin/api/conversations/{id}`: the timeline.
-pub async fn conversation(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    if !allowed(&app.config.admin.token, &headers, peer) {
-        return refuse(&app);
-    }
+pub async fn conversation(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
     match query::timeline(app.store.pool(), &id).await {
         Ok(Some(timeline)) => Json(timeline).into_response(),
         Ok(None) => (
@@ -100,15 +101,7 @@ pub async fn conversation(
 
 /// `POST /admin/api/conversations/{id}/resume`: releases a halted conversation; its next
 /// request goes upstream and detection starts over from there.
-pub async fn resume_conversation(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    if !allowed(&app.config.admin.token, &headers, peer) {
-        return refuse(&app);
-    }
+pub async fn resume_conversation(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
     match app.interventions.operator_resume(&id).await {
         Ok(control) => Json(serde_json::json!({ "resumed": control })).into_response(),
         Err(e) => internal(e),
@@ -126,14 +119,9 @@ struct HaltBody {
 /// writes to it.
 pub async fn halt_conversation(
     State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
-    if !allowed(&app.config.admin.token, &headers, peer) {
-        return refuse(&app);
-    }
     let parsed: HaltBody = if body.iter().all(u8::is_ascii_whitespace) {
         HaltBody::default()
     } else {
@@ -153,14 +141,7 @@ pub async fn halt_conversation(
 }
 
 /// `GET /admin/api/pending`: requests held for a human, oldest first.
-pub async fn pending(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-) -> Response {
-    if !allowed(&app.config.admin.token, &headers, peer) {
-        return refuse(&app);
-    }
+pub async fn pending(State(app): State<Arc<App>>) -> Response {
     Json(serde_json::json!({ "pending": app.interventions.pending.list() })).into_response()
 }
 
@@ -172,14 +153,9 @@ struct DecideBody {
 /// `POST /admin/api/pending/{id}` with `{"decision": "continue" | "nudge" | "halt"}`.
 pub async fn decide_pending(
     State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
-    if !allowed(&app.config.admin.token, &headers, peer) {
-        return refuse(&app);
-    }
     let verdict = match serde_json::from_slice::<DecideBody>(&body) {
         Ok(b) => b.decision,
         Err(e) => {
@@ -208,14 +184,7 @@ fn bad_request(message: &str) -> Response {
 }
 
 /// `GET /admin/api/stats`: the proxy's own overhead and the log's health.
-pub async fn stats(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-) -> Response {
-    if !allowed(&app.config.admin.token, &headers, peer) {
-        return refuse(&app);
-    }
+pub async fn stats(State(app): State<Arc<App>>) -> Response {
     match query::overhead(app.store.pool(), 1000).await {
         Ok(overhead) => {
             let (cached_messages, cached_bytes) = app.cache.size();
@@ -229,6 +198,14 @@ pub async fn stats(
         }
         Err(e) => internal(e),
     }
+}
+
+pub async fn not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(serde_json::json!({ "error": "no such admin call" })),
+    )
+        .into_response()
 }
 
 pub async fn healthz() -> &'static str {

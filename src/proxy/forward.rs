@@ -29,7 +29,7 @@ use super::tee::{Pending, TeeBody};
 use super::{errors, App};
 use crate::config::UpstreamConfig;
 use crate::detect::{Decision, EngineState};
-use crate::dialect::{Dialect, RawMessage};
+use crate::dialect::{Dialect, RawMessage, UpstreamFailure};
 use crate::intervene::service::Before;
 use crate::intervene::RequestInfo;
 use crate::store::redact::summary;
@@ -198,7 +198,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
                     "loopwarden: could not read the request body".to_string(),
                 )
             };
-            return errors::api_error(route.upstream, status, &message);
+            return errors::refused(route.upstream, status, &message);
         }
     };
 
@@ -347,26 +347,18 @@ impl Next {
                 return response;
             }
         };
-        let stamp = |response: &mut Response| stamp.apply(response);
 
         let Some(upstream_request) = upstream_request(&app, &parts, &route, forward_body) else {
             // Unreachable in practice: the base URL was validated and the path came from a
             // valid URI. Answer like an unreachable upstream rather than panic.
-            let mut response = errors::api_error(
-                route.upstream,
-                StatusCode::BAD_GATEWAY,
-                "loopwarden: cannot build the upstream URL",
-            );
-            finish_early(
+            return fail(
                 &app,
                 finished,
-                StatusCode::BAD_GATEWAY,
-                "upstream_unreachable",
+                Failure::unreachable(route.upstream, "loopwarden: cannot build the upstream URL"),
                 started,
                 None,
+                &stamp,
             );
-            stamp(&mut response);
-            return response;
         };
 
         let sent = Instant::now();
@@ -380,24 +372,18 @@ impl Next {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => {
                 tracing::warn!(upstream = route.upstream.as_str(), error = %error_chain(&e), "upstream unreachable");
-                let mut response = errors::api_error(
-                    route.upstream,
-                    StatusCode::BAD_GATEWAY,
-                    &format!(
-                        "loopwarden: the {} upstream could not be reached",
-                        route.upstream.as_str()
-                    ),
+                let message = format!(
+                    "loopwarden: the {} upstream could not be reached",
+                    route.upstream.as_str()
                 );
-                finish_early(
+                return fail(
                     &app,
                     finished,
-                    StatusCode::BAD_GATEWAY,
-                    "upstream_unreachable",
+                    Failure::unreachable(route.upstream, &message),
                     started,
                     Some(sent),
+                    &stamp,
                 );
-                stamp(&mut response);
-                return response;
             }
             Err(_) => {
                 tracing::warn!(
@@ -405,24 +391,25 @@ impl Next {
                     timeout_secs = timeout.as_secs(),
                     "upstream timed out"
                 );
-                let mut response = errors::api_error(
-                    route.upstream,
-                    StatusCode::GATEWAY_TIMEOUT,
-                    &format!(
-                        "loopwarden: the {} upstream did not answer in time",
-                        route.upstream.as_str()
-                    ),
+                let message = format!(
+                    "loopwarden: the {} upstream did not answer in time",
+                    route.upstream.as_str()
                 );
-                finish_early(
+                return fail(
                     &app,
                     finished,
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "upstream_timeout",
+                    Failure {
+                        response: errors::upstream_failure(
+                            route.upstream,
+                            UpstreamFailure::Timeout,
+                            &message,
+                        ),
+                        outcome: "upstream_timeout",
+                    },
                     started,
                     Some(sent),
+                    &stamp,
                 );
-                stamp(&mut response);
-                return response;
             }
         };
         let headers_at = Instant::now();
@@ -431,7 +418,7 @@ impl Next {
         let mut response = Response::new(Body::empty());
         *response.status_mut() = up_parts.status;
         copy_end_to_end_headers(&up_parts.headers, response.headers_mut());
-        stamp(&mut response);
+        stamp.apply(&mut response);
 
         let event_stream = is_event_stream(&up_parts.headers);
         finished.row.status = up_parts.status.as_u16() as i64;
@@ -472,21 +459,14 @@ impl Next {
                     Ok(collected) => collected.to_bytes(),
                     Err(e) => {
                         tracing::warn!(error = %e, "upstream answer broke off while checked for a block");
-                        let mut response = errors::api_error(
-                            route.upstream,
-                            StatusCode::BAD_GATEWAY,
-                            "loopwarden: the upstream answer broke off",
-                        );
-                        finish_early(
-                            &app,
-                            finished,
-                            StatusCode::BAD_GATEWAY,
-                            "upstream_broken",
-                            started,
-                            Some(sent),
-                        );
-                        stamp(&mut response);
-                        return response;
+                        let failure = Failure {
+                            outcome: "upstream_broken",
+                            ..Failure::unreachable(
+                                route.upstream,
+                                "loopwarden: the upstream answer broke off",
+                            )
+                        };
+                        return fail(&app, finished, failure, started, Some(sent), &stamp);
                     }
                 };
                 let whole = match guard.json(&app, &whole) {
@@ -591,21 +571,44 @@ fn new_record(
     }
 }
 
-/// Logs a request that ends before any upstream body (the proxy answered an error).
-fn finish_early(
+/// An answer the proxy gives in place of the upstream's, and how the log names it.
+struct Failure {
+    response: Response,
+    /// `requests.outcome`
+    outcome: &'static str,
+}
+
+impl Failure {
+    /// The upstream could not be reached (or its answer could not be read): a 502.
+    fn unreachable(upstream: Upstream, message: &str) -> Failure {
+        Failure {
+            response: errors::upstream_failure(upstream, UpstreamFailure::Unreachable, message),
+            outcome: "upstream_unreachable",
+        }
+    }
+}
+
+/// Answers with `failure` and logs the request, which ended before any upstream body.
+fn fail(
     app: &App,
     mut finished: Finished,
-    status: StatusCode,
-    outcome: &str,
+    failure: Failure,
     started: Instant,
     sent: Option<Instant>,
-) {
+    stamp: &Stamp,
+) -> Response {
+    let Failure {
+        mut response,
+        outcome,
+    } = failure;
     let waited = sent.map(|s| s.elapsed()).unwrap_or_default();
-    finished.row.status = status.as_u16() as i64;
+    finished.row.status = i64::from(response.status().as_u16());
     finished.row.outcome = outcome.to_string();
     finished.row.upstream_latency_us = sent.map(|_| waited.as_micros() as i64);
     finished.row.proxy_overhead_us = started.elapsed().saturating_sub(waited).as_micros() as i64;
     app.recorder.finish(finished);
+    stamp.apply(&mut response);
+    response
 }
 
 /// The request to the upstream: configured base + forwarded path + original query, the

@@ -23,7 +23,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::serve::ListenerExt;
 use axum::Router;
 use tokio::sync::oneshot;
@@ -137,8 +137,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     spawn_sweeper(Arc::downgrade(&app), idle);
     crate::store::redact::warm_up();
 
-    let router = Router::new()
-        .route("/healthz", get(admin::healthz))
+    let admin = Router::new()
         .route("/admin/api/conversations", get(admin::conversations))
         .route("/admin/api/conversations/{id}", get(admin::conversation))
         .route("/admin/api/stats", get(admin::stats))
@@ -152,6 +151,15 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         )
         .route("/admin/api/pending", get(admin::pending))
         .route("/admin/api/pending/{id}", post(admin::decide_pending))
+        // Nothing under /admin/ is ever forwarded upstream.
+        .route("/admin/{*rest}", any(admin::not_found))
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            admin::require_access,
+        ));
+    let router = Router::new()
+        .route("/healthz", get(admin::healthz))
+        .merge(admin)
         .fallback(forward::handle)
         .with_state(app.clone());
     let listener = listener.tap_io(|tcp| {
