@@ -234,6 +234,10 @@ impl Store {
     }
 }
 
+/// How long the writer gathers records before writing them (a log entry reaches the
+/// database at most this late; [`Store::flush`] does not wait for it).
+const BATCH_WINDOW: Duration = Duration::from_millis(50);
+
 /// The writer task: takes what is queued (up to a batch), writes it in one transaction,
 /// answers flushes, repeats. Ends when every `Store` handle is gone.
 async fn writer(
@@ -248,6 +252,19 @@ async fn writer(
     loop {
         if rx.recv_many(&mut commands, batch_size).await == 0 {
             return;
+        }
+        // Gather for a moment before writing: every statement is a hand-off to SQLite's
+        // connection thread and back, so one transaction per request at low load cost more
+        // CPU (mostly context switches) than the whole request path. A flush stops the wait.
+        let deadline = tokio::time::Instant::now() + BATCH_WINDOW;
+        while commands.len() < batch_size
+            && !commands.iter().any(|c| matches!(c, Command::Flush(_)))
+        {
+            let room = batch_size - commands.len();
+            match tokio::time::timeout_at(deadline, rx.recv_many(&mut commands, room)).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
         }
         for command in commands.drain(..) {
             match command {
