@@ -69,6 +69,16 @@ static ERROR_TEXT: LazyLock<Regex> = LazyLock::new(|| {
     ))
 });
 
+/// A failing verdict of a test runner or an uncaught exception, anywhere in a result: pytest's
+/// `FAILED x::t` lines and `1 failed` summary, unittest's `FAILED (failures=1)`, a Python
+/// traceback. Read only when the result states no exit code of its own.
+static FAILED_VERDICT: LazyLock<Regex> = LazyLock::new(|| {
+    re(concat!(
+        r"(?m)^(FAILED\b|ERROR \S+::|Traceback \(most recent call last\):$)",
+        r"|^=+ .*\b\d+ (failed|errors?)\b.* =+$",
+    ))
+});
+
 /// Scaffold lines that carry no outcome of their own (their exit code is read first).
 static TRAILER_LINES: LazyLock<Regex> = LazyLock::new(|| {
     re(concat!(
@@ -124,7 +134,13 @@ pub fn outcome(result: &ToolResult) -> Outcome {
     let flagged = result.is_error == Some(true);
     let is_error = match exit_code {
         Some(code) => code != 0 || flagged,
-        None => flagged || ERROR_TEXT.is_match(head(&result.text, 400)),
+        // No exit code (opencode's failing shell runs, SWE-agent's shell): the text is all
+        // there is, so an error at its head or a test runner's failing verdict anywhere.
+        None => {
+            flagged
+                || ERROR_TEXT.is_match(head(&result.text, 400))
+                || FAILED_VERDICT.is_match(&result.text)
+        }
     };
     Outcome {
         exit_code,
@@ -333,6 +349,12 @@ mod tests {
         assert!(outcome(&res("/bin/bash: line 3: javac: command not found", None)).is_error);
         assert!(!outcome(&res("File created successfully at: /w/x.py", None)).is_error);
         assert!(outcome(&res("File not found: /a", None)).is_error);
+        // No exit code (opencode): a test runner's failing verdict anywhere in the text.
+        let pytest = "collected 1 item\n\ntest_x.py F\n\nFAILED test_x.py::t - assert 1 == 2\n=== 1 failed in 0.02s ===";
+        assert!(outcome(&res(pytest, None)).is_error);
+        assert!(!outcome(&res("collected 1 item\n\n=== 1 passed in 0.02s ===", None)).is_error);
+        // An exit code of 0 wins over a verdict-looking line.
+        assert!(!outcome(&res("Exit code 0\nFAILED (expected)", None)).is_error);
     }
 
     #[test]

@@ -581,3 +581,91 @@ fn error_rate_fires_when_most_recent_results_fail() {
     );
     assert!(!fired(&t).contains(&"error_rate".to_string()));
 }
+
+/// opencode's failing shell run: the output and nothing else (no exit code, no error flag on
+/// the Chat Completions and Responses wires; CLIENTS.md §4.4).
+fn opencode_bash(cmd: &str, out: &str) -> CallWithResult {
+    call(
+        "bash",
+        json!({"command": cmd, "description": "Run the tests"}),
+        out,
+        None,
+    )
+}
+fn opencode_edit(path: &str, old: &str, new: &str) -> CallWithResult {
+    call(
+        "edit",
+        json!({"filePath": path, "oldString": old, "newString": new}),
+        "Edit applied successfully.",
+        None,
+    )
+}
+
+const PYTEST_FAILING: &str =
+    "============================= test session starts ==============================
+collected 1 item
+
+test_calc.py F                                                           [100%]
+
+=================================== FAILURES ===================================
+___________________________________ test_add ___________________________________
+
+    def test_add():
+>       assert add(1, 2) == 3
+E       assert -1 == 3
+
+test_calc.py:4: AssertionError
+=========================== short test summary info ============================
+FAILED test_calc.py::test_add - assert -1 == 3
+============================== 1 failed in 0.03s ===============================";
+
+#[test]
+fn opencode_failures_without_exit_code_are_read_from_the_text() {
+    // The same failing run three times in a row: a fail-loop, known only from the text.
+    let same = transcript(
+        (0..3)
+            .map(|_| {
+                vec![opencode_bash(
+                    "python3 -m pytest -q test_calc.py",
+                    PYTEST_FAILING,
+                )]
+            })
+            .collect(),
+    );
+    assert!(
+        fired(&same).contains(&"fail_loop".to_string()),
+        "{:?}",
+        fired(&same)
+    );
+    // Edit, the same failure, revert, the same failure...: stagnation across the edits.
+    let mut steps = vec![vec![opencode_bash(
+        "python3 -m pytest -q test_calc.py",
+        PYTEST_FAILING,
+    )]];
+    for i in 0..4 {
+        let (old, new) = if i % 2 == 0 {
+            ("a - b", "b - a")
+        } else {
+            ("b - a", "a - b")
+        };
+        steps.push(vec![opencode_edit("/w/calc.py", old, new)]);
+        steps.push(vec![opencode_bash(
+            "python3 -m pytest -q test_calc.py",
+            PYTEST_FAILING,
+        )]);
+    }
+    let cycling = fired(&transcript(steps));
+    assert!(cycling.contains(&"stagnation".to_string()), "{cycling:?}");
+    // The same command passing every time is no failure at all.
+    let passing = transcript(
+        (0..3)
+            .map(|_| {
+                vec![opencode_bash(
+                    "python3 -m pytest -q test_calc.py",
+                    "1 passed in 0.01s",
+                )]
+            })
+            .collect(),
+    );
+    assert!(!fired(&passing).contains(&"fail_loop".to_string()));
+}
