@@ -334,6 +334,31 @@ mod tests {
         assert_eq!(from_file, Config::load(None, no_env).unwrap());
     }
 
+    /// The `[detect]` section lists its defaults commented out: uncommented, they must
+    /// still be exactly the defaults (so the documentation cannot drift from the code).
+    #[test]
+    fn the_commented_detect_defaults_are_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/loopwarden.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let start = text.find("\n[detect]\n").expect("a [detect] section");
+        let end = text[start + 1..]
+            .find("\n[intervene]")
+            .map_or(text.len(), |i| start + 1 + i);
+        let key_line = regex::Regex::new(r"^# ([a-z_]+ = .*|\[detect\.[a-z_]+\])$").unwrap();
+        let uncommented: String = text[start..end]
+            .lines()
+            .filter_map(|l| key_line.captures(l).map(|c| c[1].to_string()))
+            .map(|l| {
+                // Drop a trailing comment (values hold no '#').
+                let l = l.split("  #").next().unwrap_or(&l).trim_end().to_string();
+                l + "\n"
+            })
+            .collect();
+        assert!(uncommented.lines().count() > 30, "{uncommented}");
+        let parsed: Config = toml::from_str(&format!("[detect]\n{uncommented}")).unwrap();
+        assert_eq!(parsed.detect, DetectConfig::default());
+    }
+
     #[test]
     fn environment_overrides_the_file_and_flags_override_both() {
         let env = |var: &str| match var {
