@@ -104,8 +104,18 @@ impl Transcript {
     /// Groups wire-ordered items into steps, pairing results with calls by id.
     pub fn from_items(items: impl IntoIterator<Item = Item>) -> Transcript {
         let mut t = Transcript::default();
+        t.extend_items(items, false);
+        t
+    }
+
+    /// Groups more items after the ones this transcript was built from, with the same
+    /// result as [`Transcript::from_items`] over all of them (a later request of a
+    /// conversation carries the earlier items unchanged, plus new ones). `after_assistant`:
+    /// the last item grouped so far was assistant output, which an `AssistantPart` continues.
+    pub fn extend_items(&mut self, items: impl IntoIterator<Item = Item>, after_assistant: bool) {
+        let t = self;
         // Whether the previous item was assistant output, so an `AssistantPart` continues it.
-        let mut in_assistant_turn = false;
+        let mut in_assistant_turn = after_assistant;
         for item in items {
             let is_assistant = matches!(item, Item::Assistant { .. } | Item::AssistantPart { .. });
             match item {
@@ -135,7 +145,6 @@ impl Transcript {
             }
             in_assistant_turn = is_assistant;
         }
-        t
     }
 
     fn push_step(&mut self, text: String, calls: Vec<ToolCall>) {
@@ -198,6 +207,62 @@ pub fn canonical_args_from_str(raw: &str) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extending_gives_what_building_from_all_items_gives() {
+        let call = |id: &str| ToolCall {
+            id: id.into(),
+            name: "bash".into(),
+            args: serde_json::json!({"command": id}),
+        };
+        let result = |id: &str| {
+            Item::ToolResult(ToolResult {
+                call_id: id.into(),
+                name: String::new(),
+                text: format!("out {id}"),
+                is_error: None,
+            })
+        };
+        let items = vec![
+            Item::System { text: "sys".into() },
+            Item::User {
+                text: "task".into(),
+            },
+            Item::Assistant {
+                text: "a".into(),
+                calls: vec![call("1")],
+            },
+            Item::AssistantPart {
+                text: "b".into(),
+                calls: vec![call("2")],
+            },
+            result("1"),
+            result("2"),
+            Item::User {
+                text: "more".into(),
+            },
+            Item::AssistantPart {
+                text: "c".into(),
+                calls: vec![call("3")],
+            },
+            Item::AssistantPart {
+                text: "d".into(),
+                calls: vec![],
+            },
+            result("3"),
+        ];
+        let whole = Transcript::from_items(items.clone());
+        for split in 0..=items.len() {
+            let after_assistant = split > 0
+                && matches!(
+                    items[split - 1],
+                    Item::Assistant { .. } | Item::AssistantPart { .. }
+                );
+            let mut t = Transcript::from_items(items[..split].to_vec());
+            t.extend_items(items[split..].to_vec(), after_assistant);
+            assert_eq!(t, whole, "split at {split}");
+        }
+    }
 
     #[test]
     fn key_order_does_not_change_the_call_hash() {

@@ -111,3 +111,37 @@ async fn without_a_token_loopback_clients_see_the_timeline() {
     assert_eq!(stats["log"]["dropped"], 0);
     assert!(stats["log"]["written"].as_u64().unwrap() > 0);
 }
+
+#[tokio::test]
+async fn idle_conversations_leave_nothing_in_memory() {
+    let mock = MockServer::start(Script::default()).await.unwrap();
+    let proxy = TestProxy::start_with(&mock.url(), |c| c.cache.idle_secs = 1).await;
+    for task in ["first task", "second task", "third task"] {
+        let r = client()
+            .post(proxy.url(Api::Anthropic.path(false)))
+            .body(Api::Anthropic.first_request(task, false).to_string())
+            .send()
+            .await
+            .unwrap();
+        r.bytes().await.unwrap();
+    }
+    let (_, stats) = get(proxy.url("/admin/api/stats"), None).await;
+    // At least one entry per conversation (the last-request lookup may hold its own).
+    assert!(
+        stats["live_conversations"].as_u64().unwrap() >= 3,
+        "{stats}"
+    );
+    assert!(stats["cache"]["bytes"].as_u64().unwrap() > 0, "{stats}");
+
+    // The sweeper runs every second with idle_secs = 1: poll until it has been.
+    let mut last = Value::Null;
+    for _ in 0..100 {
+        last = get(proxy.url("/admin/api/stats"), None).await.1;
+        if last["live_conversations"] == 0 && last["cache"]["bytes"] == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(last["live_conversations"], 0, "{last}");
+    assert_eq!(last["cache"], json!({"messages": 0, "bytes": 0}), "{last}");
+}

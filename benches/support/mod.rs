@@ -18,6 +18,7 @@ use loopwarden::detect::{Decision, Engine, StoreFacts};
 use loopwarden::dialect::Dialect;
 use loopwarden::proxy::cache::{MessageCache, Previous};
 use loopwarden::proxy::conversations::Conversations;
+use loopwarden::proxy::forward;
 use loopwarden::proxy::identity;
 use loopwarden::transcript::Transcript;
 
@@ -425,27 +426,31 @@ impl Proxy {
         }
     }
 
-    /// The per-request work of `proxy::forward::analyse` before the bytes go upstream:
-    /// identity, view, cached parse, transcript, the decision from the cached fold, and
-    /// which steps are new to the log.
+    /// The per-request work of `proxy::forward` before the bytes go upstream (its
+    /// `analyse` and `new_record`): identity, view, the conversation's last request,
+    /// cached parse, transcript, the decision from the cached fold, the steps new to the
+    /// log, keeping this request for the next one.
     pub fn analyse(&mut self, dialect: Dialect, headers: &HeaderMap, body: &Bytes) -> Decision {
         let stated = identity::stated(headers, None);
         let view = dialect.view(body, false).expect("bench payloads parse");
-        // As forward.rs: a conversation that states its id is compared with its last
-        // request byte for byte; others are looked up by hash.
-        let previous = stated
-            .as_ref()
-            .and_then(|s| self.conversations.take_previous(&s.id));
+        let key = match &stated {
+            Some(s) => s.id.clone(),
+            None => forward::head_key(dialect, &view.messages),
+        };
+        let mut previous = self.conversations.take_previous(&key);
         let messages = self.cache.items(dialect, &view.messages, previous.as_ref());
-        if let Some(s) = &stated {
-            let previous = Previous::new(dialect, body, &view.messages, messages.clone());
-            self.conversations.put_previous(&s.id, previous);
-        }
-        let transcript = Transcript::from_items(
-            view.preamble
-                .into_iter()
-                .chain(messages.iter().flat_map(|m| m.iter().cloned())),
-        );
+        let transcript = previous
+            .as_mut()
+            .and_then(|p| p.continue_transcript(&view.preamble, &messages))
+            .unwrap_or_else(|| {
+                Transcript::from_items(
+                    view.preamble
+                        .iter()
+                        .cloned()
+                        .chain(messages.iter().flat_map(|m| m.iter().cloned())),
+                )
+            });
+        let mut keep = Previous::new(dialect, body, &view.messages, messages);
         let identity = stated
             .or_else(|| identity::from_head(&transcript))
             .unwrap_or_else(|| identity::fallback(headers, "/v1/chat/completions"));
@@ -454,7 +459,10 @@ impl Proxy {
             self.engine
                 .decide_with(&transcript, &StoreFacts::default(), cached);
         self.conversations.put_engine(&identity.id, state);
-        black_box(self.conversations.steps_to_log(&identity.id, &transcript));
+        let from = self.conversations.steps_to_log(&identity.id, &transcript);
+        black_box(transcript.steps[from..].to_vec());
+        keep.keep_transcript(view.preamble, transcript);
+        self.conversations.put_previous(&key, keep);
         decision
     }
 }

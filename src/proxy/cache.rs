@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::dialect::{Dialect, RawMessage};
-use crate::transcript::Item;
+use crate::transcript::{Item, Transcript};
 
 /// The items of one message, shared between the cache and requests in flight.
 pub type Items = Arc<[Item]>;
@@ -156,6 +156,10 @@ pub struct Previous {
     body: Bytes,
     spans: Vec<Option<Range<usize>>>,
     items: Vec<Items>,
+    /// The transcript the request was read into, and the preamble it started with (once
+    /// the request is done with it): the next request extends it with its new messages
+    /// instead of copying every cached item into a fresh one.
+    transcript: Option<(Vec<Item>, Transcript)>,
 }
 
 impl Previous {
@@ -181,7 +185,52 @@ impl Previous {
             body: body.clone(),
             spans,
             items,
+            transcript: None,
         }
+    }
+
+    /// Keeps the transcript this request's messages (the `items` given to
+    /// [`Previous::new`]) were read into, after `preamble`.
+    pub fn keep_transcript(&mut self, preamble: Vec<Item>, transcript: Transcript) {
+        self.transcript = Some((preamble, transcript));
+    }
+
+    /// The transcript of a request that carries this one's messages unchanged (the very
+    /// same parsed items, in the same places) and the same preamble, then `messages` past
+    /// them: the kept transcript, extended with the new messages. `None` when the request
+    /// does not continue this one (or no transcript was kept).
+    pub fn continue_transcript(
+        &mut self,
+        preamble: &[Item],
+        messages: &[Items],
+    ) -> Option<Transcript> {
+        let (kept_preamble, _) = self.transcript.as_ref()?;
+        let n = self.items.len();
+        let continues = messages.len() >= n
+            && kept_preamble.as_slice() == preamble
+            && self
+                .items
+                .iter()
+                .zip(messages)
+                .all(|(a, b)| Arc::ptr_eq(a, b));
+        if !continues {
+            return None;
+        }
+        let (_, mut transcript) = self.transcript.take()?;
+        // What came last before the new messages, as `from_items` would have seen it.
+        let after_assistant = self
+            .items
+            .iter()
+            .rev()
+            .flat_map(|m| m.iter().rev())
+            .chain(preamble.iter().rev())
+            .next()
+            .is_some_and(|i| matches!(i, Item::Assistant { .. } | Item::AssistantPart { .. }));
+        transcript.extend_items(
+            messages[n..].iter().flat_map(|m| m.iter().cloned()),
+            after_assistant,
+        );
+        Some(transcript)
     }
 
     /// The items of message `i` when the previous request had the same bytes there.

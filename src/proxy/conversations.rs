@@ -87,6 +87,15 @@ impl Conversations {
         from
     }
 
+    /// Conversations held (the admin API shows it: idle ones must not stay).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Forgets idle conversations.
     pub fn sweep(&self) {
         let Some(cutoff) = Instant::now().checked_sub(self.idle) else {

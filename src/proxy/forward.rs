@@ -34,7 +34,7 @@ use crate::intervene::service::Before;
 use crate::intervene::RequestInfo;
 use crate::store::redact::summary;
 use crate::store::{now_ms, ConversationSeen, RequestRow};
-use crate::transcript::Transcript;
+use crate::transcript::{Item, Transcript};
 
 /// The pooled upstream client (HTTP/1.1 and HTTP/2, TLS for https bases).
 pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
@@ -78,6 +78,16 @@ struct Parsed {
     state: EngineState,
     /// Sticky halts and operator resumes that apply to this request.
     before: Before,
+    /// This request, to keep as its conversation's last one.
+    keep: Keep,
+}
+
+/// A request to keep as its conversation's last one, under `key`, once the transcript is
+/// no longer needed by the request.
+struct Keep {
+    key: String,
+    previous: Previous,
+    preamble: Vec<Item>,
 }
 
 /// Reads the conversation in a request: parse (cached per message), identify, decide.
@@ -120,15 +130,27 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
         Some(s) => s.id.clone(),
         None => head_key(dialect, &view.messages),
     };
-    let previous = app.conversations.take_previous(&previous_key);
+    let mut previous = app.conversations.take_previous(&previous_key);
     let messages = app.cache.items(dialect, &view.messages, previous.as_ref());
-    let previous = Previous::new(dialect, body, &view.messages, messages.clone());
-    app.conversations.put_previous(&previous_key, previous);
-    let transcript = Transcript::from_items(
-        view.preamble
-            .into_iter()
-            .chain(messages.iter().flat_map(|m| m.iter().cloned())),
-    );
+    // The usual request adds a turn to the last one: extend that request's transcript
+    // rather than copy every cached item into a new one (which grows with the history).
+    let continued = previous
+        .as_mut()
+        .and_then(|p| p.continue_transcript(&view.preamble, &messages));
+    let transcript = continued.unwrap_or_else(|| {
+        Transcript::from_items(
+            view.preamble
+                .iter()
+                .cloned()
+                .chain(messages.iter().flat_map(|m| m.iter().cloned())),
+        )
+    });
+    // Put back (with the transcript) once the request is done reading it: `new_record`.
+    let keep = Keep {
+        key: previous_key,
+        previous: Previous::new(dialect, body, &view.messages, messages),
+        preamble: view.preamble,
+    };
     let identity = stated
         .or_else(|| identity::from_head(&transcript))
         .unwrap_or_else(fallback);
@@ -154,13 +176,14 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
             decision,
             state,
             before,
+            keep,
         }),
     }
 }
 
 /// A key for the last request of a conversation that states no id: its first two
 /// messages' raw bytes. `#` never appears in conversation ids, so the keys cannot collide.
-fn head_key(dialect: Dialect, messages: &[RawMessage]) -> String {
+pub fn head_key(dialect: Dialect, messages: &[RawMessage]) -> String {
     let mut h = blake3::Hasher::new();
     h.update(&[dialect as u8]);
     for m in messages.iter().take(2) {
@@ -520,10 +543,19 @@ fn new_record(
         parsed,
     } = analysis;
     let (steps, decision, history, next_step) = match parsed {
-        Some(mut p) => {
+        Some(p) => {
             let next_step = p.transcript.steps.len();
             let from = app.conversations.steps_to_log(&identity.id, &p.transcript);
-            let history = p.transcript.steps.split_off(from);
+            // Only the new steps are copied for the log; the transcript is kept for the
+            // conversation's next request.
+            let history = p.transcript.steps[from..].to_vec();
+            let Keep {
+                key,
+                mut previous,
+                preamble,
+            } = p.keep;
+            previous.keep_transcript(preamble, p.transcript);
+            app.conversations.put_previous(&key, previous);
             (Some(next_step as i64), Some(p.decision), history, next_step)
         }
         None => (None, None, Vec::new(), 0),
