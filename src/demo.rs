@@ -55,12 +55,17 @@ const SCRIPT_END: &str = "I could not fix it.";
 /// The looping model: read, test, edit the bug into another bug, test, edit it back,
 /// test... the same failure every time.
 fn looping_script() -> Script {
-    let read = || ToolCall::function("read_file", json!({"path": "calc.py"}));
-    let test = || ToolCall::function("run_tests", json!({}));
+    let read = || ToolCall::function("read_file", json!({"file_path": "calc.py"}));
+    let test = || {
+        ToolCall::function(
+            "run_shell_command",
+            json!({"command": "python -m pytest test_calc.py"}),
+        )
+    };
     let edit = |old: &str, new: &str| {
         ToolCall::function(
-            "edit_file",
-            json!({"path": "calc.py", "old": old, "new": new}),
+            "replace",
+            json!({"file_path": "calc.py", "old_string": old, "new_string": new}),
         )
     };
     let mut turns = vec![Turn {
@@ -103,15 +108,15 @@ impl Workspace {
 
     /// Runs one tool call; returns its output.
     fn run(&mut self, name: &str, args: &Value) -> String {
-        let path = args["path"].as_str().unwrap_or("");
+        let path = args["file_path"].as_str().unwrap_or("");
         match name {
             "read_file" => match self.files.get(path) {
                 Some(text) => text.clone(),
                 None => format!("No such file: {path}"),
             },
-            "edit_file" => {
-                let old = args["old"].as_str().unwrap_or("");
-                let new = args["new"].as_str().unwrap_or("");
+            "replace" => {
+                let old = args["old_string"].as_str().unwrap_or("");
+                let new = args["new_string"].as_str().unwrap_or("");
                 match self.files.get_mut(path) {
                     Some(text) if !old.is_empty() && text.contains(old) => {
                         *text = text.replacen(old, new, 1);
@@ -121,7 +126,7 @@ impl Workspace {
                     None => format!("No such file: {path}"),
                 }
             }
-            "run_tests" => {
+            "run_shell_command" => {
                 let calc = self.files.get("calc.py").map(String::as_str).unwrap_or("");
                 if calc.contains(FIXED) {
                     "test_calc.py::test_add PASSED\n1 passed".into()
@@ -144,14 +149,19 @@ fn tools() -> Value {
         tool(
             "read_file",
             "Read a file",
-            json!({"path": {"type": "string"}})
+            json!({"file_path": {"type": "string"}})
         ),
         tool(
-            "edit_file",
+            "replace",
             "Replace text in a file",
-            json!({"path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"}})
+            json!({"file_path": {"type": "string"}, "old_string": {"type": "string"},
+                   "new_string": {"type": "string"}})
         ),
-        tool("run_tests", "Run the test suite", json!({})),
+        tool(
+            "run_shell_command",
+            "Run a shell command",
+            json!({"command": {"type": "string"}})
+        ),
     ])
 }
 
@@ -280,13 +290,14 @@ pub async fn demo(out: &mut dyn Write, step_delay: Duration) -> anyhow::Result<D
             step += 1;
             let output = workspace.run(&call.name, &call.args);
             let args = match call.name.as_str() {
-                "read_file" => call.args["path"].as_str().unwrap_or("").to_string(),
-                "edit_file" => format!(
+                "read_file" => call.args["file_path"].as_str().unwrap_or("").to_string(),
+                "replace" => format!(
                     "{} {:?} -> {:?}",
-                    call.args["path"].as_str().unwrap_or(""),
-                    call.args["old"].as_str().unwrap_or("").trim(),
-                    call.args["new"].as_str().unwrap_or("").trim()
+                    call.args["file_path"].as_str().unwrap_or(""),
+                    call.args["old_string"].as_str().unwrap_or("").trim(),
+                    call.args["new_string"].as_str().unwrap_or("").trim()
                 ),
+                "run_shell_command" => call.args["command"].as_str().unwrap_or("").to_string(),
                 _ => String::new(),
             };
             writeln!(
