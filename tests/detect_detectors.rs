@@ -669,3 +669,44 @@ fn opencode_failures_without_exit_code_are_read_from_the_text() {
     );
     assert!(!fired(&passing).contains(&"fail_loop".to_string()));
 }
+
+#[test]
+fn repeat_fires_on_the_same_change_issued_again_and_again() {
+    // SWE-agent inserting the same block at the same line (the file grows every time), and
+    // OpenHands inserting the same lines: each call changes the file, none makes progress.
+    let swe = |i: usize| {
+        call(
+            "edit",
+            json!({"start_line": 194, "end_line": 194, "replacement_text": "if (x == null) {\n  return;\n}"}),
+            &format!(
+                "[File: /w/Caller.java ({} lines total)]\n194:if (x == null) {{",
+                234 + 3 * i
+            ),
+            None,
+        )
+    };
+    let openhands = |i: usize| {
+        call(
+            "str_replace_editor",
+            json!({"command": "insert", "path": "/w/calc.py", "insert_line": 10, "new_str": "    return a + b"}),
+            &format!(
+                "The file /w/calc.py has been edited. Lines 10-{} now read...",
+                11 + i
+            ),
+            None,
+        )
+    };
+    for mk in [swe, openhands] {
+        let same = transcript((0..3).map(|i| vec![mk(i)]).collect());
+        assert!(
+            fired(&same).contains(&"repeat".to_string()),
+            "{:?}",
+            fired(&same)
+        );
+        // Two in a row, then something else: not yet a repeat.
+        let mut two: Vec<Vec<CallWithResult>> = (0..2).map(|i| vec![mk(i)]).collect();
+        two.push(vec![claude_bash("python3 test_calc.py", "ok", false)]);
+        two.push(vec![mk(3)]);
+        assert!(!fired(&transcript(two)).contains(&"repeat".to_string()));
+    }
+}

@@ -65,6 +65,8 @@ pub struct StepEvents {
     pub human_spoke: bool,
     /// The step had no tool call and the scaffold complained (format error).
     pub rejected: bool,
+    /// Steps in a row, this one included, that issued exactly these calls (raw arguments).
+    pub identical_run: u32,
 }
 
 /// Per-file knowledge.
@@ -179,6 +181,8 @@ pub struct Facts {
     pub stuck_run: usize,
     /// Approximate tokens (bytes/4) of the conversation so far.
     pub tokens: u64,
+    /// Raw hash of the last step's calls and how many steps in a row issued them.
+    pub last_calls: (u64, u32),
 }
 
 /// Bounded windows: enough for every detector's look-back.
@@ -423,6 +427,27 @@ impl Facts {
                 raw_hash,
             });
         }
+
+        // The same calls, verbatim, as the step before: whatever they changed, issuing them
+        // again is a repeat of the agent's own action.
+        if !ev.calls.is_empty() {
+            let mut raw = blake3::Hasher::new();
+            for c in &ev.calls {
+                raw.update(&c.raw_hash.to_le_bytes());
+            }
+            let rb = raw.finalize();
+            let rb = rb.as_bytes();
+            let calls =
+                u64::from_le_bytes([rb[0], rb[1], rb[2], rb[3], rb[4], rb[5], rb[6], rb[7]]);
+            self.last_calls = if self.last_calls.0 == calls {
+                (calls, self.last_calls.1 + 1)
+            } else {
+                (calls, 1)
+            };
+        } else {
+            self.last_calls = (0, 0);
+        }
+        ev.identical_run = self.last_calls.1;
 
         // A turn without a call that the scaffold rejected is a failed action of its own.
         let mut human = false;

@@ -1,6 +1,7 @@
 //! exact and category repeat: the same call (equal after normalization of argument key
 //! order, whitespace, flag order and trivial shell spellings) getting the same result
-//! again within one unchanged stretch — nothing changed and nothing new was learned.
+//! again within one unchanged stretch — nothing changed and nothing new was learned; and
+//! the same change issued verbatim more than `repeat_count` steps in a row.
 
 use super::{DetectConfig, Detector, Facts, Finding, StepEvents};
 
@@ -13,6 +14,28 @@ impl Detector for Repeat {
 
     fn check(&self, facts: &Facts, step: &StepEvents, cfg: &DetectConfig) -> Option<Finding> {
         let min = cfg.thresholds.repeat_count;
+        // A change issued verbatim again and again (SWE-agent inserting the same block at the
+        // same line, each time believing it removes the duplicate): each run changes the
+        // file, so no stretch stays unchanged, but the agent is repeating itself.
+        if step.changed && step.identical_run > min {
+            let call = step.calls.iter().find(|c| c.changed)?;
+            let extra = step.identical_run - min - 1;
+            return Some(
+                Finding::new(
+                    self.name(),
+                    (0.7 + 0.1 * f64::from(extra)).min(1.0),
+                    vec![step.index],
+                    format!(
+                        "issued the same change `{}` {} times in a row",
+                        super::short(&call.action.key),
+                        step.identical_run
+                    ),
+                    "You are applying the very same change again. Look at the file as it is now before changing it further.",
+                ),
+                // No loop keys: a change is not blocked on the way back, the run gets its
+                // reminders first (a repeated edit can still be the agent's way out).
+            );
+        }
         let call = step.calls.iter().find(|c| c.stretch_repeat)?;
         if facts.stretch.repeats < min {
             return None;
