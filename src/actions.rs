@@ -71,7 +71,8 @@ pub struct ToolAction {
     /// What a check command checks (test target, script, build), when it runs one.
     /// `cd repo && python x.py` and `python /abs/x.py` give the same key.
     pub check: Option<String>,
-    /// The normalized shell command, for summaries.
+    /// The shell command as the agent wrote it, for summaries people read (keys and hashes
+    /// use the normalized form).
     pub command: Option<String>,
     /// The search target (pattern) of a search.
     pub search: Option<String>,
@@ -1184,14 +1185,14 @@ pub fn shell(cmd: &str) -> ToolAction {
     if !changes.is_empty() {
         mutating = true;
     }
-    let command = key_parts.join(" && ");
+    let normalized = key_parts.join(" && ");
     if kind == ActionKind::Read {
         // A pipeline's filters (`nl -ba f | sed -n '10,40p'`) pick the region read: the
         // whole command is the region, so paging through a file is not the same read.
-        region = Some(command.clone());
+        region = Some(normalized.clone());
     }
     // The key includes heredoc bodies hashed: two writes of different content differ.
-    let mut key = format!("sh:{command}");
+    let mut key = format!("sh:{normalized}");
     for p in &parts {
         if let Some(h) = &p.heredoc {
             key.push_str(&format!(":{:x}", hash64(h.as_bytes())));
@@ -1204,7 +1205,7 @@ pub fn shell(cmd: &str) -> ToolAction {
         changes,
         mutating,
         check,
-        command: Some(command),
+        command: Some(cmd.trim().to_string()),
         search,
         key_hash: hash64(key.as_bytes()),
         key,
@@ -1251,10 +1252,8 @@ mod tests {
     fn shell_reads_writes_and_checks() {
         let a = shell("sed -n '10,20p' src/x.py");
         assert_eq!(a.kind, ActionKind::Read);
-        assert_eq!(
-            a.region.as_deref(),
-            Some("sed x.py -n 10,20p").map(|_| a.command.as_deref().unwrap_or(""))
-        );
+        assert_eq!(a.command.as_deref(), Some("sed -n '10,20p' src/x.py"));
+        assert_ne!(a.region, shell("sed -n '30,40p' src/x.py").region);
         assert_ne!(
             shell("nl -ba x.py | sed -n '1,20p'").region,
             shell("nl -ba x.py | sed -n '20,40p'").region

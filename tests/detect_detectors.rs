@@ -132,6 +132,41 @@ fn fail_loop_fires_on_the_same_failure_and_not_on_changing_ones() {
     }
 }
 
+/// Summaries are read by people (reminders, halts, the admin timeline): they quote the
+/// command as the agent wrote it, while the loop is still recognised through its normalized
+/// key (the first run is spelled differently).
+#[test]
+fn fail_loop_summary_quotes_the_command_as_written() {
+    let t = transcript(
+        (0..4)
+            .map(|i| {
+                let cmd = if i == 0 {
+                    "cd /repo &&  python3 -m pytest test_calc.py "
+                } else {
+                    "python -m pytest test_calc.py"
+                };
+                vec![claude_bash(cmd, FAIL, true)]
+            })
+            .collect(),
+    );
+    let engine = Engine::default();
+    let mut state = engine.start(&t);
+    let mut summaries = Vec::new();
+    for step in &t.steps {
+        engine.fold(&mut state, step, &StoreFacts::default());
+        for f in state.decision().findings {
+            if f.detector == "fail_loop" {
+                summaries.push(f.summary);
+            }
+        }
+    }
+    assert!(!summaries.is_empty(), "fail_loop did not fire");
+    for s in &summaries {
+        assert!(s.contains("`python -m pytest test_calc.py`"), "{s}");
+        assert!(!s.contains("pytest test_calc.py -m"), "{s}");
+    }
+}
+
 trait WithI {
     fn with_i(self, i: usize) -> Self;
 }
