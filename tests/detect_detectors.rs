@@ -233,6 +233,34 @@ fn stagnation_fires_across_edits_when_the_outcome_never_changes() {
     }
 }
 
+/// A check whose printed lines stay the same but whose verdict flips (it failed, now it
+/// exits 0) has a new outcome: the edits reached the code that runs, so the stagnation
+/// streak starts over (openhands/pytest-8399 was halted right after such a flip).
+#[test]
+fn stagnation_counts_a_changed_verdict_as_a_new_outcome() {
+    let out = "Test output:\ncollected 1 item\nfixtures shown: cache, capsys";
+    let runs = |codes: &[i32]| {
+        let mut steps = Vec::new();
+        for (i, code) in codes.iter().enumerate() {
+            steps.push(vec![openhands_edit(
+                "/w/src/unittest.py",
+                &format!("v{i}"),
+                &format!("v{}", i + 1),
+            )]);
+            steps.push(vec![mini_bash("python reproduce.py", out, *code)]);
+        }
+        transcript(steps)
+    };
+    let stuck = runs(&[1, 1, 1, 1, 1]);
+    assert!(fired(&stuck).contains(&"stagnation".to_string()));
+    let flipped = runs(&[1, 1, 1, 0, 0]);
+    assert!(
+        !fired(&flipped).contains(&"stagnation".to_string()),
+        "{:?}",
+        fired(&flipped)
+    );
+}
+
 #[test]
 fn repeat_fires_on_identical_calls_in_an_unchanged_stretch_only() {
     // mini-swe-agent and Codex: the same read-only command with the same answer.

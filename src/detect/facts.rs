@@ -90,8 +90,8 @@ pub struct FileFacts {
 /// Per-check-command knowledge.
 #[derive(Debug, Clone, Default)]
 pub struct CheckFacts {
-    /// Results this check has returned (hashes).
-    pub seen: Vec<u64>,
+    /// Outcomes this check has returned: the outcome signature and whether the run failed.
+    pub seen: Vec<(u64, bool)>,
     /// Consecutive runs returning an already-seen result.
     pub streak: u32,
     /// The streak's runs all failed.
@@ -339,8 +339,11 @@ impl Facts {
                 let edited = cf.runs == 0 || cf.changes_at_last_run != changes;
                 cf.runs += 1;
                 cf.changes_at_last_run = changes;
-                if !cf.seen.contains(&signature) {
-                    cf.seen.push(signature);
+                // The verdict is part of the outcome: the same lines once failing and
+                // now passing (or the reverse) are a new result.
+                let outcome = (signature, is_error);
+                if !cf.seen.contains(&outcome) {
+                    cf.seen.push(outcome);
                     cf.streak = 0;
                     cf.streak_failing = false;
                 } else if edited {
