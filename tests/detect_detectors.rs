@@ -132,6 +132,59 @@ fn fail_loop_fires_on_the_same_failure_and_not_on_changing_ones() {
     }
 }
 
+/// fail_loop's occasions are failed commands. Editor calls that found nothing to replace
+/// (OpenHands' `ERROR: No replacement was performed`) between the runs are not occasions:
+/// they must not dilute the pattern until the same command failing six times in a row
+/// never gets past a nudge.
+#[test]
+fn fail_loop_escalates_through_failed_editor_calls_in_between() {
+    let run = || {
+        call(
+            "execute_bash",
+            json!({"command": "make -C build install"}),
+            "make: *** No rule to make target 'install'.  Stop.\n[The command completed with exit code 2.]",
+            None,
+        )
+    };
+    let miss = |i: usize| {
+        call(
+            "str_replace_editor",
+            json!({"command": "str_replace", "path": "/w/Makefile", "old_str": format!("x{i}"), "new_str": "y"}),
+            &format!("ERROR:\nNo replacement was performed, old_str `x{i}` did not appear verbatim in /w/Makefile."),
+            None,
+        )
+    };
+    let mut steps = Vec::new();
+    for i in 0..6 {
+        steps.push(vec![run()]);
+        steps.push(vec![miss(2 * i)]);
+        steps.push(vec![miss(2 * i + 1)]);
+        steps.push(vec![call(
+            "str_replace_editor",
+            json!({"command": "create", "path": format!("/w/notes{i}.md"), "file_text": "todo"}),
+            &format!("File created successfully at: /w/notes{i}.md"),
+            None,
+        )]);
+    }
+    let t = transcript(steps);
+    let engine = Engine::default();
+    let mut state = engine.start(&t);
+    let mut actions = Vec::new();
+    for step in &t.steps {
+        engine.fold(&mut state, step, &StoreFacts::default());
+        let d = state.decision();
+        if d.action != Action::Observe {
+            actions.push((d.action, d.detector));
+        }
+    }
+    assert!(
+        actions
+            .iter()
+            .any(|(a, d)| *a != Action::Nudge && d == "fail_loop"),
+        "{actions:?}"
+    );
+}
+
 /// Summaries are read by people (reminders, halts, the admin timeline): they quote the
 /// command as the agent wrote it, while the loop is still recognised through its normalized
 /// key (the first run is spelled differently).

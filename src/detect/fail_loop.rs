@@ -9,8 +9,13 @@ impl Detector for FailLoop {
         "fail_loop"
     }
 
+    /// Its occasions are failed commands: an editor call that found no match is not a
+    /// command failing again, and counting it would dilute the pattern's EMA until a
+    /// command failing the same way over and over never reads as chronic.
     fn applies(&self, step: &StepEvents) -> bool {
-        step.calls.iter().any(|c| c.is_error)
+        step.calls
+            .iter()
+            .any(|c| c.is_error && c.action.command.is_some())
     }
 
     fn check(&self, _facts: &Facts, step: &StepEvents, cfg: &DetectConfig) -> Option<Finding> {
