@@ -285,6 +285,21 @@ pub fn shows_failure(normalized: &str) -> bool {
         .any(|l| FAILURE_WORD.is_match(l) && !NOT_FAILURE.is_match(l))
 }
 
+/// The one line of a normalized result a human should see in a summary: the first line that
+/// reports a failure, else the first line with content. Scaffold labels such as Codex's
+/// `Output:` header carry nothing and are skipped.
+pub fn headline(normalized: &str) -> &str {
+    let is_label = |l: &str| l.ends_with(':') && l.len() < 24 && !l.contains(' ');
+    let mut lines = normalized
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !is_label(l));
+    let first = lines.clone().next().unwrap_or("");
+    lines
+        .find(|l| FAILURE_WORD.is_match(l) && !NOT_FAILURE.is_match(l))
+        .unwrap_or(first)
+}
+
 /// Normalizes a result: masked text, its hash and its outcome.
 pub fn normalize(result: &ToolResult) -> NormalizedResult {
     let text = normalize_text(&result.text);
@@ -298,6 +313,17 @@ pub fn normalize(result: &ToolResult) -> NormalizedResult {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_headline_is_the_failure_not_a_scaffold_label() {
+        let codex = "Process exited with code 1\nOutput:\nrunning 1 test\nFAILED test_calc.py::test_add - AssertionError\n";
+        assert_eq!(
+            super::headline(codex),
+            "FAILED test_calc.py::test_add - AssertionError"
+        );
+        assert_eq!(super::headline("Output:\nhello\n"), "hello");
+        assert_eq!(super::headline("\n\n"), "");
+    }
+
     use super::*;
 
     fn res(text: &str, is_error: Option<bool>) -> ToolResult {

@@ -279,8 +279,7 @@ impl Facts {
                                 n.hash = hash64(n.text.as_bytes());
                             }
                         }
-                        let line = n.text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-                        let line: String = line.chars().take(120).collect();
+                        let line: String = normalize::headline(&n.text).chars().take(120).collect();
                         result_text.clone_from(&n.text);
                         (
                             n.hash,
