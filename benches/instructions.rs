@@ -25,14 +25,11 @@ fn measured(proxy: &mut Proxy, dialect: Dialect, headers: &HeaderMap, body: &Byt
     proxy.analyse(dialect, headers, body)
 }
 
-/// Reading the bytes: finding the messages and hashing each (what any cache must do).
+/// Reading the bytes: the scan that finds the messages (it touches every byte).
 #[inline(never)]
 fn measured_read(dialect: Dialect, body: &[u8]) -> usize {
     let view = dialect.view(body, false).expect("bench payloads parse");
-    view.messages
-        .iter()
-        .map(|m| blake3::hash(m.get().as_bytes()).as_bytes()[0] as usize)
-        .sum()
+    view.messages.len()
 }
 
 fn scenarios() -> Vec<String> {

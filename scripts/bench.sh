@@ -18,6 +18,7 @@
 #   BENCH_WORK      scratch directory (default /tmp/loopwarden-bench)
 #   LW_PORT         loopwarden's port (default 18090)
 #   EXTRA=0         only the harness's own loads (default adds the missing size/stream/API combinations)
+#   IDLE=0          skip the idle-conversation memory check (scripts/idle_memory.py) at the end
 # and every knob of run.sh (PEERS, ROUNDS, DURATION, WARMUP, LOADS, PIN, MOCK_*).
 set -euo pipefail
 
@@ -86,4 +87,10 @@ export PROXY_CMD="LOOPWARDEN_OPENAI_BASE_URL=\$UPSTREAM_URL LOOPWARDEN_ANTHROPIC
 "$H/run.sh" "$@"
 echo
 python3 "$ROOT/scripts/bench_ratios.py" "$OUT" | tee "$OUT/ratios.md"
+if [ "${IDLE:-1}" = 1 ] && [ -x "$CARGO_TARGET_DIR/release/mockup" ]; then
+  echo
+  echo "### Memory kept per idle conversation"
+  python3 "$ROOT/scripts/idle_memory.py" "$BIN" "$CARGO_TARGET_DIR/release/mockup" "${IDLE_CONVERSATIONS:-500}" \
+    | tee "$OUT/idle_memory.txt"
+fi
 echo "bench: results in $OUT (raw.jsonl, summary.md, ratios.md); log $DB" >&2

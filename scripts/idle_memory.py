@@ -91,18 +91,32 @@ try:
     time.sleep(3)
     before = rss_kb(lw.pid)
     peak = before
-    for c in range(N):
-        task = f"task {c:05d}: fix the parser"
-        for turns in range(4):
-            send(body(task, turns * 2))
-        peak = max(peak, rss_kb(lw.pid))
+    def run(wave):
+        nonlocal_peak = 0
+        for c in range(N):
+            task = f"wave {wave} task {c:05d}: fix the parser"
+            for turns in range(4):
+                send(body(task, turns * 2))
+            nonlocal_peak = max(nonlocal_peak, rss_kb(lw.pid))
+        return nonlocal_peak
+
+    def idle():
+        for _ in range(100):
+            time.sleep(0.5)
+            s = stats(conn)
+            if s["live_conversations"] == 0 and s["cache"]["bytes"] == 0:
+                return s
+        return s
+
+    peak = max(peak, run(1))
     held = stats(conn)
-    for _ in range(100):
-        time.sleep(0.5)
-        s = stats(conn)
-        if s["live_conversations"] == 0 and s["cache"]["bytes"] == 0:
-            break
+    s = idle()
     after = rss_kb(lw.pid)
+    # A second wave of as many new conversations: if the first wave's memory had stayed
+    # held, RSS would grow again by as much; it is reused instead.
+    peak2 = run(2)
+    idle()
+    after2 = rss_kb(lw.pid)
     print(f"{N} conversations x 4 requests (~{len(body('x', 6)) // 1024} KB last body each)")
     print(f"  RSS before {before / 1024:.1f} MB, peak {peak / 1024:.1f} MB, after idle {after / 1024:.1f} MB")
     print(f"  RSS kept after idle per conversation: {max(0, after - before) * 1024 / N:.0f} bytes"
@@ -111,6 +125,8 @@ try:
           f"cache {held['cache']['messages']} messages / {held['cache']['bytes']} bytes")
     print(f"  held by the proxy after idle: {s['live_conversations']} conversation entries, "
           f"cache {s['cache']['messages']} messages / {s['cache']['bytes']} bytes")
+    print(f"  second wave of {N} new conversations: peak {peak2 / 1024:.1f} MB, after idle {after2 / 1024:.1f} MB"
+          f" (growth over the first wave: {max(0, after2 - after) * 1024 / N:.0f} bytes per conversation)")
 finally:
     for p in procs:
         p.terminate()
