@@ -314,18 +314,27 @@ fn other(call: &ToolCall) -> ToolAction {
 }
 
 fn simple(call: &ToolCall, kind: ActionKind, path: Option<&str>) -> ToolAction {
-    let key = format!("{}:{}", call.name, call.canonical_args());
     ToolAction {
-        kind,
         path: path.map(str::to_string),
-        region: None,
-        changes: Vec::new(),
-        mutating: false,
-        check: None,
-        command: None,
-        search: None,
-        key_hash: hash64(key.as_bytes()),
-        key,
+        ..ToolAction::plain(kind, format!("{}:{}", call.name, call.canonical_args()))
+    }
+}
+
+impl ToolAction {
+    /// An action that touches nothing and is known only by its key.
+    pub fn plain(kind: ActionKind, key: String) -> ToolAction {
+        ToolAction {
+            kind,
+            path: None,
+            region: None,
+            changes: Vec::new(),
+            mutating: false,
+            check: None,
+            command: None,
+            search: None,
+            key_hash: hash64(key.as_bytes()),
+            key,
+        }
     }
 }
 

@@ -473,20 +473,8 @@ impl Facts {
                 .filter(|c| !c.is_ascii_digit())
                 .collect();
             let result = hash64(complaint.as_bytes());
-            let key = "rejected-turn".to_string();
             ev.calls.push(CallEvent {
-                action: ToolAction {
-                    kind: ActionKind::Other,
-                    path: None,
-                    region: None,
-                    changes: Vec::new(),
-                    mutating: false,
-                    check: None,
-                    command: None,
-                    search: None,
-                    key_hash: hash64(key.as_bytes()),
-                    key,
-                },
+                action: ToolAction::plain(ActionKind::Other, "rejected-turn".to_string()),
                 result,
                 result_line: complaint
                     .lines()
