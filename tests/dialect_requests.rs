@@ -1,6 +1,6 @@
 //! Request parsing: each client's wire shape (our own fixtures, same shapes as the
 //! captured ones) parsed to the expected transcript, plus every captured request in
-//! /work/shared/fixtures/requests/ when that directory exists.
+//! ../shared/fixtures/requests/ (beside the checkout) when that directory exists.
 
 use loopwarden::dialect::Dialect;
 use loopwarden::transcript::{CallWithResult, Transcript};
@@ -470,8 +470,15 @@ fn from_path_recognises_each_api() {
 /// outside the project: skipped when absent.
 #[test]
 fn shared_captured_requests_parse() {
-    let dir = std::path::Path::new("/work/shared/fixtures/requests");
-    let Ok(entries) = std::fs::read_dir(dir) else {
+    // `../shared` beside the checkout (as CI lays it out), else the workplace's copy.
+    let beside =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/requests");
+    let dir = if beside.is_dir() {
+        beside
+    } else {
+        std::path::PathBuf::from("/work/shared/fixtures/requests")
+    };
+    let Ok(entries) = std::fs::read_dir(&dir) else {
         return;
     };
     let mut seen = 0;
