@@ -321,6 +321,11 @@ fn simple(call: &ToolCall, kind: ActionKind, path: Option<&str>) -> ToolAction {
 }
 
 impl ToolAction {
+    /// How a summary names the action: the command as the agent wrote it, else its key.
+    pub fn label(&self) -> &str {
+        self.command.as_deref().unwrap_or(&self.key)
+    }
+
     /// An action that touches nothing and is known only by its key.
     pub fn plain(kind: ActionKind, key: String) -> ToolAction {
         ToolAction {
@@ -903,6 +908,29 @@ fn canon_simple(words: &[String]) -> String {
     out.join(" ")
 }
 
+impl ActionKind {
+    /// How telling a kind is when one command line does several things:
+    /// a write or edit > a check run > a search > a read > anything else.
+    fn rank(self) -> u8 {
+        match self {
+            ActionKind::Write | ActionKind::Edit => 4,
+            ActionKind::Exec => 3,
+            ActionKind::Search => 2,
+            ActionKind::Read => 1,
+            ActionKind::Other => 0,
+        }
+    }
+}
+
+/// Makes `kind` the more telling of itself and `new`; true when `new` took over.
+fn promote(kind: &mut ActionKind, new: ActionKind) -> bool {
+    let took = new.rank() > kind.rank();
+    if took {
+        *kind = new;
+    }
+    took
+}
+
 /// Reads a shell command line.
 pub fn shell(cmd: &str) -> ToolAction {
     let parts = split_shell(cmd);
@@ -914,7 +942,6 @@ pub fn shell(cmd: &str) -> ToolAction {
     let mut region: Option<String> = None;
     let mut search: Option<String> = None;
     let mut key_parts: Vec<String> = Vec::new();
-    let mut rank = 0u8; // how telling the kind is: write > check > search > read > other
 
     for p in &parts {
         let words = strip_wrappers(&p.words);
@@ -957,10 +984,7 @@ pub fn shell(cmd: &str) -> ToolAction {
                 });
             }
             path.get_or_insert_with(|| target.clone());
-            if rank < 4 {
-                rank = 4;
-                kind = ActionKind::Write;
-            }
+            promote(&mut kind, ActionKind::Write);
         }
         match first {
             "sed" | "perl"
@@ -986,10 +1010,7 @@ pub fn shell(cmd: &str) -> ToolAction {
                     detail: hash64(script.as_bytes()),
                 });
                 path.get_or_insert(file);
-                if rank < 4 {
-                    rank = 4;
-                    kind = ActionKind::Edit;
-                }
+                promote(&mut kind, ActionKind::Edit);
             }
             "tee" => {
                 for f in words.iter().skip(1).filter(|w| !w.starts_with('-')) {
@@ -1001,10 +1022,7 @@ pub fn shell(cmd: &str) -> ToolAction {
                     });
                     path.get_or_insert_with(|| f.clone());
                 }
-                if rank < 4 {
-                    rank = 4;
-                    kind = ActionKind::Write;
-                }
+                promote(&mut kind, ActionKind::Write);
             }
             "git" => {
                 let sub = words.get(1).map(String::as_str).unwrap_or("");
@@ -1016,16 +1034,10 @@ pub fn shell(cmd: &str) -> ToolAction {
                             path: format!("git:{sub}"),
                             detail: hash64(canon_simple(&p.words).as_bytes()),
                         });
-                        if rank < 4 {
-                            rank = 4;
-                            kind = ActionKind::Edit;
-                        }
+                        promote(&mut kind, ActionKind::Edit);
                     }
                     "grep" => {
-                        if rank < 2 {
-                            rank = 2;
-                            kind = ActionKind::Search;
-                        }
+                        promote(&mut kind, ActionKind::Search);
                         search.get_or_insert_with(|| {
                             words
                                 .iter()
@@ -1036,10 +1048,7 @@ pub fn shell(cmd: &str) -> ToolAction {
                         });
                     }
                     _ => {
-                        if rank < 1 {
-                            rank = 1;
-                            kind = ActionKind::Read;
-                        }
+                        promote(&mut kind, ActionKind::Read);
                     }
                 }
             }
@@ -1051,9 +1060,7 @@ pub fn shell(cmd: &str) -> ToolAction {
                     .cloned()
                     .unwrap_or_default();
                 let script = words.iter().skip(1).find(|w| !w.starts_with('-')).cloned();
-                if rank < 1 {
-                    rank = 1;
-                    kind = ActionKind::Read;
+                if promote(&mut kind, ActionKind::Read) {
                     path = Some(file);
                     region = script;
                 }
@@ -1068,9 +1075,7 @@ pub fn shell(cmd: &str) -> ToolAction {
                     .skip(1)
                     .filter(|w| w.starts_with('-') || w.chars().all(|c| c.is_ascii_digit()))
                     .collect();
-                if rank < 1 {
-                    rank = 1;
-                    kind = ActionKind::Read;
+                if promote(&mut kind, ActionKind::Read) {
                     path = file;
                     region = (!flags.is_empty()).then(|| {
                         flags
@@ -1082,10 +1087,7 @@ pub fn shell(cmd: &str) -> ToolAction {
                 }
             }
             f if SEARCHERS.contains(&f) => {
-                if rank < 2 {
-                    rank = 2;
-                    kind = ActionKind::Search;
-                }
+                promote(&mut kind, ActionKind::Search);
                 search.get_or_insert_with(|| {
                     words
                         .iter()
@@ -1106,10 +1108,7 @@ pub fn shell(cmd: &str) -> ToolAction {
                         detail: hash64(format!("{f} {w}").as_bytes()),
                     });
                 }
-                if rank < 4 {
-                    rank = 4;
-                    kind = ActionKind::Edit;
-                }
+                promote(&mut kind, ActionKind::Edit);
             }
             f if INSTALLERS.contains(&f) => {
                 let sub = words.get(1).map(String::as_str).unwrap_or("");
@@ -1118,26 +1117,18 @@ pub fn shell(cmd: &str) -> ToolAction {
                     "install" | "uninstall" | "add" | "remove" | "update" | "upgrade" | "ci" | "i"
                 ) {
                     mutating = true;
-                    if rank < 3 {
-                        rank = 3;
-                        kind = ActionKind::Exec;
-                    }
+                    promote(&mut kind, ActionKind::Exec);
                     changes.push(Change::Opaque {
                         path: format!("env:{f}"),
                         detail: hash64(canon_simple(&p.words).as_bytes()),
                     });
                 } else if f == "npm" && matches!(sub, "test" | "run") {
-                    if rank < 3 {
-                        rank = 3;
-                        kind = ActionKind::Exec;
-                    }
+                    promote(&mut kind, ActionKind::Exec);
                     check.get_or_insert_with(|| canon_simple(&p.words));
                 }
             }
             f if LISTERS.contains(&f) => {
-                if rank < 1 {
-                    rank = 1;
-                    kind = ActionKind::Read;
+                if promote(&mut kind, ActionKind::Read) {
                     path = words.iter().skip(1).rfind(|w| !w.starts_with('-')).cloned();
                     region = Some(f.to_string());
                 }
@@ -1166,28 +1157,18 @@ pub fn shell(cmd: &str) -> ToolAction {
                             path: "inline-script".into(),
                             detail: hash64(text.as_bytes()),
                         });
-                        if rank < 4 {
-                            rank = 4;
-                            kind = ActionKind::Edit;
-                        }
-                    } else if rank < 3 {
-                        rank = 3;
-                        kind = ActionKind::Exec;
+                        promote(&mut kind, ActionKind::Edit);
+                    } else {
+                        promote(&mut kind, ActionKind::Exec);
                     }
                     check.get_or_insert_with(|| format!("inline:{:x}", hash64(text.as_bytes())));
                 } else if runs_code {
-                    if rank < 3 {
-                        rank = 3;
-                        kind = ActionKind::Exec;
-                    }
+                    promote(&mut kind, ActionKind::Exec);
                     check.get_or_insert_with(|| canon_simple(&p.words));
                 }
             }
             _ => {
-                if rank < 3 {
-                    rank = 3;
-                    kind = ActionKind::Exec;
-                }
+                promote(&mut kind, ActionKind::Exec);
             }
         }
     }

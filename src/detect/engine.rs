@@ -483,7 +483,7 @@ impl Engine {
         for call in &turn.calls {
             let a = actions::classify(call, &self.config.tools, &ctx);
             if state.loop_keys.contains(&a.key_hash) {
-                let what = a.command.as_deref().unwrap_or(a.key.as_str());
+                let what = a.label();
                 return Decision {
                     action: Action::Block,
                     findings: Vec::new(),

@@ -25,11 +25,7 @@ impl Detector for FailLoop {
             .iter()
             .filter(|c| c.fail_run >= min)
             .max_by_key(|c| c.fail_run)?;
-        let what = call
-            .action
-            .command
-            .as_deref()
-            .unwrap_or(call.action.key.as_str());
+        let what = call.action.label();
         Some(
             Finding::new(
                 self.name(),

@@ -40,11 +40,7 @@ impl Detector for Repeat {
         if facts.stretch.repeats < min {
             return None;
         }
-        let what = call
-            .action
-            .command
-            .as_deref()
-            .unwrap_or(call.action.key.as_str());
+        let what = call.action.label();
         Some(
             Finding::new(
                 self.name(),
