@@ -826,3 +826,46 @@ fn repeat_fires_on_the_same_change_issued_again_and_again() {
         assert!(!fired(&transcript(two)).contains(&"repeat".to_string()));
     }
 }
+
+#[test]
+fn a_reproduced_failure_escalates_one_run_before_an_output_that_merely_repeats() {
+    // OpenHands repro scripts exit 0 whether they print a failure or plain values; the
+    // same failure after every edit is firmer evidence than the same values (which may be
+    // the agent re-verifying a fix), so its ladder starts one rung higher.
+    let ladder = |out: &'static str| {
+        let mut steps = vec![vec![mini_bash("python reproduce.py", out, 0)]];
+        for i in 1..9 {
+            steps.push(vec![openhands_edit(
+                "/w/src/dates.py",
+                &format!("v{i}"),
+                &format!("v{}", i + 1),
+            )]);
+            steps.push(vec![mini_bash("python reproduce.py", out, 0)]);
+        }
+        Engine::default()
+            .decisions(&transcript(steps), &StoreFacts::default())
+            .into_iter()
+            .map(|(_, d)| d.action)
+            .collect::<Vec<Action>>()
+    };
+    let failing = ladder("Test failed: expected 2021-08-01, got 2021-02-01");
+    let neutral = ladder("parsed: 2021-02-01");
+    let first = |a: &[Action], x: Action| a.iter().position(|y| *y == x);
+    // Both are stagnation and both are nudged at the third repeated outcome...
+    assert_eq!(
+        first(&failing, Action::Nudge),
+        first(&neutral, Action::Nudge)
+    );
+    assert!(first(&failing, Action::Nudge).is_some(), "{failing:?}");
+    // ...but the failure is replanned and halted one check run (two steps) sooner.
+    let (fr, nr) = (
+        first(&failing, Action::Replan).expect("failing streak replans"),
+        first(&neutral, Action::Replan).expect("neutral streak replans"),
+    );
+    assert_eq!(nr, fr + 2, "failing {failing:?}\nneutral {neutral:?}");
+    let (fh, nh) = (
+        first(&failing, Action::Halt).expect("failing streak halts"),
+        first(&neutral, Action::Halt).expect("neutral streak halts"),
+    );
+    assert!(fh < nh, "failing {failing:?}\nneutral {neutral:?}");
+}

@@ -320,3 +320,87 @@ proptest! {
         prop_assert_eq!(a, b);
     }
 }
+
+/// Three identical failing runs of `pytest` (a fail_loop nudge), varied work, then a
+/// check that returns the same failure after every edit (stagnation: another pattern).
+fn fail_loop_then_stagnation() -> Transcript {
+    let mut steps: Vec<Vec<CallWithResult>> = (0..3)
+        .map(|_| vec![run_cmd("pytest test_calc.py", "FAILED test_add")])
+        .collect();
+    for i in 0..3 {
+        steps.push(vec![run_code(
+            &format!("ls dir{i}"),
+            &format!("file{i}"),
+            0,
+        )]);
+    }
+    for i in 0..5 {
+        steps.push(vec![CallWithResult {
+            call: ToolCall {
+                id: String::new(),
+                name: "str_replace_editor".into(),
+                args: json!({"command": "str_replace", "path": "/w/calc.py",
+                             "old_str": format!("v{i}"), "new_str": format!("v{}", i + 1)}),
+            },
+            result: Some(ToolResult {
+                call_id: String::new(),
+                name: String::new(),
+                text: "The file /w/calc.py has been edited.".into(),
+                is_error: None,
+            }),
+        }]);
+        steps.push(vec![run_code(
+            "python check.py",
+            "Test failed: add(1, 2) returned -1",
+            0,
+        )]);
+    }
+    Transcript {
+        system: vec![],
+        task: vec!["fix calc".into()],
+        steps: steps
+            .into_iter()
+            .enumerate()
+            .map(|(index, calls)| Step {
+                index,
+                text: String::new(),
+                calls,
+                user_after: vec![],
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn a_second_pattern_confirming_an_ignored_alert_escalates() {
+    let t = fail_loop_then_stagnation();
+    let interventions = |cfg: DetectConfig| -> Vec<(usize, Action, String)> {
+        Engine::new(cfg)
+            .decisions(&t, &StoreFacts::default())
+            .into_iter()
+            .filter(|(_, d)| d.action != Action::Observe)
+            .map(|(i, d)| (i, d.action, d.detector))
+            .collect()
+    };
+    let on = interventions(DetectConfig::default());
+    assert_eq!(
+        (on[0].1, on[0].2.as_str()),
+        (Action::Nudge, "fail_loop"),
+        "{on:?}"
+    );
+    // stagnation's first finding comes after fail_loop's nudge: two detectors agree.
+    let second = on
+        .iter()
+        .find(|(_, _, d)| d == "stagnation")
+        .expect("stagnation fires");
+    assert_eq!(second.1, Action::Replan, "{on:?}");
+    // Without corroboration the same finding is a fresh nudge of its own pattern.
+    let mut cfg = DetectConfig::default();
+    cfg.escalation.corroborate = false;
+    let off = interventions(cfg);
+    let second = off
+        .iter()
+        .find(|(_, _, d)| d == "stagnation")
+        .expect("stagnation fires");
+    assert_eq!(second.1, Action::Nudge, "{off:?}");
+}

@@ -69,6 +69,9 @@ pub struct EscalationConfig {
     pub escalation_gap: usize,
     /// Use a replan reminder between the nudge and the halt.
     pub replan_step: bool,
+    /// A finding from a different pattern than the one that led the last intervention
+    /// (since a human last spoke) escalates like a chronic one: two detectors agreeing.
+    pub corroborate: bool,
     /// Steps of quiet for a pattern after a human dismissed its alert.
     pub dismiss_quiet: usize,
 }
@@ -83,6 +86,7 @@ impl Default for EscalationConfig {
             cooldown: 5,
             escalation_gap: 2,
             replan_step: true,
+            corroborate: true,
             dismiss_quiet: 10,
         }
     }

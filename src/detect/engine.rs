@@ -81,6 +81,8 @@ pub struct EngineState {
     patterns: BTreeMap<&'static str, PatternState>,
     level: Level,
     last_intervention: Option<usize>,
+    /// The pattern that led the last intervention since a human last spoke.
+    last_lead: Option<&'static str>,
     /// The decision for the next request (request number `facts.steps`).
     next: Option<Decision>,
     /// Action keys of the loop a halting pattern reported, until the world changes.
@@ -328,6 +330,7 @@ impl Engine {
         if ev.human_spoke || store.resumed_at.contains(&request) {
             st.level = Level::Quiet;
             st.last_intervention = None;
+            st.last_lead = None;
             st.loop_keys.clear();
             st.loop_detector = None;
         }
@@ -387,7 +390,7 @@ impl Engine {
         }) else {
             return observe(findings);
         };
-        if score < esc.nudge_score {
+        if !reaches(score, esc.nudge_score) {
             return observe(findings);
         }
         let lead = &findings[lead_i];
@@ -413,7 +416,14 @@ impl Engine {
                 let gap_ok = st
                     .last_intervention
                     .is_none_or(|at| request >= at + esc.escalation_gap);
-                let chronic = ps.ema > esc.escalate_ema && score >= esc.halt_score;
+                // Chronic: this pattern keeps firing (its EMA) with a score that warrants
+                // more than a nudge, or a different pattern now confirms what an earlier
+                // intervention reported and the agent did not act on: two independent
+                // alerts, each past the nudge score. One detector firing again after its
+                // cooldown is the same evidence once more, and stays a nudge.
+                let corroborated = esc.corroborate && st.last_lead.is_some_and(|l| l != lead_name);
+                let chronic =
+                    (ps.ema > esc.escalate_ema && reaches(score, esc.halt_score)) || corroborated;
                 let cooled = ps.last_led.is_none_or(|at| request >= at + esc.cooldown);
                 if chronic && gap_ok {
                     match (st.level, pol.response) {
@@ -438,6 +448,7 @@ impl Engine {
             _ => st.level.max(Level::Nudged),
         };
         st.last_intervention = Some(request);
+        st.last_lead = Some(lead_name);
         if let Some(p) = st.patterns.get_mut(lead_name) {
             p.last_led = Some(request);
         }
@@ -497,6 +508,13 @@ impl Engine {
         }
         Decision::observe()
     }
+}
+
+/// Whether a drift score reaches a threshold. Confidences are sums of tenths
+/// (0.7 + 0.1 = 0.7999999999999999 in binary): without the tolerance a threshold of 0.8
+/// would silently mean "above 0.8".
+fn reaches(score: f64, threshold: f64) -> bool {
+    score + 1e-9 >= threshold
 }
 
 fn stop_action(response: Response) -> Action {

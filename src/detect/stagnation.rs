@@ -26,6 +26,11 @@ impl Detector for Stagnation {
             .filter(|c| c.check_streak >= t.stagnation_streak)
             .filter(|c| t.stagnation_counts_success || c.check_streak_failing)
             .max_by_key(|c| c.check_streak)?;
+        // A failure reproduced run after run is firmer evidence than an output that does
+        // not change: a check that prints the same values (or passes) after each edit may
+        // be the agent re-verifying its fix. Such a streak starts one rung lower, so it
+        // needs one more run to escalate.
+        let base = if call.check_streak_failing { 0.7 } else { 0.6 };
         let check = call.action.check.as_deref().unwrap_or("?");
         let since = match facts.last_change {
             Some(s) => format!("last file change at step {s}"),
@@ -34,7 +39,7 @@ impl Detector for Stagnation {
         Some(
             Finding::new(
                 self.name(),
-                (0.7 + 0.1 * (call.check_streak - t.stagnation_streak) as f64).min(1.0),
+                (base + 0.1 * (call.check_streak - t.stagnation_streak) as f64).min(1.0),
                 vec![step.index],
                 format!(
                     "ran `{}` {} more times with results it had already given ({}); {since}",
