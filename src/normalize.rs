@@ -66,6 +66,8 @@ static ERROR_TEXT: LazyLock<Regex> = LazyLock::new(|| {
         r"|^file not found|^file .* not found|syntax error near unexpected token",
         r"|unexpected eof while looking for matching|string to replace not found",
         r"|^invalid `?\w+`? parameter",
+        // The scaffold killed a command that ran too long (SWE-agent, OpenHands).
+        r"|^\s*(execution|command) timed out\b",
     ))
 });
 

@@ -869,3 +869,52 @@ fn a_reproduced_failure_escalates_one_run_before_an_output_that_merely_repeats()
     );
     assert!(fh < nh, "failing {failing:?}\nneutral {neutral:?}");
 }
+
+/// SWE-agent's shell: no exit code, the scaffold's trailer after the output.
+fn swe_agent_bash(cmd: &str, out: &str) -> CallWithResult {
+    call(
+        "bash",
+        json!({"command": cmd}),
+        &format!("{out}\n(Open file: n/a)\n(Current directory: /repo)\nbash-$"),
+        None,
+    )
+}
+
+#[test]
+fn a_command_the_scaffold_timed_out_failed_and_changed_nothing() {
+    // An installer that times out again and again, with other attempts in between: each
+    // timeout is a failure (not a change of the environment), so the same command failing
+    // the same way is a fail-loop. SWE-agent and OpenHands word the timeout differently.
+    for timeout in [
+        "EXECUTION TIMED OUT",
+        "Command timed out after 120 seconds.",
+    ] {
+        let mut steps = Vec::new();
+        for i in 0..3 {
+            steps.push(vec![swe_agent_bash("apt-get install default-jdk", timeout)]);
+            steps.push(vec![swe_agent_bash(
+                &format!("ping -c {i} 8.8.8.8"),
+                "/bin/bash: line 1: ping: command not found",
+            )]);
+        }
+        let stuck = fired(&transcript(steps));
+        assert!(
+            stuck.contains(&"fail_loop".to_string()),
+            "{timeout}: {stuck:?}"
+        );
+    }
+    // The same installer finishing each time is a change, not a failure.
+    let mut steps = Vec::new();
+    for i in 0..3 {
+        steps.push(vec![swe_agent_bash(
+            "apt-get install default-jdk",
+            "Reading package lists... Done\nSetting up default-jdk (2:1.11-72build2) ...",
+        )]);
+        steps.push(vec![swe_agent_bash(
+            &format!("java -version {i}"),
+            "openjdk 11.0.21",
+        )]);
+    }
+    let fine = fired(&transcript(steps));
+    assert!(!fine.contains(&"fail_loop".to_string()), "{fine:?}");
+}
