@@ -61,12 +61,17 @@ fn parse(c: &mut Criterion) {
     for (shape, label, body) in &payloads {
         let dialect = shape.dialect();
         let cache = MessageCache::new(1 << 30, Duration::from_secs(3600));
-        cache.items(dialect, &dialect.view(body, false).unwrap().messages, None);
+        cache.items(
+            dialect,
+            &dialect.view(body, false).unwrap().messages,
+            None,
+            0,
+        );
         warm.throughput(Throughput::Bytes(body.len() as u64));
         warm.bench_with_input(BenchmarkId::new(shape.name(), label), body, |b, body| {
             b.iter(|| {
                 let view = dialect.view(black_box(body), false).unwrap();
-                black_box(cache.items(dialect, &view.messages, None).len())
+                black_box(cache.items(dialect, &view.messages, None, 0).len())
             })
         });
     }

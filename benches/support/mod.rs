@@ -15,7 +15,7 @@ use http::HeaderMap;
 use serde_json::{json, Value};
 
 use loopwarden::detect::{Decision, Engine, StoreFacts};
-use loopwarden::dialect::Dialect;
+use loopwarden::dialect::{Dialect, Scanned};
 use loopwarden::proxy::cache::{MessageCache, Previous};
 use loopwarden::proxy::conversations::Conversations;
 use loopwarden::proxy::forward;
@@ -427,18 +427,24 @@ impl Proxy {
     }
 
     /// The per-request work of `proxy::forward` before the bytes go upstream (its
-    /// `analyse` and `new_record`): identity, view, the conversation's last request,
-    /// cached parse, transcript, the decision from the cached fold, the steps new to the
+    /// `analyse` and `new_record`): identity, the conversation's last request, view
+    /// (resumed after that request's bytes), cached parse, transcript, the decision from the cached fold, the steps new to the
     /// log, keeping this request for the next one.
     pub fn analyse(&mut self, dialect: Dialect, headers: &HeaderMap, body: &Bytes) -> Decision {
         let stated = identity::stated(headers, None);
-        let view = dialect.view(body, false).expect("bench payloads parse");
         let key = match &stated {
             Some(s) => s.id.clone(),
-            None => forward::head_key(dialect, &view.messages),
+            None => forward::head_key(dialect, body),
         };
         let mut previous = self.conversations.take_previous(&key);
-        let messages = self.cache.items(dialect, &view.messages, previous.as_ref());
+        let after = previous.as_ref().and_then(|p| p.scanned(dialect));
+        let (view, scanned) = dialect
+            .view_after(body, false, after)
+            .expect("bench payloads parse");
+        let unchanged = scanned.as_ref().map_or(0, Scanned::unchanged);
+        let messages = self
+            .cache
+            .items(dialect, &view.messages, previous.as_ref(), unchanged);
         let transcript = previous
             .as_mut()
             .and_then(|p| p.continue_transcript(&view.preamble, &messages))
@@ -450,7 +456,7 @@ impl Proxy {
                         .chain(messages.iter().flat_map(|m| m.iter().cloned())),
                 )
             });
-        let mut keep = Previous::new(dialect, body, &view.messages, messages);
+        let mut keep = Previous::new(dialect, body, &view.messages, messages, scanned);
         let identity = stated
             .or_else(|| identity::from_head(&transcript))
             .unwrap_or_else(|| identity::fallback(headers, "/v1/chat/completions"));

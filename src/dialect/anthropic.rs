@@ -21,15 +21,14 @@ use super::{
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
-pub(super) fn view(body: &[u8]) -> Result<RequestView<'_>, ParseError> {
-    let top = TopLevel::read(Dialect::Anthropic, body)?;
+pub(super) fn view<'a>(top: &TopLevel<'a>) -> Result<RequestView<'a>, ParseError> {
     let system = content_text(top.raw("system"));
     Ok(RequestView {
         model: top.field("model")?,
         stream: top.field("stream")?.unwrap_or(false),
         has_tools: offers_tools(top.raw("tools")),
         preamble: system_preamble(system),
-        messages: top.messages("messages")?,
+        messages: top.messages()?,
     })
 }
 
@@ -460,7 +459,7 @@ pub(super) fn error_body(message: &str, failure: UpstreamFailure) -> serde_json:
 }
 
 pub(super) fn append_reminder(body: &[u8], text: &str) -> Result<Vec<u8>, ParseError> {
-    let view = view(body)?;
+    let view = Dialect::Anthropic.view(body, false)?;
     let last = view
         .messages
         .last()

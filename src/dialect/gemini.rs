@@ -22,8 +22,10 @@ use super::{
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
-pub(super) fn view(body: &[u8], stream_path: bool) -> Result<RequestView<'_>, ParseError> {
-    let top = TopLevel::read(Dialect::Gemini, body)?;
+pub(super) fn view<'a>(
+    top: &TopLevel<'a>,
+    stream_path: bool,
+) -> Result<RequestView<'a>, ParseError> {
     let system = top
         .raw("systemInstruction")
         .or_else(|| top.raw("system_instruction"))
@@ -34,7 +36,7 @@ pub(super) fn view(body: &[u8], stream_path: bool) -> Result<RequestView<'_>, Pa
         stream: stream_path,
         has_tools: offers_tools(top.raw("tools")),
         preamble: system_preamble(system),
-        messages: top.messages("contents")?,
+        messages: top.messages()?,
     })
 }
 
@@ -379,7 +381,7 @@ struct ContentSpan<'a> {
 /// A text part at the end of the last user content (next to its function responses,
 /// which Gemini accepts); a new user content when the history ends otherwise.
 pub(super) fn append_reminder(body: &[u8], text: &str) -> Result<Vec<u8>, ParseError> {
-    let view = view(body, false)?;
+    let view = Dialect::Gemini.view(body, false)?;
     let last = view
         .messages
         .last()

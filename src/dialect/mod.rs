@@ -18,9 +18,12 @@ mod openai_responses;
 mod scan;
 mod stream;
 
+pub use scan::Scanned;
 pub use stream::{StreamDecoder, StreamEvent, StreamEventKind};
 
 use std::borrow::Cow;
+
+use bytes::Bytes;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -199,11 +202,53 @@ impl Dialect {
     /// Reads the top level of a request body. `stream_path` is true when the path itself
     /// asks for a stream (Gemini `:streamGenerateContent`).
     pub fn view(self, body: &[u8], stream_path: bool) -> Result<RequestView<'_>, ParseError> {
+        self.view_top(&TopLevel::read(self, body, None)?, stream_path)
+    }
+
+    /// [`Dialect::view`] of a body read after `after`, the scan of the conversation's
+    /// previous request: the bytes the two bodies share (most of a history) are compared
+    /// with it, not scanned again. The view is exactly the one `view` gives. Also returns
+    /// this body's scan, to read the conversation's next request after.
+    pub fn view_after<'b>(
+        self,
+        body: &'b Bytes,
+        stream_path: bool,
+        after: Option<&Scanned>,
+    ) -> Result<(RequestView<'b>, Option<Scanned>), ParseError> {
+        let top = TopLevel::read(self, body, after)?;
+        let view = self.view_top(&top, stream_path)?;
+        Ok((view, top.object.into_scanned(body)))
+    }
+
+    fn view_top<'a>(
+        self,
+        top: &TopLevel<'a>,
+        stream_path: bool,
+    ) -> Result<RequestView<'a>, ParseError> {
         match self {
-            Dialect::OpenAiChat => openai_chat::view(body),
-            Dialect::OpenAiResponses => openai_responses::view(body),
-            Dialect::Anthropic => anthropic::view(body),
-            Dialect::Gemini => gemini::view(body, stream_path),
+            Dialect::OpenAiChat => openai_chat::view(top),
+            Dialect::OpenAiResponses => openai_responses::view(top),
+            Dialect::Anthropic => anthropic::view(top),
+            Dialect::Gemini => gemini::view(top, stream_path),
+        }
+    }
+
+    /// The raw bytes of the first `n` messages of a request body, found without reading
+    /// the rest of the history (nor checking it): what recognises a conversation that
+    /// states no id. A body that is not a request of this API gives fewer or none.
+    pub fn first_messages(self, body: &[u8], n: usize) -> Vec<&[u8]> {
+        scan::first_elements(body, self.history_key(), n)
+            .into_iter()
+            .filter_map(|(a, b)| body.get(a..b))
+            .collect()
+    }
+
+    /// The top-level member that holds the history.
+    fn history_key(self) -> &'static str {
+        match self {
+            Dialect::OpenAiChat | Dialect::Anthropic => "messages",
+            Dialect::OpenAiResponses => "input",
+            Dialect::Gemini => "contents",
         }
     }
 
@@ -314,7 +359,16 @@ struct TopLevel<'a> {
 }
 
 impl<'a> TopLevel<'a> {
-    fn read(dialect: Dialect, body: &'a [u8]) -> Result<TopLevel<'a>, ParseError> {
+    /// The top level of `body`, read after `after` when given (see [`Dialect::view_after`]).
+    fn read(
+        dialect: Dialect,
+        body: &'a [u8],
+        after: Option<&Scanned>,
+    ) -> Result<TopLevel<'a>, ParseError> {
+        let resumed = after.and_then(|a| scan::Object::parse_after(body, dialect.history_key(), a));
+        if let Some(object) = resumed {
+            return Ok(TopLevel { dialect, object });
+        }
         let text = std::str::from_utf8(body)
             .map_err(|e| ParseError(format!("not a {} request body: {e}", dialect.as_str())))?;
         let object = scan::Object::parse(text)
@@ -341,14 +395,15 @@ impl<'a> TopLevel<'a> {
     }
 
     /// The history: a required array member, split into raw messages.
-    fn messages(&self, key: &str) -> Result<Vec<RawMessage<'a>>, ParseError> {
+    fn messages(&self) -> Result<Vec<RawMessage<'a>>, ParseError> {
+        let key = self.dialect.history_key();
         let elements = self.object.elements(key).ok_or_else(|| {
             ParseError(format!(
                 "not a {} request body: no {key} array",
                 self.dialect.as_str()
             ))
         })?;
-        Ok(elements.iter().map(|&raw| RawMessage(raw)).collect())
+        Ok(elements.map(RawMessage).collect())
     }
 }
 

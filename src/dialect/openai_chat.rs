@@ -21,15 +21,14 @@ use super::{
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
-pub(super) fn view(body: &[u8]) -> Result<RequestView<'_>, ParseError> {
-    let top = TopLevel::read(Dialect::OpenAiChat, body)?;
+pub(super) fn view<'a>(top: &TopLevel<'a>) -> Result<RequestView<'a>, ParseError> {
     Ok(RequestView {
         model: top.field("model")?,
         stream: top.field("stream")?.unwrap_or(false),
         // `functions`: the pre-tools function calling API
         has_tools: offers_tools(top.raw("tools")) || offers_tools(top.raw("functions")),
         preamble: Vec::new(),
-        messages: top.messages("messages")?,
+        messages: top.messages()?,
     })
 }
 
@@ -379,7 +378,7 @@ pub(super) fn error_body(message: &str, failure: UpstreamFailure) -> serde_json:
 /// A trailing `system` message: after the last message, whatever it is (a system
 /// message may follow tool results).
 pub(super) fn append_reminder(body: &[u8], text: &str) -> Result<Vec<u8>, ParseError> {
-    let view = view(body)?;
+    let view = Dialect::OpenAiChat.view(body, false)?;
     let last = view
         .messages
         .last()

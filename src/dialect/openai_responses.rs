@@ -23,12 +23,11 @@ use super::{
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
-pub(super) fn view(body: &[u8]) -> Result<RequestView<'_>, ParseError> {
-    let top = TopLevel::read(Dialect::OpenAiResponses, body)?;
+pub(super) fn view<'a>(top: &TopLevel<'a>) -> Result<RequestView<'a>, ParseError> {
     let messages = match top.raw("input") {
         // A plain string input is one user message; parse_message reads it as such.
         Some(input) if input.starts_with('"') => vec![RawMessage(input)],
-        _ => top.messages("input")?,
+        _ => top.messages()?,
     };
     let instructions = content_text(top.raw("instructions"));
     Ok(RequestView {
@@ -537,7 +536,7 @@ fn zero_usage() -> serde_json::Value {
 /// A trailing `developer` message item; a plain string `input` becomes a list (the
 /// user message it was, then the reminder).
 pub(super) fn append_reminder(body: &[u8], text: &str) -> Result<Vec<u8>, ParseError> {
-    let top = TopLevel::read(Dialect::OpenAiResponses, body)?;
+    let top = TopLevel::read(Dialect::OpenAiResponses, body, None)?;
     let input = top
         .raw("input")
         .ok_or_else(|| ParseError("no input to append a reminder to".into()))?;

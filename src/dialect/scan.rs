@@ -7,6 +7,8 @@
 //! is fully parsed later, once, when `parse_message` reads it (and the caller caches
 //! that), and the top-level fields we read are parsed with serde.
 
+use bytes::Bytes;
+
 /// Why a body is not the JSON object we expected.
 #[derive(Debug)]
 pub(crate) struct ScanError(pub &'static str);
@@ -115,53 +117,85 @@ fn has_byte(word: u64, byte: u8) -> u64 {
 
 /// End of the object or array starting at `pos`, exclusive. When `elements` is given
 /// and the value is an array, the span of each of its elements is pushed on it.
-fn container_end(
-    s: &[u8],
-    pos: usize,
-    mut elements: Option<&mut Vec<(usize, usize)>>,
-) -> Scan<usize> {
-    let mut stack: Vec<u8> = Vec::with_capacity(32);
-    let mut element_start = 0;
-    let mut i = pos;
-    while i < s.len() {
-        match s[i] {
-            b'"' => {
-                i = string_end(s, i)?;
-                continue;
-            }
-            open @ (b'{' | b'[') => {
-                stack.push(open);
-                if stack.len() == 1 {
-                    element_start = skip_ws(s, i + 1);
+fn container_end(s: &[u8], pos: usize, elements: Option<&mut Vec<(usize, usize)>>) -> Scan<usize> {
+    let walk = Walk {
+        stack: Vec::with_capacity(32),
+        element_start: 0,
+        i: pos,
+    };
+    walk.run(s, elements, usize::MAX)
+}
+
+/// Where a scan through an object or array stands: the open brackets, where the current
+/// element of the outermost one began, and the next byte to read. The scan reads left to
+/// right and never looks back past `i`, so this is all it knows at `i`: a body that shares
+/// the first `i` bytes with one already scanned can be scanned on from there.
+struct Walk {
+    stack: Vec<u8>,
+    element_start: usize,
+    i: usize,
+}
+
+impl Walk {
+    /// Scans on to the end of the outermost container, exclusive, or until `limit`
+    /// elements are on `elements` (then the position reached).
+    fn run(
+        self,
+        s: &[u8],
+        mut elements: Option<&mut Vec<(usize, usize)>>,
+        limit: usize,
+    ) -> Scan<usize> {
+        let Walk {
+            mut stack,
+            mut element_start,
+            mut i,
+        } = self;
+        while i < s.len() {
+            match s[i] {
+                b'"' => {
+                    i = string_end(s, i)?;
+                    continue;
                 }
-            }
-            close @ (b'}' | b']') => {
-                let expected = if close == b'}' { b'{' } else { b'[' };
-                if stack.len() == 1 && close == b']' {
-                    if let Some(out) = elements.as_deref_mut() {
-                        if element_start < i || !out.is_empty() {
-                            out.push(element_span(s, element_start, i)?);
-                        }
+                open @ (b'{' | b'[') => {
+                    stack.push(open);
+                    if stack.len() == 1 {
+                        element_start = skip_ws(s, i + 1);
                     }
                 }
-                if stack.pop() != Some(expected) {
-                    return Err(ScanError("mismatched bracket"));
+                close @ (b'}' | b']') => {
+                    let expected = if close == b'}' { b'{' } else { b'[' };
+                    if stack.len() == 1 && close == b']' {
+                        if let Some(out) = elements.as_deref_mut() {
+                            if element_start < i || !out.is_empty() {
+                                out.push(element_span(s, element_start, i)?);
+                                if out.len() >= limit {
+                                    return Ok(i);
+                                }
+                            }
+                        }
+                    }
+                    if stack.pop() != Some(expected) {
+                        return Err(ScanError("mismatched bracket"));
+                    }
+                    if stack.is_empty() {
+                        return Ok(i + 1);
+                    }
                 }
-                if stack.is_empty() {
-                    return Ok(i + 1);
+                b',' if stack.len() == 1 && stack[0] == b'[' => {
+                    if let Some(out) = elements.as_deref_mut() {
+                        out.push(element_span(s, element_start, i)?);
+                        if out.len() >= limit {
+                            return Ok(i);
+                        }
+                    }
+                    element_start = skip_ws(s, i + 1);
                 }
+                _ => {}
             }
-            b',' if stack.len() == 1 && stack[0] == b'[' => {
-                if let Some(out) = elements.as_deref_mut() {
-                    out.push(element_span(s, element_start, i)?);
-                }
-                element_start = skip_ws(s, i + 1);
-            }
-            _ => {}
+            i += 1;
         }
-        i += 1;
+        Err(ScanError("unterminated object or array"))
     }
-    Err(ScanError("unterminated object or array"))
 }
 
 /// The span of an array element that runs from `start` to a separator at `end`.
@@ -183,17 +217,78 @@ fn skip_ws(s: &[u8], mut i: usize) -> usize {
     i
 }
 
-/// A top-level member: its raw value, and for an array its elements (found in the same
-/// pass, so the history is scanned once).
-struct Member<'a> {
-    key: &'a [u8],
-    value: &'a str,
-    elements: Option<Vec<&'a str>>,
+/// The spans of the first `n` elements of the array member `key` of a body (the first
+/// member so named; a member that is not an array is one element), scanning no further:
+/// enough to recognise a conversation by its first messages without reading its history.
+/// Structure past them is not checked; a body that is not an object gives none.
+pub(crate) fn first_elements(s: &[u8], key: &str, n: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut i = skip_ws(s, 0);
+    if s.get(i) != Some(&b'{') {
+        return out;
+    }
+    i = skip_ws(s, i + 1);
+    while s.get(i) == Some(&b'"') {
+        let Ok(key_end) = string_end(s, i) else {
+            break;
+        };
+        let found = s.get(i + 1..key_end - 1) == Some(key.as_bytes());
+        i = skip_ws(s, key_end);
+        if s.get(i) != Some(&b':') {
+            break;
+        }
+        i = skip_ws(s, i + 1);
+        if found && s.get(i) == Some(&b'[') {
+            let walk = Walk {
+                stack: Vec::with_capacity(32),
+                element_start: 0,
+                i,
+            };
+            // An error past the first elements is the full parse's to report.
+            let _ = walk.run(s, Some(&mut out), n);
+            break;
+        }
+        let Ok(end) = value_end(s, i, None) else {
+            break;
+        };
+        if found {
+            out.push((i, end));
+            break;
+        }
+        i = skip_ws(s, end);
+        if s.get(i) != Some(&b',') {
+            break;
+        }
+        i = skip_ws(s, i + 1);
+    }
+    out.truncate(n);
+    out
+}
+
+/// A top-level member, as byte spans of the body: its key (without the quotes), its raw
+/// value, and for an array its elements (found in the same pass, so the history is
+/// scanned once).
+#[derive(Clone, Debug, PartialEq)]
+struct Member {
+    key: (usize, usize),
+    value: (usize, usize),
+    elements: Option<Vec<(usize, usize)>>,
 }
 
 /// The top-level members of a JSON object body, as raw slices of it.
 pub(crate) struct Object<'a> {
-    members: Vec<Member<'a>>,
+    body: &'a str,
+    members: Vec<Member>,
+    /// How many of the first elements of the resumed array lie where they lay in the body
+    /// scanned before, with the same bytes (0 when the scan did not resume).
+    unchanged: usize,
+}
+
+/// The member `key` names (the last one, if the key repeats), by index.
+fn member_index(body: &[u8], members: &[Member], key: &str) -> Option<usize> {
+    members
+        .iter()
+        .rposition(|m| body.get(m.key.0..m.key.1) == Some(key.as_bytes()))
 }
 
 impl<'a> Object<'a> {
@@ -203,59 +298,202 @@ impl<'a> Object<'a> {
         if s.get(i) != Some(&b'{') {
             return Err(ScanError("expected a JSON object"));
         }
-        let mut members = Vec::new();
         i = skip_ws(s, i + 1);
-        if s.get(i) != Some(&b'}') {
-            let mut spans = Vec::new();
-            loop {
-                if s.get(i) != Some(&b'"') {
-                    return Err(ScanError("expected a key"));
-                }
-                let key_end = string_end(s, i)?;
-                let key = &s[i + 1..key_end - 1];
-                i = skip_ws(s, key_end);
-                if s.get(i) != Some(&b':') {
-                    return Err(ScanError("expected ':'"));
-                }
-                i = skip_ws(s, i + 1);
-                spans.clear();
-                let end = value_end(s, i, Some(&mut spans))?;
-                // All bounds are at ASCII structural bytes: slicing cannot fail.
-                let value = body.get(i..end).unwrap_or_default();
-                let elements = (s[i] == b'[')
-                    .then(|| spans.iter().filter_map(|&(a, b)| body.get(a..b)).collect());
-                members.push(Member {
-                    key,
-                    value,
-                    elements,
-                });
-                i = skip_ws(s, end);
-                match s.get(i) {
-                    Some(b',') => i = skip_ws(s, i + 1),
-                    Some(b'}') => break,
-                    _ => return Err(ScanError("expected ',' or '}'")),
-                }
-            }
+        if s.get(i) == Some(&b'}') {
+            return Object::finish(body, Vec::new(), i);
         }
-        if skip_ws(s, i + 1) != s.len() {
-            return Err(ScanError("trailing bytes after the object"));
-        }
-        Ok(Object { members })
+        Object::members_from(body, Vec::new(), i, None)
     }
 
-    fn member(&self, key: &str) -> Option<&Member<'a>> {
-        // the last one, if the key repeats
-        self.members.iter().rev().find(|m| m.key == key.as_bytes())
+    /// `body` parsed exactly as [`Object::parse`] would, reading only what follows the
+    /// bytes it shares with `before` (a body parsed earlier): the scan resumes inside the
+    /// array member `key` after its last element that both bodies hold byte for byte in
+    /// the same place (the bytes up to there, compared, are all that is read of them).
+    /// `None` when there is no such element, or when anything past it is not a valid
+    /// object (the caller parses from the start then, which reports the error).
+    pub fn parse_after(body: &'a [u8], key: &str, before: &Scanned) -> Option<Object<'a>> {
+        let old = before.body.as_ref();
+        let m = member_index(old, &before.members, key)?;
+        let array = &before.members[m];
+        let old_elements = array.elements.as_ref()?;
+        // The last element whose end lies in the shared prefix, found message by message
+        // (every byte up to it is compared once).
+        let mut shared = 0;
+        let mut last = None;
+        for (k, &(_, end)) in old_elements.iter().enumerate() {
+            match (body.get(shared..end), old.get(shared..end)) {
+                (Some(new), Some(old)) if new == old => {
+                    shared = end;
+                    last = Some(k);
+                }
+                _ => break,
+            }
+        }
+        let k = last?;
+        // `old` is valid UTF-8 (a `Scanned` holds only bodies that parsed) and `shared`
+        // ends an element, before an ASCII separator: its first `shared` bytes are valid
+        // UTF-8 on their own, and so are the same bytes of `body`. The rest is checked.
+        let rest = body.get(shared..)?;
+        std::str::from_utf8(rest).ok()?;
+        // SAFETY: `body[..shared]` equals `old[..shared]`, valid UTF-8 ending at a char
+        // boundary (see above), and `body[shared..]` was just checked: the concatenation
+        // of two valid UTF-8 sequences is valid UTF-8.
+        let text = unsafe { std::str::from_utf8_unchecked(body) };
+        // What the scan of `old` knew at `shared`: the members before the array, the
+        // elements before element `k`, inside the array's brackets.
+        let members = before.members[..m].to_vec();
+        let mut elements = Vec::with_capacity(old_elements.len() + 16);
+        elements.extend_from_slice(&old_elements[..k]);
+        let mut stack = Vec::with_capacity(32);
+        stack.push(b'[');
+        let walk = Walk {
+            stack,
+            element_start: old_elements[k].0,
+            i: shared,
+        };
+        let resumed = Resumed {
+            key: array.key,
+            value_start: array.value.0,
+            walk,
+            elements,
+        };
+        let mut object = Object::members_from(text, members, 0, Some(resumed)).ok()?;
+        // The elements that lie where they lay before, ending inside the shared bytes,
+        // are those of `old` byte for byte (when the array is still the one `key` names).
+        if member_index(body, &object.members, key) == Some(m) {
+            if let Some(new_elements) = &object.members[m].elements {
+                object.unchanged = new_elements
+                    .iter()
+                    .zip(old_elements)
+                    .take_while(|(a, b)| a == b && a.1 <= shared)
+                    .count();
+            }
+        }
+        Some(object)
+    }
+
+    /// The members from the key at `i` on (or, when `resumed`, from inside the array of
+    /// the member being read) to the closing brace.
+    fn members_from(
+        body: &'a str,
+        mut members: Vec<Member>,
+        mut i: usize,
+        mut resumed: Option<Resumed>,
+    ) -> Scan<Object<'a>> {
+        let s = body.as_bytes();
+        loop {
+            let member = match resumed.take() {
+                Some(r) => {
+                    let mut elements = r.elements;
+                    let end = r.walk.run(s, Some(&mut elements), usize::MAX)?;
+                    Member {
+                        key: r.key,
+                        value: (r.value_start, end),
+                        elements: Some(elements),
+                    }
+                }
+                None => {
+                    if s.get(i) != Some(&b'"') {
+                        return Err(ScanError("expected a key"));
+                    }
+                    let key_end = string_end(s, i)?;
+                    let key = (i + 1, key_end - 1);
+                    i = skip_ws(s, key_end);
+                    if s.get(i) != Some(&b':') {
+                        return Err(ScanError("expected ':'"));
+                    }
+                    i = skip_ws(s, i + 1);
+                    let mut spans = Vec::new();
+                    let end = value_end(s, i, Some(&mut spans))?;
+                    Member {
+                        key,
+                        value: (i, end),
+                        elements: (s[i] == b'[').then_some(spans),
+                    }
+                }
+            };
+            i = skip_ws(s, member.value.1);
+            members.push(member);
+            match s.get(i) {
+                Some(b',') => i = skip_ws(s, i + 1),
+                Some(b'}') => break,
+                _ => return Err(ScanError("expected ',' or '}'")),
+            }
+        }
+        Object::finish(body, members, i)
+    }
+
+    /// The object whose closing brace is at `i`, if nothing but whitespace follows.
+    fn finish(body: &'a str, members: Vec<Member>, i: usize) -> Scan<Object<'a>> {
+        if skip_ws(body.as_bytes(), i + 1) != body.len() {
+            return Err(ScanError("trailing bytes after the object"));
+        }
+        Ok(Object {
+            body,
+            members,
+            unchanged: 0,
+        })
+    }
+
+    fn member(&self, key: &str) -> Option<&Member> {
+        member_index(self.body.as_bytes(), &self.members, key).map(|m| &self.members[m])
     }
 
     /// The raw value of a member.
     pub fn get(&self, key: &str) -> Option<&'a str> {
-        self.member(key).map(|m| m.value)
+        let body = self.body;
+        self.member(key)
+            .and_then(|m| body.get(m.value.0..m.value.1))
     }
 
     /// The raw elements of a member that is an array; `None` if absent or not an array.
-    pub fn elements(&self, key: &str) -> Option<&[&'a str]> {
-        self.member(key).and_then(|m| m.elements.as_deref())
+    pub fn elements(&self, key: &str) -> Option<impl Iterator<Item = &'a str> + '_> {
+        let body = self.body;
+        let elements = self.member(key)?.elements.as_ref()?;
+        // All bounds are at ASCII structural bytes: slicing cannot fail.
+        Some(elements.iter().filter_map(move |&(a, b)| body.get(a..b)))
+    }
+
+    /// What this scan found, kept with the body's bytes for [`Object::parse_after`] on a
+    /// later body. `None` if `body` is not the body this object was parsed from.
+    pub fn into_scanned(self, body: &Bytes) -> Option<Scanned> {
+        let same = body.as_ptr() == self.body.as_ptr() && body.len() == self.body.len();
+        same.then(|| Scanned {
+            body: body.clone(),
+            members: self.members,
+            unchanged: self.unchanged,
+        })
+    }
+}
+
+/// The state of an array member's scan to resume (see [`Object::parse_after`]).
+struct Resumed {
+    key: (usize, usize),
+    value_start: usize,
+    walk: Walk,
+    elements: Vec<(usize, usize)>,
+}
+
+/// A request body that parsed as a JSON object, with where its members and the elements
+/// of its arrays lie: what the next request of the same conversation, which repeats most
+/// of these bytes, needs to be read after it ([`Object::parse_after`]).
+pub struct Scanned {
+    /// Valid UTF-8 (only a successful parse makes a `Scanned`, and `Bytes` never change).
+    body: Bytes,
+    members: Vec<Member>,
+    unchanged: usize,
+}
+
+impl Scanned {
+    /// The body.
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// How many of the history's first messages were found byte for byte, in the same
+    /// place, in the body this one was read after: those messages need no comparing.
+    pub fn unchanged(&self) -> usize {
+        self.unchanged
     }
 }
 
@@ -264,6 +502,105 @@ mod tests {
     use super::*;
     use serde_json::value::RawValue;
 
+    fn elements<'a>(obj: &Object<'a>, key: &str) -> Option<Vec<&'a str>> {
+        obj.elements(key).map(Iterator::collect)
+    }
+
+    fn scanned(body: &str) -> Scanned {
+        let bytes = Bytes::from(body.to_string());
+        let text = std::str::from_utf8(&bytes).unwrap();
+        let object = Object::parse(text).unwrap();
+        object.into_scanned(&bytes).unwrap()
+    }
+
+    /// `body` read after `before` is read exactly as from scratch (or not resumed at all,
+    /// and then read from scratch by the caller); the messages it calls unchanged are.
+    fn check_resumed(before: &Scanned, body: &[u8]) -> Option<usize> {
+        let cold = std::str::from_utf8(body)
+            .ok()
+            .and_then(|text| Object::parse(text).ok());
+        let resumed = Object::parse_after(body, "messages", before)?;
+        let cold = cold.unwrap_or_else(|| {
+            panic!(
+                "resumed a body that does not parse: {}",
+                String::from_utf8_lossy(body)
+            )
+        });
+        assert_eq!(resumed.members, cold.members, "{}", cold.body);
+        assert_eq!(resumed.body, cold.body);
+        let old = elements_of(before);
+        let new = elements(&resumed, "messages").unwrap_or_default();
+        assert!(resumed.unchanged <= new.len().min(old.len()));
+        let m = member_index(&before.body, &before.members, "messages").unwrap();
+        let old_spans = before.members[m].elements.as_ref().unwrap();
+        for (&(a, b), message) in old_spans.iter().zip(&new).take(resumed.unchanged) {
+            assert_eq!(&body[a..b], &before.body[a..b]);
+            assert_eq!(message.as_ptr() as usize - body.as_ptr() as usize, a);
+        }
+        Some(resumed.unchanged)
+    }
+
+    fn elements_of(scanned: &Scanned) -> Vec<&str> {
+        let body = std::str::from_utf8(&scanned.body).unwrap();
+        let m = member_index(body.as_bytes(), &scanned.members, "messages").unwrap();
+        scanned.members[m]
+            .elements
+            .iter()
+            .flatten()
+            .map(|&(a, b)| &body[a..b])
+            .collect()
+    }
+
+    const BEFORE: &str = r#"{"model":"m","system":[{"type":"text","text":"be \"brief\""}],"messages":[{"role":"user","content":"fix é"},{"role":"assistant","content":[{"type":"tool_use","id":"t1","input":{"p":"a\\b\n"}}]} , 7,"s"],"tools":[1,2],"stream":true}"#;
+
+    #[test]
+    fn a_body_that_continues_the_last_one_is_read_from_where_they_differ() {
+        let before = scanned(BEFORE);
+        // The usual next request: the same history and one message more.
+        let next = BEFORE.replace(r#","s"],"#, r#","s",{"role":"user","content":"ok"}],"#);
+        assert_eq!(check_resumed(&before, next.as_bytes()), Some(4));
+        // The same body again.
+        assert_eq!(check_resumed(&before, BEFORE.as_bytes()), Some(4));
+        // The last message changed (a cache marker moved): the first three still hold.
+        let marked = BEFORE.replace(r#","s"],"#, r#","t"],"#);
+        assert_eq!(check_resumed(&before, marked.as_bytes()), Some(3));
+        // A number element that grew is read again, not taken as unchanged.
+        let grown = BEFORE.replace(r#" , 7,"#, r#" , 78,"#);
+        assert_eq!(check_resumed(&before, grown.as_bytes()), Some(2));
+        // A change before the history: nothing to resume from.
+        let other = BEFORE.replace(r#""model":"m""#, r#""model":"n""#);
+        assert_eq!(check_resumed(&before, other.as_bytes()), None);
+    }
+
+    #[test]
+    fn one_byte_changed_anywhere_reads_as_from_scratch() {
+        let before = scanned(BEFORE);
+        let next = BEFORE.replace(r#","s"],"#, r#","s",{"role":"user","content":"ok"}],"#);
+        let mut resumed = 0;
+        for base in [BEFORE, next.as_str()] {
+            let base = base.as_bytes();
+            for p in 0..base.len() {
+                for byte in [
+                    b'x', b'"', b'\\', b']', b'[', b'}', b',', b' ', b'7', 0xC3, 0x80,
+                ] {
+                    let mut body = base.to_vec();
+                    body[p] = byte;
+                    resumed += usize::from(check_resumed(&before, &body).is_some());
+                    // Removed, and doubled.
+                    let mut body = base.to_vec();
+                    body.remove(p);
+                    check_resumed(&before, &body);
+                    let mut body = base.to_vec();
+                    body.insert(p, byte);
+                    check_resumed(&before, &body);
+                }
+                // Cut short.
+                check_resumed(&before, &base[..p]);
+            }
+        }
+        assert!(resumed > 0, "the resumed path was exercised");
+    }
+
     #[test]
     fn finds_the_same_slices_as_serde() {
         let body = r#" {"model":"m\"x","n":-1.5e3,"t":true,"messages":[ {"a":"}]\\"} ,[1,[2]],"s",null ],"e":{}} "#;
@@ -271,12 +608,12 @@ mod tests {
         assert_eq!(obj.get("model"), Some(r#""m\"x""#));
         assert_eq!(obj.get("n"), Some("-1.5e3"));
         assert_eq!(obj.get("e"), Some("{}"));
-        let elements = obj.elements("messages").unwrap();
+        let messages = elements(&obj, "messages").unwrap();
         let serde: Vec<&RawValue> = serde_json::from_str(obj.get("messages").unwrap()).unwrap();
-        assert_eq!(elements, serde.iter().map(|r| r.get()).collect::<Vec<_>>());
-        assert_eq!(obj.elements("model"), None);
+        assert_eq!(messages, serde.iter().map(|r| r.get()).collect::<Vec<_>>());
+        assert_eq!(elements(&obj, "model"), None);
         let empty = Object::parse(r#"{"m": [ ]}"#).unwrap();
-        assert_eq!(empty.elements("m").unwrap().len(), 0);
+        assert_eq!(elements(&empty, "m").unwrap().len(), 0);
     }
 
     #[test]
@@ -293,7 +630,7 @@ mod tests {
                     "{body}"
                 );
                 let serde: Vec<&RawValue> = serde_json::from_str(obj.get("m").unwrap()).unwrap();
-                let ours = obj.elements("m").unwrap();
+                let ours = elements(&obj, "m").unwrap();
                 assert_eq!(ours, serde.iter().map(|r| r.get()).collect::<Vec<_>>());
             }
         }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::dialect::{Dialect, RawMessage};
+use crate::dialect::{Dialect, RawMessage, Scanned};
 use crate::transcript::{Item, Transcript};
 
 /// The items of one message, shared between the cache and requests in flight.
@@ -55,19 +55,30 @@ impl MessageCache {
     /// The items of each message, in order, parsing only the messages not cached.
     /// Messages that `previous` (the conversation's last request) carried at the same
     /// position with the same bytes are recognised by comparing bytes, which is several
-    /// times cheaper than hashing them; the others are looked up by hash. The lock is held
-    /// only for lookups and inserts, never while parsing.
+    /// times cheaper than hashing them, or without even that for the first `unchanged`
+    /// ones, which the scan of the body already found to be `previous`'s own
+    /// ([`Scanned::unchanged`] of a body read after [`Previous::scanned`]); the others are
+    /// looked up by hash. The lock is held only for lookups and inserts, never while
+    /// parsing.
     pub fn items(
         &self,
         dialect: Dialect,
         messages: &[RawMessage],
         previous: Option<&Previous>,
+        unchanged: usize,
     ) -> Vec<Items> {
-        let mut found: Vec<Option<Items>> = messages
-            .iter()
-            .enumerate()
-            .map(|(i, m)| previous.and_then(|p| p.same(dialect, i, m.get())))
-            .collect();
+        let known = previous
+            .filter(|p| p.dialect == dialect)
+            .map_or(&[][..], |p| &p.items[..unchanged.min(p.items.len())]);
+        let mut found: Vec<Option<Items>> = Vec::with_capacity(messages.len());
+        found.extend(known.iter().take(messages.len()).cloned().map(Some));
+        let start = found.len();
+        found.extend(
+            messages[start..]
+                .iter()
+                .enumerate()
+                .map(|(i, m)| previous.and_then(|p| p.same(dialect, start + i, m.get()))),
+        );
         let keys: Vec<Option<blake3::Hash>> = found
             .iter()
             .zip(messages)
@@ -154,6 +165,8 @@ impl MessageCache {
 pub struct Previous {
     dialect: Dialect,
     body: Bytes,
+    /// The body's scan, to read the next request after it.
+    scanned: Option<Scanned>,
     spans: Vec<Option<Range<usize>>>,
     items: Vec<Items>,
     /// The transcript the request was read into, and the preamble it started with (once
@@ -163,12 +176,14 @@ pub struct Previous {
 }
 
 impl Previous {
-    /// `messages` are slices of `body` (as the dialect's view hands them out).
+    /// `messages` are slices of `body` (as the dialect's view hands them out), `scanned`
+    /// the scan of `body` when [`Dialect::view_after`] read it.
     pub fn new(
         dialect: Dialect,
         body: &Bytes,
         messages: &[RawMessage],
         items: Vec<Items>,
+        scanned: Option<Scanned>,
     ) -> Previous {
         let base = body.as_ptr() as usize;
         let spans = messages
@@ -180,13 +195,21 @@ impl Previous {
                 (end <= body.len()).then_some(start..end)
             })
             .collect();
+        // A scan of another body would describe bytes this one may not have.
+        let scanned = scanned.filter(|s| s.body().as_ptr() == body.as_ptr());
         Previous {
             dialect,
             body: body.clone(),
+            scanned,
             spans,
             items,
             transcript: None,
         }
+    }
+
+    /// The scan of this request's body, to read a request of `dialect` after it.
+    pub fn scanned(&self, dialect: Dialect) -> Option<&Scanned> {
+        self.scanned.as_ref().filter(|_| self.dialect == dialect)
     }
 
     /// Keeps the transcript this request's messages (the `items` given to
@@ -284,15 +307,15 @@ mod tests {
             r#"{"role":"user","content":"b"}"#,
         ]);
         let msgs: Vec<RawMessage> = owned.iter().map(|b| RawMessage::new(b.get())).collect();
-        let first = cache.items(Dialect::OpenAiChat, &msgs, None);
+        let first = cache.items(Dialect::OpenAiChat, &msgs, None, 0);
         assert_eq!(cache.size().0, 2);
-        let again = cache.items(Dialect::OpenAiChat, &msgs, None);
+        let again = cache.items(Dialect::OpenAiChat, &msgs, None, 0);
         assert!(
             Arc::ptr_eq(&first[0], &again[0]),
             "second lookup reuses the parsed items"
         );
         // Same bytes under another wire format are another message.
-        cache.items(Dialect::Anthropic, &msgs[..1], None);
+        cache.items(Dialect::Anthropic, &msgs[..1], None, 0);
         assert_eq!(cache.size().0, 3);
     }
 
@@ -302,7 +325,7 @@ mod tests {
         let texts: Vec<String> = (0..20).map(|i| format!(r#"{{"n":"{i:010}"}}"#)).collect();
         let owned = raws(&texts.iter().map(String::as_str).collect::<Vec<_>>());
         for raw in &owned {
-            cache.items(Dialect::OpenAiChat, &[RawMessage::new(raw.get())], None);
+            cache.items(Dialect::OpenAiChat, &[RawMessage::new(raw.get())], None, 0);
         }
         assert!(cache.size().1 <= 100, "{:?}", cache.size());
 
@@ -311,6 +334,7 @@ mod tests {
             Dialect::OpenAiChat,
             &[RawMessage::new(owned[0].get())],
             None,
+            0,
         );
         std::thread::sleep(Duration::from_millis(2));
         cache.sweep();
@@ -333,8 +357,14 @@ mod tests {
             .split('|')
             .map(RawMessage::new)
             .collect();
-        let items = cache.items(Dialect::OpenAiChat, &first_msgs, None);
-        let previous = Previous::new(Dialect::OpenAiChat, &first, &first_msgs, items.clone());
+        let items = cache.items(Dialect::OpenAiChat, &first_msgs, None, 0);
+        let previous = Previous::new(
+            Dialect::OpenAiChat,
+            &first,
+            &first_msgs,
+            items.clone(),
+            None,
+        );
         let parsed_before = cache.size().0;
 
         // Same two messages plus a new one, in a new body: the two are recognised without
@@ -343,7 +373,7 @@ mod tests {
             br#"{"role":"user","content":"a"}|{"role":"user","content":"b"}|{"role":"user","content":"c"}"#,
         );
         let second_msgs = slices(&second);
-        let again = cache.items(Dialect::OpenAiChat, &second_msgs, Some(&previous));
+        let again = cache.items(Dialect::OpenAiChat, &second_msgs, Some(&previous), 0);
         assert!(Arc::ptr_eq(&again[0], &items[0]) && Arc::ptr_eq(&again[1], &items[1]));
         assert_eq!(cache.size().0, parsed_before + 1);
 
@@ -353,6 +383,7 @@ mod tests {
             &Bytes::from_static(b"x"),
             &first_msgs,
             items.clone(),
+            None,
         );
         assert!(foreign
             .same(Dialect::OpenAiChat, 0, first_msgs[0].get())

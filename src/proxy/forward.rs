@@ -29,7 +29,7 @@ use super::tee::{Pending, TeeBody};
 use super::{errors, App};
 use crate::config::UpstreamConfig;
 use crate::detect::{Decision, EngineState};
-use crate::dialect::{Dialect, RawMessage, UpstreamFailure};
+use crate::dialect::{Dialect, Scanned, UpstreamFailure};
 use crate::intervene::service::Before;
 use crate::intervene::RequestInfo;
 use crate::store::redact::summary;
@@ -105,9 +105,22 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
             parsed: None,
         };
     };
-    let view = match dialect.view(body, stream_path) {
-        Ok(view) => view,
+    // The conversation's last request: the scan of this body resumes after the bytes it
+    // shares with it, and its unchanged messages are recognised without hashing. Found
+    // under the stated id, or for clients that state none under their first messages'
+    // bytes (a guess that is only ever a speed-up: the byte comparison decides).
+    let previous_key = match &stated {
+        Some(s) => s.id.clone(),
+        None => head_key(dialect, body),
+    };
+    let mut previous = app.conversations.take_previous(&previous_key);
+    let after = previous.as_ref().and_then(|p| p.scanned(dialect));
+    let (view, scanned) = match dialect.view_after(body, stream_path, after) {
+        Ok(read) => read,
         Err(e) => {
+            if let Some(p) = previous {
+                app.conversations.put_previous(&previous_key, p);
+            }
             // Forwarded untouched all the same; the log says why it was not read.
             let reason = summary(&e.0, 200);
             tracing::warn!(path = route.path, dialect = dialect.as_str(), error = %reason, "request body not parsed; forwarded untouched");
@@ -122,16 +135,10 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
             };
         }
     };
-    // The conversation's last request: its unchanged messages are recognised by comparing
-    // bytes instead of hashing them. Found under the stated id, or for clients that state
-    // none under their first messages' bytes (a guess that is only ever a speed-up: the
-    // byte comparison decides).
-    let previous_key = match &stated {
-        Some(s) => s.id.clone(),
-        None => head_key(dialect, &view.messages),
-    };
-    let mut previous = app.conversations.take_previous(&previous_key);
-    let messages = app.cache.items(dialect, &view.messages, previous.as_ref());
+    let unchanged = scanned.as_ref().map_or(0, Scanned::unchanged);
+    let messages = app
+        .cache
+        .items(dialect, &view.messages, previous.as_ref(), unchanged);
     // The usual request adds a turn to the last one: extend that request's transcript
     // rather than copy every cached item into a new one (which grows with the history).
     let continued = previous
@@ -148,7 +155,7 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
     // Put back (with the transcript) once the request is done reading it: `new_record`.
     let keep = Keep {
         key: previous_key,
-        previous: Previous::new(dialect, body, &view.messages, messages),
+        previous: Previous::new(dialect, body, &view.messages, messages, scanned),
         preamble: view.preamble,
     };
     let identity = stated
@@ -182,12 +189,13 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
 }
 
 /// A key for the last request of a conversation that states no id: its first two
-/// messages' raw bytes. `#` never appears in conversation ids, so the keys cannot collide.
-pub fn head_key(dialect: Dialect, messages: &[RawMessage]) -> String {
+/// messages' raw bytes (found before the body is read, to read it after that request).
+/// `#` never appears in conversation ids, so the keys cannot collide.
+pub fn head_key(dialect: Dialect, body: &[u8]) -> String {
     let mut h = blake3::Hasher::new();
     h.update(&[dialect as u8]);
-    for m in messages.iter().take(2) {
-        h.update(m.get().as_bytes());
+    for m in dialect.first_messages(body, 2) {
+        h.update(m);
         h.update(b"\0");
     }
     format!("#head-{}", &h.finalize().to_hex()[..16])
@@ -745,18 +753,37 @@ mod tests {
 
     #[test]
     fn head_keys_follow_the_first_two_messages_and_never_look_like_ids() {
-        let m =
-            |texts: &[&'static str]| texts.iter().map(|t| RawMessage::new(t)).collect::<Vec<_>>();
-        let a = head_key(Dialect::OpenAiChat, &m(&["sys", "task", "turn 1"]));
+        let m = |texts: &[&str]| {
+            let messages: Vec<String> = texts
+                .iter()
+                .map(|t| format!(r#"{{"role":"user","content":"{t}"}}"#))
+                .collect();
+            format!(r#"{{"model":"m","messages":[{}]}}"#, messages.join(","))
+        };
+        let a = head_key(
+            Dialect::OpenAiChat,
+            m(&["sys", "task", "turn 1"]).as_bytes(),
+        );
         assert_eq!(
             a,
             head_key(
                 Dialect::OpenAiChat,
-                &m(&["sys", "task", "turn 1", "turn 2"])
+                m(&["sys", "task", "turn 1", "turn 2"]).as_bytes()
             )
         );
-        assert_ne!(a, head_key(Dialect::OpenAiChat, &m(&["sys", "other task"])));
-        assert_ne!(a, head_key(Dialect::Anthropic, &m(&["sys", "task"])));
+        assert_eq!(
+            a,
+            head_key(Dialect::OpenAiChat, m(&["sys", "task"]).as_bytes())
+        );
+        assert_ne!(
+            a,
+            head_key(Dialect::OpenAiChat, m(&["sys", "other task"]).as_bytes())
+        );
+        assert_ne!(a, head_key(Dialect::OpenAiChat, m(&["sys"]).as_bytes()));
+        assert_ne!(
+            a,
+            head_key(Dialect::Anthropic, m(&["sys", "task"]).as_bytes())
+        );
         let plain_id = |id: &str| identity::stated(&HeaderMap::new(), Some(id)).map(|i| i.id);
         assert_ne!(
             plain_id(&a),

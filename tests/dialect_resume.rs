@@ -1,0 +1,105 @@
+//! A request read after its conversation's previous request (`Dialect::view_after`, which
+//! compares the bytes the two share instead of scanning them again) is read exactly as
+//! from scratch (`Dialect::view`): for every client's shape, for the usual next request
+//! (one message more), and for the next request with any one byte changed, removed or
+//! cut off anywhere (inside a message, in a top-level field before the history, in the
+//! last message, after the history).
+
+use bytes::Bytes;
+use loopwarden::dialect::{Dialect, Scanned};
+
+const FIXTURES: [(Dialect, &str); 9] = [
+    (Dialect::Anthropic, "claude-code-anthropic.json"),
+    (Dialect::Anthropic, "opencode-anthropic.json"),
+    (Dialect::OpenAiChat, "mini-swe-agent-chat.json"),
+    (Dialect::OpenAiChat, "mini-swe-agent-textbased.json"),
+    (Dialect::OpenAiChat, "opencode-chat.json"),
+    (Dialect::OpenAiResponses, "codex-responses.json"),
+    (Dialect::OpenAiResponses, "mini-swe-agent-responses.json"),
+    (Dialect::OpenAiResponses, "opencode-responses.json"),
+    (Dialect::Gemini, "gemini-cli.json"),
+];
+
+fn fixture(name: &str) -> Vec<u8> {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The scan of `body` as the proxy keeps it for the conversation's next request.
+fn scanned(dialect: Dialect, body: &Bytes) -> Scanned {
+    let (_, scanned) = dialect
+        .view_after(body, false, None)
+        .expect("fixture parses");
+    scanned.expect("a parsed body has a scan")
+}
+
+/// Reads `body` after `before` and from scratch, and checks that both say the same (the
+/// same view, or the same error). Returns how many messages the resumed read found
+/// unchanged.
+fn same_as_cold(dialect: Dialect, before: &Scanned, body: Vec<u8>) -> usize {
+    let body = Bytes::from(body);
+    let cold = dialect.view(&body, false).map(|v| format!("{v:?}"));
+    let resumed = dialect.view_after(&body, false, Some(before));
+    let unchanged = match &resumed {
+        Ok((_, Some(s))) => s.unchanged(),
+        _ => 0,
+    };
+    let resumed = resumed.map(|(v, _)| format!("{v:?}"));
+    match (&cold, &resumed) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b, "{}", String::from_utf8_lossy(&body)),
+        (Err(a), Err(b)) => assert_eq!(a.0, b.0),
+        _ => panic!(
+            "cold {cold:?} vs resumed {resumed:?} on {}",
+            String::from_utf8_lossy(&body)
+        ),
+    }
+    unchanged
+}
+
+#[test]
+fn the_next_request_reads_as_from_scratch() {
+    for (dialect, name) in FIXTURES {
+        let first = Bytes::from(fixture(name));
+        let before = scanned(dialect, &first);
+        let messages = dialect.view(&first, false).unwrap().messages.len();
+        // The next request: the same bytes and one message more (spliced in by the
+        // reminder append, which keeps every earlier byte).
+        let next = dialect
+            .append_reminder(&first, "one more turn")
+            .expect(name);
+        let unchanged = same_as_cold(dialect, &before, next.clone());
+        // Every message but the last one (the append may have grown it) is recognised
+        // without comparing; a plain string input is one message that is not an array.
+        if dialect.view(&first, false).unwrap().messages.len() > 1 {
+            assert!(
+                unchanged + 1 >= messages,
+                "{name}: {unchanged} of {messages}"
+            );
+        }
+        // The same body again: every message is unchanged.
+        let again = same_as_cold(dialect, &before, first.to_vec());
+        if messages > 1 {
+            assert_eq!(again, messages, "{name}");
+        }
+    }
+}
+
+#[test]
+fn a_next_request_differing_anywhere_reads_as_from_scratch() {
+    for (dialect, name) in FIXTURES {
+        let first = Bytes::from(fixture(name));
+        let before = scanned(dialect, &first);
+        let next = dialect
+            .append_reminder(&first, "one more turn")
+            .expect(name);
+        for p in 0..next.len() {
+            let mut changed = next.clone();
+            changed[p] = if changed[p] == b'x' { b'y' } else { b'x' };
+            same_as_cold(dialect, &before, changed);
+            let mut removed = next.clone();
+            removed.remove(p);
+            same_as_cold(dialect, &before, removed);
+            same_as_cold(dialect, &before, next[..p].to_vec());
+        }
+    }
+}
