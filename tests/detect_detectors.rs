@@ -918,3 +918,61 @@ fn a_command_the_scaffold_timed_out_failed_and_changed_nothing() {
     let fine = fired(&transcript(steps));
     assert!(!fine.contains(&"fail_loop".to_string()), "{fine:?}");
 }
+
+#[test]
+fn a_sweep_of_searches_that_find_nothing_is_a_dead_end() {
+    // SWE-agent looking for one file directory by directory, and Claude Code grepping for
+    // one symbol with ever new spellings: each answer names another place or pattern, but
+    // none found anything, so nothing was learned.
+    let find = |dir: &str| {
+        call(
+            "find_file",
+            json!({"file_name": "KeyDeserializer.java", "dir": dir}),
+            &format!("No matches found for \"KeyDeserializer.java\" in /r/src/{dir}\n(Open file: n/a)\n(Current directory: /r)\nbash-$"),
+            None,
+        )
+    };
+    let dirs = ["deser", "ser", "cfg", "util", "type", "node", "jsontype"];
+    let swe = transcript(dirs.iter().map(|d| vec![find(d)]).collect());
+    let f = fired(&swe);
+    assert!(f.contains(&"dead_end".to_string()), "{f:?}");
+    let grep = |pattern: &str| {
+        call(
+            "Grep",
+            json!({"pattern": pattern, "path": "src"}),
+            "No matches found",
+            None,
+        )
+    };
+    let claude = transcript(
+        [
+            "keyDeser",
+            "KeyDeser",
+            "key_deser",
+            "deserKey",
+            "KeyDeserializers",
+            "keyDeserializer",
+        ]
+        .iter()
+        .map(|p| vec![grep(p)])
+        .collect(),
+    );
+    let f = fired(&claude);
+    assert!(f.contains(&"dead_end".to_string()), "{f:?}");
+    // The same sweep finding the file on the way is exploration that pays.
+    let found = transcript(
+        dirs.iter()
+            .enumerate()
+            .map(|(i, d)| {
+                vec![call(
+                    "find_file",
+                    json!({"file_name": "KeyDeserializer.java", "dir": d}),
+                    &format!("Found 1 matches for \"KeyDeserializer.java\" in /r/src/{d}:\n/r/src/{d}/K{i}.java"),
+                    None,
+                )]
+            })
+            .collect(),
+    );
+    let f = fired(&found);
+    assert!(!f.contains(&"dead_end".to_string()), "{f:?}");
+}

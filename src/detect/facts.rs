@@ -191,6 +191,14 @@ const RECENT_TEXTS: usize = 8;
 const RECENT_STEP_TOKENS: usize = 16;
 const MAX_TOKENS_PER_CALL: usize = 48;
 
+/// The headline of a search that found nothing (SWE-agent's `find_file`/`search_dir`, ripgrep
+/// wrappers, Claude Code's Grep and Glob).
+static NOTHING_FOUND: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+    regex::Regex::new(
+        r"(?i)^(no (matches|results|files?) (found|for)|found 0 |did not find|nothing found)",
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+});
 static OPEN_FILE: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
     regex::Regex::new(r"\(Open file: ([^)\n]+)\)").unwrap_or_else(|e| panic!("{e}"))
 });
@@ -322,7 +330,11 @@ impl Facts {
                     }
                 }
             }
-            let new_result = has_result && self.seen_results.insert(result);
+            // A search that found nothing taught the agent nothing, whichever directory or
+            // spelling it tried ("No matches found for X in dir/a", "... in dir/b").
+            let found_nothing = action.kind == ActionKind::Search
+                && (empty || NOTHING_FOUND.is_match(normalize::headline(&result_text)));
+            let new_result = has_result && !found_nothing && self.seen_results.insert(result);
 
             // The per-check streak of already-seen results, across edits. A re-run with no
             // change since the last run neither extends nor breaks the streak (repeats
