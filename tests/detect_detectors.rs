@@ -920,7 +920,7 @@ fn a_command_the_scaffold_timed_out_failed_and_changed_nothing() {
 }
 
 #[test]
-fn a_sweep_of_searches_that_find_nothing_is_a_dead_end() {
+fn a_sweep_of_searches_or_path_guesses_that_find_nothing_is_a_dead_end() {
     // SWE-agent looking for one file directory by directory, and Claude Code grepping for
     // one symbol with ever new spellings: each answer names another place or pattern, but
     // none found anything, so nothing was learned.
@@ -959,6 +959,32 @@ fn a_sweep_of_searches_that_find_nothing_is_a_dead_end() {
     );
     let f = fired(&claude);
     assert!(f.contains(&"dead_end".to_string()), "{f:?}");
+    // Guessing where a file is: every guess misses (SWE-agent's `open`, Claude Code's Read).
+    let open = |path: &str| {
+        call(
+            "open",
+            json!({"path": path}),
+            &format!("File {path} not found\n(Open file: n/a)\n(Current directory: /r)\nbash-$"),
+            None,
+        )
+    };
+    let read = |path: &str| {
+        call(
+            "Read",
+            json!({"file_path": path}),
+            "<tool_use_error>File does not exist.</tool_use_error>",
+            Some(true),
+        )
+    };
+    for guess in [open, read] {
+        let t = transcript(
+            dirs.iter()
+                .map(|d| vec![guess(&format!("src/{d}/KeyDeserializer.java"))])
+                .collect(),
+        );
+        let f = fired(&t);
+        assert!(f.contains(&"dead_end".to_string()), "{f:?}");
+    }
     // The same sweep finding the file on the way is exploration that pays.
     let found = transcript(
         dirs.iter()

@@ -199,6 +199,11 @@ static NOTHING_FOUND: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::n
     )
     .unwrap_or_else(|e| panic!("{e}"))
 });
+/// An error saying that the path looked at does not exist.
+static NO_SUCH_PATH: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+    regex::Regex::new(r"(?i)(not found|no such file or directory|does not exist)")
+        .unwrap_or_else(|e| panic!("{e}"))
+});
 static OPEN_FILE: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
     regex::Regex::new(r"\(Open file: ([^)\n]+)\)").unwrap_or_else(|e| panic!("{e}"))
 });
@@ -330,10 +335,16 @@ impl Facts {
                     }
                 }
             }
-            // A search that found nothing taught the agent nothing, whichever directory or
-            // spelling it tried ("No matches found for X in dir/a", "... in dir/b").
-            let found_nothing = action.kind == ActionKind::Search
-                && (empty || NOTHING_FOUND.is_match(normalize::headline(&result_text)));
+            // A search that found nothing, or a look at a path that does not exist, taught
+            // the agent nothing, whichever place or spelling it tried ("No matches found for
+            // X in dir/a", "... in dir/b", "File dir/c/X.java not found").
+            let headline = normalize::headline(&result_text);
+            let no_such_path = is_error && NO_SUCH_PATH.is_match(headline);
+            let found_nothing = match action.kind {
+                ActionKind::Search => empty || no_such_path || NOTHING_FOUND.is_match(headline),
+                ActionKind::Read => no_such_path,
+                _ => false,
+            };
             let new_result = has_result && !found_nothing && self.seen_results.insert(result);
 
             // The per-check streak of already-seen results, across edits. A re-run with no
