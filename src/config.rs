@@ -57,10 +57,10 @@ pub struct UpstreamConfig {
 pub struct StoreConfig {
     /// Database URL (`LOOPWARDEN_DB`, `--db`). SQLite: `sqlite://path` (created if missing).
     pub db: String,
-    /// Log records waiting to be written; when full, new records are dropped and counted,
-    /// so a slow disk never delays a request.
+    /// Log entries (a finished request's rows, an intervention) waiting to be written; when
+    /// full, new entries are dropped and counted, so a slow disk never delays a request.
     pub queue_capacity: usize,
-    /// Records written per transaction at most.
+    /// Entries written per transaction at most.
     pub batch_size: usize,
 }
 

@@ -191,7 +191,6 @@ pub async fn stats(State(app): State<Arc<App>>) -> Response {
             Json(serde_json::json!({
                 "proxy_overhead_us": overhead,
                 "log": app.store.health(),
-                "recorder_dropped": app.recorder.dropped(),
                 "cache": { "messages": cached_messages, "bytes": cached_bytes },
                 // Conversations whose state (engine fold, last request) is held in memory;
                 // idle ones are dropped, so this falls back to 0 when agents stop.

@@ -3,7 +3,7 @@
 //! the configured upstream, and stream the answer back through the tee.
 //!
 //! Everything the log needs travels with the response body ([`tee::Pending`]) and is
-//! handed to the recorder when the body ends; nothing on this path waits for the log.
+//! handed to the log ([`super::record`]) when the body ends; nothing on this path waits for it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -373,7 +373,7 @@ impl Next {
                 finished.row.status = response.status().as_u16() as i64;
                 finished.row.outcome = "answered".into();
                 finished.row.proxy_overhead_us = started.elapsed().as_micros() as i64;
-                app.recorder.finish(finished);
+                app.store.log_deferred(Box::new(finished));
                 stamp.apply(&mut response);
                 return response;
             }
@@ -472,11 +472,11 @@ impl Next {
         let guard = guard.filter(|_| capture.is_some());
         let body = match guard {
             None => {
-                let pending = Pending::new(finished, app.recorder.clone(), sent, capture);
+                let pending = Pending::new(finished, app.store.clone(), sent, capture);
                 Body::new(TeeBody::new(up_body, pending))
             }
             Some(guard) if event_stream => {
-                let mut pending = Pending::new(finished, app.recorder.clone(), sent, capture);
+                let mut pending = Pending::new(finished, app.store.clone(), sent, capture);
                 let blocked = pending.blocked.insert(Default::default()).clone();
                 Body::new(TeeBody::new(guard.stream(&app, up_body, blocked), pending))
             }
@@ -520,7 +520,7 @@ impl Next {
                     }
                     None => whole,
                 };
-                let pending = Pending::new(finished, app.recorder.clone(), sent, capture);
+                let pending = Pending::new(finished, app.store.clone(), sent, capture);
                 let full =
                     Full::new(whole).map_err(|never: std::convert::Infallible| match never {});
                 Body::new(TeeBody::new(full, pending))
@@ -646,7 +646,7 @@ fn fail(
     finished.row.outcome = outcome.to_string();
     finished.row.upstream_latency_us = sent.map(|_| waited.as_micros() as i64);
     finished.row.proxy_overhead_us = started.elapsed().saturating_sub(waited).as_micros() as i64;
-    app.recorder.finish(finished);
+    app.store.log_deferred(Box::new(finished));
     stamp.apply(&mut response);
     response
 }

@@ -55,7 +55,6 @@ pub struct App {
     pub cache: cache::MessageCache,
     pub conversations: conversations::Conversations,
     pub store: Store,
-    pub recorder: record::Recorder,
     /// Sticky halts, held requests and the intervention log (`crate::intervene`).
     pub interventions: crate::intervene::service::Interventions,
 }
@@ -88,14 +87,12 @@ impl Running {
             let _ = tx.send(());
         }
         (&mut self.server).await??;
-        self.app.recorder.flush().await;
         self.app.store.flush().await;
         Ok(())
     }
 
     /// Waits for the log to hold everything finished so far (tests, admin snapshots).
     pub async fn flush_log(&self) {
-        self.app.recorder.flush().await;
         self.app.store.flush().await;
     }
 }
@@ -110,6 +107,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         StoreOptions {
             queue_capacity: config.store.queue_capacity,
             batch_size: config.store.batch_size,
+            batch_window: StoreOptions::BATCH_WINDOW,
         },
     )
     .await?;
@@ -130,7 +128,6 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         engine: Engine::new(config.detect.clone()),
         cache: cache::MessageCache::new(config.cache.max_bytes, idle),
         conversations: conversations::Conversations::new(idle),
-        recorder: record::Recorder::start(store.clone(), config.store.queue_capacity),
         store,
         config,
     });

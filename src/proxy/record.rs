@@ -2,22 +2,19 @@
 //!
 //! A request hands over a [`Finished`] when its response has ended (or failed): the request
 //! row, the decision, the history steps that are new to the log, and the response bytes
-//! the tee captured. One background task decodes the response with the dialect (new tool
-//! calls, token usage), hashes and summarizes tool calls, and queues the rows to the store.
-//! The hand-over is a `try_send` on a bounded queue: when the recorder falls behind,
-//! records are dropped and counted, and requests never wait.
-
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+//! the tee captured. It goes onto the store's queue as it is ([`crate::store::Store::log_deferred`]:
+//! a `try_push`; when the log falls behind, requests are dropped and counted, and never wait),
+//! and the store's writer thread works out the rows: it decodes the response with the
+//! dialect (new tool calls, token usage) and hashes and summarizes tool calls. One hand-off
+//! per request, to a thread that wakes once per batch.
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot};
 
 use crate::detect::{Action, Decision};
 use crate::dialect::{Dialect, ResponseTurn};
 use crate::store::redact::summary;
 use crate::store::{
-    ConversationSeen, DecisionRow, FindingRow, Record, RequestRow, Store, ToolCallRow,
+    ConversationSeen, DecisionRow, Deferred, FindingRow, Record, RequestRow, ToolCallRow,
 };
 use crate::transcript::{Step, ToolCall, ToolResult};
 
@@ -46,70 +43,13 @@ pub struct Captured {
     pub chunks: Vec<Bytes>,
 }
 
-enum Command {
-    Finished(Box<Finished>),
-    Flush(oneshot::Sender<()>),
-}
-
-/// Handle to the recorder task; cheap to clone.
-#[derive(Clone)]
-pub struct Recorder {
-    tx: mpsc::Sender<Command>,
-    dropped: Arc<AtomicU64>,
-}
-
-impl Recorder {
-    /// Starts the recorder task, which feeds `store`.
-    pub fn start(store: Store, capacity: usize) -> Recorder {
-        let (tx, mut rx) = mpsc::channel(capacity.max(1));
-        tokio::spawn(async move {
-            while let Some(command) = rx.recv().await {
-                match command {
-                    Command::Finished(finished) => record(&store, *finished),
-                    Command::Flush(done) => {
-                        let _ = done.send(());
-                    }
-                }
-            }
-        });
-        Recorder {
-            tx,
-            dropped: Arc::new(AtomicU64::new(0)),
-        }
-    }
-
-    /// Hands a finished request over without waiting.
-    pub fn finish(&self, finished: Finished) {
-        if self
-            .tx
-            .try_send(Command::Finished(Box::new(finished)))
-            .is_err()
-        {
-            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-            if n.is_power_of_two() {
-                tracing::warn!(
-                    dropped_total = n,
-                    "recorder queue full: requests not logged"
-                );
-            }
-        }
-    }
-
-    /// Waits until every request handed over before this call is queued to the store.
-    pub async fn flush(&self) {
-        let (done, wait) = oneshot::channel();
-        if self.tx.send(Command::Flush(done)).await.is_ok() {
-            let _ = wait.await;
-        }
-    }
-
-    /// Requests not logged because the recorder queue was full.
-    pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+impl Deferred for Finished {
+    fn records(self: Box<Self>, out: &mut Vec<Record>) {
+        record(*self, out);
     }
 }
 
-fn record(store: &Store, finished: Finished) {
+fn record(finished: Finished, out: &mut Vec<Record>) {
     let Finished {
         mut row,
         conversation,
@@ -137,15 +77,15 @@ fn record(store: &Store, finished: Finished) {
         }))
     };
 
-    store.log(Record::Conversation(conversation));
+    out.push(Record::Conversation(conversation));
     for step in &history {
         for (i, c) in step.calls.iter().enumerate() {
-            store.log(tool_call(step.index, i, &c.call, c.result.as_ref()));
+            out.push(tool_call(step.index, i, &c.call, c.result.as_ref()));
         }
     }
     if let Some(turn) = response.as_ref().and_then(decode) {
         for (i, call) in turn.calls.iter().enumerate() {
-            store.log(tool_call(next_step, i, call, None));
+            out.push(tool_call(next_step, i, call, None));
         }
         row.input_tokens = turn.input_tokens.map(|n| n as i64);
         row.output_tokens = turn.output_tokens.map(|n| n as i64);
@@ -153,7 +93,7 @@ fn record(store: &Store, finished: Finished) {
     }
     if let Some(decision) = &decision {
         for f in &decision.findings {
-            store.log(Record::Finding(Box::new(FindingRow {
+            out.push(Record::Finding(Box::new(FindingRow {
                 request_id: row.id,
                 conversation_id: conversation_id.clone(),
                 created_ms: at,
@@ -166,7 +106,7 @@ fn record(store: &Store, finished: Finished) {
             })));
         }
         if decision.action != Action::Observe {
-            store.log(Record::Decision(Box::new(DecisionRow {
+            out.push(Record::Decision(Box::new(DecisionRow {
                 request_id: row.id,
                 conversation_id: conversation_id.clone(),
                 created_ms: at,
@@ -177,7 +117,7 @@ fn record(store: &Store, finished: Finished) {
             })));
         }
     }
-    store.log(Record::Request(Box::new(row)));
+    out.push(Record::Request(Box::new(row)));
 }
 
 /// The new assistant turn in a captured response: an event stream is fed to the dialect's

@@ -1,5 +1,5 @@
 //! The response body the client receives: the upstream's body, frame by frame as it
-//! arrives, with a copy of each data frame kept for the recorder (a reference-counted
+//! arrives, with a copy of each data frame kept for the log (a reference-counted
 //! `Bytes` clone, no byte copy) and the request's log entry completed when the body ends.
 //!
 //! Nothing here waits or buffers: a frame is handed on in the same poll that received it.
@@ -16,7 +16,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use super::record::{Captured, Finished, Recorder};
+use super::record::{Captured, Finished};
+use crate::store::Store;
 
 /// Responses larger than this are forwarded whole but not decoded for the log.
 const MAX_CAPTURE_BYTES: usize = 16 * 1024 * 1024;
@@ -30,7 +31,8 @@ pub struct TeeBody<B: Body = Incoming> {
 /// The log entry of a request whose response is still flowing.
 pub struct Pending {
     pub finished: Finished,
-    pub recorder: Recorder,
+    /// Where the finished request goes (the log's queue).
+    pub store: Store,
     /// When the request was sent upstream, for the upstream's total time.
     pub sent: Instant,
     /// Response bytes kept for decoding; `None` when not wanted or over the limit.
@@ -47,13 +49,13 @@ pub type Blocked = std::sync::Arc<std::sync::OnceLock<crate::detect::Decision>>;
 impl Pending {
     pub fn new(
         finished: Finished,
-        recorder: Recorder,
+        store: Store,
         sent: Instant,
         capture: Option<Captured>,
     ) -> Pending {
         Pending {
             finished,
-            recorder,
+            store,
             sent,
             capture,
             blocked: None,
@@ -92,7 +94,7 @@ impl<B: Body> TeeBody<B> {
         };
         let Pending {
             mut finished,
-            recorder,
+            store,
             sent,
             capture,
             blocked,
@@ -109,7 +111,7 @@ impl<B: Body> TeeBody<B> {
         finished.row.upstream_total_us = Some(sent.elapsed().as_micros() as i64);
         // Only a response that arrived whole can be decoded meaningfully.
         finished.response = capture.filter(|_| outcome == "complete");
-        recorder.finish(finished);
+        store.log_deferred(Box::new(finished));
     }
 }
 

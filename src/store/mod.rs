@@ -1,16 +1,17 @@
-//! The log: SQLite through sqlx, written by one background task.
+//! The log: SQLite, written by one thread of its own ([`writer`]), read through sqlx.
 //!
-//! The request path only calls [`Store::log`], which puts a [`Record`] on a bounded queue and
-//! returns at once. When the queue is full the record is dropped and counted: a slow or
-//! failed disk must never delay or fail a proxied request. The writer drains the queue in
-//! batches, one transaction per batch. [`Store::flush`] waits until everything queued before
-//! it is written (used at shutdown and by tests).
+//! The request path only calls [`Store::log`] (or [`Store::log_deferred`]), which puts an
+//! entry on a bounded queue and returns at once. When the queue is full the entry is
+//! dropped and counted: a slow or failed disk must never delay or fail a proxied request.
+//! The writer drains the queue in batches, one transaction per batch. [`Store::flush`]
+//! waits until everything queued before it is written (used at shutdown and by tests).
 //!
-//! Schema: `migrations/` (embedded, applied at open). Reads for the admin API live in
-//! [`query`].
+//! Schema: `migrations/` (embedded, applied at open through sqlx). Reads for the admin API
+//! live in [`query`].
 
 pub mod query;
 pub mod redact;
+mod writer;
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +21,10 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::SqlitePool;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
+
+pub use writer::Deferred;
+use writer::Entry;
 
 /// A conversation was seen (one per request; the writer upserts and counts).
 #[derive(Debug, Clone)]
@@ -131,17 +135,11 @@ pub enum Record {
     Intervention(Box<InterventionRow>),
 }
 
-enum Command {
-    Write(Record),
-    /// Answered once every record queued before it has been written.
-    Flush(oneshot::Sender<()>),
-}
-
 /// Counters of the log's health, shown by the admin API.
 #[derive(Debug, Default)]
 struct Counters {
     written: AtomicU64,
-    /// Records dropped because the queue was full.
+    /// Entries dropped because the queue was full (a request's rows, or one record).
     dropped: AtomicU64,
     /// Records lost because a write transaction failed.
     failed: AtomicU64,
@@ -150,9 +148,8 @@ struct Counters {
 /// Handle to the log: cheap to clone, shared by every request.
 #[derive(Clone)]
 pub struct Store {
-    tx: mpsc::Sender<Command>,
+    writer: Arc<writer::Handle>,
     pool: SqlitePool,
-    counters: Arc<Counters>,
 }
 
 /// Write-side settings (the `[store]` config table).
@@ -160,6 +157,15 @@ pub struct Store {
 pub struct StoreOptions {
     pub queue_capacity: usize,
     pub batch_size: usize,
+    /// How long the writer gathers entries before writing them: a log entry reaches the
+    /// database at most this late ([`Store::flush`] does not wait for it).
+    pub batch_window: Duration,
+}
+
+impl StoreOptions {
+    /// Gathering for 50 ms makes a batch out of many requests at any load worth batching,
+    /// and is still "at once" for a human reading the admin API.
+    pub const BATCH_WINDOW: Duration = Duration::from_millis(50);
 }
 
 /// Snapshot of the counters.
@@ -183,29 +189,41 @@ impl Store {
             .busy_timeout(Duration::from_secs(5));
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
-            .connect_with(connect)
+            .connect_with(connect.clone())
             .await
             .map_err(|e| anyhow::anyhow!("cannot open database {url:?}: {e}"))?;
         sqlx::migrate!("./migrations")
             .run(&pool)
             .await
             .map_err(|e| anyhow::anyhow!("cannot migrate database {url:?}: {e}"))?;
-        let (tx, rx) = mpsc::channel(options.queue_capacity.max(1));
-        let counters = Arc::new(Counters::default());
-        tokio::spawn(writer(
-            pool.clone(),
-            rx,
-            options.batch_size.max(1),
-            counters.clone(),
-        ));
-        Ok(Store { tx, pool, counters })
+        let writer = writer::start(
+            connect.get_filename(),
+            options.queue_capacity,
+            options.batch_size,
+            options.batch_window,
+        )
+        .map_err(|e| anyhow::anyhow!("cannot open database {url:?} for writing: {e}"))?;
+        Ok(Store {
+            writer: Arc::new(writer),
+            pool,
+        })
     }
 
     /// Queues a record without waiting. A full queue drops it (counted, and logged at
     /// powers of two so a flood does not flood the log too).
     pub fn log(&self, record: Record) {
-        if self.tx.try_send(Command::Write(record)).is_err() {
-            let n = self.counters.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+        self.enqueue(Entry::Record(record));
+    }
+
+    /// Queues an entry whose records the writer works out (off the request path).
+    pub fn log_deferred(&self, entry: Box<dyn Deferred>) {
+        self.enqueue(Entry::Deferred(entry));
+    }
+
+    fn enqueue(&self, entry: Entry) {
+        let queue = &self.writer.queue;
+        if !queue.push(entry) {
+            let n = queue.counters.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             if n.is_power_of_two() {
                 tracing::warn!(dropped_total = n, "log queue full: records dropped");
             }
@@ -215,16 +233,17 @@ impl Store {
     /// Waits until every record queued before this call is written.
     pub async fn flush(&self) {
         let (done, wait) = oneshot::channel();
-        if self.tx.send(Command::Flush(done)).await.is_ok() {
+        if self.writer.queue.flush(done) {
             let _ = wait.await;
         }
     }
 
     pub fn health(&self) -> StoreHealth {
+        let counters = &self.writer.queue.counters;
         StoreHealth {
-            written: self.counters.written.load(Ordering::Relaxed),
-            dropped: self.counters.dropped.load(Ordering::Relaxed),
-            failed: self.counters.failed.load(Ordering::Relaxed),
+            written: counters.written.load(Ordering::Relaxed),
+            dropped: counters.dropped.load(Ordering::Relaxed),
+            failed: counters.failed.load(Ordering::Relaxed),
         }
     }
 
@@ -232,225 +251,6 @@ impl Store {
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
-}
-
-/// How long the writer gathers records before writing them (a log entry reaches the
-/// database at most this late; [`Store::flush`] does not wait for it).
-const BATCH_WINDOW: Duration = Duration::from_millis(50);
-
-/// The writer task: takes what is queued (up to a batch), writes it in one transaction,
-/// answers flushes, repeats. Ends when every `Store` handle is gone.
-async fn writer(
-    pool: SqlitePool,
-    mut rx: mpsc::Receiver<Command>,
-    batch_size: usize,
-    counters: Arc<Counters>,
-) {
-    let mut commands = Vec::with_capacity(batch_size);
-    let mut records = Vec::with_capacity(batch_size);
-    let mut flushes = Vec::new();
-    loop {
-        if rx.recv_many(&mut commands, batch_size).await == 0 {
-            return;
-        }
-        // Gather for a moment before writing: every statement is a hand-off to SQLite's
-        // connection thread and back, so one transaction per request at low load cost more
-        // CPU (mostly context switches) than the whole request path. A flush stops the wait.
-        let deadline = tokio::time::Instant::now() + BATCH_WINDOW;
-        while commands.len() < batch_size
-            && !commands.iter().any(|c| matches!(c, Command::Flush(_)))
-        {
-            let room = batch_size - commands.len();
-            match tokio::time::timeout_at(deadline, rx.recv_many(&mut commands, room)).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-        }
-        for command in commands.drain(..) {
-            match command {
-                Command::Write(record) => records.push(record),
-                Command::Flush(done) => flushes.push(done),
-            }
-        }
-        if !records.is_empty() {
-            let n = records.len() as u64;
-            match write_batch(&pool, &records).await {
-                Ok(()) => {
-                    counters.written.fetch_add(n, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    counters.failed.fetch_add(n, Ordering::Relaxed);
-                    tracing::warn!(records = n, error = %e, "log write failed: records lost");
-                }
-            }
-            records.clear();
-        }
-        for done in flushes.drain(..) {
-            let _ = done.send(());
-        }
-    }
-}
-
-async fn write_batch(pool: &SqlitePool, records: &[Record]) -> Result<(), sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    for record in records {
-        write_one(&mut tx, record).await?;
-    }
-    tx.commit().await
-}
-
-async fn write_one(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    record: &Record,
-) -> Result<(), sqlx::Error> {
-    let conn = &mut **tx;
-    match record {
-        Record::Conversation(c) => {
-            sqlx::query(
-                "INSERT INTO conversations
-                   (id, id_source, client, dialect, model, first_seen_ms, last_seen_ms, requests)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, 1)
-                 ON CONFLICT (id) DO UPDATE SET
-                   last_seen_ms = max(last_seen_ms, excluded.last_seen_ms),
-                   requests = requests + 1,
-                   client = coalesce(client, excluded.client),
-                   dialect = coalesce(excluded.dialect, dialect),
-                   model = coalesce(excluded.model, model)",
-            )
-            .bind(&c.id)
-            .bind(c.id_source)
-            .bind(&c.client)
-            .bind(c.dialect)
-            .bind(&c.model)
-            .bind(c.at_ms)
-            .execute(conn)
-            .await?;
-        }
-        Record::Request(r) => {
-            sqlx::query(
-                "INSERT OR REPLACE INTO requests
-                   (id, conversation_id, started_ms, method, path, upstream, dialect, model,
-                    stream, parse, parse_error, steps, decision, applied, status, outcome,
-                    request_bytes, response_bytes, upstream_latency_us, upstream_total_us,
-                    proxy_overhead_us, input_tokens, output_tokens, stop_reason)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                         ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)",
-            )
-            .bind(r.id)
-            .bind(&r.conversation_id)
-            .bind(r.started_ms)
-            .bind(&r.method)
-            .bind(&r.path)
-            .bind(&r.upstream)
-            .bind(&r.dialect)
-            .bind(&r.model)
-            .bind(r.stream)
-            .bind(&r.parse)
-            .bind(&r.parse_error)
-            .bind(r.steps)
-            .bind(&r.decision)
-            .bind(&r.applied)
-            .bind(r.status)
-            .bind(&r.outcome)
-            .bind(r.request_bytes)
-            .bind(r.response_bytes)
-            .bind(r.upstream_latency_us)
-            .bind(r.upstream_total_us)
-            .bind(r.proxy_overhead_us)
-            .bind(r.input_tokens)
-            .bind(r.output_tokens)
-            .bind(&r.stop_reason)
-            .execute(conn)
-            .await?;
-        }
-        Record::ToolCall(t) => {
-            // A result, once known, is never erased by a later sighting without one.
-            sqlx::query(
-                "INSERT INTO tool_calls
-                   (conversation_id, step, call_index, call_id, name, args_hash, summary,
-                    result_hash, result_summary, is_error, request_id, seen_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
-                 ON CONFLICT (conversation_id, step, call_index) DO UPDATE SET
-                   call_id = excluded.call_id,
-                   name = excluded.name,
-                   args_hash = excluded.args_hash,
-                   summary = excluded.summary,
-                   result_hash = coalesce(excluded.result_hash, result_hash),
-                   result_summary = coalesce(excluded.result_summary, result_summary),
-                   is_error = coalesce(excluded.is_error, is_error),
-                   request_id = excluded.request_id,
-                   seen_ms = excluded.seen_ms",
-            )
-            .bind(&t.conversation_id)
-            .bind(t.step)
-            .bind(t.call_index)
-            .bind(&t.call_id)
-            .bind(&t.name)
-            .bind(&t.args_hash)
-            .bind(&t.summary)
-            .bind(&t.result_hash)
-            .bind(&t.result_summary)
-            .bind(t.is_error)
-            .bind(t.request_id)
-            .bind(t.seen_ms)
-            .execute(conn)
-            .await?;
-        }
-        Record::Finding(f) => {
-            sqlx::query(
-                "INSERT INTO findings
-                   (request_id, conversation_id, created_ms, detector, confidence, step, steps,
-                    summary, suggestion)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            )
-            .bind(f.request_id)
-            .bind(&f.conversation_id)
-            .bind(f.created_ms)
-            .bind(&f.detector)
-            .bind(f.confidence)
-            .bind(f.step)
-            .bind(&f.steps)
-            .bind(&f.summary)
-            .bind(&f.suggestion)
-            .execute(conn)
-            .await?;
-        }
-        Record::Decision(d) => {
-            sqlx::query(
-                "INSERT OR REPLACE INTO decisions
-                   (request_id, conversation_id, created_ms, action, applied, step, reason)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            )
-            .bind(d.request_id)
-            .bind(&d.conversation_id)
-            .bind(d.created_ms)
-            .bind(&d.action)
-            .bind(&d.applied)
-            .bind(d.step)
-            .bind(&d.reason)
-            .execute(conn)
-            .await?;
-        }
-        Record::Intervention(i) => {
-            sqlx::query(
-                "INSERT INTO interventions (conversation_id, request_id, created_ms, action,
-                   applied, source, detector, reason, finding)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            )
-            .bind(&i.conversation_id)
-            .bind(i.request_id)
-            .bind(i.created_ms)
-            .bind(&i.action)
-            .bind(&i.applied)
-            .bind(&i.source)
-            .bind(&i.detector)
-            .bind(&i.reason)
-            .bind(&i.finding)
-            .execute(conn)
-            .await?;
-        }
-    }
-    Ok(())
 }
 
 /// Milliseconds since the Unix epoch, the log's time unit.
@@ -494,13 +294,14 @@ mod tests {
         }))
     }
 
-    async fn open(dir: &tempfile::TempDir, queue_capacity: usize) -> Store {
+    async fn open(dir: &tempfile::TempDir, queue_capacity: usize, batch_window: Duration) -> Store {
         let url = format!("sqlite://{}", dir.path().join("t.db").display());
         Store::open(
             &url,
             StoreOptions {
                 queue_capacity,
                 batch_size: 64,
+                batch_window,
             },
         )
         .await
@@ -510,9 +311,9 @@ mod tests {
     #[tokio::test]
     async fn a_full_queue_drops_and_counts_instead_of_waiting() {
         let dir = tempfile::tempdir().unwrap();
-        let store = open(&dir, 4).await;
-        // On this single-threaded runtime the writer cannot run until we yield, so the
+        // The writer gathers until a flush (the window never ends in this test), so the
         // queue fills up: the caller must never wait for it.
+        let store = open(&dir, 4, Duration::from_secs(3600)).await;
         for id in 1..=100 {
             store.log(request(id));
         }
@@ -530,7 +331,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_write_is_counted_and_the_log_goes_on() {
         let dir = tempfile::tempdir().unwrap();
-        let store = open(&dir, 64).await;
+        let store = open(&dir, 64, StoreOptions::BATCH_WINDOW).await;
         sqlx::query("ALTER TABLE requests RENAME TO requests_gone")
             .execute(store.pool())
             .await
@@ -545,5 +346,36 @@ mod tests {
         store.log(request(2));
         store.flush().await;
         assert_eq!(store.health().written, 1);
+    }
+
+    /// A finished request's rows, worked out on the writer thread.
+    struct Rows(Vec<i64>);
+
+    impl Deferred for Rows {
+        fn records(self: Box<Self>, out: &mut Vec<Record>) {
+            assert!(!self.0.is_empty(), "a bug in working out the rows");
+            out.extend(self.0.into_iter().map(request));
+        }
+    }
+
+    #[tokio::test]
+    async fn deferred_entries_are_written_and_one_that_fails_loses_only_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir, 64, StoreOptions::BATCH_WINDOW).await;
+        store.log_deferred(Box::new(Rows(vec![1, 2])));
+        store.log_deferred(Box::new(Rows(vec![])));
+        store.log(request(3));
+        store.flush().await;
+        let health = store.health();
+        assert_eq!((health.written, health.failed), (3, 1));
+        let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM requests ORDER BY id")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(ids, vec![1, 2, 3]);
+        // The writer is still there after the failure.
+        store.log_deferred(Box::new(Rows(vec![4])));
+        store.flush().await;
+        assert_eq!(store.health().written, 4);
     }
 }

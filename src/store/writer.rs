@@ -1,0 +1,380 @@
+//! The log's writer: one thread of its own that owns a SQLite connection (rusqlite) and
+//! writes what the request path queued, one transaction per wake-up.
+//!
+//! Why not a tokio task over sqlx: every sqlx statement is a round trip to sqlx's connection
+//! thread (two context switches per row, a few rows per request), which at small request
+//! sizes cost more CPU than the whole request path (BENCHMARKS.md). Here the request path
+//! pushes onto a mutex-guarded queue and wakes the writer only when it sleeps with nothing to
+//! do; the writer then gathers for a batch window and writes everything with cached prepared
+//! statements. Entries that need work before they become rows (a finished request: decode
+//! the response, hash and summarize tool calls) are worked out here too, off the request path.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use rusqlite::{params, Connection, OpenFlags};
+use tokio::sync::oneshot;
+
+use super::{Counters, Record};
+
+/// A log entry whose rows are worked out on the writer thread.
+pub trait Deferred: Send {
+    /// Appends the entry's rows to `out`.
+    fn records(self: Box<Self>, out: &mut Vec<Record>);
+}
+
+/// What the queue holds.
+pub(super) enum Entry {
+    Record(Record),
+    Deferred(Box<dyn Deferred>),
+}
+
+/// The queue between the request path and the writer thread.
+pub(super) struct Queue {
+    state: Mutex<State>,
+    /// Wakes the writer: first entry after idling, a full batch, a flush, closing.
+    wake: Condvar,
+    pub(super) counters: Counters,
+    capacity: usize,
+    batch_size: usize,
+    window: Duration,
+}
+
+#[derive(Default)]
+struct State {
+    entries: Vec<Entry>,
+    /// Answered once every entry queued before them is written.
+    flushes: Vec<oneshot::Sender<()>>,
+    /// The writer sleeps until something arrives (only then does a push wake it).
+    idle: bool,
+    /// No more entries will come (every `Store` is gone, or the writer died).
+    closed: bool,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues an entry; `false` when the queue is full (or closed): the entry is dropped.
+    pub(super) fn push(&self, entry: Entry) -> bool {
+        let mut s = self.lock();
+        if s.closed || s.entries.len() >= self.capacity {
+            return false;
+        }
+        s.entries.push(entry);
+        // While the writer gathers, pushes do not wake it (that is the point), except to
+        // say a batch is full.
+        let wake = s.idle || s.entries.len() == self.batch_size;
+        s.idle = false;
+        drop(s);
+        if wake {
+            self.wake.notify_one();
+        }
+        true
+    }
+
+    /// Asks for `done` to be answered once everything queued so far is written.
+    /// `false` when the writer is gone.
+    pub(super) fn flush(&self, done: oneshot::Sender<()>) -> bool {
+        let mut s = self.lock();
+        if s.closed {
+            return false;
+        }
+        s.flushes.push(done);
+        s.idle = false;
+        drop(s);
+        self.wake.notify_one();
+        true
+    }
+
+    pub(super) fn close(&self) {
+        self.lock().closed = true;
+        self.wake.notify_one();
+    }
+
+    /// Waits for work, gathers for the window, and moves the next batch into `batch`.
+    /// Returns the flushes this batch completes, and whether the writer should stop after it.
+    fn next_batch(&self, batch: &mut Vec<Entry>) -> (Vec<oneshot::Sender<()>>, bool) {
+        let mut s = self.lock();
+        while s.entries.is_empty() && s.flushes.is_empty() && !s.closed {
+            s.idle = true;
+            s = self.wake.wait(s).unwrap_or_else(PoisonError::into_inner);
+        }
+        s.idle = false;
+        let deadline = Instant::now() + self.window;
+        while s.flushes.is_empty() && !s.closed && s.entries.len() < self.batch_size {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            s = self
+                .wake
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        let n = s.entries.len().min(self.batch_size);
+        batch.extend(s.entries.drain(..n));
+        let flushes = if s.entries.is_empty() {
+            std::mem::take(&mut s.flushes)
+        } else {
+            Vec::new()
+        };
+        (flushes, s.closed && s.entries.is_empty())
+    }
+}
+
+/// Handle whose drop (the last `Store` going away) lets the writer finish and stop.
+pub(super) struct Handle {
+    pub(super) queue: Arc<Queue>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.queue.close();
+    }
+}
+
+/// Opens the writer's connection to the (already created and migrated) database at `path`
+/// and starts the writer thread.
+pub(super) fn start(
+    path: &Path,
+    capacity: usize,
+    batch_size: usize,
+    window: Duration,
+) -> anyhow::Result<Handle> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    // The admin API's connections (sqlx) may hold the write lock for a moment.
+    conn.busy_timeout(Duration::from_secs(5))?;
+    // WAL (set at open, persistent) + NORMAL: durable across process crashes.
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    let queue = Arc::new(Queue {
+        state: Mutex::new(State::default()),
+        wake: Condvar::new(),
+        counters: Counters::default(),
+        capacity: capacity.max(1),
+        batch_size: batch_size.max(1),
+        window,
+    });
+    let writer_queue = queue.clone();
+    std::thread::Builder::new()
+        .name("loopwarden-log".into())
+        .spawn(move || run(conn, &writer_queue))?;
+    Ok(Handle { queue })
+}
+
+/// The writer thread: batch after batch until the queue closes.
+fn run(mut conn: Connection, queue: &Queue) {
+    // If this thread ever dies, nobody may wait for it: close the queue and drop the
+    // pending flushes (their waiters return).
+    struct Dead<'a>(&'a Queue);
+    impl Drop for Dead<'_> {
+        fn drop(&mut self) {
+            let mut s = self.0.lock();
+            s.closed = true;
+            s.flushes.clear();
+        }
+    }
+    let _dead = Dead(queue);
+    let counters = &queue.counters;
+    let mut batch = Vec::new();
+    let mut records = Vec::new();
+    loop {
+        let (flushes, last) = queue.next_batch(&mut batch);
+        for entry in batch.drain(..) {
+            match entry {
+                Entry::Record(r) => records.push(r),
+                Entry::Deferred(d) => {
+                    // A bug in decoding one response must not end the log.
+                    if catch_unwind(AssertUnwindSafe(|| d.records(&mut records))).is_err() {
+                        counters.failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        if !records.is_empty() {
+            let n = records.len() as u64;
+            match write_batch(&mut conn, &records) {
+                Ok(()) => {
+                    counters.written.fetch_add(n, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    counters.failed.fetch_add(n, Ordering::Relaxed);
+                    tracing::warn!(records = n, error = %e, "log write failed: records lost");
+                }
+            }
+            records.clear();
+        }
+        for done in flushes {
+            let _ = done.send(());
+        }
+        if last {
+            return;
+        }
+    }
+}
+
+fn write_batch(conn: &mut Connection, records: &[Record]) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    for record in records {
+        write_one(&tx, record)?;
+    }
+    tx.commit()
+}
+
+fn write_one(conn: &Connection, record: &Record) -> rusqlite::Result<()> {
+    match record {
+        Record::Conversation(c) => {
+            conn.prepare_cached(
+                "INSERT INTO conversations
+                   (id, id_source, client, dialect, model, first_seen_ms, last_seen_ms, requests)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, 1)
+                 ON CONFLICT (id) DO UPDATE SET
+                   last_seen_ms = max(last_seen_ms, excluded.last_seen_ms),
+                   requests = requests + 1,
+                   client = coalesce(client, excluded.client),
+                   dialect = coalesce(excluded.dialect, dialect),
+                   model = coalesce(excluded.model, model)",
+            )?
+            .execute(params![
+                c.id,
+                c.id_source,
+                c.client,
+                c.dialect,
+                c.model,
+                c.at_ms
+            ])?;
+        }
+        Record::Request(r) => {
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO requests
+                   (id, conversation_id, started_ms, method, path, upstream, dialect, model,
+                    stream, parse, parse_error, steps, decision, applied, status, outcome,
+                    request_bytes, response_bytes, upstream_latency_us, upstream_total_us,
+                    proxy_overhead_us, input_tokens, output_tokens, stop_reason)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                         ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)",
+            )?
+            .execute(params![
+                r.id,
+                r.conversation_id,
+                r.started_ms,
+                r.method,
+                r.path,
+                r.upstream,
+                r.dialect,
+                r.model,
+                r.stream,
+                r.parse,
+                r.parse_error,
+                r.steps,
+                r.decision,
+                r.applied,
+                r.status,
+                r.outcome,
+                r.request_bytes,
+                r.response_bytes,
+                r.upstream_latency_us,
+                r.upstream_total_us,
+                r.proxy_overhead_us,
+                r.input_tokens,
+                r.output_tokens,
+                r.stop_reason
+            ])?;
+        }
+        Record::ToolCall(t) => {
+            // A result, once known, is never erased by a later sighting without one.
+            conn.prepare_cached(
+                "INSERT INTO tool_calls
+                   (conversation_id, step, call_index, call_id, name, args_hash, summary,
+                    result_hash, result_summary, is_error, request_id, seen_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                 ON CONFLICT (conversation_id, step, call_index) DO UPDATE SET
+                   call_id = excluded.call_id,
+                   name = excluded.name,
+                   args_hash = excluded.args_hash,
+                   summary = excluded.summary,
+                   result_hash = coalesce(excluded.result_hash, result_hash),
+                   result_summary = coalesce(excluded.result_summary, result_summary),
+                   is_error = coalesce(excluded.is_error, is_error),
+                   request_id = excluded.request_id,
+                   seen_ms = excluded.seen_ms",
+            )?
+            .execute(params![
+                t.conversation_id,
+                t.step,
+                t.call_index,
+                t.call_id,
+                t.name,
+                t.args_hash,
+                t.summary,
+                t.result_hash,
+                t.result_summary,
+                t.is_error,
+                t.request_id,
+                t.seen_ms
+            ])?;
+        }
+        Record::Finding(f) => {
+            conn.prepare_cached(
+                "INSERT INTO findings
+                   (request_id, conversation_id, created_ms, detector, confidence, step, steps,
+                    summary, suggestion)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )?
+            .execute(params![
+                f.request_id,
+                f.conversation_id,
+                f.created_ms,
+                f.detector,
+                f.confidence,
+                f.step,
+                f.steps,
+                f.summary,
+                f.suggestion
+            ])?;
+        }
+        Record::Decision(d) => {
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO decisions
+                   (request_id, conversation_id, created_ms, action, applied, step, reason)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?
+            .execute(params![
+                d.request_id,
+                d.conversation_id,
+                d.created_ms,
+                d.action,
+                d.applied,
+                d.step,
+                d.reason
+            ])?;
+        }
+        Record::Intervention(i) => {
+            conn.prepare_cached(
+                "INSERT INTO interventions (conversation_id, request_id, created_ms, action,
+                   applied, source, detector, reason, finding)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )?
+            .execute(params![
+                i.conversation_id,
+                i.request_id,
+                i.created_ms,
+                i.action,
+                i.applied,
+                i.source,
+                i.detector,
+                i.reason,
+                i.finding
+            ])?;
+        }
+    }
+    Ok(())
+}
