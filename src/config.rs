@@ -33,6 +33,9 @@ pub struct ServerConfig {
     pub listen: String,
     /// Largest request body the proxy reads; larger ones get a 413 in the API's error shape.
     pub max_body_bytes: usize,
+    /// Serving threads, each with its own event loop and upstream pool; a connection stays on
+    /// the thread that accepted it (`crate::proxy::start`). 0: one per CPU.
+    pub threads: usize,
 }
 
 /// Where each API family is forwarded. Only these bases are ever contacted: the request
@@ -88,6 +91,7 @@ impl Default for Config {
             server: ServerConfig {
                 listen: "127.0.0.1:8788".into(),
                 max_body_bytes: 64 * 1024 * 1024,
+                threads: 0,
             },
             upstream: UpstreamConfig {
                 openai: "https://api.openai.com".into(),

@@ -55,6 +55,20 @@ pub fn upstream_client(config: &UpstreamConfig) -> UpstreamClient {
         .build(https)
 }
 
+thread_local! {
+    /// The upstream pool of a serving thread other than the one that started the proxy
+    /// (`super::start`): a request and its upstream connection stay on the request's thread,
+    /// since a pooled connection is driven by a task of the thread that opened it.
+    static THREAD_CLIENT: std::cell::OnceCell<UpstreamClient> = const { std::cell::OnceCell::new() };
+}
+
+/// Gives the calling thread its own upstream pool (call before it serves requests).
+pub fn use_thread_client(client: UpstreamClient) {
+    THREAD_CLIENT.with(|local| {
+        let _ = local.set(client);
+    });
+}
+
 pub const DECISION_HEADER: &str = "x-loopwarden-decision";
 
 /// What the dialect and the engine made of a request.
@@ -394,12 +408,9 @@ impl Next {
 
         let sent = Instant::now();
         let timeout = Duration::from_secs(app.config.upstream.response_timeout_secs);
-        let upstream_response = match tokio::time::timeout(
-            timeout,
-            app.client.request(upstream_request),
-        )
-        .await
-        {
+        let sending = THREAD_CLIENT
+            .with(|local| local.get().unwrap_or(&app.client).request(upstream_request));
+        let upstream_response = match tokio::time::timeout(timeout, sending).await {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => {
                 tracing::warn!(upstream = route.upstream.as_str(), error = %error_chain(&e), "upstream unreachable");

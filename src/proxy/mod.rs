@@ -26,6 +26,7 @@ use std::time::Duration;
 use axum::routing::{any, get, post};
 use axum::serve::ListenerExt;
 use axum::Router;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -62,8 +63,12 @@ pub struct App {
 /// A running proxy (in-process): its address, and a handle to stop it cleanly.
 pub struct Running {
     addr: SocketAddr,
-    shutdown: Option<oneshot::Sender<()>>,
+    /// One per serving thread; sending (or dropping) stops that thread's server gracefully.
+    shutdown: Vec<oneshot::Sender<()>>,
+    /// The server on the runtime that called [`start`].
     server: JoinHandle<std::io::Result<()>>,
+    /// The other serving threads, each answering once its server has finished.
+    others: Vec<oneshot::Receiver<std::io::Result<()>>>,
     app: Arc<App>,
 }
 
@@ -81,12 +86,19 @@ impl Running {
         &self.app.store
     }
 
-    /// Stops accepting, lets in-flight requests finish, then writes out the log.
+    /// Stops accepting, lets in-flight requests finish (on every serving thread), then
+    /// writes out the log.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
+        for stop in self.shutdown.drain(..) {
+            let _ = stop.send(());
         }
         (&mut self.server).await??;
+        for done in self.others.drain(..) {
+            // No answer: the thread is gone already (it cannot hold requests either).
+            if let Ok(result) = done.await {
+                result?;
+            }
+        }
         self.app.store.flush().await;
         Ok(())
     }
@@ -111,10 +123,19 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         },
     )
     .await?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+    let threads = match config.server.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let cannot_listen = |e: std::io::Error| anyhow::anyhow!("cannot listen on {listen}: {e}");
+    let listener = listen_on(listen).map_err(cannot_listen)?;
     let addr = listener.local_addr()?;
+    // Every serving thread accepts from the same socket (each its own handle of it): the
+    // first to see a new connection takes it and serves it from then on.
+    let other_listeners = (1..threads)
+        .map(|_| listener.try_clone())
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let listener = TcpListener::from_std(listener)?;
     let idle = Duration::from_secs(config.cache.idle_secs);
     let interventions = crate::intervene::service::Interventions::open(
         config.intervene.clone(),
@@ -159,27 +180,83 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .merge(admin)
         .fallback(forward::handle)
         .with_state(app.clone());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(serve(listener, router.clone(), stopped));
+    let mut shutdown = vec![stop];
+    let mut others = Vec::new();
+    for (i, listener) in other_listeners.into_iter().enumerate() {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (done, finished) = oneshot::channel();
+        let router = router.clone();
+        let upstream = app.config.upstream.clone();
+        std::thread::Builder::new()
+            .name(format!("loopwarden-serve-{}", i + 1))
+            .spawn(move || {
+                let _ = done.send(serve_thread(listener, router, &upstream, stopped));
+            })?;
+        shutdown.push(stop);
+        others.push(finished);
+    }
+    Ok(Running {
+        addr,
+        shutdown,
+        server,
+        others,
+        app,
+    })
+}
+
+/// The listening socket, as tokio's `TcpListener::bind` makes it (address reuse, a backlog of
+/// 1024), in a form each serving thread can take a handle of.
+fn listen_on(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)?.into_std()
+}
+
+/// Serves `router` on `listener` until `stop` fires (or its sender is dropped), then lets
+/// the connections in flight finish.
+fn serve(
+    listener: TcpListener,
+    router: Router,
+    stop: oneshot::Receiver<()>,
+) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
     let listener = listener.tap_io(|tcp| {
         // Streamed events are small writes; Nagle's algorithm would hold them back.
         let _ = tcp.set_nodelay(true);
     });
-    let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-    let server = tokio::spawn(
-        axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move {
-            let _ = shutdown_rx.await;
-        })
-        .into_future(),
-    );
-    Ok(Running {
-        addr,
-        shutdown: Some(shutdown_tx),
-        server,
-        app,
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
+        let _ = stop.await;
     })
+    .into_future()
+}
+
+/// One more serving thread: an event loop of its own (a current-thread runtime) with its
+/// own handle of the listening socket and its own upstream pool, so that a request is read, forwarded and
+/// answered on one thread, as nginx's workers do. Every thread shares the same [`App`].
+/// A multi-threaded runtime would hand each request between threads several times
+/// (connection task, upstream connection task, wake-ups of the idle worker), and at small
+/// request sizes those context switches cost more than the request's own work.
+fn serve_thread(
+    listener: std::net::TcpListener,
+    router: Router,
+    upstream: &crate::config::UpstreamConfig,
+    stop: oneshot::Receiver<()>,
+) -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    forward::use_thread_client(forward::upstream_client(upstream));
+    runtime.block_on(async move { serve(TcpListener::from_std(listener)?, router, stop).await })
 }
 
 /// Drops idle cache entries now and then; ends with the proxy.
@@ -208,7 +285,9 @@ pub fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // The main thread is one of the serving threads (see `serve_thread` for why each has a
+    // single-threaded event loop).
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {

@@ -87,6 +87,10 @@ pub struct TapConn {
     pub to_upstream: Vec<u8>,
     /// Bytes the mock sent to the proxy.
     pub from_upstream: Vec<u8>,
+    /// Where each read from the mock starts in `from_upstream`, and its place among the
+    /// reads of every connection (the proxy keeps an upstream pool per serving thread, so
+    /// consecutive responses may come over different connections).
+    pub upstream_reads: Vec<(usize, u64)>,
     /// The proxy closed (or reset) its side.
     pub closed_by_proxy: bool,
 }
@@ -105,6 +109,7 @@ impl Tap {
         let addr = listener.local_addr().unwrap();
         let conns: Arc<Mutex<Vec<TapConn>>> = Arc::default();
         let shared = conns.clone();
+        let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
         tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 let Ok(outbound) = TcpStream::connect(target).await else {
@@ -137,15 +142,21 @@ impl Tap {
                     let _ = out_w.shutdown().await;
                 });
                 let down = shared.clone();
+                let reads = reads.clone();
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 64 * 1024];
                     loop {
                         match out_r.read(&mut buf).await {
                             Ok(0) | Err(_) => break,
                             Ok(n) => {
-                                down.lock().unwrap()[index]
-                                    .from_upstream
-                                    .extend_from_slice(&buf[..n]);
+                                {
+                                    let mut c = down.lock().unwrap();
+                                    let conn = &mut c[index];
+                                    let order =
+                                        reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                                    conn.upstream_reads.push((conn.from_upstream.len(), order));
+                                    conn.from_upstream.extend_from_slice(&buf[..n]);
+                                }
                                 if in_w.write_all(&buf[..n]).await.is_err() {
                                     break;
                                 }
@@ -167,12 +178,23 @@ impl Tap {
         self.conns.lock().unwrap().clone()
     }
 
-    /// Every response body the upstream sent, in order over all connections.
+    /// Every response body the upstream sent, in the order the responses began, over all
+    /// connections.
     pub fn upstream_bodies(&self) -> Vec<Vec<u8>> {
-        self.conns()
-            .iter()
-            .flat_map(|c| http_response_bodies(&c.from_upstream))
-            .collect()
+        let mut bodies: Vec<(u64, Vec<u8>)> = Vec::new();
+        for c in self.conns() {
+            for (start, body) in response_bodies_at(&c.from_upstream) {
+                let order = c
+                    .upstream_reads
+                    .iter()
+                    .take_while(|(offset, _)| *offset <= start)
+                    .last()
+                    .map_or(0, |(_, order)| *order);
+                bodies.push((order, body));
+            }
+        }
+        bodies.sort_by_key(|(order, _)| *order);
+        bodies.into_iter().map(|(_, body)| body).collect()
     }
 
     /// All bytes the upstream sent so far, over every connection.
@@ -185,10 +207,12 @@ impl Tap {
 }
 
 /// Splits raw HTTP/1.1 response bytes into the bodies of the responses (content-length or
-/// chunked), as sent, de-chunked.
-pub fn http_response_bodies(mut raw: &[u8]) -> Vec<Vec<u8>> {
+/// chunked), as sent, de-chunked, each with the offset in `whole` where its response begins.
+fn response_bodies_at(whole: &[u8]) -> Vec<(usize, Vec<u8>)> {
+    let mut raw = whole;
     let mut bodies = Vec::new();
     while let Some(end) = find(raw, b"\r\n\r\n") {
+        let start = whole.len() - raw.len();
         let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
         raw = &raw[end + 4..];
         let header = |name: &str| {
@@ -220,7 +244,7 @@ pub fn http_response_bodies(mut raw: &[u8]) -> Vec<Vec<u8>> {
             body.extend_from_slice(&raw[..take]);
             raw = &raw[take..];
         }
-        bodies.push(body);
+        bodies.push((start, body));
     }
     bodies
 }
