@@ -316,18 +316,30 @@ impl<'a> Object<'a> {
         let m = member_index(old, &before.members, key)?;
         let array = &before.members[m];
         let old_elements = array.elements.as_ref()?;
-        // The last element whose end lies in the shared prefix, found message by message
-        // (every byte up to it is compared once).
+        // The last element whose end lies in the shared prefix: sixteen elements per
+        // comparison while all match, then one by one through the group that does not (few
+        // calls, and each byte compared about once).
+        let same = |from: usize, to: usize| match (body.get(from..to), old.get(from..to)) {
+            (Some(a), Some(b)) => a == b,
+            _ => false,
+        };
         let mut shared = 0;
         let mut last = None;
-        for (k, &(_, end)) in old_elements.iter().enumerate() {
-            match (body.get(shared..end), old.get(shared..end)) {
-                (Some(new), Some(old)) if new == old => {
-                    shared = end;
-                    last = Some(k);
-                }
-                _ => break,
+        for group in old_elements.chunks(16) {
+            let end = group[group.len() - 1].1;
+            if same(shared, end) {
+                shared = end;
+                last = Some(last.map_or(0, |k| k + 1) + group.len() - 1);
+                continue;
             }
+            for &(_, end) in group {
+                if !same(shared, end) {
+                    break;
+                }
+                shared = end;
+                last = Some(last.map_or(0, |k| k + 1));
+            }
+            break;
         }
         let k = last?;
         // `old` is valid UTF-8 (a `Scanned` holds only bodies that parsed) and `shared`
@@ -358,15 +370,12 @@ impl<'a> Object<'a> {
             elements,
         };
         let mut object = Object::members_from(text, members, 0, Some(resumed)).ok()?;
-        // The elements that lie where they lay before, ending inside the shared bytes,
-        // are those of `old` byte for byte (when the array is still the one `key` names).
+        // The elements before `k` are `old`'s (copied above), and so is element `k` if it
+        // ends where it did, inside the shared bytes (it may be a number that grew): those
+        // are `old`'s byte for byte, when the array is still the one `key` names.
         if member_index(body, &object.members, key) == Some(m) {
             if let Some(new_elements) = &object.members[m].elements {
-                object.unchanged = new_elements
-                    .iter()
-                    .zip(old_elements)
-                    .take_while(|(a, b)| a == b && a.1 <= shared)
-                    .count();
+                object.unchanged = k + usize::from(new_elements.get(k) == Some(&old_elements[k]));
             }
         }
         Some(object)
@@ -447,11 +456,16 @@ impl<'a> Object<'a> {
     }
 
     /// The raw elements of a member that is an array; `None` if absent or not an array.
-    pub fn elements(&self, key: &str) -> Option<impl Iterator<Item = &'a str> + '_> {
+    pub fn elements(&self, key: &str) -> Option<impl ExactSizeIterator<Item = &'a str> + '_> {
         let body = self.body;
         let elements = self.member(key)?.elements.as_ref()?;
-        // All bounds are at ASCII structural bytes: slicing cannot fail.
-        Some(elements.iter().filter_map(move |&(a, b)| body.get(a..b)))
+        // All bounds are at ASCII structural bytes: slicing cannot fail (and the exact
+        // size lets a long history be collected without growing).
+        Some(
+            elements
+                .iter()
+                .map(move |&(a, b)| body.get(a..b).unwrap_or_default()),
+        )
     }
 
     /// What this scan found, kept with the body's bytes for [`Object::parse_after`] on a
@@ -599,6 +613,28 @@ mod tests {
             }
         }
         assert!(resumed > 0, "the resumed path was exercised");
+    }
+
+    #[test]
+    fn a_long_history_changed_in_any_message_resumes_before_it() {
+        let messages: Vec<String> = (0..40)
+            .map(|i| format!(r#"{{"role":"user","content":"message {i:02}"}}"#))
+            .collect();
+        let body = |messages: &[String]| format!(r#"{{"messages":[{}]}}"#, messages.join(","));
+        let before = scanned(&body(&messages));
+        let mut next = messages.clone();
+        next.push(r#"{"role":"user","content":"new"}"#.into());
+        assert_eq!(check_resumed(&before, body(&next).as_bytes()), Some(40));
+        for changed in 0..40 {
+            let mut edited = next.clone();
+            edited[changed] = edited[changed].replace("message", "massage");
+            let unchanged = check_resumed(&before, body(&edited).as_bytes());
+            assert_eq!(
+                unchanged,
+                changed.checked_sub(1).map(|_| changed),
+                "{changed}"
+            );
+        }
     }
 
     #[test]

@@ -70,15 +70,16 @@ impl MessageCache {
         let known = previous
             .filter(|p| p.dialect == dialect)
             .map_or(&[][..], |p| &p.items[..unchanged.min(p.items.len())]);
-        let mut found: Vec<Option<Items>> = Vec::with_capacity(messages.len());
-        found.extend(known.iter().take(messages.len()).cloned().map(Some));
-        let start = found.len();
-        found.extend(
-            messages[start..]
-                .iter()
-                .enumerate()
-                .map(|(i, m)| previous.and_then(|p| p.same(dialect, start + i, m.get()))),
-        );
+        let mut out: Vec<Items> = Vec::with_capacity(messages.len());
+        out.extend(known.iter().take(messages.len()).cloned());
+        // The rest (usually the newest turn): compared, looked up or parsed.
+        let start = out.len();
+        let messages = &messages[start..];
+        let mut found: Vec<Option<Items>> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| previous.and_then(|p| p.same(dialect, start + i, m.get())))
+            .collect();
         let keys: Vec<Option<blake3::Hash>> = found
             .iter()
             .zip(messages)
@@ -128,7 +129,8 @@ impl MessageCache {
                 evict_oldest_quarter(&mut inner);
             }
         }
-        found.into_iter().flatten().collect()
+        out.extend(found.into_iter().flatten());
+        out
     }
 
     /// Drops messages idle for longer than the configured time. Called periodically.
