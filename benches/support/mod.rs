@@ -436,7 +436,7 @@ impl Proxy {
             Some(s) => s.id.clone(),
             None => forward::head_key(dialect, body),
         };
-        let mut previous = self.conversations.take_previous(&key);
+        let mut previous = self.conversations.previous(&key);
         let after = previous.as_ref().and_then(|p| p.scanned(dialect));
         let (view, scanned) = dialect
             .view_after(body, false, after)

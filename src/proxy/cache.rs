@@ -68,6 +68,7 @@ impl MessageCache {
         unchanged: usize,
     ) -> Vec<Items> {
         let known = previous
+            .map(|p| &*p.read)
             .filter(|p| p.dialect == dialect)
             .map_or(&[][..], |p| &p.items[..unchanged.min(p.items.len())]);
         let mut out: Vec<Items> = Vec::with_capacity(messages.len());
@@ -162,19 +163,26 @@ impl MessageCache {
     }
 }
 
-/// A conversation's last request: its body (a reference-counted handle, not a copy), where
-/// each message lies in it, and the message's items.
+/// A conversation's last request: what was read in it, shared by every request that reads
+/// after it (concurrent requests of one conversation all do: see [`Previous::lend`]), and
+/// its transcript, which goes to one of them.
 pub struct Previous {
+    read: Arc<Read>,
+    /// The transcript the request was read into, and the preamble it started with (once
+    /// the request is done with it): the next request extends it with its new messages
+    /// instead of copying every cached item into a fresh one.
+    transcript: Option<(Vec<Item>, Transcript)>,
+}
+
+/// A request's body (a reference-counted handle, not a copy), its scan, where each message
+/// lies in it, and the message's items.
+struct Read {
     dialect: Dialect,
     body: Bytes,
     /// The body's scan, to read the next request after it.
     scanned: Option<Scanned>,
     spans: Vec<Option<Range<usize>>>,
     items: Vec<Items>,
-    /// The transcript the request was read into, and the preamble it started with (once
-    /// the request is done with it): the next request extends it with its new messages
-    /// instead of copying every cached item into a fresh one.
-    transcript: Option<(Vec<Item>, Transcript)>,
 }
 
 impl Previous {
@@ -200,18 +208,30 @@ impl Previous {
         // A scan of another body would describe bytes this one may not have.
         let scanned = scanned.filter(|s| s.body().as_ptr() == body.as_ptr());
         Previous {
-            dialect,
-            body: body.clone(),
-            scanned,
-            spans,
-            items,
+            read: Arc::new(Read {
+                dialect,
+                body: body.clone(),
+                scanned,
+                spans,
+                items,
+            }),
             transcript: None,
+        }
+    }
+
+    /// This request for a next one to read after: what was read is shared (a concurrent
+    /// request of the conversation may read after it too), the transcript is handed over.
+    pub fn lend(&mut self) -> Previous {
+        Previous {
+            read: self.read.clone(),
+            transcript: self.transcript.take(),
         }
     }
 
     /// The scan of this request's body, to read a request of `dialect` after it.
     pub fn scanned(&self, dialect: Dialect) -> Option<&Scanned> {
-        self.scanned.as_ref().filter(|_| self.dialect == dialect)
+        let read = &*self.read;
+        read.scanned.as_ref().filter(|_| read.dialect == dialect)
     }
 
     /// Keeps the transcript this request's messages (the `items` given to
@@ -230,10 +250,11 @@ impl Previous {
         messages: &[Items],
     ) -> Option<Transcript> {
         let (kept_preamble, _) = self.transcript.as_ref()?;
-        let n = self.items.len();
+        let n = self.read.items.len();
         let continues = messages.len() >= n
             && kept_preamble.as_slice() == preamble
             && self
+                .read
                 .items
                 .iter()
                 .zip(messages)
@@ -244,6 +265,7 @@ impl Previous {
         let (_, mut transcript) = self.transcript.take()?;
         // What came last before the new messages, as `from_items` would have seen it.
         let after_assistant = self
+            .read
             .items
             .iter()
             .rev()
@@ -260,14 +282,15 @@ impl Previous {
 
     /// The items of message `i` when the previous request had the same bytes there.
     fn same(&self, dialect: Dialect, i: usize, text: &str) -> Option<Items> {
-        if self.dialect != dialect {
+        let read = &*self.read;
+        if read.dialect != dialect {
             return None;
         }
-        let span = self.spans.get(i)?.clone()?;
-        if self.body.get(span)? != text.as_bytes() {
+        let span = read.spans.get(i)?.clone()?;
+        if read.body.get(span)? != text.as_bytes() {
             return None;
         }
-        self.items.get(i).cloned()
+        read.items.get(i).cloned()
     }
 }
 
@@ -341,6 +364,24 @@ mod tests {
         std::thread::sleep(Duration::from_millis(2));
         cache.sweep();
         assert_eq!(cache.size(), (0, 0));
+    }
+
+    #[test]
+    fn concurrent_requests_all_read_after_the_last_one_and_one_gets_its_transcript() {
+        let body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"a"}]}"#);
+        let (view, scanned) = Dialect::OpenAiChat.view_after(&body, false, None).unwrap();
+        let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
+        let items = cache.items(Dialect::OpenAiChat, &view.messages, None, 0);
+        let mut last = Previous::new(Dialect::OpenAiChat, &body, &view.messages, items, scanned);
+        last.keep_transcript(Vec::new(), Transcript::default());
+        let first = last.lend();
+        let second = last.lend();
+        for lent in [&first, &second] {
+            assert!(lent.scanned(Dialect::OpenAiChat).is_some());
+            assert!(lent.scanned(Dialect::Anthropic).is_none());
+        }
+        assert!(first.transcript.is_some() && second.transcript.is_none());
+        assert!(Arc::ptr_eq(&first.read, &second.read), "shared, not copied");
     }
 
     #[test]

@@ -55,11 +55,13 @@ impl Conversations {
         entry(&mut self.lock(), conversation).engine = Some(state);
     }
 
-    /// The conversation's last request (taken out; see [`Previous`]).
-    pub fn take_previous(&self, conversation: &str) -> Option<Previous> {
+    /// The conversation's last request, to read the next one after ([`Previous::lend`]:
+    /// concurrent requests all get what it read; its transcript goes to the first).
+    pub fn previous(&self, conversation: &str) -> Option<Previous> {
         self.lock()
             .get_mut(conversation)
-            .and_then(|s| s.previous.take())
+            .and_then(|s| s.previous.as_mut())
+            .map(Previous::lend)
     }
 
     pub fn put_previous(&self, conversation: &str, previous: Previous) {

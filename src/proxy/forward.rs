@@ -127,14 +127,11 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
         Some(s) => s.id.clone(),
         None => head_key(dialect, body),
     };
-    let mut previous = app.conversations.take_previous(&previous_key);
+    let mut previous = app.conversations.previous(&previous_key);
     let after = previous.as_ref().and_then(|p| p.scanned(dialect));
     let (view, scanned) = match dialect.view_after(body, stream_path, after) {
         Ok(read) => read,
         Err(e) => {
-            if let Some(p) = previous {
-                app.conversations.put_previous(&previous_key, p);
-            }
             // Forwarded untouched all the same; the log says why it was not read.
             let reason = summary(&e.0, 200);
             tracing::warn!(path = route.path, dialect = dialect.as_str(), error = %reason, "request body not parsed; forwarded untouched");
