@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 use http_body_util::{BodyExt, Full, Limited};
@@ -219,11 +219,8 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let route = route::route(&parts.uri, &parts.headers);
 
-    let body = match Limited::new(body, app.config.server.max_body_bytes)
-        .collect()
-        .await
-    {
-        Ok(collected) => collected.to_bytes(),
+    let body = match read_body(body, app.config.server.max_body_bytes).await {
+        Ok(body) => body,
         Err(e) => {
             let too_large = e.is::<http_body_util::LengthLimitError>();
             let (status, message) = if too_large {
@@ -333,6 +330,37 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         }
         plan => next.dispatch(plan, finished, guard).await,
     }
+}
+
+/// Preallocated at most for a body that announces its length: a larger body grows.
+const PRESIZE_MAX: usize = 8 << 20;
+
+/// The request body in one buffer, each frame copied in as it arrives (into a buffer sized
+/// from the announced length) and dropped at once, so that hyper reuses its read buffer.
+/// Collecting the frames and then concatenating them held each body about twice per
+/// request in flight. A body that arrives as one frame is kept as it is (no copy).
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, axum::BoxError> {
+    let announced = http_body::Body::size_hint(&body).exact();
+    let capacity = announced.map_or(0, |n| (n as usize).min(limit).min(PRESIZE_MAX));
+    let mut body = Limited::new(body, limit);
+    // The body while it is a single frame.
+    let mut single: Option<Bytes> = None;
+    let mut joined = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue; // trailers: not part of what is forwarded as the body
+        };
+        if single.is_none() && joined.is_empty() {
+            single = Some(data);
+            continue;
+        }
+        if let Some(first) = single.take() {
+            joined.reserve(capacity.max(first.len() + data.len()));
+            joined.extend_from_slice(&first);
+        }
+        joined.extend_from_slice(&data);
+    }
+    Ok(single.unwrap_or_else(|| joined.freeze()))
 }
 
 /// Response headers every answer of a request carries.
@@ -758,6 +786,34 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body that arrives in the given frames.
+    fn framed(parts: &[&'static str]) -> Body {
+        let frames = parts.iter().map(|p| {
+            Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from_static(
+                p.as_bytes(),
+            )))
+        });
+        Body::new(http_body_util::StreamBody::new(futures_util::stream::iter(
+            frames.collect::<Vec<_>>(),
+        )))
+    }
+
+    #[tokio::test]
+    async fn a_body_is_read_whole_in_order_whatever_its_frames() {
+        for parts in [
+            &[][..],
+            &["{}"][..],
+            &["", "{\"a\":", "", "1}"][..],
+            &["{", "\"b\"", ":", "[1,2]", "}"][..],
+        ] {
+            let body = read_body(framed(parts), 1024).await.unwrap();
+            assert_eq!(body, parts.concat().as_bytes(), "{parts:?}");
+        }
+        let refused = read_body(framed(&["0123456789", "0123456789"]), 15).await;
+        let error = refused.expect_err("over the limit");
+        assert!(error.is::<http_body_util::LengthLimitError>(), "{error}");
+    }
 
     #[test]
     fn head_keys_follow_the_first_two_messages_and_never_look_like_ids() {
