@@ -41,6 +41,7 @@ fn scenarios() -> Vec<String> {
         }
         for k in [30, 300] {
             out.push(format!("growth/{shape}/{k}"));
+            out.push(format!("steady/{shape}/{k}"));
             out.push(format!("read_bytes/{shape}/{k}"));
         }
     }
@@ -87,7 +88,7 @@ fn main() {
             }
             black_box(measured(&mut proxy, dialect, &headers, &body));
         }
-        "growth" | "read_bytes" => {
+        "growth" | "steady" | "read_bytes" => {
             // An agent that names its conversation, as Claude Code, Codex and opencode do.
             let headers = support::stated_headers();
             let k: usize = arg.parse().unwrap_or(30).max(1);
@@ -95,8 +96,15 @@ fn main() {
             let turns: Vec<_> = (0..k).map(|_| agent.turn(false)).collect();
             let before = support::render(shape, &turns[..k - 1], false);
             let body = support::render(shape, &turns, false);
-            if kind == "growth" {
+            if kind != "read_bytes" {
                 let mut proxy = Proxy::new();
+                if kind == "steady" && k > 2 {
+                    // The predecessor was itself read after its own predecessor, as every
+                    // request of a live conversation is: what it freed is what a warm
+                    // request frees, not the whole first reading of the history.
+                    let earlier = support::render(shape, &turns[..k - 2], false);
+                    proxy.analyse(dialect, &headers, &earlier);
+                }
                 proxy.analyse(dialect, &headers, &before);
                 black_box(measured(&mut proxy, dialect, &headers, &body));
             } else {
