@@ -404,3 +404,31 @@ fn a_second_pattern_confirming_an_ignored_alert_escalates() {
         .expect("stagnation fires");
     assert_eq!(second.1, Action::Nudge, "{off:?}");
 }
+
+#[test]
+fn a_shared_fold_is_read_without_a_copy_when_the_history_is_the_same_and_advanced_otherwise() {
+    use std::sync::Arc;
+    let engine = Engine::default();
+    let store = StoreFacts::default();
+    let t8 = looping(8);
+    let (d8, s8) = engine.decide_with(&t8, &store, None);
+    let shared = Arc::new(s8);
+    // The same history again (a retry, many clients sending one conversation).
+    let (again, state, moved) = engine.decide_shared(&t8, &store, Some(shared.clone()));
+    assert!(!moved && Arc::ptr_eq(&state, &shared));
+    assert_eq!(again.action, d8.action);
+    // Two more steps: the fold advances, and decides what a fold from scratch decides.
+    let t10 = looping(10);
+    let (next, state, moved) = engine.decide_shared(&t10, &store, Some(shared.clone()));
+    assert!(moved && !Arc::ptr_eq(&state, &shared));
+    assert_eq!(state.steps(), 10);
+    assert_eq!(next.action, engine.decide(&t10).action);
+    // A different history under the same id is folded from scratch, not read from the cache.
+    let other = Transcript {
+        task: vec!["another task".into()],
+        ..looping(8)
+    };
+    let (_, state, moved) = engine.decide_shared(&other, &store, Some(shared));
+    assert!(moved);
+    assert_eq!(state.steps(), 8);
+}

@@ -461,10 +461,12 @@ impl Proxy {
             .or_else(|| identity::from_head(&transcript))
             .unwrap_or_else(|| identity::fallback(headers, "/v1/chat/completions"));
         let cached = self.conversations.engine(&identity.id);
-        let (decision, state) =
+        let (decision, state, advanced) =
             self.engine
-                .decide_with(&transcript, &StoreFacts::default(), cached);
-        self.conversations.put_engine(&identity.id, state);
+                .decide_shared(&transcript, &StoreFacts::default(), cached);
+        if advanced {
+            self.conversations.put_engine(&identity.id, state);
+        }
         let from = self.conversations.steps_to_log(&identity.id, &transcript);
         black_box(transcript.steps[from..].to_vec());
         keep.keep_transcript(view.preamble, transcript);

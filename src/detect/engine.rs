@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use crate::actions::{self, CallContext};
 use crate::dialect::ResponseTurn;
-use crate::normalize::hash64;
 use crate::transcript::{Step, Transcript};
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use super::config::{DetectConfig, Response};
 use super::facts::{Facts, StepEvents};
@@ -134,25 +134,63 @@ impl EngineState {
 }
 
 /// A step's fingerprint: its calls, results and texts. Equal fingerprints = same step.
+/// Every request checks the first and the last folded step with it (`continues`), so it
+/// must cost little next to the request: xxh3 (several times blake3's speed on the short
+/// inputs a step holds) over the arguments' values as they are, without writing them out
+/// as JSON first (serde_json keeps object keys sorted, so key order cannot matter).
 pub fn step_fingerprint(step: &Step) -> u64 {
-    let mut h = blake3::Hasher::new();
-    h.update(step.text.as_bytes());
+    let mut h = Xxh3::new();
+    field(&mut h, b't', step.text.as_bytes());
     for c in &step.calls {
-        h.update(b"\0c");
-        h.update(&c.call.hash());
+        field(&mut h, b'c', c.call.name.as_bytes());
+        json_value(&mut h, &c.call.args);
         if let Some(r) = &c.result {
-            h.update(b"\0r");
-            h.update(r.text.as_bytes());
+            field(&mut h, b'r', r.text.as_bytes());
             h.update(&[r.is_error.map_or(2, u8::from)]);
         }
     }
     for u in &step.user_after {
-        h.update(b"\0u");
-        h.update(u.as_bytes());
+        field(&mut h, b'u', u.as_bytes());
     }
-    let b = h.finalize();
-    let b = b.as_bytes();
-    u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+    h.digest()
+}
+
+/// A tagged, length-prefixed field: no two different steps feed the same bytes.
+fn field(h: &mut Xxh3, tag: u8, bytes: &[u8]) {
+    h.update(&[tag]);
+    h.update(&(bytes.len() as u64).to_le_bytes());
+    h.update(bytes);
+}
+
+fn json_value(h: &mut Xxh3, v: &serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Null => h.update(b"n"),
+        Value::Bool(b) => h.update(&[b'b', u8::from(*b)]),
+        Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
+            (Some(u), _, _) => field(h, b'#', &u.to_le_bytes()),
+            (_, Some(i), _) => field(h, b'-', &i.to_le_bytes()),
+            (_, _, f) => field(h, b'.', &f.unwrap_or(f64::NAN).to_bits().to_le_bytes()),
+        },
+        Value::String(s) => field(h, b's', s.as_bytes()),
+        Value::Array(a) => {
+            field(h, b'[', &(a.len() as u64).to_le_bytes());
+            a.iter().for_each(|x| json_value(h, x));
+        }
+        Value::Object(m) => {
+            field(h, b'{', &(m.len() as u64).to_le_bytes());
+            for (k, x) in m {
+                field(h, b'k', k.as_bytes());
+                json_value(h, x);
+            }
+        }
+    }
+}
+
+/// The fingerprint of a conversation's task (its first user message), checked on every
+/// request like the steps.
+fn task_fingerprint(goal: &str) -> u64 {
+    xxh3_64(goal.as_bytes())
 }
 
 /// Runs the detectors over a transcript and decides.
@@ -216,6 +254,34 @@ impl Engine {
         (state.decision(), state)
     }
 
+    /// [`Engine::decide_with`] for a fold shared behind an `Arc` (the proxy's cached fold
+    /// of a conversation). A request that carries exactly the folded steps (the same history
+    /// again: a retry, or many clients sending one conversation) reads the shared fold and
+    /// copies nothing; any other copies it (or takes it, when nobody else holds it) and
+    /// advances. The decision is the same either way; the flag says whether the fold moved
+    /// (and so is worth caching).
+    pub fn decide_shared(
+        &self,
+        transcript: &Transcript,
+        store: &StoreFacts,
+        cache: Option<Arc<EngineState>>,
+    ) -> (Decision, Arc<EngineState>, bool) {
+        match cache {
+            Some(state)
+                if state.facts.steps == transcript.steps.len()
+                    && state.store_fp == store.fingerprint()
+                    && self.continues(&state, transcript) =>
+            {
+                (state.decision(), state, false)
+            }
+            cache => {
+                let (decision, state) =
+                    self.decide_with(transcript, store, cache.map(Arc::unwrap_or_clone));
+                (decision, Arc::new(state), true)
+            }
+        }
+    }
+
     /// Brings `state` up to the end of `transcript`: folds only the steps after the ones
     /// it has, or starts over when the transcript does not continue what it folded (a
     /// compacted or different conversation).
@@ -236,10 +302,10 @@ impl Engine {
     fn continues(&self, state: &EngineState, transcript: &Transcript) -> bool {
         let n = state.facts.steps;
         if n == 0 {
-            return state.task_fp == hash64(transcript.goal().as_bytes()) && state.next.is_some();
+            return state.task_fp == task_fingerprint(transcript.goal()) && state.next.is_some();
         }
         transcript.steps.len() >= n
-            && state.task_fp == hash64(transcript.goal().as_bytes())
+            && state.task_fp == task_fingerprint(transcript.goal())
             && transcript
                 .steps
                 .first()
@@ -254,7 +320,7 @@ impl Engine {
     pub fn start(&self, transcript: &Transcript) -> EngineState {
         EngineState {
             facts: Facts::with_task(transcript.goal()),
-            task_fp: hash64(transcript.goal().as_bytes()),
+            task_fp: task_fingerprint(transcript.goal()),
             next: Some(Decision::observe()),
             ..EngineState::default()
         }
@@ -280,7 +346,7 @@ impl Engine {
             state.first_fp = fp;
         }
         state.last_fp = fp;
-        state.chain = hash64(&[state.chain.to_le_bytes(), fp.to_le_bytes()].concat());
+        state.chain = xxh3_64(&[state.chain.to_le_bytes(), fp.to_le_bytes()].concat());
         if !self.config.enabled {
             state.facts.steps += 1;
             state.next = Some(Decision::observe());

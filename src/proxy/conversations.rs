@@ -12,7 +12,7 @@
 //! folds and logs its whole history once; the log's upserts make that harmless.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::cache::Previous;
@@ -28,7 +28,7 @@ struct State {
     /// Steps before this index were logged with a result for every call.
     complete: usize,
     /// The engine's fold after the latest request that decided.
-    engine: Option<EngineState>,
+    engine: Option<Arc<EngineState>>,
     /// The last request's messages, to recognise the unchanged ones by their bytes.
     previous: Option<Previous>,
     last_used: Instant,
@@ -42,16 +42,16 @@ impl Conversations {
         }
     }
 
-    /// A copy of the engine's cached fold of the conversation. Copied rather than taken
-    /// out, so that concurrent requests of one conversation (an agent's side calls, or a
-    /// load test sending one history from many clients) all continue the fold instead of
-    /// folding the whole history again: copying is far cheaper than folding.
-    pub fn engine(&self, conversation: &str) -> Option<EngineState> {
+    /// The engine's cached fold of the conversation, shared rather than taken out, so that
+    /// concurrent requests of one conversation (an agent's side calls, or a load test
+    /// sending one history from many clients) all continue the fold instead of folding the
+    /// whole history again; `Engine::decide_shared` copies it only to advance it.
+    pub fn engine(&self, conversation: &str) -> Option<Arc<EngineState>> {
         self.lock().get(conversation).and_then(|s| s.engine.clone())
     }
 
     /// Keeps the fold for the conversation's next request (the latest one wins).
-    pub fn put_engine(&self, conversation: &str, state: EngineState) {
+    pub fn put_engine(&self, conversation: &str, state: Arc<EngineState>) {
         entry(&mut self.lock(), conversation).engine = Some(state);
     }
 
@@ -157,7 +157,7 @@ mod tests {
             ..Transcript::default()
         };
         let (_, state) = engine.decide_with(&t, &Default::default(), None);
-        conversations.put_engine("a", state);
+        conversations.put_engine("a", Arc::new(state));
         let first = conversations.engine("a").map(|s| s.steps());
         let second = conversations.engine("a").map(|s| s.steps());
         assert_eq!(first, Some(1));

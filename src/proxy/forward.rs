@@ -89,7 +89,9 @@ struct Parsed {
     transcript: Transcript,
     decision: Decision,
     /// The engine's state after the transcript, for the response-side block check.
-    state: EngineState,
+    state: Arc<EngineState>,
+    /// The state moved past the conversation's cached fold: cache it.
+    advanced: bool,
     /// Sticky halts and operator resumes that apply to this request.
     before: Before,
     /// This request, to keep as its conversation's last one.
@@ -177,7 +179,7 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
     let cached = app.conversations.engine(&identity.id);
     // An operator's resume changes the store facts: the cached fold is stale.
     let cached = cached.filter(|_| !before.refold);
-    let (decision, state) = app.engine.decide_with(&transcript, &before.facts, cached);
+    let (decision, state, advanced) = app.engine.decide_shared(&transcript, &before.facts, cached);
     Analysis {
         identity,
         dialect: Some(dialect),
@@ -193,6 +195,7 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
             transcript,
             decision,
             state,
+            advanced,
             before,
             keep,
         }),
@@ -274,8 +277,10 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
             let decision = std::mem::replace(&mut p.decision, Decision::observe());
             let planned =
                 intervention::plan(&app, decision, &p.before, &p.state, &req, &body, request_id);
-            app.conversations
-                .put_engine(&analysis.identity.id, std::mem::take(&mut p.state));
+            if p.advanced {
+                app.conversations
+                    .put_engine(&analysis.identity.id, p.state.clone());
+            }
             p.decision = planned.decision.clone();
             Some(planned)
         }
