@@ -18,17 +18,18 @@ pub mod record;
 pub mod route;
 pub mod tee;
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::ConnectInfo;
 use axum::routing::{any, get, post};
-use axum::serve::ListenerExt;
 use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tower::ServiceExt;
 
 use crate::config::Config;
 use crate::detect::Engine;
@@ -219,25 +220,59 @@ fn listen_on(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     socket.listen(1024)?.into_std()
 }
 
+/// Largest read buffer hyper keeps per client connection (its default is ~400 KiB). hyper
+/// grows a connection's buffer to the size of its largest reads and never shrinks it, so
+/// with the default every keep-alive connection that once sent a large body holds ~256 KiB
+/// for as long as it stays open, beside the body itself (which is read frame by frame into
+/// a buffer of its own: `forward::read_body`). 64 KiB still reads a body in few syscalls
+/// and bounds the headers of a request to 64 KiB.
+const READ_BUFFER_MAX: usize = 64 * 1024;
+
 /// Serves `router` on `listener` until `stop` fires (or its sender is dropped), then lets
-/// the connections in flight finish.
-fn serve(
+/// the connections in flight finish. (What `axum::serve` does, with hyper's connection
+/// settings in reach: [`READ_BUFFER_MAX`].)
+async fn serve(
     listener: TcpListener,
     router: Router,
     stop: oneshot::Receiver<()>,
-) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
-    let listener = listener.tap_io(|tcp| {
+) -> std::io::Result<()> {
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().max_buf_size(READ_BUFFER_MAX);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut stop => break,
+        };
         // Streamed events are small writes; Nagle's algorithm would hold them back.
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
-        let _ = stop.await;
-    })
-    .into_future()
+        let _ = stream.set_nodelay(true);
+        let router = router.clone();
+        let service = hyper::service::service_fn(move |mut request: http::Request<_>| {
+            request.extensions_mut().insert(ConnectInfo(peer));
+            router.clone().oneshot(request)
+        });
+        let connection = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }
 
 /// One more serving thread: an event loop of its own (a current-thread runtime) with its
