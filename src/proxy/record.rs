@@ -43,6 +43,20 @@ pub struct Captured {
     pub chunks: Vec<Bytes>,
 }
 
+impl Captured {
+    /// The response in one buffer of its own size. A captured chunk is a slice of the
+    /// upstream connection's read buffer and keeps all of that buffer alive; when the log
+    /// writer is behind, its queue holds thousands of finished requests, and the pinned
+    /// read buffers (not the responses) were most of the proxy's memory under load.
+    pub fn compact(self) -> Captured {
+        let chunks = match self.chunks.as_slice() {
+            [] => Vec::new(),
+            many => vec![Bytes::from(many.concat())],
+        };
+        Captured { chunks, ..self }
+    }
+}
+
 impl Deferred for Finished {
     fn records(self: Box<Self>, out: &mut Vec<Record>) {
         record(*self, out);
@@ -207,5 +221,24 @@ mod tests {
         assert_eq!(s, "shell: bash -lc ls");
         let s = call_summary(&call("apply_patch", serde_json::json!("*** Begin Patch\n")));
         assert_eq!(s, "apply_patch: *** Begin Patch");
+    }
+
+    #[test]
+    fn a_compacted_capture_holds_the_response_and_not_the_read_buffers() {
+        // Two events sliced out of one 64 KiB read buffer, as hyper hands them over.
+        let mut buffer = vec![b' '; 64 * 1024];
+        buffer[..12].copy_from_slice(b"data: {\"a\"}\n");
+        buffer[100..112].copy_from_slice(b"data: {\"b\"}\n");
+        let read = Bytes::from(buffer);
+        let captured = super::Captured {
+            dialect: crate::dialect::Dialect::OpenAiChat,
+            event_stream: true,
+            chunks: vec![read.slice(..12), read.slice(100..112)],
+        };
+        let compact = captured.compact();
+        assert_eq!(compact.chunks.len(), 1);
+        assert_eq!(&compact.chunks[0][..], b"data: {\"a\"}\ndata: {\"b\"}\n");
+        // Dropping the read buffer's last other handle frees it: the capture owns a copy.
+        assert!(read.is_unique());
     }
 }

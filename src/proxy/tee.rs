@@ -110,7 +110,9 @@ impl<B: Body> TeeBody<B> {
         finished.row.response_bytes = response_bytes as i64;
         finished.row.upstream_total_us = Some(sent.elapsed().as_micros() as i64);
         // Only a response that arrived whole can be decoded meaningfully.
-        finished.response = capture.filter(|_| outcome == "complete");
+        finished.response = capture
+            .filter(|_| outcome == "complete")
+            .map(Captured::compact);
         store.log_deferred(Box::new(finished));
     }
 }
