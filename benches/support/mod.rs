@@ -15,12 +15,11 @@ use http::HeaderMap;
 use serde_json::{json, Value};
 
 use loopwarden::detect::{Decision, Engine, StoreFacts};
-use loopwarden::dialect::{Dialect, Scanned};
-use loopwarden::proxy::cache::{MessageCache, Previous};
+use loopwarden::dialect::Dialect;
+use loopwarden::proxy::cache::{History, MessageCache};
 use loopwarden::proxy::conversations::Conversations;
 use loopwarden::proxy::forward;
 use loopwarden::proxy::identity;
-use loopwarden::transcript::Transcript;
 
 /// Which wire format to render.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -436,27 +435,16 @@ impl Proxy {
             Some(s) => s.id.clone(),
             None => forward::head_key(dialect, body),
         };
-        let mut previous = self.conversations.previous(&key);
-        let after = previous.as_ref().and_then(|p| p.scanned(dialect));
-        let (view, scanned) = dialect
-            .view_after(body, false, after)
-            .expect("bench payloads parse");
-        let unchanged = scanned.as_ref().map_or(0, Scanned::unchanged);
-        let messages = self
+        let previous = self.conversations.previous(&key);
+        let History {
+            transcript,
+            request: mut keep,
+            preamble,
+            ..
+        } = self
             .cache
-            .items(dialect, &view.messages, previous.as_ref(), unchanged);
-        let transcript = previous
-            .as_mut()
-            .and_then(|p| p.continue_transcript(&view.preamble, &messages))
-            .unwrap_or_else(|| {
-                Transcript::from_items(
-                    view.preamble
-                        .iter()
-                        .cloned()
-                        .chain(messages.iter().flat_map(|m| m.iter().cloned())),
-                )
-            });
-        let mut keep = Previous::new(dialect, body, &view.messages, messages, scanned);
+            .read_history(dialect, body, false, previous)
+            .expect("bench payloads parse");
         let identity = stated
             .or_else(|| identity::from_head(&transcript))
             .unwrap_or_else(|| identity::fallback(headers, "/v1/chat/completions"));
@@ -469,7 +457,7 @@ impl Proxy {
         }
         let from = self.conversations.steps_to_log(&identity.id, &transcript);
         black_box(transcript.steps[from..].to_vec());
-        keep.keep_transcript(view.preamble, transcript);
+        keep.keep_transcript(preamble, transcript);
         self.conversations.put_previous(&key, keep);
         decision
     }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::dialect::{Dialect, RawMessage, Scanned};
+use crate::dialect::{Dialect, ParseError, RawMessage, Scanned};
 use crate::transcript::{Item, Transcript};
 
 /// The items of one message, shared between the cache and requests in flight.
@@ -157,10 +157,58 @@ impl MessageCache {
         (inner.map.len(), inner.bytes)
     }
 
+    /// Reads a request's history after its conversation's last request (`previous`, when
+    /// known): the scan resumes after the bytes both bodies share, unchanged messages come
+    /// from the cache ([`MessageCache::items`]), and the usual request, which adds a turn
+    /// to the last one, extends that request's transcript rather than copying every
+    /// cached item into a new one (which grows with the history).
+    pub fn read_history(
+        &self,
+        dialect: Dialect,
+        body: &Bytes,
+        stream_path: bool,
+        mut previous: Option<Previous>,
+    ) -> Result<History, ParseError> {
+        let after = previous.as_ref().and_then(|p| p.scanned(dialect));
+        let (view, scanned) = dialect.view_after(body, stream_path, after)?;
+        let unchanged = scanned.as_ref().map_or(0, Scanned::unchanged);
+        let messages = self.items(dialect, &view.messages, previous.as_ref(), unchanged);
+        let continued = previous
+            .as_mut()
+            .and_then(|p| p.continue_transcript(&view.preamble, &messages));
+        let transcript = continued.unwrap_or_else(|| {
+            Transcript::from_items(
+                view.preamble
+                    .iter()
+                    .cloned()
+                    .chain(messages.iter().flat_map(|m| m.iter().cloned())),
+            )
+        });
+        Ok(History {
+            transcript,
+            request: Previous::new(dialect, body, &view.messages, messages, scanned),
+            preamble: view.preamble,
+            model: view.model,
+            stream: view.stream,
+        })
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A panic elsewhere while holding the lock leaves a consistent map: keep going.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// A request's history as [`MessageCache::read_history`] read it.
+pub struct History {
+    pub transcript: Transcript,
+    /// This request, to keep as its conversation's last one (with the transcript, through
+    /// [`Previous::keep_transcript`], once the request is done with it).
+    pub request: Previous,
+    /// Items from top-level fields, which the transcript starts with.
+    pub preamble: Vec<Item>,
+    pub model: Option<String>,
+    pub stream: bool,
 }
 
 /// A conversation's last request: what was read in it, shared by every request that reads

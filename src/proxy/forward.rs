@@ -20,7 +20,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::cache::Previous;
+use super::cache::{History, Previous};
 use super::identity::{self, Identity};
 use super::intervention::{self, Guard, Plan};
 use super::record::{Captured, Finished};
@@ -29,7 +29,7 @@ use super::tee::{Pending, TeeBody};
 use super::{errors, App};
 use crate::config::UpstreamConfig;
 use crate::detect::{Decision, EngineState};
-use crate::dialect::{Dialect, Scanned, UpstreamFailure};
+use crate::dialect::{Dialect, UpstreamFailure};
 use crate::intervene::service::Before;
 use crate::intervene::RequestInfo;
 use crate::store::redact::summary;
@@ -129,10 +129,9 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
         Some(s) => s.id.clone(),
         None => head_key(dialect, body),
     };
-    let mut previous = app.conversations.previous(&previous_key);
-    let after = previous.as_ref().and_then(|p| p.scanned(dialect));
-    let (view, scanned) = match dialect.view_after(body, stream_path, after) {
-        Ok(read) => read,
+    let previous = app.conversations.previous(&previous_key);
+    let history = match app.cache.read_history(dialect, body, stream_path, previous) {
+        Ok(history) => history,
         Err(e) => {
             // Forwarded untouched all the same; the log says why it was not read.
             let reason = summary(&e.0, 200);
@@ -148,28 +147,18 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
             };
         }
     };
-    let unchanged = scanned.as_ref().map_or(0, Scanned::unchanged);
-    let messages = app
-        .cache
-        .items(dialect, &view.messages, previous.as_ref(), unchanged);
-    // The usual request adds a turn to the last one: extend that request's transcript
-    // rather than copy every cached item into a new one (which grows with the history).
-    let continued = previous
-        .as_mut()
-        .and_then(|p| p.continue_transcript(&view.preamble, &messages));
-    let transcript = continued.unwrap_or_else(|| {
-        Transcript::from_items(
-            view.preamble
-                .iter()
-                .cloned()
-                .chain(messages.iter().flat_map(|m| m.iter().cloned())),
-        )
-    });
+    let History {
+        transcript,
+        request,
+        preamble,
+        model,
+        stream,
+    } = history;
     // Put back (with the transcript) once the request is done reading it: `new_record`.
     let keep = Keep {
         key: previous_key,
-        previous: Previous::new(dialect, body, &view.messages, messages, scanned),
-        preamble: view.preamble,
+        previous: request,
+        preamble,
     };
     let identity = stated
         .or_else(|| identity::from_head(&transcript))
@@ -183,10 +172,8 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
     Analysis {
         identity,
         dialect: Some(dialect),
-        model: view
-            .model
-            .or_else(|| Dialect::model_from_path(route.path).map(str::to_string)),
-        stream: view.stream,
+        model: model.or_else(|| Dialect::model_from_path(route.path).map(str::to_string)),
+        stream,
         parse: "parsed",
         parse_error: None,
         parsed: Some(Parsed {
