@@ -23,7 +23,7 @@ use hyper_util::rt::TokioExecutor;
 use super::cache::{History, Previous};
 use super::identity::{self, Identity};
 use super::intervention::{self, Guard, Plan};
-use super::record::{Captured, Finished};
+use super::record::{Capture, Finished};
 use super::route::{self, Route, Upstream};
 use super::tee::{Pending, TeeBody};
 use super::{errors, App};
@@ -489,7 +489,7 @@ impl Next {
                 up_parts.status.is_success()
                     && !up_parts.headers.contains_key(header::CONTENT_ENCODING)
             })
-            .map(|dialect| Captured {
+            .map(|dialect| Capture {
                 dialect,
                 event_stream,
                 chunks: Vec::new(),

@@ -35,25 +35,33 @@ pub struct Finished {
     pub response: Option<Captured>,
 }
 
-/// The response bytes, as the tee saw them.
-pub struct Captured {
+/// A response as the tee captures it while it flows.
+pub struct Capture {
     pub dialect: Dialect,
     /// `text/event-stream` (decoded event by event) rather than one JSON body.
     pub event_stream: bool,
+    /// The chunks as they arrived: slices of the upstream connection's read buffers.
     pub chunks: Vec<Bytes>,
 }
 
-impl Captured {
+/// A whole captured response, as the log's writer decodes it.
+pub struct Captured {
+    pub dialect: Dialect,
+    pub event_stream: bool,
+    pub body: Bytes,
+}
+
+impl Capture {
     /// The response in one buffer of its own size. A captured chunk is a slice of the
     /// upstream connection's read buffer and keeps all of that buffer alive; when the log
     /// writer is behind, its queue holds thousands of finished requests, and the pinned
     /// read buffers (not the responses) were most of the proxy's memory under load.
-    pub fn compact(self) -> Captured {
-        let chunks = match self.chunks.as_slice() {
-            [] => Vec::new(),
-            many => vec![Bytes::from(many.concat())],
-        };
-        Captured { chunks, ..self }
+    pub fn finish(self) -> Captured {
+        Captured {
+            dialect: self.dialect,
+            event_stream: self.event_stream,
+            body: Bytes::from(self.chunks.concat()),
+        }
     }
 }
 
@@ -134,26 +142,16 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
     out.push(Record::Request(Box::new(row)));
 }
 
-/// The new assistant turn in a captured response: an event stream is fed to the dialect's
-/// decoder chunk by chunk as it arrived, a JSON answer is parsed whole. A response the
-/// dialect cannot read is logged without its calls and usage.
+/// The new assistant turn in a captured response: an event stream goes through the
+/// dialect's stream decoder, a JSON answer is parsed whole. A response the dialect cannot
+/// read is logged without its calls and usage.
 fn decode(captured: &Captured) -> Option<ResponseTurn> {
     if captured.event_stream {
         let mut decoder = captured.dialect.stream_decoder();
-        for chunk in &captured.chunks {
-            decoder.feed(chunk);
-        }
+        decoder.feed(&captured.body);
         return Some(decoder.finish());
     }
-    let body: Vec<u8>;
-    let bytes: &[u8] = match captured.chunks.as_slice() {
-        [one] => one,
-        many => {
-            body = many.concat();
-            &body
-        }
-    };
-    captured.dialect.parse_response(bytes).ok()
+    captured.dialect.parse_response(&captured.body).ok()
 }
 
 fn call_hash_hex(call: &ToolCall) -> String {
@@ -230,14 +228,13 @@ mod tests {
         buffer[..12].copy_from_slice(b"data: {\"a\"}\n");
         buffer[100..112].copy_from_slice(b"data: {\"b\"}\n");
         let read = Bytes::from(buffer);
-        let captured = super::Captured {
+        let capture = super::Capture {
             dialect: crate::dialect::Dialect::OpenAiChat,
             event_stream: true,
             chunks: vec![read.slice(..12), read.slice(100..112)],
         };
-        let compact = captured.compact();
-        assert_eq!(compact.chunks.len(), 1);
-        assert_eq!(&compact.chunks[0][..], b"data: {\"a\"}\ndata: {\"b\"}\n");
+        let captured = capture.finish();
+        assert_eq!(&captured.body[..], b"data: {\"a\"}\ndata: {\"b\"}\n");
         // Dropping the read buffer's last other handle frees it: the capture owns a copy.
         assert!(read.is_unique());
     }

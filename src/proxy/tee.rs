@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use super::record::{Captured, Finished};
+use super::record::{Capture, Finished};
 use crate::store::Store;
 
 /// Responses larger than this are forwarded whole but not decoded for the log.
@@ -36,7 +36,7 @@ pub struct Pending {
     /// When the request was sent upstream, for the upstream's total time.
     pub sent: Instant,
     /// Response bytes kept for decoding; `None` when not wanted or over the limit.
-    pub capture: Option<Captured>,
+    pub capture: Option<Capture>,
     /// Set when the block check replaced a call in this answer: the decision to log.
     pub blocked: Option<Blocked>,
     captured_bytes: usize,
@@ -51,7 +51,7 @@ impl Pending {
         finished: Finished,
         store: Store,
         sent: Instant,
-        capture: Option<Captured>,
+        capture: Option<Capture>,
     ) -> Pending {
         Pending {
             finished,
@@ -112,7 +112,7 @@ impl<B: Body> TeeBody<B> {
         // Only a response that arrived whole can be decoded meaningfully.
         finished.response = capture
             .filter(|_| outcome == "complete")
-            .map(Captured::compact);
+            .map(Capture::finish);
         store.log_deferred(Box::new(finished));
     }
 }
