@@ -191,6 +191,22 @@ const RECENT_TEXTS: usize = 8;
 const RECENT_STEP_TOKENS: usize = 16;
 const MAX_TOKENS_PER_CALL: usize = 48;
 
+/// Whether a call's result says it found nothing: a search with no hits, or a look at a
+/// path that does not exist. Such a result taught the agent nothing, whichever place or
+/// spelling it tried ("No matches found for X in dir/a", "... in dir/b", "File dir/c/X.java
+/// not found"), so it is no new information. Only searches and reads pay for the check.
+fn found_nothing(kind: ActionKind, normalized: &str, empty: bool, is_error: bool) -> bool {
+    let searched = kind == ActionKind::Search;
+    if searched && empty {
+        return true;
+    }
+    if !searched && kind != ActionKind::Read {
+        return false;
+    }
+    let headline = normalize::headline(normalized);
+    (is_error && NO_SUCH_PATH.is_match(headline)) || (searched && NOTHING_FOUND.is_match(headline))
+}
+
 /// The headline of a search that found nothing (SWE-agent's `find_file`/`search_dir`, ripgrep
 /// wrappers, Claude Code's Grep and Glob).
 static NOTHING_FOUND: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
@@ -335,17 +351,9 @@ impl Facts {
                     }
                 }
             }
-            // A search that found nothing, or a look at a path that does not exist, taught
-            // the agent nothing, whichever place or spelling it tried ("No matches found for
-            // X in dir/a", "... in dir/b", "File dir/c/X.java not found").
-            let headline = normalize::headline(&result_text);
-            let no_such_path = is_error && NO_SUCH_PATH.is_match(headline);
-            let found_nothing = match action.kind {
-                ActionKind::Search => empty || no_such_path || NOTHING_FOUND.is_match(headline),
-                ActionKind::Read => no_such_path,
-                _ => false,
-            };
-            let new_result = has_result && !found_nothing && self.seen_results.insert(result);
+            let new_result = has_result
+                && !found_nothing(action.kind, &result_text, empty, is_error)
+                && self.seen_results.insert(result);
 
             // The per-check streak of already-seen results, across edits. A re-run with no
             // change since the last run neither extends nor breaks the streak (repeats
