@@ -33,8 +33,9 @@ pub struct ServerConfig {
     pub listen: String,
     /// Largest request body the proxy reads; larger ones get a 413 in the API's error shape.
     pub max_body_bytes: usize,
-    /// Serving threads, each with its own event loop and upstream pool; a connection stays on
-    /// the thread that accepted it (`crate::proxy::start`). 0: one per CPU.
+    /// Serving threads, each with its own event loop and upstream pool; each new connection
+    /// goes to the thread with the fewest open and stays there (`crate::proxy::spread`).
+    /// 0: one per CPU.
     pub threads: usize,
 }
 

@@ -195,6 +195,8 @@ pub async fn stats(State(app): State<Arc<App>>) -> Response {
                 // Conversations whose state (engine fold, last request) is held in memory;
                 // idle ones are dropped, so this falls back to 0 when agents stop.
                 "live_conversations": app.conversations.len(),
+                // Open client connections on each serving thread (see `proxy::spread`).
+                "connections": app.spread.open(),
             }))
             .into_response()
         }

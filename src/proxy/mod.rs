@@ -16,6 +16,7 @@ pub mod identity;
 pub mod intervention;
 pub mod record;
 pub mod route;
+pub mod spread;
 pub mod tee;
 
 use std::net::SocketAddr;
@@ -26,7 +27,7 @@ use axum::extract::ConnectInfo;
 use axum::routing::{any, get, post};
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
@@ -59,6 +60,8 @@ pub struct App {
     pub store: Store,
     /// Sticky halts, held requests and the intervention log (`crate::intervene`).
     pub interventions: crate::intervene::service::Interventions,
+    /// Open client connections per serving thread, and where the next one goes.
+    pub spread: spread::Spread,
 }
 
 /// A running proxy (in-process): its address, and a handle to stop it cleanly.
@@ -129,14 +132,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         n => n,
     };
     let cannot_listen = |e: std::io::Error| anyhow::anyhow!("cannot listen on {listen}: {e}");
-    let listener = listen_on(listen).map_err(cannot_listen)?;
+    let listener = TcpListener::bind(listen).await.map_err(cannot_listen)?;
     let addr = listener.local_addr()?;
-    // Every serving thread accepts from the same socket (each its own handle of it): the
-    // first to see a new connection takes it and serves it from then on.
-    let other_listeners = (1..threads)
-        .map(|_| listener.try_clone())
-        .collect::<std::io::Result<Vec<_>>>()?;
-    let listener = TcpListener::from_std(listener)?;
+    let (spread, handed) = spread::Spread::new(threads);
     let idle = Duration::from_secs(config.cache.idle_secs);
     let interventions = crate::intervene::service::Interventions::open(
         config.intervene.clone(),
@@ -152,6 +150,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         conversations: conversations::Conversations::new(idle),
         store,
         config,
+        spread,
     });
     spawn_sweeper(Arc::downgrade(&app), idle);
     crate::store::redact::warm_up();
@@ -182,18 +181,25 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .fallback(forward::handle)
         .with_state(app.clone());
     let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, router.clone(), stopped));
+    let server = tokio::spawn(serve(
+        Incoming::Listener(listener),
+        0,
+        app.clone(),
+        router.clone(),
+        stopped,
+    ));
     let mut shutdown = vec![stop];
     let mut others = Vec::new();
-    for (i, listener) in other_listeners.into_iter().enumerate() {
+    for (i, handed) in handed.into_iter().enumerate() {
         let (stop, stopped) = oneshot::channel::<()>();
         let (done, finished) = oneshot::channel();
         let router = router.clone();
-        let upstream = app.config.upstream.clone();
+        let app = app.clone();
         std::thread::Builder::new()
             .name(format!("loopwarden-serve-{}", i + 1))
             .spawn(move || {
-                let _ = done.send(serve_thread(listener, router, &upstream, stopped));
+                let served = serve_thread(Incoming::Handed(handed), i + 1, app, router, stopped);
+                let _ = done.send(served);
             })?;
         shutdown.push(stop);
         others.push(finished);
@@ -207,19 +213,6 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     })
 }
 
-/// The listening socket, as tokio's `TcpListener::bind` makes it (address reuse, a backlog of
-/// 1024), in a form each serving thread can take a handle of.
-fn listen_on(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let socket = match addr {
-        SocketAddr::V4(_) => TcpSocket::new_v4()?,
-        SocketAddr::V6(_) => TcpSocket::new_v6()?,
-    };
-    #[cfg(unix)]
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(1024)?.into_std()
-}
-
 /// Largest read buffer hyper keeps per client connection (its default is ~400 KiB). hyper
 /// grows a connection's buffer to the size of its largest reads and never shrinks it, so
 /// with the default every keep-alive connection that once sent a large body holds ~256 KiB
@@ -228,11 +221,55 @@ fn listen_on(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 /// and bounds the headers of a request to 64 KiB.
 const READ_BUFFER_MAX: usize = 64 * 1024;
 
-/// Serves `router` on `listener` until `stop` fires (or its sender is dropped), then lets
-/// the connections in flight finish. (What `axum::serve` does, with hyper's connection
-/// settings in reach: [`READ_BUFFER_MAX`].)
+/// Where a serving thread's connections come from: thread 0 accepts them (and hands most
+/// to the others, see [`spread`]); the others receive theirs.
+enum Incoming {
+    Listener(TcpListener),
+    Handed(tokio::sync::mpsc::UnboundedReceiver<spread::Handed>),
+}
+
+impl Incoming {
+    /// The next connection this thread serves; `None` once no more can come.
+    async fn next(
+        &mut self,
+        spread: &spread::Spread,
+    ) -> Option<(tokio::net::TcpStream, SocketAddr)> {
+        loop {
+            match self {
+                Incoming::Listener(listener) => match listener.accept().await {
+                    Ok((stream, peer)) => {
+                        // Streamed events are small writes; Nagle's algorithm would hold them back.
+                        let _ = stream.set_nodelay(true);
+                        if let Some(stream) = spread.place(stream, peer) {
+                            return Some((stream, peer));
+                        }
+                    }
+                    Err(e) => {
+                        // Out of file descriptors and the like: wait rather than spin.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+                Incoming::Handed(handed) => {
+                    let handed = handed.recv().await?;
+                    match tokio::net::TcpStream::from_std(handed.stream) {
+                        Ok(stream) => return Some((stream, handed.peer)),
+                        // Counted as open here by the thread that placed it.
+                        Err(e) => tracing::warn!(error = %e, "cannot serve a handed connection"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Serves `router` on the connections `incoming` yields to serving thread `me` until `stop`
+/// fires (or its sender is dropped), then lets the connections in flight finish. (What
+/// `axum::serve` does, with hyper's connection settings in reach: [`READ_BUFFER_MAX`].)
 async fn serve(
-    listener: TcpListener,
+    mut incoming: Incoming,
+    me: usize,
+    app: Arc<App>,
     router: Router,
     stop: oneshot::Receiver<()>,
 ) -> std::io::Result<()> {
@@ -242,19 +279,12 @@ async fn serve(
     let mut stop = std::pin::pin!(stop);
     loop {
         let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of file descriptors and the like: wait rather than spin.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
+            next = incoming.next(&app.spread) => match next {
+                Some(connection) => connection,
+                None => break,
             },
             _ = &mut stop => break,
         };
-        // Streamed events are small writes; Nagle's algorithm would hold them back.
-        let _ = stream.set_nodelay(true);
         let router = router.clone();
         let service = hyper::service::service_fn(move |mut request: http::Request<_>| {
             request.extensions_mut().insert(ConnectInfo(peer));
@@ -264,34 +294,37 @@ async fn serve(
             .serve_connection(TokioIo::new(stream), service)
             .into_owned();
         let connection = graceful.watch(connection);
+        let app = app.clone();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
+            app.spread.closed(me);
         });
     }
-    drop(listener);
+    drop(incoming);
     graceful.shutdown().await;
     Ok(())
 }
 
-/// One more serving thread: an event loop of its own (a current-thread runtime) with its
-/// own handle of the listening socket and its own upstream pool, so that a request is read, forwarded and
-/// answered on one thread, as nginx's workers do. Every thread shares the same [`App`].
+/// One more serving thread: an event loop of its own (a current-thread runtime) serving the
+/// connections handed to it with its own upstream pool, so that a request is read, forwarded
+/// and answered on one thread, as nginx's workers do. Every thread shares the same [`App`].
 /// A multi-threaded runtime would hand each request between threads several times
 /// (connection task, upstream connection task, wake-ups of the idle worker), and at small
 /// request sizes those context switches cost more than the request's own work.
 fn serve_thread(
-    listener: std::net::TcpListener,
+    incoming: Incoming,
+    me: usize,
+    app: Arc<App>,
     router: Router,
-    upstream: &crate::config::UpstreamConfig,
     stop: oneshot::Receiver<()>,
 ) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    forward::use_thread_client(forward::upstream_client(upstream));
-    runtime.block_on(async move { serve(TcpListener::from_std(listener)?, router, stop).await })
+    forward::use_thread_client(forward::upstream_client(&app.config.upstream));
+    runtime.block_on(serve(incoming, me, app, router, stop))
 }
 
 /// Drops idle cache entries now and then; ends with the proxy.
