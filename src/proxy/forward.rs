@@ -33,7 +33,7 @@ use crate::dialect::{Dialect, UpstreamFailure};
 use crate::intervene::service::Before;
 use crate::intervene::RequestInfo;
 use crate::store::redact::summary;
-use crate::store::{now_ms, ConversationSeen, RequestRow};
+use crate::store::{next_request_id, now_ms, ConversationSeen, RequestRow};
 use crate::transcript::{Item, Transcript};
 
 /// The pooled upstream client (HTTP/1.1 and HTTP/2, TLS for https bases).
@@ -232,7 +232,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     };
 
     let mut analysis = analyse(&app, &route, &parts.headers, &body);
-    let request_id = fastrand::i64(1..i64::MAX);
+    let request_id = next_request_id();
     let user_agent = parts
         .headers
         .get(header::USER_AGENT)
@@ -597,7 +597,7 @@ fn new_record(
         None => (None, None, Vec::new(), 0),
     };
     let row = RequestRow {
-        id: fastrand::i64(1..i64::MAX),
+        id: 0, // the caller's `next_request_id()`
         conversation_id: identity.id.clone(),
         started_ms,
         method: parts.method.as_str().to_string(),
