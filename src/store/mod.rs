@@ -394,6 +394,78 @@ mod tests {
         assert_eq!(all.len(), 4000);
     }
 
+    type ConversationRow = (
+        String,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        i64,
+        i64,
+        i64,
+    );
+
+    async fn conversation_row(store: &Store) -> ConversationRow {
+        sqlx::query_as(
+            "SELECT id_source, client, dialect, model, first_seen_ms, last_seen_ms, requests
+             FROM conversations WHERE id = 'c'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_batchs_sightings_of_a_conversation_leave_the_row_one_by_one_would() {
+        let seen = |client: Option<&str>, dialect, model: Option<&str>, at_ms| {
+            Record::Conversation(ConversationSeen {
+                id: "c".into(),
+                id_source: "head_hash",
+                client: client.map(Into::into),
+                dialect,
+                model: model.map(Into::into),
+                at_ms,
+            })
+        };
+        // Finished in this order, started out of it.
+        let sightings = [
+            seen(None, None, Some("m1"), 20),
+            seen(Some("claude-cli"), Some("anthropic"), None, 10),
+            seen(Some("other"), None, Some("m2"), 30),
+            seen(None, Some("openai_chat"), None, 25),
+        ];
+        let (one_dir, each_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        // The writer gathers until the flush: one batch.
+        let one_batch = open(&one_dir, 64, Duration::from_secs(3600)).await;
+        let each_alone = open(&each_dir, 64, Duration::from_secs(3600)).await;
+        for s in &sightings {
+            one_batch.log(s.clone());
+            each_alone.log(s.clone());
+            each_alone.flush().await;
+        }
+        one_batch.flush().await;
+        let row = conversation_row(&one_batch).await;
+        assert_eq!(row, conversation_row(&each_alone).await);
+        assert_eq!(
+            row,
+            (
+                "head_hash".into(),
+                Some("claude-cli".into()),
+                Some("openai_chat".into()),
+                Some("m2".into()),
+                20,
+                30,
+                4
+            )
+        );
+        assert_eq!(one_batch.health().written, 4);
+        // A later batch adds to the row.
+        one_batch.log(seen(None, None, None, 40));
+        one_batch.log(seen(None, None, None, 35));
+        one_batch.flush().await;
+        let row = conversation_row(&one_batch).await;
+        assert_eq!((row.4, row.5, row.6), (20, 40, 6));
+    }
+
     /// A finished request's rows, worked out on the writer thread.
     struct Rows(Vec<i64>);
 

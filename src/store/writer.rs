@@ -9,6 +9,7 @@
 //! statements. Entries that need work before they become rows (a finished request: decode
 //! the response, hash and summarize tool calls) are worked out here too, off the request path.
 
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{params, Connection, OpenFlags};
 use tokio::sync::oneshot;
 
-use super::{Counters, Record};
+use super::{ConversationSeen, Counters, Record};
 
 /// A log entry whose rows are worked out on the writer thread.
 pub trait Deferred: Send {
@@ -223,35 +224,90 @@ fn run(mut conn: Connection, queue: &Queue) {
 
 fn write_batch(conn: &mut Connection, records: &[Record]) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
+    let mut sightings: HashMap<&str, Sightings<'_>> = HashMap::new();
     for record in records {
-        write_one(&tx, record)?;
+        match record {
+            Record::Conversation(seen) => match sightings.get_mut(seen.id.as_str()) {
+                Some(merged) => merged.add(seen),
+                None => {
+                    sightings.insert(&seen.id, Sightings::new(seen));
+                }
+            },
+            other => write_one(&tx, other)?,
+        }
+    }
+    for merged in sightings.values() {
+        merged.write(&tx)?;
     }
     tx.commit()
 }
 
+/// A batch's sightings of one conversation, written as one upsert: each upsert rewrites
+/// the row and moves its `conversations_by_last_seen` entry, and a conversation that makes
+/// many requests in one batch window (parallel calls, a load test) would do that per
+/// request. The merged row is what the sightings one by one would have left.
+struct Sightings<'a> {
+    /// Its id, id source and time are a new row's (`first_seen_ms`).
+    first: &'a ConversationSeen,
+    /// The first sighting's with one, as `coalesce(client, excluded.client)` keeps.
+    client: Option<&'a str>,
+    /// The last sighting's with one, as `coalesce(excluded.dialect, dialect)` keeps.
+    dialect: Option<&'static str>,
+    model: Option<&'a str>,
+    last_ms: i64,
+    requests: i64,
+}
+
+impl<'a> Sightings<'a> {
+    fn new(seen: &'a ConversationSeen) -> Self {
+        Sightings {
+            first: seen,
+            client: seen.client.as_deref(),
+            dialect: seen.dialect,
+            model: seen.model.as_deref(),
+            last_ms: seen.at_ms,
+            requests: 1,
+        }
+    }
+
+    fn add(&mut self, seen: &'a ConversationSeen) {
+        self.client = self.client.or(seen.client.as_deref());
+        self.dialect = seen.dialect.or(self.dialect);
+        self.model = seen.model.as_deref().or(self.model);
+        self.last_ms = self.last_ms.max(seen.at_ms);
+        self.requests += 1;
+    }
+
+    fn write(&self, conn: &Connection) -> rusqlite::Result<()> {
+        conn.prepare_cached(
+            "INSERT INTO conversations
+               (id, id_source, client, dialect, model, first_seen_ms, last_seen_ms, requests)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+             ON CONFLICT (id) DO UPDATE SET
+               last_seen_ms = max(last_seen_ms, excluded.last_seen_ms),
+               requests = requests + excluded.requests,
+               client = coalesce(client, excluded.client),
+               dialect = coalesce(excluded.dialect, dialect),
+               model = coalesce(excluded.model, model)",
+        )?
+        .execute(params![
+            self.first.id,
+            self.first.id_source,
+            self.client,
+            self.dialect,
+            self.model,
+            self.first.at_ms,
+            self.last_ms,
+            self.requests
+        ])?;
+        Ok(())
+    }
+}
+
 fn write_one(conn: &Connection, record: &Record) -> rusqlite::Result<()> {
     match record {
-        Record::Conversation(c) => {
-            conn.prepare_cached(
-                "INSERT INTO conversations
-                   (id, id_source, client, dialect, model, first_seen_ms, last_seen_ms, requests)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, 1)
-                 ON CONFLICT (id) DO UPDATE SET
-                   last_seen_ms = max(last_seen_ms, excluded.last_seen_ms),
-                   requests = requests + 1,
-                   client = coalesce(client, excluded.client),
-                   dialect = coalesce(excluded.dialect, dialect),
-                   model = coalesce(excluded.model, model)",
-            )?
-            .execute(params![
-                c.id,
-                c.id_source,
-                c.client,
-                c.dialect,
-                c.model,
-                c.at_ms
-            ])?;
-        }
+        // Merged per batch by `write_batch`.
+        Record::Conversation(seen) => Sightings::new(seen).write(conn)?,
         Record::Request(r) => {
             conn.prepare_cached(
                 "INSERT OR REPLACE INTO requests
