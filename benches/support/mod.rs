@@ -438,6 +438,7 @@ impl Proxy {
         let previous = self.conversations.previous(&key);
         let History {
             transcript,
+            head,
             request: mut keep,
             preamble,
             ..
@@ -445,8 +446,12 @@ impl Proxy {
             .cache
             .read_history(dialect, body, false, previous)
             .expect("bench payloads parse");
+        let head = match stated {
+            Some(_) => None,
+            None => head.or_else(|| identity::from_head(&transcript)),
+        };
         let identity = stated
-            .or_else(|| identity::from_head(&transcript))
+            .or_else(|| head.clone())
             .unwrap_or_else(|| identity::fallback(headers, "/v1/chat/completions"));
         let cached = self.conversations.engine(&identity.id);
         let (decision, state, advanced) =
@@ -457,7 +462,7 @@ impl Proxy {
         }
         let from = self.conversations.steps_to_log(&identity.id, &transcript);
         black_box(transcript.steps[from..].to_vec());
-        keep.keep_transcript(preamble, transcript);
+        keep.keep_transcript(preamble, transcript, head);
         self.conversations.put_previous(&key, keep);
         decision
     }

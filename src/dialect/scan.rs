@@ -302,7 +302,7 @@ impl<'a> Object<'a> {
         if s.get(i) == Some(&b'}') {
             return Object::finish(body, Vec::new(), i);
         }
-        Object::members_from(body, Vec::new(), i, None)
+        Object::members_from(body, Vec::new(), i)
     }
 
     /// `body` parsed exactly as [`Object::parse`] would, reading only what follows the
@@ -342,18 +342,9 @@ impl<'a> Object<'a> {
             break;
         }
         let k = last?;
-        // `old` is valid UTF-8 (a `Scanned` holds only bodies that parsed) and `shared`
-        // ends an element, before an ASCII separator: its first `shared` bytes are valid
-        // UTF-8 on their own, and so are the same bytes of `body`. The rest is checked.
-        let rest = body.get(shared..)?;
-        std::str::from_utf8(rest).ok()?;
-        // SAFETY: `body[..shared]` equals `old[..shared]`, valid UTF-8 ending at a char
-        // boundary (see above), and `body[shared..]` was just checked: the concatenation
-        // of two valid UTF-8 sequences is valid UTF-8.
-        let text = unsafe { std::str::from_utf8_unchecked(body) };
-        // What the scan of `old` knew at `shared`: the members before the array, the
-        // elements before element `k`, inside the array's brackets.
-        let members = before.members[..m].to_vec();
+        // What the scan of `old` knew at `shared`: the elements before element `k`, inside
+        // the array's brackets. The array is scanned on from there (bytes only: UTF-8 is
+        // checked below).
         let mut elements = Vec::with_capacity(old_elements.len() + 16);
         elements.extend_from_slice(&old_elements[..k]);
         let mut stack = Vec::with_capacity(32);
@@ -363,13 +354,53 @@ impl<'a> Object<'a> {
             element_start: old_elements[k].0,
             i: shared,
         };
-        let resumed = Resumed {
+        let end = walk.run(body, Some(&mut elements), usize::MAX).ok()?;
+        // The members after the array (tools, settings) are the same bytes in most requests
+        // of a conversation: when everything after the array is, those members are `old`'s,
+        // moved by as much as the array grew, and not scanned again.
+        let old_end = array.value.1;
+        let same_tail = body.get(end..) == old.get(old_end..);
+        // `old` is valid UTF-8 (a `Scanned` holds only bodies that parsed), and `shared`
+        // ends an element and `end` the array, both before ASCII bytes: `body[..shared]`
+        // (the same bytes as `old`'s) and a tail equal to `old`'s are valid UTF-8 on their
+        // own. The rest is checked.
+        let unchecked_tail = if same_tail { body.len() - end } else { 0 };
+        std::str::from_utf8(body.get(shared..body.len() - unchecked_tail)?).ok()?;
+        // SAFETY: `body` is the concatenation of the valid UTF-8 sequences above.
+        let text = unsafe { std::str::from_utf8_unchecked(body) };
+        let mut members = before.members[..m].to_vec();
+        members.push(Member {
             key: array.key,
-            value_start: array.value.0,
-            walk,
-            elements,
+            value: (array.value.0, end),
+            elements: Some(elements),
+        });
+        let mut object = if same_tail {
+            let moved = |at: usize| at - old_end + end;
+            let span = |(a, b): (usize, usize)| (moved(a), moved(b));
+            members.extend(before.members[m + 1..].iter().map(|after| {
+                Member {
+                    key: span(after.key),
+                    value: span(after.value),
+                    elements: after
+                        .elements
+                        .as_ref()
+                        .map(|spans| spans.iter().copied().map(span).collect()),
+                }
+            }));
+            Object {
+                body: text,
+                members,
+                unchanged: 0,
+            }
+        } else {
+            let i = skip_ws(body, end);
+            match body.get(i) {
+                Some(b',') => Object::members_from(text, members, skip_ws(body, i + 1)),
+                Some(b'}') => Object::finish(text, members, i),
+                _ => return None,
+            }
+            .ok()?
         };
-        let mut object = Object::members_from(text, members, 0, Some(resumed)).ok()?;
         // The elements before `k` are `old`'s (copied above), and so is element `k` if it
         // ends where it did, inside the shared bytes (it may be a number that grew): those
         // are `old`'s byte for byte, when the array is still the one `key` names.
@@ -381,45 +412,26 @@ impl<'a> Object<'a> {
         Some(object)
     }
 
-    /// The members from the key at `i` on (or, when `resumed`, from inside the array of
-    /// the member being read) to the closing brace.
-    fn members_from(
-        body: &'a str,
-        mut members: Vec<Member>,
-        mut i: usize,
-        mut resumed: Option<Resumed>,
-    ) -> Scan<Object<'a>> {
+    /// The members from the key at `i` on to the closing brace, after `members`.
+    fn members_from(body: &'a str, mut members: Vec<Member>, mut i: usize) -> Scan<Object<'a>> {
         let s = body.as_bytes();
         loop {
-            let member = match resumed.take() {
-                Some(r) => {
-                    let mut elements = r.elements;
-                    let end = r.walk.run(s, Some(&mut elements), usize::MAX)?;
-                    Member {
-                        key: r.key,
-                        value: (r.value_start, end),
-                        elements: Some(elements),
-                    }
-                }
-                None => {
-                    if s.get(i) != Some(&b'"') {
-                        return Err(ScanError("expected a key"));
-                    }
-                    let key_end = string_end(s, i)?;
-                    let key = (i + 1, key_end - 1);
-                    i = skip_ws(s, key_end);
-                    if s.get(i) != Some(&b':') {
-                        return Err(ScanError("expected ':'"));
-                    }
-                    i = skip_ws(s, i + 1);
-                    let mut spans = Vec::new();
-                    let end = value_end(s, i, Some(&mut spans))?;
-                    Member {
-                        key,
-                        value: (i, end),
-                        elements: (s[i] == b'[').then_some(spans),
-                    }
-                }
+            if s.get(i) != Some(&b'"') {
+                return Err(ScanError("expected a key"));
+            }
+            let key_end = string_end(s, i)?;
+            let key = (i + 1, key_end - 1);
+            i = skip_ws(s, key_end);
+            if s.get(i) != Some(&b':') {
+                return Err(ScanError("expected ':'"));
+            }
+            i = skip_ws(s, i + 1);
+            let mut spans = Vec::new();
+            let end = value_end(s, i, Some(&mut spans))?;
+            let member = Member {
+                key,
+                value: (i, end),
+                elements: (s[i] == b'[').then_some(spans),
             };
             i = skip_ws(s, member.value.1);
             members.push(member);
@@ -478,14 +490,6 @@ impl<'a> Object<'a> {
             unchanged: self.unchanged,
         })
     }
-}
-
-/// The state of an array member's scan to resume (see [`Object::parse_after`]).
-struct Resumed {
-    key: (usize, usize),
-    value_start: usize,
-    walk: Walk,
-    elements: Vec<(usize, usize)>,
 }
 
 /// A request body that parsed as a JSON object, with where its members and the elements

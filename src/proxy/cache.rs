@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::identity::Identity;
 use crate::dialect::{Dialect, ParseError, RawMessage, Scanned};
 use crate::transcript::{Item, Transcript};
 
@@ -176,16 +177,18 @@ impl MessageCache {
         let continued = previous
             .as_mut()
             .and_then(|p| p.continue_transcript(&view.preamble, &messages));
-        let transcript = continued.unwrap_or_else(|| {
-            Transcript::from_items(
+        let (transcript, head) = continued.unwrap_or_else(|| {
+            let transcript = Transcript::from_items(
                 view.preamble
                     .iter()
                     .cloned()
                     .chain(messages.iter().flat_map(|m| m.iter().cloned())),
-            )
+            );
+            (transcript, None)
         });
         Ok(History {
             transcript,
+            head,
             request: Previous::new(dialect, body, &view.messages, messages, scanned),
             preamble: view.preamble,
             model: view.model,
@@ -202,6 +205,10 @@ impl MessageCache {
 /// A request's history as [`MessageCache::read_history`] read it.
 pub struct History {
     pub transcript: Transcript,
+    /// The identity the transcript's head names ([`super::identity::from_head`]), when this
+    /// request continues one that kept it and the head is still the same (no need to hash
+    /// it again).
+    pub head: Option<Identity>,
     /// This request, to keep as its conversation's last one (with the transcript, through
     /// [`Previous::keep_transcript`], once the request is done with it).
     pub request: Previous,
@@ -216,10 +223,19 @@ pub struct History {
 /// its transcript, which goes to one of them.
 pub struct Previous {
     read: Arc<Read>,
-    /// The transcript the request was read into, and the preamble it started with (once
-    /// the request is done with it): the next request extends it with its new messages
-    /// instead of copying every cached item into a fresh one.
-    transcript: Option<(Vec<Item>, Transcript)>,
+    /// The transcript the request was read into (once the request is done with it): the
+    /// next request extends it with its new messages instead of copying every cached item
+    /// into a fresh one.
+    transcript: Option<Kept>,
+}
+
+/// A request's transcript, kept for the conversation's next request.
+struct Kept {
+    /// The items the transcript started with.
+    preamble: Vec<Item>,
+    transcript: Transcript,
+    /// The identity its head names, when the request computed it.
+    head: Option<Identity>,
 }
 
 /// A request's body (a reference-counted handle, not a copy), its scan, where each message
@@ -283,24 +299,35 @@ impl Previous {
     }
 
     /// Keeps the transcript this request's messages (the `items` given to
-    /// [`Previous::new`]) were read into, after `preamble`.
-    pub fn keep_transcript(&mut self, preamble: Vec<Item>, transcript: Transcript) {
-        self.transcript = Some((preamble, transcript));
+    /// [`Previous::new`]) were read into, after `preamble`, and the identity its head
+    /// names if the request computed it.
+    pub fn keep_transcript(
+        &mut self,
+        preamble: Vec<Item>,
+        transcript: Transcript,
+        head: Option<Identity>,
+    ) {
+        self.transcript = Some(Kept {
+            preamble,
+            transcript,
+            head,
+        });
     }
 
     /// The transcript of a request that carries this one's messages unchanged (the very
     /// same parsed items, in the same places) and the same preamble, then `messages` past
     /// them: the kept transcript, extended with the new messages. `None` when the request
-    /// does not continue this one (or no transcript was kept).
+    /// does not continue this one (or no transcript was kept). With it, the kept head
+    /// identity while the head it was computed from is unchanged.
     pub fn continue_transcript(
         &mut self,
         preamble: &[Item],
         messages: &[Items],
-    ) -> Option<Transcript> {
-        let (kept_preamble, _) = self.transcript.as_ref()?;
+    ) -> Option<(Transcript, Option<Identity>)> {
+        let kept = self.transcript.as_ref()?;
         let n = self.read.items.len();
         let continues = messages.len() >= n
-            && kept_preamble.as_slice() == preamble
+            && kept.preamble.as_slice() == preamble
             && self
                 .read
                 .items
@@ -310,7 +337,14 @@ impl Previous {
         if !continues {
             return None;
         }
-        let (_, mut transcript) = self.transcript.take()?;
+        let Kept {
+            mut transcript,
+            head,
+            ..
+        } = self.transcript.take()?;
+        // The head is the first system text and the first task: new items only append, so
+        // it stays the same unless one of them was missing and the new items bring it.
+        let had = (transcript.system.is_empty(), transcript.task.is_empty());
         // What came last before the new messages, as `from_items` would have seen it.
         let after_assistant = self
             .read
@@ -325,7 +359,9 @@ impl Previous {
             messages[n..].iter().flat_map(|m| m.iter().cloned()),
             after_assistant,
         );
-        Some(transcript)
+        let head =
+            head.filter(|_| had == (transcript.system.is_empty(), transcript.task.is_empty()));
+        Some((transcript, head))
     }
 
     /// The items of message `i` when the previous request had the same bytes there.
@@ -421,7 +457,7 @@ mod tests {
         let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
         let items = cache.items(Dialect::OpenAiChat, &view.messages, None, 0);
         let mut last = Previous::new(Dialect::OpenAiChat, &body, &view.messages, items, scanned);
-        last.keep_transcript(Vec::new(), Transcript::default());
+        last.keep_transcript(Vec::new(), Transcript::default(), None);
         let first = last.lend();
         let second = last.lend();
         for lent in [&first, &second] {
@@ -430,6 +466,52 @@ mod tests {
         }
         assert!(first.transcript.is_some() && second.transcript.is_none());
         assert!(Arc::ptr_eq(&first.read, &second.read), "shared, not copied");
+    }
+
+    #[test]
+    fn a_continued_transcript_keeps_its_head_identity_while_the_head_is_the_same() {
+        let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
+        let user = r#"{"role":"user","content":"the task"}"#;
+        let turn = r#"{"role":"assistant","content":"on it"}"#;
+        let body = |messages: &[&str]| {
+            Bytes::from(format!(
+                r#"{{"model":"m","messages":[{}]}}"#,
+                messages.join(",")
+            ))
+        };
+        let named = |id: &str| Identity {
+            id: id.into(),
+            source: "head_hash",
+        };
+        // Reads `next` after `last` (kept with `head`): the head identity it carries on.
+        let carried = |last: &Bytes, head: Identity, next: &Bytes| {
+            let first = cache
+                .read_history(Dialect::OpenAiChat, last, false, None)
+                .unwrap();
+            let mut previous = first.request;
+            previous.keep_transcript(first.preamble, first.transcript, Some(head));
+            let second = cache
+                .read_history(Dialect::OpenAiChat, next, false, Some(previous))
+                .unwrap();
+            second.head
+        };
+        let sys = r#"{"role":"system","content":"be brief"}"#;
+        // A new turn after system + task: the same head.
+        assert_eq!(
+            carried(&body(&[sys, user]), named("a"), &body(&[sys, user, turn])),
+            Some(named("a"))
+        );
+        // The task arrives only now: the head changed, so nothing is carried.
+        assert_eq!(
+            carried(&body(&[sys]), named("b"), &body(&[sys, user])),
+            None
+        );
+        // Not a continuation (the first message changed): nothing is carried.
+        let other = r#"{"role":"system","content":"be long"}"#;
+        assert_eq!(
+            carried(&body(&[sys, user]), named("c"), &body(&[other, user, turn])),
+            None
+        );
     }
 
     #[test]

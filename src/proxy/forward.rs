@@ -104,6 +104,8 @@ struct Keep {
     key: String,
     previous: Previous,
     preamble: Vec<Item>,
+    /// The identity the transcript's head names, when it was worked out.
+    head: Option<Identity>,
 }
 
 /// Reads the conversation in a request: parse (cached per message), identify, decide.
@@ -149,20 +151,25 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
     };
     let History {
         transcript,
+        head,
         request,
         preamble,
         model,
         stream,
     } = history;
+    // Hashed once per conversation head, not per request (the last request kept it).
+    let head = match stated {
+        Some(_) => None,
+        None => head.or_else(|| identity::from_head(&transcript)),
+    };
+    let identity = stated.or_else(|| head.clone()).unwrap_or_else(fallback);
     // Put back (with the transcript) once the request is done reading it: `new_record`.
     let keep = Keep {
         key: previous_key,
         previous: request,
         preamble,
+        head,
     };
-    let identity = stated
-        .or_else(|| identity::from_head(&transcript))
-        .unwrap_or_else(fallback);
     let before = app.interventions.before_decide(&identity.id, &transcript);
     // Continue the conversation's cached fold: only the new steps are analysed.
     let cached = app.conversations.engine(&identity.id);
@@ -192,14 +199,18 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
 /// A key for the last request of a conversation that states no id: its first two
 /// messages' raw bytes (found before the body is read, to read it after that request).
 /// `#` never appears in conversation ids, so the keys cannot collide.
+///
+/// xxh3, not blake3: the key only finds a request to compare this one with (the byte
+/// comparison decides what is reused), so a collision costs speed, never a wrong reading,
+/// and blake3 over a system prompt of a few KB cost ~2 % of a small request's CPU.
 pub fn head_key(dialect: Dialect, body: &[u8]) -> String {
-    let mut h = blake3::Hasher::new();
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(&[dialect as u8]);
     for m in dialect.first_messages(body, 2) {
         h.update(m);
         h.update(b"\0");
     }
-    format!("#head-{}", &h.finalize().to_hex()[..16])
+    format!("#head-{:032x}", h.digest128())
 }
 
 /// The proxy handler: every request that is not the admin API or `/healthz`.
@@ -589,8 +600,9 @@ fn new_record(
                 key,
                 mut previous,
                 preamble,
+                head,
             } = p.keep;
-            previous.keep_transcript(preamble, p.transcript);
+            previous.keep_transcript(preamble, p.transcript, head);
             app.conversations.put_previous(&key, previous);
             (Some(next_step as i64), Some(p.decision), history, next_step)
         }
