@@ -214,3 +214,33 @@ async fn a_request_never_chooses_the_upstream_host() {
     assert_eq!(seen.path, "/v1/chat/completions");
     assert_eq!(seen.header("host"), Some(mock.addr().to_string().as_str()));
 }
+
+#[tokio::test]
+async fn large_header_sections_pass_up_to_nginx_s_bound_and_beyond_it_get_a_clear_431() {
+    let mock = MockServer::start(one_call_script()).await.unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    let c = client();
+    let send = |headers: usize| {
+        let mut request = c
+            .post(proxy.url("/v1/chat/completions"))
+            .header("authorization", "Bearer k")
+            .body(Api::Chat.first_request("task", false).to_string());
+        // Large custom headers (tracing baggage, long cookies) of 1 KiB each.
+        for i in 0..headers {
+            request = request.header(format!("x-baggage-{i}"), "b".repeat(1024));
+        }
+        request.send()
+    };
+    // 24 KiB of headers: more than the proxy's own read buffer would hold at 16 KiB.
+    let r = send(24).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let seen = mock.requests().pop().unwrap();
+    let baggage = seen
+        .headers
+        .iter()
+        .filter(|(k, _)| k.starts_with("x-baggage-"));
+    assert_eq!(baggage.count(), 24, "every header reached the upstream");
+    // Past the bound (nginx's default is 32 KiB too): refused with a status that says why.
+    let r = send(40).await.unwrap();
+    assert_eq!(r.status(), 431);
+}

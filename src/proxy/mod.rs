@@ -215,11 +215,13 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 
 /// Largest read buffer hyper keeps per client connection (its default is ~400 KiB). hyper
 /// grows a connection's buffer to the size of its largest reads and never shrinks it, so
-/// with the default every keep-alive connection that once sent a large body holds ~256 KiB
-/// for as long as it stays open, beside the body itself (which is read frame by frame into
-/// a buffer of its own: `forward::read_body`). 64 KiB still reads a body in few syscalls
-/// and bounds the headers of a request to 64 KiB.
-const READ_BUFFER_MAX: usize = 64 * 1024;
+/// every keep-alive connection holds what it once needed for as long as it stays open,
+/// beside the body itself (which is read frame by frame into a buffer of its own:
+/// `forward::read_body`). The cap also bounds a request's header section: 32 KiB is what
+/// nginx accepts by default (4 buffers of 8 KiB). At 64 connections sending 209 KB bodies,
+/// 64 KiB held ~7 MB of read buffers (heap profile); 32 KiB took peak RSS from 45 to 42 MB
+/// on a fresh process, with no CPU difference visible (BENCHMARKS.md, "Memory").
+const READ_BUFFER_MAX: usize = 32 * 1024;
 
 /// Where a serving thread's connections come from: thread 0 accepts them (and hands most
 /// to the others, see [`spread`]); the others receive theirs.
