@@ -234,6 +234,7 @@ impl Incoming {
     /// The next connection this thread serves; `None` once no more can come.
     async fn next(
         &mut self,
+        me: usize,
         spread: &spread::Spread,
     ) -> Option<(tokio::net::TcpStream, SocketAddr)> {
         loop {
@@ -256,8 +257,11 @@ impl Incoming {
                     let handed = handed.recv().await?;
                     match tokio::net::TcpStream::from_std(handed.stream) {
                         Ok(stream) => return Some((stream, handed.peer)),
-                        // Counted as open here by the thread that placed it.
-                        Err(e) => tracing::warn!(error = %e, "cannot serve a handed connection"),
+                        Err(e) => {
+                            // The thread that placed it here counted it as open.
+                            spread.closed(me);
+                            tracing::warn!(error = %e, "cannot serve a handed connection");
+                        }
                     }
                 }
             }
@@ -281,7 +285,7 @@ async fn serve(
     let mut stop = std::pin::pin!(stop);
     loop {
         let (stream, peer) = tokio::select! {
-            next = incoming.next(&app.spread) => match next {
+            next = incoming.next(me, &app.spread) => match next {
                 Some(connection) => connection,
                 None => break,
             },

@@ -6,8 +6,8 @@
 //! Why not let every thread accept from the listening socket: agents and their load open
 //! keep-alive connections in bursts, and whichever thread wakes first takes the whole
 //! burst (measured: 64 connections opened at once all landed on one of two threads, which
-//! then served every request while the other idled: half the throughput, twice the
-//! latency). A connection changes threads once, when it is handed over; its requests never
+//! then served every request while the other idled: a fifth fewer requests per second and
+//! a third more latency than an even split, BENCHMARKS.md). A connection changes threads once, when it is handed over; its requests never
 //! do (see `serve_thread` in `proxy/mod.rs` for why that matters).
 
 use std::net::SocketAddr;
