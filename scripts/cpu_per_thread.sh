@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The proxy's CPU per request, split by thread, over a fixed number of requests against the
+# harness's mock upstream: a fresh loopwarden and mock per round, CPU read from /proc per
+# thread before and after. Steadier than timed windows on a shared machine, and it shows
+# which thread pays (the serving threads `loopwarden`/`loopwarden-serve-N`, the log thread
+# `loopwarden-log`). BENCHMARKS.md's "The log thread", "Serving threads" and "Connections
+# spread" sections were measured with it.
+#
+#   scripts/cpu_per_thread.sh PAYLOAD CONCURRENCY [REQUESTS] [ROUNDS]
+#   scripts/cpu_per_thread.sh openai_8k.json 64 20000 3
+#
+# PAYLOAD: a file the harness generates (openai_|anthropic_ + 8k|200k|2m [+ _stream] .json).
+# Env: BIN (default: this checkout's release build, built if missing), BENCH_HARNESS (as in
+# scripts/bench.sh), BENCH_WORK (default /tmp/loopwarden-bench), EXTRA="K=V ..." extra
+# environment for the proxy.
+set -euo pipefail
+PF=${1:?payload file name}; C=${2:?concurrency}; N=${3:-20000}; R=${4:-3}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BENCH_WORK=${BENCH_WORK:-/tmp/loopwarden-bench}
+if [ -z "${BENCH_HARNESS:-}" ]; then
+  for d in "$ROOT/../shared/bench" /work/shared/bench; do
+    [ -x "$d/run.sh" ] && { BENCH_HARNESS=$(cd "$d" && pwd); break; }
+  done
+fi
+[ -n "${BENCH_HARNESS:-}" ] || { echo "no harness found; set BENCH_HARNESS" >&2; exit 1; }
+if [ -z "${BIN:-}" ]; then
+  (cd "$ROOT" && cargo build --release --locked --bin loopwarden -q)
+  BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/loopwarden
+fi
+# The harness's mock and driver, built in its own target dir; its payloads, generated once.
+HT=${HARNESS_TARGET:-/tmp/lw-bench-target}
+(cd "$BENCH_HARNESS" && CARGO_TARGET_DIR=$HT cargo build --release -q)
+PAY=$BENCH_WORK/payloads
+[ -f "$PAY/$PF" ] || python3 "$BENCH_HARNESS/gen_payloads.py" "$PAY" >&2
+case $PF in anthropic*) URLPATH=/v1/messages ;; *) URLPATH=/v1/chat/completions ;; esac
+MOCK_PORT=19961; PROXY_PORT=19962
+
+for _ in $(seq 1 "$R"); do
+  MOCK_ADDR=127.0.0.1:$MOCK_PORT MOCK_DELAY_MS=5 MOCK_CHUNKS=20 MOCK_LATENCY_MS=0 \
+    "$HT/release/mockup" >/dev/null 2>&1 & MOCK=$!
+  D=$(mktemp -d)
+  # shellcheck disable=SC2086
+  env ${EXTRA:-} LOOPWARDEN_OPENAI_BASE_URL=http://127.0.0.1:$MOCK_PORT \
+    LOOPWARDEN_ANTHROPIC_BASE_URL=http://127.0.0.1:$MOCK_PORT RUST_LOG=warn \
+    "$BIN" serve --listen 127.0.0.1:$PROXY_PORT --db "sqlite://$D/log.db" >/dev/null 2>&1 & PROXY=$!
+  sleep 1
+  drive() {  # drive REQUESTS SECONDS_CAP [more benchdrv args]
+    local n=$1 cap=$2; shift 2
+    "$HT/release/benchdrv" --url "http://127.0.0.1:$PROXY_PORT$URLPATH" --body "$PAY/$PF" -c "$C" \
+      --requests "$n" --duration "$cap" --warmup 0 -H "authorization: Bearer sk-bench" \
+      -H "x-api-key: sk-bench" -H "anthropic-version: 2023-06-01" "$@"
+  }
+  drive 2000 2 >/dev/null 2>&1   # warm: connections open, the conversation read once
+  snap() { for t in /proc/$PROXY/task/*; do echo "$(cat "$t/comm") $(awk '{print $14+$15}' "$t/stat")"; done; }
+  snap >"$D/before"
+  # benchdrv runs until its duration even once the requests are done: cap it near their time.
+  drive "$N" $((N / 2500 + 2)) --pid proxy=$PROXY >"$D/run.json" 2>/dev/null
+  sleep 0.3   # the log thread's last batch
+  snap >"$D/after"
+  python3 - "$D" <<'PY'
+import collections, json, os, sys
+d = sys.argv[1]
+hz = os.sysconf("SC_CLK_TCK")
+def ticks(name):
+    c = collections.Counter()
+    for line in open(os.path.join(d, name)):
+        thread, value = line.rsplit(" ", 1)
+        c[thread.strip()] += int(value)
+    return c
+before, after = ticks("before"), ticks("after")
+run = json.load(open(os.path.join(d, "run.json")))
+n = run["requests"]
+per = {t: (after[t] - before.get(t, 0)) * 1e6 / hz / n for t in after}
+threads = " ".join(f"{t}={v:.1f}" for t, v in sorted(per.items(), key=lambda x: -x[1]) if v > 0.05)
+print(f"{n} requests  {run['rps']:.0f}/s  p50 {run['lat_ms']['p50']:.3f} ms  "
+      f"cpu {sum(per.values()):.1f} µs/request [{threads}]  "
+      f"peak RSS {run['procs']['proxy']['rss_peak_kb'] / 1024:.1f} MB  other {run['machine']['foreign_pct']:.0f}%")
+PY
+  kill "$PROXY" "$MOCK"; wait "$PROXY" "$MOCK" 2>/dev/null || true
+  rm -rf "$D"
+done
