@@ -15,10 +15,6 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
 use super::cache::{History, Previous};
 use super::identity::{self, Identity};
@@ -26,8 +22,7 @@ use super::intervention::{self, Guard, Plan};
 use super::record::{Capture, Finished};
 use super::route::{self, Route, Upstream};
 use super::tee::{Pending, TeeBody};
-use super::{errors, App};
-use crate::config::UpstreamConfig;
+use super::{errors, upstream, App};
 use crate::detect::{Decision, EngineState};
 use crate::dialect::{Dialect, UpstreamFailure};
 use crate::intervene::service::Before;
@@ -35,39 +30,6 @@ use crate::intervene::RequestInfo;
 use crate::store::redact::summary;
 use crate::store::{next_request_id, now_ms, ConversationSeen, RequestRow};
 use crate::transcript::{Item, Transcript};
-
-/// The pooled upstream client (HTTP/1.1 and HTTP/2, TLS for https bases).
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-pub fn upstream_client(config: &UpstreamConfig) -> UpstreamClient {
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    // Streamed events are small writes; Nagle's algorithm would hold them back.
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_webpki_roots()
-        .https_or_http()
-        .enable_all_versions()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(config.pool_idle_timeout_secs))
-        .build(https)
-}
-
-thread_local! {
-    /// The upstream pool of a serving thread other than the one that started the proxy
-    /// (`super::start`): a request and its upstream connection stay on the request's thread,
-    /// since a pooled connection is driven by a task of the thread that opened it.
-    static THREAD_CLIENT: std::cell::OnceCell<UpstreamClient> = const { std::cell::OnceCell::new() };
-}
-
-/// Gives the calling thread its own upstream pool (call before it serves requests).
-pub fn use_thread_client(client: UpstreamClient) {
-    THREAD_CLIENT.with(|local| {
-        let _ = local.set(client);
-    });
-}
 
 pub const DECISION_HEADER: &str = "x-loopwarden-decision";
 
@@ -408,7 +370,7 @@ impl Next {
     async fn dispatch(self, plan: Plan, mut finished: Finished, guard: Option<Guard>) -> Response {
         let Next {
             app,
-            parts,
+            mut parts,
             body,
             started,
             capture_dialect,
@@ -428,7 +390,12 @@ impl Next {
             }
         };
 
-        let Some(upstream_request) = upstream_request(&app, &parts, &route, forward_body) else {
+        let client = upstream::thread_client(&app.client);
+        // The client's headers are not needed past this point: moved, not copied.
+        let headers = std::mem::take(&mut parts.headers);
+        let Some(upstream_request) =
+            upstream_request(&client, &parts.method, headers, &route, forward_body)
+        else {
             // Unreachable in practice: the base URL was validated and the path came from a
             // valid URI. Answer like an unreachable upstream rather than panic.
             return fail(
@@ -443,8 +410,7 @@ impl Next {
 
         let sent = Instant::now();
         let timeout = Duration::from_secs(app.config.upstream.response_timeout_secs);
-        let sending = THREAD_CLIENT
-            .with(|local| local.get().unwrap_or(&app.client).request(upstream_request));
+        let sending = client.send(route.upstream, upstream_request);
         let upstream_response = match tokio::time::timeout(timeout, sending).await {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => {
@@ -699,43 +665,36 @@ fn fail(
 }
 
 /// The request to the upstream: configured base + forwarded path + original query, the
-/// client's end-to-end headers, and `body`.
+/// client's end-to-end `headers` (the proxy's own and the hop-by-hop ones taken out), and
+/// `body`. `Host` is the upstream client's to set; `Content-Length` hyper's.
 fn upstream_request(
-    app: &App,
-    parts: &http::request::Parts,
+    client: &upstream::Client,
+    method: &http::Method,
+    mut headers: HeaderMap,
     route: &Route<'_>,
     body: Bytes,
 ) -> Option<http::Request<Full<Bytes>>> {
-    let base = match route.upstream {
-        Upstream::OpenAi => &app.config.upstream.openai,
-        Upstream::Anthropic => &app.config.upstream.anthropic,
-        Upstream::Gemini => &app.config.upstream.gemini,
-    };
-    let mut url =
-        String::with_capacity(base.len() + route.path.len() + 1 + route.query.map_or(0, str::len));
-    url.push_str(base);
-    url.push_str(route.path);
-    if let Some(q) = route.query {
-        url.push('?');
-        url.push_str(q);
+    let target = client.target(route.upstream, route.path, route.query)?;
+    let listed = connection_listed(&headers);
+    let unwanted: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| {
+            is_hop_by_hop(name)
+                || listed.contains(name)
+                || *name == header::HOST
+                || *name == header::CONTENT_LENGTH
+                || *name == header::EXPECT
+                || name.as_str().starts_with("x-loopwarden-")
+        })
+        .cloned()
+        .collect();
+    for name in &unwanted {
+        headers.remove(name);
     }
     let mut request = http::Request::new(Full::new(body));
-    *request.method_mut() = parts.method.clone();
-    *request.uri_mut() = url.parse().ok()?;
-    let headers = request.headers_mut();
-    let dropped = connection_listed(&parts.headers);
-    for (name, value) in &parts.headers {
-        if is_hop_by_hop(name)
-            || dropped.contains(name)
-            || name == header::HOST
-            || name == header::CONTENT_LENGTH
-            || name == header::EXPECT
-            || name.as_str().starts_with("x-loopwarden-")
-        {
-            continue;
-        }
-        headers.append(name.clone(), value.clone());
-    }
+    *request.method_mut() = method.clone();
+    *request.uri_mut() = target;
+    *request.headers_mut() = headers;
     Some(request)
 }
 

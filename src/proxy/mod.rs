@@ -4,8 +4,9 @@
 //! reads the body once → the dialect parses the history (through [`cache`], so only new
 //! messages are parsed) → [`identity`] names the conversation → the detection engine
 //! decides → [`intervention::plan`] turns the decision into forward / forward-modified /
-//! answer → the original bytes go upstream → the answer streams back through [`tee`] →
-//! [`record`] logs it to the [`crate::store`] off the request path.
+//! answer → the original bytes go upstream (over [`upstream`]'s pooled connections) → the
+//! answer streams back through [`tee`] → [`record`] logs it to the [`crate::store`] off the
+//! request path.
 
 pub mod admin;
 pub mod cache;
@@ -18,6 +19,7 @@ pub mod record;
 pub mod route;
 pub mod spread;
 pub mod tee;
+pub mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -53,7 +55,9 @@ pub struct ServeArgs {
 /// Everything a request handler shares.
 pub struct App {
     pub config: Config,
-    pub client: forward::UpstreamClient,
+    /// The upstream client of the thread that called [`start`] (the others have their own:
+    /// [`upstream::use_thread_client`]).
+    pub client: upstream::Client,
     pub engine: Engine,
     pub cache: cache::MessageCache,
     pub conversations: conversations::Conversations,
@@ -144,7 +148,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     .await?;
     let app = Arc::new(App {
         interventions,
-        client: forward::upstream_client(&config.upstream),
+        client: upstream::Client::new(&config.upstream),
         engine: Engine::new(config.detect.clone()),
         cache: cache::MessageCache::new(config.cache.max_bytes, idle),
         conversations: conversations::Conversations::new(idle),
@@ -329,7 +333,7 @@ fn serve_thread(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    forward::use_thread_client(forward::upstream_client(&app.config.upstream));
+    upstream::use_thread_client(upstream::Client::new(&app.config.upstream));
     runtime.block_on(serve(incoming, me, app, router, stop))
 }
 

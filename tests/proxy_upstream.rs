@@ -1,0 +1,450 @@
+//! The upstream client's pool (src/proxy/upstream.rs), against a bare HTTP/1.1 upstream on
+//! loopback that counts its connections and can close them the ways real upstreams do:
+//! connections are reused, never shared while a response is still streaming, never reused
+//! once closed, closed when idle too long, bounded; a request a closed pooled connection
+//! gave back is resent once, and one that reached the upstream never is.
+
+mod proxy_support;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use loopwarden::config::{Config, UpstreamConfig};
+use loopwarden::proxy::route::Upstream;
+use loopwarden::proxy::upstream;
+use proxy_support::{client, eventually, TestProxy};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Semaphore;
+
+/// What the upstream does with the `nth` request (from 0) of its `conn`-th connection.
+#[derive(Clone)]
+enum Act {
+    /// 200, body `conn/nth`, the connection kept open.
+    Answer,
+    /// The same, then once `close` gives a permit the upstream closes the connection (as its
+    /// idle timeout would), without having said `connection: close`.
+    AnswerThenClose(Arc<Semaphore>),
+    /// Reads the request, then closes the connection without answering.
+    HangUp,
+    /// A chunked event stream: one event now, the last once `release` gives a permit.
+    Stream(Arc<Semaphore>),
+}
+
+#[derive(Debug, Default, Clone)]
+struct ConnSeen {
+    /// Each request's head, as received.
+    heads: Vec<String>,
+    /// The proxy closed its side (read returned 0 or failed).
+    closed_by_proxy: bool,
+    /// The upstream closed it (`AnswerThenClose`, `HangUp`).
+    closed_by_upstream: bool,
+}
+
+/// A bare HTTP/1.1 upstream on its own thread and event loop (independent of the test's).
+struct BareUpstream {
+    addr: SocketAddr,
+    conns: Arc<Mutex<Vec<ConnSeen>>>,
+}
+
+impl BareUpstream {
+    fn start(script: impl Fn(usize, usize) -> Act + Send + Sync + 'static) -> BareUpstream {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns: Arc<Mutex<Vec<ConnSeen>>> = Arc::default();
+        let shared = conns.clone();
+        let script = Arc::new(script);
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                while let Ok((stream, _)) = listener.accept().await {
+                    let conn = {
+                        let mut c = shared.lock().unwrap();
+                        c.push(ConnSeen::default());
+                        c.len() - 1
+                    };
+                    tokio::spawn(serve_conn(stream, conn, shared.clone(), script.clone()));
+                }
+            });
+        });
+        BareUpstream { addr, conns }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn conns(&self) -> Vec<ConnSeen> {
+        self.conns.lock().unwrap().clone()
+    }
+
+    fn requests(&self) -> usize {
+        self.conns().iter().map(|c| c.heads.len()).sum()
+    }
+}
+
+async fn serve_conn(
+    mut stream: tokio::net::TcpStream,
+    conn: usize,
+    seen: Arc<Mutex<Vec<ConnSeen>>>,
+    script: Arc<dyn Fn(usize, usize) -> Act + Send + Sync>,
+) {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    for nth in 0.. {
+        // One request: the head, then a content-length body.
+        let head_end = loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end + 4;
+            }
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => {
+                    seen.lock().unwrap()[conn].closed_by_proxy = true;
+                    return;
+                }
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse().ok())?
+            })
+            .unwrap_or(0);
+        while buf.len() < head_end + length {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        buf.drain(..head_end + length);
+        seen.lock().unwrap()[conn].heads.push(head);
+        let body = format!("{conn}/{nth}");
+        let plain = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        match script(conn, nth) {
+            Act::Answer => {
+                if stream.write_all(plain.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+            Act::AnswerThenClose(close) => {
+                let _ = stream.write_all(plain.as_bytes()).await;
+                if let Ok(permit) = close.acquire().await {
+                    permit.forget();
+                }
+                drop(stream);
+                seen.lock().unwrap()[conn].closed_by_upstream = true;
+                return;
+            }
+            Act::HangUp => {
+                drop(stream);
+                seen.lock().unwrap()[conn].closed_by_upstream = true;
+                return;
+            }
+            Act::Stream(release) => {
+                let event = |data: &str| {
+                    let e = format!("data: {data}\n\n");
+                    format!("{:x}\r\n{e}\r\n", e.len())
+                };
+                let start = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{}",
+                    event(&format!("first {body}"))
+                );
+                if stream.write_all(start.as_bytes()).await.is_err() {
+                    return;
+                }
+                if let Ok(permit) = release.acquire().await {
+                    permit.forget();
+                }
+                let end = format!("{}0\r\n\r\n", event("last"));
+                if stream.write_all(end.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A proxy with one serving thread (one upstream pool) in front of `upstream`.
+async fn proxy(upstream: &str, adjust: impl FnOnce(&mut Config)) -> TestProxy {
+    TestProxy::start_with(upstream, |c| {
+        c.server.threads = 1;
+        adjust(c);
+    })
+    .await
+}
+
+async fn get(http: &reqwest::Client, url: &str) -> (u16, String) {
+    let response = http.get(url).send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn sequential_requests_share_one_upstream_connection() {
+    let up = BareUpstream::start(|_, _| Act::Answer);
+    let proxy = proxy(&up.url(), |_| {}).await;
+    let http = client();
+    for nth in 0..5 {
+        let (status, body) = get(&http, &proxy.url("/v1/models")).await;
+        assert_eq!((status, body), (200, format!("0/{nth}")));
+    }
+    // A client connection of its own (it may be served by the same thread's pool).
+    let (status, body) = get(&client(), &proxy.url("/v1/models")).await;
+    assert_eq!((status, body.as_str()), (200, "0/5"));
+    assert_eq!(up.conns().len(), 1, "one upstream connection for all");
+}
+
+#[tokio::test]
+async fn the_request_target_and_host_come_from_the_configured_base() {
+    let up = BareUpstream::start(|_, _| Act::Answer);
+    let proxy = proxy(&up.url(), |c| {
+        c.upstream.openai = format!("{}/api/", up.url())
+    })
+    .await;
+    let (status, _) = get(
+        &client(),
+        &proxy.url("/openai/v1/models?limit=2&after=x%20y"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let head = up.conns()[0].heads[0].to_ascii_lowercase();
+    assert!(
+        head.starts_with("get /api/v1/models?limit=2&after=x%20y http/1.1\r\n"),
+        "{head}"
+    );
+    let host = format!("\r\nhost: {}\r\n", up.addr);
+    assert_eq!(head.matches(&host).count(), 1, "{head}");
+}
+
+#[tokio::test]
+async fn a_connection_the_upstream_closed_while_idle_is_not_used_again() {
+    let close = Arc::new(Semaphore::new(0));
+    let script = {
+        let close = close.clone();
+        move |conn: usize, _: usize| match conn {
+            0 => Act::AnswerThenClose(close.clone()),
+            _ => Act::Answer,
+        }
+    };
+    let up = BareUpstream::start(script);
+    let proxy = proxy(&up.url(), |_| {}).await;
+    let http = client();
+    assert_eq!(
+        get(&http, &proxy.url("/v1/models")).await,
+        (200, "0/0".into())
+    );
+    close.add_permits(1);
+    assert!(eventually(|| up.conns()[0].closed_by_upstream).await);
+    assert_eq!(
+        get(&http, &proxy.url("/v1/models")).await,
+        (200, "1/0".into())
+    );
+    assert_eq!(
+        get(&http, &proxy.url("/v1/models")).await,
+        (200, "1/1".into())
+    );
+    assert_eq!(up.conns().len(), 2);
+}
+
+#[tokio::test]
+async fn a_request_that_reached_the_upstream_is_never_sent_again() {
+    let up = BareUpstream::start(|_, nth| match nth {
+        0 => Act::Answer,
+        _ => Act::HangUp,
+    });
+    let proxy = proxy(&up.url(), |_| {}).await;
+    let http = client();
+    assert_eq!(
+        get(&http, &proxy.url("/v1/models")).await,
+        (200, "0/0".into())
+    );
+    // Sent over the pooled connection, read by the upstream, never answered.
+    let (status, body) = get(&http, &proxy.url("/v1/models")).await;
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("could not be reached"), "{body}");
+    assert_eq!(up.conns().len(), 1, "no second connection: not resent");
+    assert_eq!(up.requests(), 2);
+}
+
+#[tokio::test]
+async fn a_connection_still_streaming_is_not_handed_to_another_request() {
+    let release = Arc::new(Semaphore::new(0));
+    let script = {
+        let release = release.clone();
+        move |conn: usize, nth: usize| match (conn, nth) {
+            (0, 0) => Act::Stream(release.clone()),
+            _ => Act::Answer,
+        }
+    };
+    let up = BareUpstream::start(script);
+    let proxy = proxy(&up.url(), |_| {}).await;
+    let mut streaming = client().get(proxy.url("/v1/models")).send().await.unwrap();
+    let first = streaming.chunk().await.unwrap().unwrap();
+    assert_eq!(first, Bytes::from("data: first 0/0\n\n"));
+
+    // Meanwhile, from another client connection: a connection of its own upstream.
+    let (status, body) = get(&client(), &proxy.url("/v1/models")).await;
+    assert_eq!((status, body.as_str()), (200, "1/0"));
+    assert_eq!(up.conns().len(), 2);
+
+    release.add_permits(1);
+    let mut rest = Vec::new();
+    while let Some(chunk) = streaming.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+    assert_eq!(rest, b"data: last\n\n");
+    // Both are idle now: the next request reuses one of them.
+    let (status, body) = get(&client(), &proxy.url("/v1/models")).await;
+    assert_eq!(status, 200);
+    assert!(body == "0/1" || body == "1/1", "{body}");
+    assert_eq!(up.conns().len(), 2);
+}
+
+#[tokio::test]
+async fn idle_connections_are_closed_after_the_idle_timeout() {
+    let up = BareUpstream::start(|_, _| Act::Answer);
+    let proxy = proxy(&up.url(), |c| c.upstream.pool_idle_timeout_secs = 1).await;
+    let http = client();
+    assert_eq!(
+        get(&http, &proxy.url("/v1/models")).await,
+        (200, "0/0".into())
+    );
+    assert!(
+        eventually(|| up.conns()[0].closed_by_proxy).await,
+        "the idle connection is closed by the proxy"
+    );
+    assert_eq!(
+        get(&http, &proxy.url("/v1/models")).await,
+        (200, "1/0".into())
+    );
+}
+
+// ---- the client alone, where the test needs its counters ----
+
+fn config(upstream: &str) -> UpstreamConfig {
+    let mut config = Config::default().upstream;
+    config.openai = upstream.to_string();
+    config.anthropic = upstream.to_string();
+    config.gemini = upstream.to_string();
+    config
+}
+
+fn request(client: &upstream::Client) -> http::Request<Full<Bytes>> {
+    let mut request = http::Request::new(Full::new(Bytes::from_static(b"{}")));
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = client
+        .target(Upstream::OpenAi, "/v1/chat/completions", None)
+        .unwrap();
+    request
+}
+
+async fn body_text(response: http::Response<upstream::ResponseBody>) -> String {
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn a_request_a_closed_pooled_connection_gave_back_is_resent_once_on_a_new_one() {
+    let close = Arc::new(Semaphore::new(0));
+    let script = {
+        let close = close.clone();
+        move |conn: usize, _: usize| match conn {
+            0 => Act::AnswerThenClose(close.clone()),
+            _ => Act::Answer,
+        }
+    };
+    let up = BareUpstream::start(script);
+    let client = upstream::Client::new(&config(&up.url()));
+    let response = client
+        .send(Upstream::OpenAi, request(&client))
+        .await
+        .unwrap();
+    assert_eq!(body_text(response).await, "0/0");
+    assert_eq!(client.stats().idle, 1);
+    // The upstream closes the idle connection. Blocking here (not awaiting) keeps this
+    // thread's event loop from seeing it, so the pool still holds the connection as open:
+    // the keep-alive race, on purpose.
+    close.add_permits(1);
+    let closed = std::time::Instant::now();
+    while !up.conns()[0].closed_by_upstream {
+        assert!(
+            closed.elapsed() < Duration::from_secs(10),
+            "upstream never closed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    // The event loop learns of the close now, and polls this test (which it woke first)
+    // before the connection's task: the request is queued on the closed connection, which
+    // gives it back unsent.
+    tokio::task::yield_now().await;
+    let response = client
+        .send(Upstream::OpenAi, request(&client))
+        .await
+        .unwrap();
+    assert_eq!(body_text(response).await, "1/0");
+    let stats = client.stats();
+    assert_eq!((stats.opened, stats.retried), (2, 1), "{stats:?}");
+    assert_eq!(up.requests(), 2, "the given-back request was sent once");
+}
+
+#[tokio::test]
+async fn idle_connections_per_origin_are_bounded() {
+    let release = Arc::new(Semaphore::new(0));
+    let script = {
+        let release = release.clone();
+        move |_: usize, nth: usize| match nth {
+            0 => Act::Stream(release.clone()),
+            _ => Act::Answer,
+        }
+    };
+    let up = BareUpstream::start(script);
+    let client = upstream::Client::with_max_idle(&config(&up.url()), 1);
+    let (a, b) = tokio::join!(
+        client.send(Upstream::OpenAi, request(&client)),
+        client.send(Upstream::Anthropic, request(&client)),
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(
+        client.stats().opened,
+        2,
+        "two streams at once, two connections"
+    );
+    release.add_permits(2);
+    let (a, b) = tokio::join!(body_text(a), body_text(b));
+    assert!(a.ends_with("data: last\n\n") && b.ends_with("data: last\n\n"));
+    assert_eq!(client.stats().idle, 1);
+    assert!(
+        eventually(|| up.conns().iter().filter(|c| c.closed_by_proxy).count() == 1).await,
+        "the connection beyond the bound is closed"
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_nothing_listens_on_is_a_connect_error() {
+    let port = proxy_support::closed_port().await;
+    let client = upstream::Client::new(&config(&format!("http://127.0.0.1:{port}")));
+    let error = client
+        .send(Upstream::Gemini, request(&client))
+        .await
+        .expect_err("nothing listens");
+    assert!(
+        matches!(error, upstream::Error::Connect { .. }),
+        "{error:?}"
+    );
+    assert_eq!(client.stats().idle, 0);
+}
