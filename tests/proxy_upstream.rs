@@ -16,7 +16,7 @@ use loopwarden::config::{Config, UpstreamConfig};
 use loopwarden::proxy::route::Upstream;
 use loopwarden::proxy::upstream;
 use proxy_support::{client, eventually, TestProxy};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
 /// What the upstream does with the `nth` request (from 0) of its `conn`-th connection.
@@ -41,6 +41,8 @@ struct ConnSeen {
     closed_by_proxy: bool,
     /// The upstream closed it (`AnswerThenClose`, `HangUp`).
     closed_by_upstream: bool,
+    /// Over TLS: the protocol the client and the upstream agreed on by ALPN.
+    alpn: Option<Vec<u8>>,
 }
 
 /// A bare HTTP/1.1 upstream on its own thread and event loop (independent of the test's).
@@ -51,12 +53,34 @@ struct BareUpstream {
 
 impl BareUpstream {
     fn start(script: impl Fn(usize, usize) -> Act + Send + Sync + 'static) -> BareUpstream {
+        BareUpstream::serve(script, None)
+    }
+
+    /// The same over TLS, with [`TEST_CERT`] for 127.0.0.1, offering `h2` before
+    /// `http/1.1` by ALPN (so a client that offered `h2` would get it).
+    fn start_tls(script: impl Fn(usize, usize) -> Act + Send + Sync + 'static) -> BareUpstream {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let cert = CertificateDer::from_pem_slice(TEST_CERT.as_bytes()).unwrap();
+        let key = PrivateKeyDer::from_pem_slice(TEST_KEY.as_bytes()).unwrap();
+        let mut tls = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert], key)
+            .unwrap();
+        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        BareUpstream::serve(script, Some(tokio_rustls::TlsAcceptor::from(Arc::new(tls))))
+    }
+
+    fn serve(
+        script: impl Fn(usize, usize) -> Act + Send + Sync + 'static,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> BareUpstream {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let conns: Arc<Mutex<Vec<ConnSeen>>> = Arc::default();
         let shared = conns.clone();
-        let script = Arc::new(script);
+        let script: Script = Arc::new(script);
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -70,7 +94,20 @@ impl BareUpstream {
                         c.push(ConnSeen::default());
                         c.len() - 1
                     };
-                    tokio::spawn(serve_conn(stream, conn, shared.clone(), script.clone()));
+                    let (seen, script, tls) = (shared.clone(), script.clone(), tls.clone());
+                    tokio::spawn(async move {
+                        match tls {
+                            None => serve_conn(stream, conn, seen, script).await,
+                            Some(tls) => {
+                                let Ok(stream) = tls.accept(stream).await else {
+                                    return;
+                                };
+                                let alpn = stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+                                seen.lock().unwrap()[conn].alpn = alpn;
+                                serve_conn(stream, conn, seen, script).await
+                            }
+                        }
+                    });
                 }
             });
         });
@@ -90,11 +127,13 @@ impl BareUpstream {
     }
 }
 
+type Script = Arc<dyn Fn(usize, usize) -> Act + Send + Sync>;
+
 async fn serve_conn(
-    mut stream: tokio::net::TcpStream,
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
     conn: usize,
     seen: Arc<Mutex<Vec<ConnSeen>>>,
-    script: Arc<dyn Fn(usize, usize) -> Act + Send + Sync>,
+    script: Script,
 ) {
     let mut buf: Vec<u8> = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
@@ -343,6 +382,19 @@ fn config(upstream: &str) -> UpstreamConfig {
     config
 }
 
+/// TLS settings that trust `certs` only.
+fn tls_trusting(certs: &[&str]) -> rustls::ClientConfig {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for pem in certs {
+        let cert = rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+        roots.add(cert).unwrap();
+    }
+    rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
 fn request(client: &upstream::Client) -> http::Request<Full<Bytes>> {
     let mut request = http::Request::new(Full::new(Bytes::from_static(b"{}")));
     *request.method_mut() = http::Method::POST;
@@ -413,7 +465,7 @@ async fn idle_connections_per_origin_are_bounded() {
         }
     };
     let up = BareUpstream::start(script);
-    let client = upstream::Client::with_max_idle(&config(&up.url()), 1);
+    let client = upstream::Client::with_tls(&config(&up.url()), tls_trusting(&[]), 1);
     let (a, b) = tokio::join!(
         client.send(Upstream::OpenAi, request(&client)),
         client.send(Upstream::Anthropic, request(&client)),
@@ -448,3 +500,59 @@ async fn an_upstream_nothing_listens_on_is_a_connect_error() {
     );
     assert_eq!(client.stats().idle, 0);
 }
+
+#[tokio::test]
+async fn https_upstreams_are_reached_over_tls_offering_only_http_1_1() {
+    let up = BareUpstream::start_tls(|_, _| Act::Answer);
+    let base = format!("https://127.0.0.1:{}", up.addr.port());
+    let client = upstream::Client::with_tls(&config(&base), tls_trusting(&[TEST_CERT]), 4);
+    for nth in 0..3 {
+        let response = client
+            .send(Upstream::Anthropic, request(&client))
+            .await
+            .unwrap();
+        assert_eq!(body_text(response).await, format!("0/{nth}"));
+    }
+    let conns = up.conns();
+    assert_eq!(conns.len(), 1, "one TLS connection, reused");
+    assert_eq!(conns[0].alpn.as_deref(), Some(&b"http/1.1"[..]));
+    let head = conns[0].heads[0].to_ascii_lowercase();
+    // 443 is not this upstream's port: the Host names it.
+    assert!(
+        head.contains(&format!("\r\nhost: 127.0.0.1:{}\r\n", up.addr.port())),
+        "{head}"
+    );
+
+    // A certificate the client does not trust: no connection, a connect error.
+    let untrusting = upstream::Client::with_tls(&config(&base), tls_trusting(&[]), 4);
+    let error = untrusting
+        .send(Upstream::Anthropic, request(&untrusting))
+        .await
+        .expect_err("untrusted certificate");
+    assert!(
+        matches!(error, upstream::Error::Connect { .. }),
+        "{error:?}"
+    );
+}
+
+/// A self-signed certificate for 127.0.0.1 and localhost (P-256, valid until 2126), and its
+/// key: test material only, for the TLS upstream above.
+const TEST_CERT: &str = "-----BEGIN CERTIFICATE-----
+MIIBmTCCAT6gAwIBAgIUdbVsc6L5NpN/ixob3s4Ffb0CWpYwCgYIKoZIzj0EAwIw
+FDESMBAGA1UEAwwJbG9jYWxob3N0MCAXDTI2MTEyMjE0NDgxOFoYDzIxMjYxMDI5
+MTQ0ODE4WjAUMRIwEAYDVQQDDAlsb2NhbGhvc3QwWTATBgcqhkjOPQIBBggqhkjO
+PQMBBwNCAASnW9u7/Q7E8J2Yb7k/ANEPZHKjJZuJTw/RrJeJY0FyGDKLz1TehCyX
+IGxr0dN6IO91hKnPnKZaI1RF07o6rc1Lo2wwajAdBgNVHQ4EFgQUi9wH/O7aOa7x
+F7f4603OdXK1yhMwHwYDVR0jBBgwFoAUi9wH/O7aOa7xF7f4603OdXK1yhMwGgYD
+VR0RBBMwEYcEfwAAAYIJbG9jYWxob3N0MAwGA1UdEwEB/wQCMAAwCgYIKoZIzj0E
+AwIDSQAwRgIhAKHPk/H664HUKOK2DF8DPfYg6b5USkk4J2JPLIRe5NEXAiEA31xA
+W/WGTxC7scRKrjCz170ghnAEvDqqS64ehG1MDI4=
+-----END CERTIFICATE-----
+";
+
+const TEST_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgSyEKH2+xRKdwY9pu
+tt/T8btEOSjmfsEPP7amBtiLJSihRANCAASnW9u7/Q7E8J2Yb7k/ANEPZHKjJZuJ
+Tw/RrJeJY0FyGDKLz1TehCyXIGxr0dN6IO91hKnPnKZaI1RF07o6rc1L
+-----END PRIVATE KEY-----
+";

@@ -14,7 +14,7 @@
 //! once more on a fresh connection. A request that may have reached the upstream is never
 //! sent again: the error goes to the client.
 //!
-//! The model APIs all speak HTTP/1.1; TLS offers no ALPN, so servers answer in HTTP/1.1.
+//! The model APIs all speak HTTP/1.1; TLS offers only `http/1.1` by ALPN.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,7 +29,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
-use hyper_rustls::HttpsConnector;
+use hyper_rustls::{ConfigBuilderExt, HttpsConnector};
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::route::Upstream;
@@ -116,22 +116,28 @@ pub enum Error {
 
 impl Client {
     pub fn new(config: &UpstreamConfig) -> Client {
-        Client::with_max_idle(config, MAX_IDLE_PER_ORIGIN)
+        let tls = rustls::ClientConfig::builder()
+            .with_webpki_roots()
+            .with_no_client_auth();
+        Client::with_tls(config, tls, MAX_IDLE_PER_ORIGIN)
     }
 
-    /// [`Client::new`] keeping at most `max_idle` idle connections per origin.
-    pub fn with_max_idle(config: &UpstreamConfig, max_idle: usize) -> Client {
+    /// [`Client::new`] trusting what `tls` trusts (its ALPN is set here), keeping at most
+    /// `max_idle` idle connections per origin.
+    pub fn with_tls(
+        config: &UpstreamConfig,
+        mut tls: rustls::ClientConfig,
+        max_idle: usize,
+    ) -> Client {
         let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         // Streamed events are small writes; Nagle's algorithm would hold them back.
         http.set_nodelay(true);
         http.set_connect_timeout(Some(connect_timeout));
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
+        // The model APIs all speak HTTP/1.1, and this client speaks nothing else.
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let connector = Connector::from((http, tls));
         let mut origins: Vec<Origin> = Vec::new();
         let mut base = |url: &str| {
             let uri: Uri = url.parse().ok()?;
