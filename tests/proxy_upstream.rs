@@ -27,6 +27,9 @@ enum Act {
     /// The same, then once `close` gives a permit the upstream closes the connection (as its
     /// idle timeout would), without having said `connection: close`.
     AnswerThenClose(Arc<Semaphore>),
+    /// 200 with `connection: close`, the connection then left open by the upstream (only
+    /// the client's side closes it).
+    AnswerSayingClose,
     /// Reads the request, then closes the connection without answering.
     HangUp,
     /// A chunked event stream: one event now, the last once `release` gives a permit.
@@ -188,6 +191,12 @@ async fn serve_conn(
                 seen.lock().unwrap()[conn].closed_by_upstream = true;
                 return;
             }
+            Act::AnswerSayingClose => {
+                let closing = plain.replacen("\r\n\r\n", "\r\nconnection: close\r\n\r\n", 1);
+                if stream.write_all(closing.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
             Act::HangUp => {
                 drop(stream);
                 seen.lock().unwrap()[conn].closed_by_upstream = true;
@@ -297,6 +306,32 @@ async fn a_connection_the_upstream_closed_while_idle_is_not_used_again() {
         (200, "1/1".into())
     );
     assert_eq!(up.conns().len(), 2);
+}
+
+#[tokio::test]
+async fn an_answer_that_says_connection_close_ends_its_connection() {
+    let up = BareUpstream::start(|conn, _| match conn {
+        0 => Act::AnswerSayingClose,
+        _ => Act::Answer,
+    });
+    let proxy = proxy(&up.url(), |_| {}).await;
+    let http = client();
+    assert_eq!(
+        get(&http, &proxy.url("/v1/models")).await,
+        (200, "0/0".into())
+    );
+    assert_eq!(
+        get(&http, &proxy.url("/v1/models")).await,
+        (200, "1/0".into())
+    );
+    assert!(
+        eventually(|| up.conns()[0].closed_by_proxy).await,
+        "the proxy closes it"
+    );
+    assert_eq!(
+        get(&http, &proxy.url("/v1/models")).await,
+        (200, "1/1".into())
+    );
 }
 
 #[tokio::test]
