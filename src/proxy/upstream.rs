@@ -1,10 +1,11 @@
 //! The upstream client: per serving thread, a small pool of HTTP/1.1 keep-alive connections
 //! to each upstream origin, each driven by hyper's `client::conn::http1`.
 //!
-//! Why not hyper-util's pooled client: on an 8.8 KB request it cost ~25 k instructions of
-//! the serving thread's ~78 k (pool checkout with a formatted key, Arc/Mutex churn, a
-//! oneshot, a task that waits for each connection to be ready again), for features the
-//! proxy does not use (HTTP/2 negotiation, any host). Here a request takes the most recently
+//! Why not hyper-util's pooled client: its pool (a SipHash map keyed by scheme and
+//! authority, checkout and put-back futures, the per-request URI and header work) cost
+//! ~13 k instructions per 8.8 KB request, 14 % of the serving threads' work, for features
+//! the proxy does not use (HTTP/2, any host): BENCHMARKS.md, "The upstream client
+//! (session 4)". Here a request takes the most recently
 //! returned idle connection of its origin (or opens one), sends, and the connection comes
 //! back to the pool when the response body has ended ([`ResponseBody`]): only then is it
 //! ready for another request, so a connection still streaming is never handed out twice.
