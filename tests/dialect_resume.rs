@@ -6,7 +6,7 @@
 //! last message, after the history).
 
 use bytes::Bytes;
-use loopwarden::dialect::{Dialect, Scanned};
+use loopwarden::dialect::{Dialect, Scanned, SharedPrefix};
 
 const FIXTURES: [(Dialect, &str); 9] = [
     (Dialect::Anthropic, "claude-code-anthropic.json"),
@@ -28,7 +28,7 @@ fn fixture(name: &str) -> Vec<u8> {
 /// The scan of `body` as the proxy keeps it for the conversation's next request.
 fn scanned(dialect: Dialect, body: &Bytes) -> Scanned {
     let (_, scanned) = dialect
-        .view_after(body, false, None)
+        .view_after(body, false, None, None)
         .expect("fixture parses");
     scanned.expect("a parsed body has a scan")
 }
@@ -36,24 +36,54 @@ fn scanned(dialect: Dialect, body: &Bytes) -> Scanned {
 /// Reads `body` after `before` and from scratch, and checks that both say the same (the
 /// same view, or the same error). Returns how many messages the resumed read found
 /// unchanged.
+///
+/// The resumed read is made twice: comparing the shared bytes itself, and told by a
+/// [`SharedPrefix`] how many were already compared while the body arrived in `pieces`
+/// (the proxy's way); both must read as from scratch.
 fn same_as_cold(dialect: Dialect, before: &Scanned, body: Vec<u8>) -> usize {
     let body = Bytes::from(body);
+    let thirds = [body.len() / 3, body.len() * 2 / 3];
+    same_as_cold_in_pieces(dialect, before, body, &thirds)
+}
+
+/// [`same_as_cold`] with the body arriving in pieces cut at `cuts`.
+fn same_as_cold_in_pieces(
+    dialect: Dialect,
+    before: &Scanned,
+    body: Bytes,
+    cuts: &[usize],
+) -> usize {
     let cold = dialect.view(&body, false).map(|v| format!("{v:?}"));
-    let resumed = dialect.view_after(&body, false, Some(before));
-    let unchanged = match &resumed {
-        Ok((_, Some(s))) => s.unchanged(),
-        _ => 0,
-    };
-    let resumed = resumed.map(|(v, _)| format!("{v:?}"));
-    match (&cold, &resumed) {
-        (Ok(a), Ok(b)) => assert_eq!(a, b, "{}", String::from_utf8_lossy(&body)),
-        (Err(a), Err(b)) => assert_eq!(a.0, b.0),
-        _ => panic!(
-            "cold {cold:?} vs resumed {resumed:?} on {}",
-            String::from_utf8_lossy(&body)
-        ),
+    let mut prefix = SharedPrefix::new(before);
+    let mut from = 0;
+    for &cut in cuts.iter().chain([&body.len()]) {
+        prefix.arrived(&body[from..cut]);
+        from = cut;
     }
-    unchanged
+    let mut unchanged = None;
+    for prefix in [None, Some(&prefix)] {
+        let resumed = dialect.view_after(&body, false, Some(before), prefix);
+        let found = match &resumed {
+            Ok((_, Some(s))) => s.unchanged(),
+            _ => 0,
+        };
+        assert_eq!(
+            *unchanged.get_or_insert(found),
+            found,
+            "with {prefix:?}",
+            prefix = prefix.is_some()
+        );
+        let resumed = resumed.map(|(v, _)| format!("{v:?}"));
+        match (&cold, &resumed) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "{}", String::from_utf8_lossy(&body)),
+            (Err(a), Err(b)) => assert_eq!(a.0, b.0),
+            _ => panic!(
+                "cold {cold:?} vs resumed {resumed:?} on {}",
+                String::from_utf8_lossy(&body)
+            ),
+        }
+    }
+    unchanged.unwrap_or(0)
 }
 
 #[test]
@@ -80,6 +110,17 @@ fn the_next_request_reads_as_from_scratch() {
         let again = same_as_cold(dialect, &before, first.to_vec());
         if messages > 1 {
             assert_eq!(again, messages, "{name}");
+        }
+        // Arriving in pieces of any size (here 1 to 61 bytes), and the next request too.
+        for body in [first.clone(), Bytes::from(next)] {
+            let cuts: Vec<usize> = (1..body.len())
+                .scan(0, |at, i| {
+                    *at += 1 + i % 61;
+                    Some(*at)
+                })
+                .take_while(|&at| at < body.len())
+                .collect();
+            same_as_cold_in_pieces(dialect, &before, body, &cuts);
         }
     }
 }

@@ -16,9 +16,9 @@ use serde_json::{json, Value};
 
 use loopwarden::detect::{Decision, Engine, StoreFacts};
 use loopwarden::dialect::Dialect;
+use loopwarden::proxy::body;
 use loopwarden::proxy::cache::{History, MessageCache};
 use loopwarden::proxy::conversations::Conversations;
-use loopwarden::proxy::forward;
 use loopwarden::proxy::identity;
 
 /// Which wire format to render.
@@ -433,7 +433,7 @@ impl Proxy {
         let stated = identity::stated(headers, None);
         let key = match &stated {
             Some(s) => s.id.clone(),
-            None => forward::head_key(dialect, body),
+            None => body::head_key(dialect, body),
         };
         let previous = self.conversations.previous(&key);
         let History {
@@ -444,7 +444,7 @@ impl Proxy {
             ..
         } = self
             .cache
-            .read_history(dialect, body, false, previous)
+            .read_history(dialect, body, false, previous, None)
             .expect("bench payloads parse");
         let head = match stated {
             Some(_) => None,

@@ -18,7 +18,7 @@ mod openai_responses;
 mod scan;
 mod stream;
 
-pub use scan::Scanned;
+pub use scan::{Scanned, SharedPrefix};
 pub use stream::{StreamDecoder, StreamEvent, StreamEventKind};
 
 use std::borrow::Cow;
@@ -202,20 +202,22 @@ impl Dialect {
     /// Reads the top level of a request body. `stream_path` is true when the path itself
     /// asks for a stream (Gemini `:streamGenerateContent`).
     pub fn view(self, body: &[u8], stream_path: bool) -> Result<RequestView<'_>, ParseError> {
-        self.view_top(&TopLevel::read(self, body, None)?, stream_path)
+        self.view_top(&TopLevel::read(self, body, None, None)?, stream_path)
     }
 
     /// [`Dialect::view`] of a body read after `after`, the scan of the conversation's
     /// previous request: the bytes the two bodies share (most of a history) are compared
-    /// with it, not scanned again. The view is exactly the one `view` gives. Also returns
-    /// this body's scan, to read the conversation's next request after.
+    /// with it, not scanned again, and of those the first ones `prefix` already compared
+    /// while the body arrived not even compared. The view is exactly the one `view` gives.
+    /// Also returns this body's scan, to read the conversation's next request after.
     pub fn view_after<'b>(
         self,
         body: &'b Bytes,
         stream_path: bool,
         after: Option<&Scanned>,
+        prefix: Option<&SharedPrefix>,
     ) -> Result<(RequestView<'b>, Option<Scanned>), ParseError> {
-        let top = TopLevel::read(self, body, after)?;
+        let top = TopLevel::read(self, body, after, prefix)?;
         let view = self.view_top(&top, stream_path)?;
         Ok((view, top.object.into_scanned(body)))
     }
@@ -364,8 +366,10 @@ impl<'a> TopLevel<'a> {
         dialect: Dialect,
         body: &'a [u8],
         after: Option<&Scanned>,
+        prefix: Option<&SharedPrefix>,
     ) -> Result<TopLevel<'a>, ParseError> {
-        let resumed = after.and_then(|a| scan::Object::parse_after(body, dialect.history_key(), a));
+        let resumed =
+            after.and_then(|a| scan::Object::parse_after(body, dialect.history_key(), a, prefix));
         if let Some(object) = resumed {
             return Ok(TopLevel { dialect, object });
         }

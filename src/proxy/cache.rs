@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::identity::Identity;
-use crate::dialect::{Dialect, ParseError, RawMessage, Scanned};
+use crate::dialect::{Dialect, ParseError, RawMessage, Scanned, SharedPrefix};
 use crate::transcript::{Item, Transcript};
 
 /// The items of one message, shared between the cache and requests in flight.
@@ -159,7 +159,8 @@ impl MessageCache {
     }
 
     /// Reads a request's history after its conversation's last request (`previous`, when
-    /// known): the scan resumes after the bytes both bodies share, unchanged messages come
+    /// known): the scan resumes after the bytes both bodies share (those `prefix` compared
+    /// as the body arrived are not compared again), unchanged messages come
     /// from the cache ([`MessageCache::items`]), and the usual request, which adds a turn
     /// to the last one, extends that request's transcript rather than copying every
     /// cached item into a new one (which grows with the history).
@@ -169,9 +170,10 @@ impl MessageCache {
         body: &Bytes,
         stream_path: bool,
         mut previous: Option<Previous>,
+        prefix: Option<&SharedPrefix>,
     ) -> Result<History, ParseError> {
         let after = previous.as_ref().and_then(|p| p.scanned(dialect));
-        let (view, scanned) = dialect.view_after(body, stream_path, after)?;
+        let (view, scanned) = dialect.view_after(body, stream_path, after, prefix)?;
         let unchanged = scanned.as_ref().map_or(0, Scanned::unchanged);
         let messages = self.items(dialect, &view.messages, previous.as_ref(), unchanged);
         let continued = previous
@@ -453,7 +455,9 @@ mod tests {
     #[test]
     fn concurrent_requests_all_read_after_the_last_one_and_one_gets_its_transcript() {
         let body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"a"}]}"#);
-        let (view, scanned) = Dialect::OpenAiChat.view_after(&body, false, None).unwrap();
+        let (view, scanned) = Dialect::OpenAiChat
+            .view_after(&body, false, None, None)
+            .unwrap();
         let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
         let items = cache.items(Dialect::OpenAiChat, &view.messages, None, 0);
         let mut last = Previous::new(Dialect::OpenAiChat, &body, &view.messages, items, scanned);
@@ -486,12 +490,12 @@ mod tests {
         // Reads `next` after `last` (kept with `head`): the head identity it carries on.
         let carried = |last: &Bytes, head: Identity, next: &Bytes| {
             let first = cache
-                .read_history(Dialect::OpenAiChat, last, false, None)
+                .read_history(Dialect::OpenAiChat, last, false, None, None)
                 .unwrap();
             let mut previous = first.request;
             previous.keep_transcript(first.preamble, first.transcript, Some(head));
             let second = cache
-                .read_history(Dialect::OpenAiChat, next, false, Some(previous))
+                .read_history(Dialect::OpenAiChat, next, false, Some(previous), None)
                 .unwrap();
             second.head
         };

@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 use http_body_util::{BodyExt, Full, Limited};
 
+use super::body::{read_body, Earlier, Found};
 use super::cache::{History, Previous};
 use super::identity::{self, Identity};
 use super::intervention::{self, Guard, Plan};
@@ -71,10 +72,16 @@ struct Keep {
 }
 
 /// Reads the conversation in a request: parse (cached per message), identify, decide.
-fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> Analysis {
-    let stated = identity::stated(headers, route.conversation);
+fn analyse(
+    app: &App,
+    route: &Route<'_>,
+    headers: &HeaderMap,
+    body: &Bytes,
+    stated: Option<Identity>,
+    earlier: Earlier<'_>,
+) -> Analysis {
     let fallback = || identity::fallback(headers, route.path);
-    let Some((dialect, stream_path)) = route.dialect else {
+    let (Some((dialect, stream_path)), Some(found)) = (route.dialect, earlier.finish(body)) else {
         return Analysis {
             identity: stated.unwrap_or_else(fallback),
             dialect: None,
@@ -85,16 +92,23 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
             parsed: None,
         };
     };
-    // The conversation's last request: the scan of this body resumes after the bytes it
-    // shares with it, and its unchanged messages are recognised without hashing. Found
-    // under the stated id, or for clients that state none under their first messages'
-    // bytes (a guess that is only ever a speed-up: the byte comparison decides).
-    let previous_key = match &stated {
-        Some(s) => s.id.clone(),
-        None => head_key(dialect, body),
-    };
-    let previous = app.conversations.previous(&previous_key);
-    let history = match app.cache.read_history(dialect, body, stream_path, previous) {
+    // The conversation's last request (found while the body arrived: `super::body`): the
+    // scan of this body resumes after the bytes it shares with it, and its unchanged
+    // messages are recognised without hashing. Found under the stated id, or for clients
+    // that state none under their first messages' bytes (a guess that is only ever a
+    // speed-up: the byte comparison decides).
+    let Found {
+        key: previous_key,
+        previous,
+        prefix,
+    } = found;
+    let history = match app.cache.read_history(
+        dialect,
+        body,
+        stream_path,
+        previous,
+        prefix.as_ref(),
+    ) {
         Ok(history) => history,
         Err(e) => {
             // Forwarded untouched all the same; the log says why it was not read.
@@ -158,23 +172,6 @@ fn analyse(app: &App, route: &Route<'_>, headers: &HeaderMap, body: &Bytes) -> A
     }
 }
 
-/// A key for the last request of a conversation that states no id: its first two
-/// messages' raw bytes (found before the body is read, to read it after that request).
-/// `#` never appears in conversation ids, so the keys cannot collide.
-///
-/// xxh3, not blake3: the key only finds a request to compare this one with (the byte
-/// comparison decides what is reused), so a collision costs speed, never a wrong reading,
-/// and blake3 over a system prompt of a few KB cost ~2 % of a small request's CPU.
-pub fn head_key(dialect: Dialect, body: &[u8]) -> String {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    h.update(&[dialect as u8]);
-    for m in dialect.first_messages(body, 2) {
-        h.update(m);
-        h.update(b"\0");
-    }
-    format!("#head-{:032x}", h.digest128())
-}
-
 /// The proxy handler: every request that is not the admin API or `/healthz`.
 pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let started = Instant::now();
@@ -182,7 +179,10 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let route = route::route(&parts.uri, &parts.headers);
 
-    let body = match read_body(body, app.config.server.max_body_bytes).await {
+    let stated = identity::stated(&parts.headers, route.conversation);
+    let dialect = route.dialect.map(|(dialect, _)| dialect);
+    let mut earlier = Earlier::new(&app.conversations, dialect, stated.as_ref().map(|s| &*s.id));
+    let body = match read_body(body, app.config.server.max_body_bytes, &mut earlier).await {
         Ok(body) => body,
         Err(e) => {
             let too_large = e.is::<http_body_util::LengthLimitError>();
@@ -204,7 +204,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         }
     };
 
-    let mut analysis = analyse(&app, &route, &parts.headers, &body);
+    let mut analysis = analyse(&app, &route, &parts.headers, &body, stated, earlier);
     let request_id = next_request_id();
     let user_agent = parts
         .headers
@@ -302,37 +302,6 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         // request); with the dispatch inline that was ~9 KB each time.
         plan => Box::pin(next.dispatch(plan, finished, guard)).await,
     }
-}
-
-/// Preallocated at most for a body that announces its length: a larger body grows.
-const PRESIZE_MAX: usize = 8 << 20;
-
-/// The request body in one buffer, each frame copied in as it arrives (into a buffer sized
-/// from the announced length) and dropped at once, so that hyper reuses its read buffer.
-/// Collecting the frames and then concatenating them held each body about twice per
-/// request in flight. A body that arrives as one frame is kept as it is (no copy).
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, axum::BoxError> {
-    let announced = http_body::Body::size_hint(&body).exact();
-    let capacity = announced.map_or(0, |n| (n as usize).min(limit).min(PRESIZE_MAX));
-    let mut body = Limited::new(body, limit);
-    // The body while it is a single frame.
-    let mut single: Option<Bytes> = None;
-    let mut joined = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let Ok(data) = frame?.into_data() else {
-            continue; // trailers: not part of what is forwarded as the body
-        };
-        if single.is_none() && joined.is_empty() {
-            single = Some(data);
-            continue;
-        }
-        if let Some(first) = single.take() {
-            joined.reserve(capacity.max(first.len() + data.len()));
-            joined.extend_from_slice(&first);
-        }
-        joined.extend_from_slice(&data);
-    }
-    Ok(single.unwrap_or_else(|| joined.freeze()))
 }
 
 /// Response headers every answer of a request carries.
@@ -751,78 +720,4 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A body that arrives in the given frames.
-    fn framed(parts: &[&'static str]) -> Body {
-        let frames = parts.iter().map(|p| {
-            Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from_static(
-                p.as_bytes(),
-            )))
-        });
-        Body::new(http_body_util::StreamBody::new(futures_util::stream::iter(
-            frames.collect::<Vec<_>>(),
-        )))
-    }
-
-    #[tokio::test]
-    async fn a_body_is_read_whole_in_order_whatever_its_frames() {
-        for parts in [
-            &[][..],
-            &["{}"][..],
-            &["", "{\"a\":", "", "1}"][..],
-            &["{", "\"b\"", ":", "[1,2]", "}"][..],
-        ] {
-            let body = read_body(framed(parts), 1024).await.unwrap();
-            assert_eq!(body, parts.concat().as_bytes(), "{parts:?}");
-        }
-        let refused = read_body(framed(&["0123456789", "0123456789"]), 15).await;
-        let error = refused.expect_err("over the limit");
-        assert!(error.is::<http_body_util::LengthLimitError>(), "{error}");
-    }
-
-    #[test]
-    fn head_keys_follow_the_first_two_messages_and_never_look_like_ids() {
-        let m = |texts: &[&str]| {
-            let messages: Vec<String> = texts
-                .iter()
-                .map(|t| format!(r#"{{"role":"user","content":"{t}"}}"#))
-                .collect();
-            format!(r#"{{"model":"m","messages":[{}]}}"#, messages.join(","))
-        };
-        let a = head_key(
-            Dialect::OpenAiChat,
-            m(&["sys", "task", "turn 1"]).as_bytes(),
-        );
-        assert_eq!(
-            a,
-            head_key(
-                Dialect::OpenAiChat,
-                m(&["sys", "task", "turn 1", "turn 2"]).as_bytes()
-            )
-        );
-        assert_eq!(
-            a,
-            head_key(Dialect::OpenAiChat, m(&["sys", "task"]).as_bytes())
-        );
-        assert_ne!(
-            a,
-            head_key(Dialect::OpenAiChat, m(&["sys", "other task"]).as_bytes())
-        );
-        assert_ne!(a, head_key(Dialect::OpenAiChat, m(&["sys"]).as_bytes()));
-        assert_ne!(
-            a,
-            head_key(Dialect::Anthropic, m(&["sys", "task"]).as_bytes())
-        );
-        let plain_id = |id: &str| identity::stated(&HeaderMap::new(), Some(id)).map(|i| i.id);
-        assert_ne!(
-            plain_id(&a),
-            Some(a.clone()),
-            "a head key is never a conversation id"
-        );
-    }
 }

@@ -9,6 +9,7 @@
 //! request path.
 
 pub mod admin;
+pub mod body;
 pub mod cache;
 pub mod conversations;
 pub mod errors;
@@ -221,7 +222,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 /// grows a connection's buffer to the size of its largest reads and never shrinks it, so
 /// every keep-alive connection holds what it once needed for as long as it stays open,
 /// beside the body itself (which is read frame by frame into a buffer of its own:
-/// `forward::read_body`). The cap also bounds a request's header section: 32 KiB is what
+/// `body::read_body`). The cap also bounds a request's header section: 32 KiB is what
 /// nginx accepts by default (4 buffers of 8 KiB). At 64 connections sending 209 KB bodies,
 /// 64 KiB held ~7 MB of read buffers (heap profile); 32 KiB took peak RSS from 45 to 42 MB
 /// on a fresh process, with no CPU difference visible (BENCHMARKS.md, "Memory").
