@@ -8,11 +8,13 @@
 //! dialect (new tool calls, token usage) and hashes and summarizes tool calls. One hand-off
 //! per request, to a thread that wakes once per batch.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 
 use crate::detect::{Action, Decision};
 use crate::dialect::{Dialect, ResponseTurn};
-use crate::store::redact::summary;
+use crate::store::redact::{summary, summary_of};
 use crate::store::{
     ConversationSeen, DecisionRow, Deferred, FindingRow, Record, RequestRow, ToolCallRow,
 };
@@ -82,17 +84,23 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
     } = finished;
     let conversation_id = row.conversation_id.clone();
     let at = row.started_ms;
-    let tool_call = |step: usize, index: usize, call: &ToolCall, result: Option<&ToolResult>| {
+    // The history and the decoded response are ours: their strings move into the rows.
+    let tool_call = |step: usize, index: usize, call: ToolCall, result: Option<ToolResult>| {
         Record::ToolCall(Box::new(ToolCallRow {
             conversation_id: conversation_id.clone(),
             step: step as i64,
             call_index: index as i64,
-            call_id: call.id.clone(),
-            name: call.name.clone(),
-            args_hash: call_hash_hex(call),
-            summary: call_summary(call),
-            result_hash: result.map(|r| blake3::hash(r.text.as_bytes()).to_hex().to_string()),
-            result_summary: result.map(|r| summary(&r.text, RESULT_SUMMARY_CHARS)),
+            // Worked out from the whole call before its strings move.
+            args_hash: call_hash_hex(&call),
+            summary: call_summary(&call),
+            call_id: call.id,
+            name: call.name,
+            result_hash: result
+                .as_ref()
+                .map(|r| blake3::hash(r.text.as_bytes()).to_hex().to_string()),
+            result_summary: result
+                .as_ref()
+                .map(|r| summary(&r.text, RESULT_SUMMARY_CHARS)),
             is_error: result.and_then(|r| r.is_error),
             request_id: row.id,
             seen_ms: at,
@@ -100,13 +108,13 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
     };
 
     out.push(Record::Conversation(conversation));
-    for step in &history {
-        for (i, c) in step.calls.iter().enumerate() {
-            out.push(tool_call(step.index, i, &c.call, c.result.as_ref()));
+    for step in history {
+        for (i, c) in step.calls.into_iter().enumerate() {
+            out.push(tool_call(step.index, i, c.call, c.result));
         }
     }
     if let Some(turn) = response.as_ref().and_then(decode) {
-        for (i, call) in turn.calls.iter().enumerate() {
+        for (i, call) in turn.calls.into_iter().enumerate() {
             out.push(tool_call(next_step, i, call, None));
         }
         row.input_tokens = turn.input_tokens.map(|n| n as i64);
@@ -170,25 +178,25 @@ fn call_summary(call: &ToolCall) -> String {
         "query",
         "url",
     ];
-    let detail = match &call.args {
-        serde_json::Value::String(s) => s.clone(),
+    let detail: Cow<'_, str> = match &call.args {
+        serde_json::Value::String(s) => Cow::Borrowed(s),
         serde_json::Value::Object(map) => TELLING
             .iter()
             .find_map(|k| match map.get(*k) {
-                Some(serde_json::Value::String(s)) => Some(s.clone()),
-                Some(serde_json::Value::Array(parts)) => Some(
+                Some(serde_json::Value::String(s)) => Some(Cow::Borrowed(s.as_str())),
+                Some(serde_json::Value::Array(parts)) => Some(Cow::Owned(
                     parts
                         .iter()
                         .filter_map(|p| p.as_str())
                         .collect::<Vec<_>>()
                         .join(" "),
-                ),
+                )),
                 _ => None,
             })
-            .unwrap_or_else(|| call.args.to_string()),
-        other => other.to_string(),
+            .unwrap_or_else(|| Cow::Owned(call.args.to_string())),
+        other => Cow::Owned(other.to_string()),
     };
-    summary(&format!("{}: {detail}", call.name), CALL_SUMMARY_CHARS)
+    summary_of(&[&call.name, ": ", &detail], CALL_SUMMARY_CHARS)
 }
 
 #[cfg(test)]

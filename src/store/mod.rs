@@ -466,6 +466,85 @@ mod tests {
         assert_eq!((row.4, row.5, row.6), (20, 40, 6));
     }
 
+    async fn tool_call_rows(store: &Store) -> Vec<ToolCallRow> {
+        sqlx::query_as("SELECT * FROM tool_calls ORDER BY conversation_id, step, call_index")
+            .fetch_all(store.pool())
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_batchs_rows_of_a_tool_call_leave_the_row_one_by_one_would() {
+        let call = |step, request_id, result: Option<(&str, bool)>| {
+            Record::ToolCall(Box::new(ToolCallRow {
+                conversation_id: "c".into(),
+                step,
+                call_index: 0,
+                call_id: format!("call_{request_id}"),
+                name: "Bash".into(),
+                args_hash: format!("h{request_id}"),
+                summary: format!("Bash: run {request_id}"),
+                result_hash: result.map(|(h, _)| h.into()),
+                result_summary: result.map(|(h, _)| format!("out {h}")),
+                is_error: result.map(|(_, e)| e),
+                request_id,
+                seen_ms: request_id,
+            }))
+        };
+        // Step 1: made by a response, completed by the next request's history, seen again
+        // without a result by a repeated request. Step 2: two results, the last one stays.
+        // Step 3: only ever seen without a result.
+        let rows = [
+            call(1, 1, None),
+            call(2, 1, Some(("r1", true))),
+            call(1, 2, Some(("r2", false))),
+            call(3, 2, None),
+            call(1, 3, None),
+            call(2, 3, Some(("r3", false))),
+            call(3, 4, None),
+        ];
+        let (one_dir, each_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let one_batch = open(&one_dir, 64, Duration::from_secs(3600)).await;
+        let each_alone = open(&each_dir, 64, Duration::from_secs(3600)).await;
+        for r in &rows {
+            one_batch.log(r.clone());
+            each_alone.log(r.clone());
+            each_alone.flush().await;
+        }
+        one_batch.flush().await;
+        let merged = tool_call_rows(&one_batch).await;
+        assert_eq!(merged, tool_call_rows(&each_alone).await);
+        let summary: Vec<_> = merged
+            .iter()
+            .map(|t| {
+                (
+                    t.step,
+                    t.request_id,
+                    t.call_id.as_str(),
+                    t.result_hash.as_deref(),
+                    t.is_error,
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (1, 3, "call_3", Some("r2"), Some(false)),
+                (2, 3, "call_3", Some("r3"), Some(false)),
+                (3, 4, "call_4", None, None),
+            ]
+        );
+        assert_eq!(one_batch.health().written, 7);
+        // A later batch without a result keeps the one already written.
+        one_batch.log(call(2, 5, None));
+        one_batch.flush().await;
+        let row = &tool_call_rows(&one_batch).await[1];
+        assert_eq!(
+            (row.request_id, row.result_summary.as_deref()),
+            (5, Some("out r3"))
+        );
+    }
+
     /// A finished request's rows, worked out on the writer thread.
     struct Rows(Vec<i64>);
 

@@ -16,10 +16,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use rusqlite::{params, Connection, OpenFlags};
+use rusqlite::{params, Connection, OpenFlags, Statement};
 use tokio::sync::oneshot;
 
-use super::{ConversationSeen, Counters, Record};
+use super::{ConversationSeen, Counters, Record, ToolCallRow};
 
 /// A log entry whose rows are worked out on the writer thread.
 pub trait Deferred: Send {
@@ -172,7 +172,7 @@ pub(super) fn start(
 }
 
 /// The writer thread: batch after batch until the queue closes.
-fn run(mut conn: Connection, queue: &Queue) {
+fn run(conn: Connection, queue: &Queue) {
     // If this thread ever dies, nobody may wait for it: close the queue and drop the
     // pending flushes (their waiters return).
     struct Dead<'a>(&'a Queue);
@@ -185,6 +185,7 @@ fn run(mut conn: Connection, queue: &Queue) {
     }
     let _dead = Dead(queue);
     let counters = &queue.counters;
+    let mut statements = Statements::new(&conn);
     let mut batch = Vec::new();
     let mut records = Vec::new();
     loop {
@@ -202,7 +203,7 @@ fn run(mut conn: Connection, queue: &Queue) {
         }
         if !records.is_empty() {
             let n = records.len() as u64;
-            match write_batch(&mut conn, &records) {
+            match write_batch(&conn, &mut statements, &records) {
                 Ok(()) => {
                     counters.written.fetch_add(n, Ordering::Relaxed);
                 }
@@ -222,9 +223,119 @@ fn run(mut conn: Connection, queue: &Queue) {
     }
 }
 
-fn write_batch(conn: &mut Connection, records: &[Record]) -> rusqlite::Result<()> {
-    let tx = conn.transaction()?;
+/// The statements the writer runs, each prepared once and kept for the connection's life.
+///
+/// `prepare_cached` found each statement by hashing its SQL text and, when the statement
+/// was handed back, cleared its bindings and reinserted it in the cache: about 3,400
+/// instructions per statement run, nearly a tenth of the log thread's work per request
+/// (BENCHMARKS.md, "The log thread (session 4)"). A kept statement survives schema
+/// changes: SQLite prepares it again when the schema it was prepared against changes.
+struct Statements<'c> {
+    conn: &'c Connection,
+    prepared: [Option<Statement<'c>>; Sql::COUNT],
+}
+
+/// The writer's statements, by what they write.
+#[derive(Clone, Copy)]
+enum Sql {
+    Conversation,
+    Request,
+    ToolCall,
+    Finding,
+    Decision,
+    Intervention,
+}
+
+impl Sql {
+    const COUNT: usize = 6;
+
+    fn text(self) -> &'static str {
+        match self {
+            Sql::Conversation => {
+                "INSERT INTO conversations
+                   (id, id_source, client, dialect, model, first_seen_ms, last_seen_ms, requests)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                 ON CONFLICT (id) DO UPDATE SET
+                   last_seen_ms = max(last_seen_ms, excluded.last_seen_ms),
+                   requests = requests + excluded.requests,
+                   client = coalesce(client, excluded.client),
+                   dialect = coalesce(excluded.dialect, dialect),
+                   model = coalesce(excluded.model, model)"
+            }
+            Sql::Request => {
+                "INSERT OR REPLACE INTO requests
+                   (id, conversation_id, started_ms, method, path, upstream, dialect, model,
+                    stream, parse, parse_error, steps, decision, applied, status, outcome,
+                    request_bytes, response_bytes, upstream_latency_us, upstream_total_us,
+                    proxy_overhead_us, input_tokens, output_tokens, stop_reason)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                         ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)"
+            }
+            // A result, once known, is never erased by a later sighting without one.
+            Sql::ToolCall => {
+                "INSERT INTO tool_calls
+                   (conversation_id, step, call_index, call_id, name, args_hash, summary,
+                    result_hash, result_summary, is_error, request_id, seen_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                 ON CONFLICT (conversation_id, step, call_index) DO UPDATE SET
+                   call_id = excluded.call_id,
+                   name = excluded.name,
+                   args_hash = excluded.args_hash,
+                   summary = excluded.summary,
+                   result_hash = coalesce(excluded.result_hash, result_hash),
+                   result_summary = coalesce(excluded.result_summary, result_summary),
+                   is_error = coalesce(excluded.is_error, is_error),
+                   request_id = excluded.request_id,
+                   seen_ms = excluded.seen_ms"
+            }
+            Sql::Finding => {
+                "INSERT INTO findings
+                   (request_id, conversation_id, created_ms, detector, confidence, step, steps,
+                    summary, suggestion)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+            }
+            Sql::Decision => {
+                "INSERT OR REPLACE INTO decisions
+                   (request_id, conversation_id, created_ms, action, applied, step, reason)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+            }
+            Sql::Intervention => {
+                "INSERT INTO interventions (conversation_id, request_id, created_ms, action,
+                   applied, source, detector, reason, finding)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+            }
+        }
+    }
+}
+
+impl<'c> Statements<'c> {
+    fn new(conn: &'c Connection) -> Self {
+        Statements {
+            conn,
+            prepared: Default::default(),
+        }
+    }
+
+    /// The statement, prepared on first use (a statement that failed to prepare, say
+    /// because its table is missing, is tried again next time).
+    fn get(&mut self, sql: Sql) -> rusqlite::Result<&mut Statement<'c>> {
+        let slot = &mut self.prepared[sql as usize];
+        if slot.is_none() {
+            *slot = Some(self.conn.prepare(sql.text())?);
+        }
+        // Just filled when it was empty.
+        slot.as_mut().ok_or(rusqlite::Error::InvalidQuery)
+    }
+}
+
+fn write_batch(
+    conn: &Connection,
+    statements: &mut Statements<'_>,
+    records: &[Record],
+) -> rusqlite::Result<()> {
+    let tx = conn.unchecked_transaction()?;
     let mut sightings: HashMap<&str, Sightings<'_>> = HashMap::new();
+    let mut calls: HashMap<(&str, i64, i64), CallUpdates<'_>> = HashMap::new();
     for record in records {
         match record {
             Record::Conversation(seen) => match sightings.get_mut(seen.id.as_str()) {
@@ -233,11 +344,25 @@ fn write_batch(conn: &mut Connection, records: &[Record]) -> rusqlite::Result<()
                     sightings.insert(&seen.id, Sightings::new(seen));
                 }
             },
-            other => write_one(&tx, other)?,
+            Record::ToolCall(t) => {
+                match calls.get_mut(&(t.conversation_id.as_str(), t.step, t.call_index)) {
+                    Some(merged) => merged.add(t),
+                    None => {
+                        calls.insert(
+                            (&t.conversation_id, t.step, t.call_index),
+                            CallUpdates::new(t),
+                        );
+                    }
+                }
+            }
+            other => write_one(statements, other)?,
         }
     }
     for merged in sightings.values() {
-        merged.write(&tx)?;
+        merged.write(statements)?;
+    }
+    for merged in calls.values() {
+        merged.write(statements)?;
     }
     tx.commit()
 }
@@ -278,19 +403,8 @@ impl<'a> Sightings<'a> {
         self.requests += 1;
     }
 
-    fn write(&self, conn: &Connection) -> rusqlite::Result<()> {
-        conn.prepare_cached(
-            "INSERT INTO conversations
-               (id, id_source, client, dialect, model, first_seen_ms, last_seen_ms, requests)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-             ON CONFLICT (id) DO UPDATE SET
-               last_seen_ms = max(last_seen_ms, excluded.last_seen_ms),
-               requests = requests + excluded.requests,
-               client = coalesce(client, excluded.client),
-               dialect = coalesce(excluded.dialect, dialect),
-               model = coalesce(excluded.model, model)",
-        )?
-        .execute(params![
+    fn write(&self, statements: &mut Statements<'_>) -> rusqlite::Result<()> {
+        statements.get(Sql::Conversation)?.execute(params![
             self.first.id,
             self.first.id_source,
             self.client,
@@ -304,21 +418,63 @@ impl<'a> Sightings<'a> {
     }
 }
 
-fn write_one(conn: &Connection, record: &Record) -> rusqlite::Result<()> {
+/// A batch's rows for one tool call (conversation, step, position), written as one upsert.
+/// The same call is logged again by every request that carries the same step (a retried
+/// or repeated request, parallel requests of one conversation, a load test), and each
+/// upsert rewrote the row. The merged row is what the upserts one by one would have left:
+/// the last row's columns, and for each result column the last value that was not NULL
+/// (the upsert's `coalesce(excluded.x, x)`).
+struct CallUpdates<'a> {
+    last: &'a ToolCallRow,
+    result_hash: Option<&'a str>,
+    result_summary: Option<&'a str>,
+    is_error: Option<bool>,
+}
+
+impl<'a> CallUpdates<'a> {
+    fn new(row: &'a ToolCallRow) -> Self {
+        CallUpdates {
+            last: row,
+            result_hash: row.result_hash.as_deref(),
+            result_summary: row.result_summary.as_deref(),
+            is_error: row.is_error,
+        }
+    }
+
+    fn add(&mut self, row: &'a ToolCallRow) {
+        self.last = row;
+        self.result_hash = row.result_hash.as_deref().or(self.result_hash);
+        self.result_summary = row.result_summary.as_deref().or(self.result_summary);
+        self.is_error = row.is_error.or(self.is_error);
+    }
+
+    fn write(&self, statements: &mut Statements<'_>) -> rusqlite::Result<()> {
+        let t = self.last;
+        statements.get(Sql::ToolCall)?.execute(params![
+            t.conversation_id,
+            t.step,
+            t.call_index,
+            t.call_id,
+            t.name,
+            t.args_hash,
+            t.summary,
+            self.result_hash,
+            self.result_summary,
+            self.is_error,
+            t.request_id,
+            t.seen_ms
+        ])?;
+        Ok(())
+    }
+}
+
+fn write_one(statements: &mut Statements<'_>, record: &Record) -> rusqlite::Result<()> {
     match record {
         // Merged per batch by `write_batch`.
-        Record::Conversation(seen) => Sightings::new(seen).write(conn)?,
+        Record::Conversation(seen) => Sightings::new(seen).write(statements)?,
+        Record::ToolCall(t) => CallUpdates::new(t).write(statements)?,
         Record::Request(r) => {
-            conn.prepare_cached(
-                "INSERT OR REPLACE INTO requests
-                   (id, conversation_id, started_ms, method, path, upstream, dialect, model,
-                    stream, parse, parse_error, steps, decision, applied, status, outcome,
-                    request_bytes, response_bytes, upstream_latency_us, upstream_total_us,
-                    proxy_overhead_us, input_tokens, output_tokens, stop_reason)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                         ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)",
-            )?
-            .execute(params![
+            statements.get(Sql::Request)?.execute(params![
                 r.id,
                 r.conversation_id,
                 r.started_ms,
@@ -345,47 +501,8 @@ fn write_one(conn: &Connection, record: &Record) -> rusqlite::Result<()> {
                 r.stop_reason
             ])?;
         }
-        Record::ToolCall(t) => {
-            // A result, once known, is never erased by a later sighting without one.
-            conn.prepare_cached(
-                "INSERT INTO tool_calls
-                   (conversation_id, step, call_index, call_id, name, args_hash, summary,
-                    result_hash, result_summary, is_error, request_id, seen_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
-                 ON CONFLICT (conversation_id, step, call_index) DO UPDATE SET
-                   call_id = excluded.call_id,
-                   name = excluded.name,
-                   args_hash = excluded.args_hash,
-                   summary = excluded.summary,
-                   result_hash = coalesce(excluded.result_hash, result_hash),
-                   result_summary = coalesce(excluded.result_summary, result_summary),
-                   is_error = coalesce(excluded.is_error, is_error),
-                   request_id = excluded.request_id,
-                   seen_ms = excluded.seen_ms",
-            )?
-            .execute(params![
-                t.conversation_id,
-                t.step,
-                t.call_index,
-                t.call_id,
-                t.name,
-                t.args_hash,
-                t.summary,
-                t.result_hash,
-                t.result_summary,
-                t.is_error,
-                t.request_id,
-                t.seen_ms
-            ])?;
-        }
         Record::Finding(f) => {
-            conn.prepare_cached(
-                "INSERT INTO findings
-                   (request_id, conversation_id, created_ms, detector, confidence, step, steps,
-                    summary, suggestion)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            )?
-            .execute(params![
+            statements.get(Sql::Finding)?.execute(params![
                 f.request_id,
                 f.conversation_id,
                 f.created_ms,
@@ -398,12 +515,7 @@ fn write_one(conn: &Connection, record: &Record) -> rusqlite::Result<()> {
             ])?;
         }
         Record::Decision(d) => {
-            conn.prepare_cached(
-                "INSERT OR REPLACE INTO decisions
-                   (request_id, conversation_id, created_ms, action, applied, step, reason)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            )?
-            .execute(params![
+            statements.get(Sql::Decision)?.execute(params![
                 d.request_id,
                 d.conversation_id,
                 d.created_ms,
@@ -414,12 +526,7 @@ fn write_one(conn: &Connection, record: &Record) -> rusqlite::Result<()> {
             ])?;
         }
         Record::Intervention(i) => {
-            conn.prepare_cached(
-                "INSERT INTO interventions (conversation_id, request_id, created_ms, action,
-                   applied, source, detector, reason, finding)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            )?
-            .execute(params![
+            statements.get(Sql::Intervention)?.execute(params![
                 i.conversation_id,
                 i.request_id,
                 i.created_ms,
