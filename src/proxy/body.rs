@@ -249,6 +249,22 @@ mod tests {
         conversations.put_previous(key, history.request);
     }
 
+    /// Reads `body`, arriving in pieces of `size` bytes, as the proxy does for a chat
+    /// request (with the stated id `stated`), and says what was found for it.
+    async fn arrive(
+        conversations: &Conversations,
+        stated: Option<&str>,
+        body: &str,
+        size: usize,
+    ) -> Found {
+        let mut earlier = Earlier::new(conversations, Some(Dialect::OpenAiChat), stated);
+        let read = read_body(framed(pieces(body, size)), 1 << 20, &mut earlier)
+            .await
+            .unwrap();
+        assert_eq!(read, body.as_bytes());
+        earlier.finish(&read).unwrap()
+    }
+
     #[tokio::test]
     async fn the_last_request_is_found_while_the_body_arrives_and_compared_frame_by_frame() {
         let conversations = Conversations::new(Duration::from_secs(60));
@@ -265,23 +281,15 @@ mod tests {
             &head_key(Dialect::OpenAiChat, last.as_bytes()),
             &last,
         );
-        let mut earlier = Earlier::new(&conversations, Some(Dialect::OpenAiChat), None);
-        let body = read_body(framed(pieces(&next, 7)), 1 << 20, &mut earlier)
-            .await
-            .unwrap();
-        let found = earlier.finish(&body).unwrap();
-        assert_eq!(found.key, head_key(Dialect::OpenAiChat, &body));
+        let found = arrive(&conversations, None, &next, 7).await;
+        assert_eq!(found.key, head_key(Dialect::OpenAiChat, next.as_bytes()));
         assert!(found.previous.is_some());
         let prefix = found.prefix.expect("compared while it arrived");
         assert_eq!(prefix.equal(), shared);
 
         // A stated id: looked up before the first byte.
         keep_last(&conversations, "conv-1", &last);
-        let mut earlier = Earlier::new(&conversations, Some(Dialect::OpenAiChat), Some("conv-1"));
-        let body = read_body(framed(pieces(&last, 5)), 1 << 20, &mut earlier)
-            .await
-            .unwrap();
-        let found = earlier.finish(&body).unwrap();
+        let found = arrive(&conversations, Some("conv-1"), &last, 5).await;
         assert_eq!(found.key, "conv-1");
         assert_eq!(found.prefix.expect("compared").equal(), last.len());
 
@@ -292,20 +300,12 @@ mod tests {
             &head_key(Dialect::OpenAiChat, one.as_bytes()),
             &one,
         );
-        let mut earlier = Earlier::new(&conversations, Some(Dialect::OpenAiChat), None);
-        let body = read_body(framed(pieces(&one, 4)), 1 << 20, &mut earlier)
-            .await
-            .unwrap();
-        let found = earlier.finish(&body).unwrap();
+        let found = arrive(&conversations, None, &one, 4).await;
         assert!(found.previous.is_some() && found.prefix.is_none());
 
         // An unknown conversation: nothing found, the key is still the head key.
-        let mut earlier = Earlier::new(&conversations, Some(Dialect::OpenAiChat), None);
         let other = chat(&["sys", "another task"]);
-        let body = read_body(framed(pieces(&other, 9)), 1 << 20, &mut earlier)
-            .await
-            .unwrap();
-        let found = earlier.finish(&body).unwrap();
+        let found = arrive(&conversations, None, &other, 9).await;
         assert!(found.previous.is_none() && found.prefix.is_none());
         assert_eq!(found.key, head_key(Dialect::OpenAiChat, other.as_bytes()));
 
