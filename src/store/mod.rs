@@ -545,6 +545,69 @@ mod tests {
         );
     }
 
+    async fn request_rows(store: &Store) -> Vec<serde_json::Value> {
+        let rows: Vec<RequestRow> = sqlx::query_as("SELECT * FROM requests ORDER BY id")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| serde_json::to_value(r).unwrap())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_batchs_request_rows_are_those_written_one_by_one() {
+        // 47 rows in one batch (five inserts of 8 rows, then 4, 2 and 1), of which two repeat an
+        // id: the later row replaces the earlier, in the same insert (7 after 3) or across
+        // two (40 after 5). Rows differ in every column that can be NULL.
+        let row = |n: i64, id: i64| {
+            let Record::Request(mut r) = request(id) else {
+                unreachable!()
+            };
+            r.conversation_id = format!("c{}", n % 3);
+            r.started_ms = 1000 + n;
+            r.dialect = (n % 2 == 0).then(|| "openai_chat".into());
+            r.model = (n % 3 == 0).then(|| format!("m{n}"));
+            r.stream = n % 2 == 1;
+            r.parse_error = (n % 5 == 0).then(|| format!("error {n}"));
+            r.steps = (n % 4 != 0).then_some(n);
+            r.decision = (n % 6 != 0).then(|| "observe".into());
+            r.outcome = format!("outcome {n}");
+            r.upstream_latency_us = (n % 7 != 0).then_some(n * 10);
+            r.input_tokens = (n % 2 == 0).then_some(n * 100);
+            r.output_tokens = (n % 3 == 0).then_some(n);
+            r.stop_reason = (n % 2 == 1).then(|| "tool_calls".into());
+            Record::Request(r)
+        };
+        let rows: Vec<Record> = (1..=47)
+            .map(|n| {
+                let id = match n {
+                    7 => 3,
+                    40 => 5,
+                    n => n,
+                };
+                row(n, id)
+            })
+            .collect();
+        let (one_dir, each_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let one_batch = open(&one_dir, 64, Duration::from_secs(3600)).await;
+        let each_alone = open(&each_dir, 64, Duration::from_secs(3600)).await;
+        for r in &rows {
+            one_batch.log(r.clone());
+            each_alone.log(r.clone());
+            each_alone.flush().await;
+        }
+        one_batch.flush().await;
+        let written = request_rows(&one_batch).await;
+        assert_eq!(written, request_rows(&each_alone).await);
+        assert_eq!(written.len(), 45);
+        assert_eq!(written[2]["outcome"], "outcome 7");
+        assert_eq!(written[4]["outcome"], "outcome 40");
+        assert_eq!(written[4]["model"], serde_json::Value::Null);
+        assert_eq!(written[44]["stop_reason"], "tool_calls");
+        assert_eq!(one_batch.health().written, 47);
+    }
+
     /// A finished request's rows, worked out on the writer thread.
     struct Rows(Vec<i64>);
 

@@ -16,10 +16,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use rusqlite::{params, Connection, OpenFlags, Statement};
+use rusqlite::{params, Connection, OpenFlags, Statement, ToSql};
 use tokio::sync::oneshot;
 
-use super::{ConversationSeen, Counters, Record, ToolCallRow};
+use super::{ConversationSeen, Counters, Record, RequestRow, ToolCallRow};
 
 /// A log entry whose rows are worked out on the writer thread.
 pub trait Deferred: Send {
@@ -233,13 +233,92 @@ fn run(conn: Connection, queue: &Queue) {
 struct Statements<'c> {
     conn: &'c Connection,
     prepared: [Option<Statement<'c>>; Sql::COUNT],
+    /// `requests[k]` inserts 2^k request rows.
+    requests: [Option<Statement<'c>>; REQUEST_CHUNKS],
+}
+
+/// Request rows go in by INSERTs of up to 2^(REQUEST_CHUNKS - 1) rows each (a batch of
+/// 13: 8 + 4 + 1): a statement run cost about 5,500 instructions beyond binding its row
+/// (the program started and halted, a statement journal opened and closed), more than
+/// inserting the row. Larger inserts gained little more and cost more in binding: their
+/// bound strings outgrow SQLite's per-connection lookaside memory and go to malloc. The
+/// values are the same as one row at a time; a row whose id is already in (also earlier
+/// in the same statement) replaces it, as it did one by one.
+const REQUEST_CHUNKS: usize = 4;
+const REQUEST_COLUMNS: usize = 24;
+
+/// `INSERT OR REPLACE INTO requests (...) VALUES (?, ...), ...` for `rows` rows, the
+/// columns in [`bind_request`]'s order.
+fn insert_requests(rows: usize) -> String {
+    let one = format!("({})", vec!["?"; REQUEST_COLUMNS].join(", "));
+    format!(
+        "INSERT OR REPLACE INTO requests
+           (id, conversation_id, started_ms, method, path, upstream, dialect, model,
+            stream, parse, parse_error, steps, decision, applied, status, outcome,
+            request_bytes, response_bytes, upstream_latency_us, upstream_total_us,
+            proxy_overhead_us, input_tokens, output_tokens, stop_reason)
+         VALUES {}",
+        vec![one; rows].join(", ")
+    )
+}
+
+/// Binds `r` to the request insert's parameters from `first` (1-based) on.
+fn bind_request(stmt: &mut Statement<'_>, first: usize, r: &RequestRow) -> rusqlite::Result<()> {
+    let values: [&dyn ToSql; REQUEST_COLUMNS] = [
+        &r.id,
+        &r.conversation_id,
+        &r.started_ms,
+        &r.method,
+        &r.path,
+        &r.upstream,
+        &r.dialect,
+        &r.model,
+        &r.stream,
+        &r.parse,
+        &r.parse_error,
+        &r.steps,
+        &r.decision,
+        &r.applied,
+        &r.status,
+        &r.outcome,
+        &r.request_bytes,
+        &r.response_bytes,
+        &r.upstream_latency_us,
+        &r.upstream_total_us,
+        &r.proxy_overhead_us,
+        &r.input_tokens,
+        &r.output_tokens,
+        &r.stop_reason,
+    ];
+    for (i, value) in values.into_iter().enumerate() {
+        stmt.raw_bind_parameter(first + i, value)?;
+    }
+    Ok(())
+}
+
+/// Writes the request rows, in as few statements as [`REQUEST_CHUNKS`] allows.
+fn write_requests(statements: &mut Statements<'_>, rows: &[&RequestRow]) -> rusqlite::Result<()> {
+    let mut rest = rows;
+    while !rest.is_empty() {
+        let k = rest.len().ilog2().min(REQUEST_CHUNKS as u32 - 1) as usize;
+        let (chunk, tail) = rest.split_at(1 << k);
+        let stmt = statements.requests(k)?;
+        for (i, r) in chunk.iter().enumerate() {
+            bind_request(stmt, i * REQUEST_COLUMNS + 1, r)?;
+        }
+        let done = stmt.raw_execute();
+        // Bound strings are copies that would stay allocated until the next batch.
+        stmt.clear_bindings();
+        done?;
+        rest = tail;
+    }
+    Ok(())
 }
 
 /// The writer's statements, by what they write.
 #[derive(Clone, Copy)]
 enum Sql {
     Conversation,
-    Request,
     ToolCall,
     Finding,
     Decision,
@@ -247,7 +326,7 @@ enum Sql {
 }
 
 impl Sql {
-    const COUNT: usize = 6;
+    const COUNT: usize = 5;
 
     fn text(self) -> &'static str {
         match self {
@@ -261,15 +340,6 @@ impl Sql {
                    client = coalesce(client, excluded.client),
                    dialect = coalesce(excluded.dialect, dialect),
                    model = coalesce(excluded.model, model)"
-            }
-            Sql::Request => {
-                "INSERT OR REPLACE INTO requests
-                   (id, conversation_id, started_ms, method, path, upstream, dialect, model,
-                    stream, parse, parse_error, steps, decision, applied, status, outcome,
-                    request_bytes, response_bytes, upstream_latency_us, upstream_total_us,
-                    proxy_overhead_us, input_tokens, output_tokens, stop_reason)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                         ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)"
             }
             // A result, once known, is never erased by a later sighting without one.
             Sql::ToolCall => {
@@ -313,7 +383,17 @@ impl<'c> Statements<'c> {
         Statements {
             conn,
             prepared: Default::default(),
+            requests: Default::default(),
         }
+    }
+
+    /// The insert of 2^k request rows, prepared on first use.
+    fn requests(&mut self, k: usize) -> rusqlite::Result<&mut Statement<'c>> {
+        let slot = &mut self.requests[k];
+        if slot.is_none() {
+            *slot = Some(self.conn.prepare(&insert_requests(1 << k))?);
+        }
+        slot.as_mut().ok_or(rusqlite::Error::InvalidQuery)
     }
 
     /// The statement, prepared on first use (a statement that failed to prepare, say
@@ -336,6 +416,7 @@ fn write_batch(
     let tx = conn.unchecked_transaction()?;
     let mut sightings: HashMap<&str, Sightings<'_>> = HashMap::new();
     let mut calls: HashMap<(&str, i64, i64), CallUpdates<'_>> = HashMap::new();
+    let mut requests = Vec::new();
     for record in records {
         match record {
             Record::Conversation(seen) => match sightings.get_mut(seen.id.as_str()) {
@@ -355,9 +436,11 @@ fn write_batch(
                     }
                 }
             }
+            Record::Request(r) => requests.push(&**r),
             other => write_one(statements, other)?,
         }
     }
+    write_requests(statements, &requests)?;
     for merged in sightings.values() {
         merged.write(statements)?;
     }
@@ -470,37 +553,10 @@ impl<'a> CallUpdates<'a> {
 
 fn write_one(statements: &mut Statements<'_>, record: &Record) -> rusqlite::Result<()> {
     match record {
-        // Merged per batch by `write_batch`.
+        // Merged or gathered per batch by `write_batch`.
         Record::Conversation(seen) => Sightings::new(seen).write(statements)?,
         Record::ToolCall(t) => CallUpdates::new(t).write(statements)?,
-        Record::Request(r) => {
-            statements.get(Sql::Request)?.execute(params![
-                r.id,
-                r.conversation_id,
-                r.started_ms,
-                r.method,
-                r.path,
-                r.upstream,
-                r.dialect,
-                r.model,
-                r.stream,
-                r.parse,
-                r.parse_error,
-                r.steps,
-                r.decision,
-                r.applied,
-                r.status,
-                r.outcome,
-                r.request_bytes,
-                r.response_bytes,
-                r.upstream_latency_us,
-                r.upstream_total_us,
-                r.proxy_overhead_us,
-                r.input_tokens,
-                r.output_tokens,
-                r.stop_reason
-            ])?;
-        }
+        Record::Request(r) => write_requests(statements, &[r])?,
         Record::Finding(f) => {
             statements.get(Sql::Finding)?.execute(params![
                 f.request_id,
