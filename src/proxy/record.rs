@@ -97,7 +97,7 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
             name: call.name,
             result_hash: result
                 .as_ref()
-                .map(|r| blake3::hash(r.text.as_bytes()).to_hex().to_string()),
+                .map(|r| blake3::hash(r.text.as_bytes()).to_hex().as_str().to_owned()),
             result_summary: result
                 .as_ref()
                 .map(|r| summary(&r.text, RESULT_SUMMARY_CHARS)),
@@ -163,7 +163,7 @@ fn decode(captured: &Captured) -> Option<ResponseTurn> {
 }
 
 fn call_hash_hex(call: &ToolCall) -> String {
-    blake3::Hash::from(call.hash()).to_hex().to_string()
+    blake3::Hash::from(call.hash()).to_hex().as_str().to_owned()
 }
 
 /// `name: <the argument that says what the call does>`, short and redacted.
@@ -227,6 +227,43 @@ mod tests {
         assert_eq!(s, "shell: bash -lc ls");
         let s = call_summary(&call("apply_patch", serde_json::json!("*** Begin Patch\n")));
         assert_eq!(s, "apply_patch: *** Begin Patch");
+    }
+
+    #[test]
+    fn a_json_answer_gives_its_calls_usage_and_stop_reason_and_a_broken_message_only_the_last_two()
+    {
+        let answer = |message: &str| Captured {
+            dialect: Dialect::OpenAiChat,
+            event_stream: false,
+            body: Bytes::from(format!(
+                r#"{{"id":"x","choices":[{{"index":0,"message":{message},"finish_reason":"tool_calls"}}],"usage":{{"prompt_tokens":12,"completion_tokens":3}}}}"#
+            )),
+        };
+        let turn = decode(&answer(
+            r#"{"role":"assistant","content":"Reading.","tool_calls":[{"id":"c1","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"a.rs\"}"}}]}"#,
+        ))
+        .unwrap();
+        assert_eq!(turn.text, "Reading.");
+        assert_eq!(turn.calls.len(), 1);
+        assert_eq!(
+            (turn.calls[0].id.as_str(), turn.calls[0].name.as_str()),
+            ("c1", "read_file")
+        );
+        assert_eq!(turn.calls[0].args, serde_json::json!({"path": "a.rs"}));
+        assert_eq!((turn.input_tokens, turn.output_tokens), (Some(12), Some(3)));
+        assert_eq!(turn.stop_reason.as_deref(), Some("tool_calls"));
+        // No role: the message reads as nothing, the rest of the answer is kept.
+        let turn = decode(&answer(r#"{"content":"Reading.","tool_calls":7}"#)).unwrap();
+        assert!(turn.calls.is_empty() && turn.text.is_empty());
+        assert_eq!((turn.input_tokens, turn.output_tokens), (Some(12), Some(3)));
+        assert_eq!(turn.stop_reason.as_deref(), Some("tool_calls"));
+        // Not JSON: nothing.
+        assert!(decode(&Captured {
+            dialect: Dialect::OpenAiChat,
+            event_stream: false,
+            body: Bytes::from_static(b"{\"choices\": ["),
+        })
+        .is_none());
     }
 
     #[test]
