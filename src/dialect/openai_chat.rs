@@ -138,7 +138,7 @@ struct Choice<M> {
 }
 
 /// The log decodes every answer, so the message is read in place rather than kept raw and
-/// parsed again (4,000 of 22,000 instructions for the benchmark's answer). An answer whose
+/// parsed again (2,100 of 21,900 instructions for the benchmark's answer). An answer whose
 /// message does not read as a [`Message`] (say, without a role) fails as a whole here, and
 /// is read again the other way: its usage and stop reason are kept and its message yields
 /// nothing, as [`parse_message`] gives for it.
