@@ -294,6 +294,16 @@ impl Previous {
         }
     }
 
+    /// What was read, without the transcript: to compare a request's bytes with while it
+    /// arrives, leaving the transcript to whichever request of the conversation is read
+    /// first ([`Previous::lend`]).
+    pub fn share(&self) -> Previous {
+        Previous {
+            read: self.read.clone(),
+            transcript: None,
+        }
+    }
+
     /// The scan of this request's body, to read a request of `dialect` after it.
     pub fn scanned(&self, dialect: Dialect) -> Option<&Scanned> {
         let read = &*self.read;

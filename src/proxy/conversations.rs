@@ -64,6 +64,15 @@ impl Conversations {
             .map(Previous::lend)
     }
 
+    /// The conversation's last request, leaving its transcript where it is
+    /// ([`Previous::share`]).
+    pub fn peek_previous(&self, conversation: &str) -> Option<Previous> {
+        self.lock()
+            .get(conversation)
+            .and_then(|s| s.previous.as_ref())
+            .map(Previous::share)
+    }
+
     pub fn put_previous(&self, conversation: &str, previous: Previous) {
         entry(&mut self.lock(), conversation).previous = Some(previous);
     }
