@@ -433,16 +433,7 @@ mod tests {
             seen(Some("other"), None, Some("m2"), 30),
             seen(None, Some("openai_chat"), None, 25),
         ];
-        let (one_dir, each_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        // The writer gathers until the flush: one batch.
-        let one_batch = open(&one_dir, 64, Duration::from_secs(3600)).await;
-        let each_alone = open(&each_dir, 64, Duration::from_secs(3600)).await;
-        for s in &sightings {
-            one_batch.log(s.clone());
-            each_alone.log(s.clone());
-            each_alone.flush().await;
-        }
-        one_batch.flush().await;
+        let (one_batch, each_alone, _dirs) = one_batch_and_one_by_one(&sightings).await;
         let row = conversation_row(&one_batch).await;
         assert_eq!(row, conversation_row(&each_alone).await);
         assert_eq!(
@@ -464,6 +455,23 @@ mod tests {
         one_batch.flush().await;
         let row = conversation_row(&one_batch).await;
         assert_eq!((row.4, row.5, row.6), (20, 40, 6));
+    }
+
+    /// `records` written by two logs: in one batch (the writer gathers until the flush),
+    /// and one by one (a flush after each). The directories hold the two databases.
+    async fn one_batch_and_one_by_one(
+        records: &[Record],
+    ) -> (Store, Store, [tempfile::TempDir; 2]) {
+        let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+        let one_batch = open(&dirs[0], 64, Duration::from_secs(3600)).await;
+        let each_alone = open(&dirs[1], 64, Duration::from_secs(3600)).await;
+        for r in records {
+            one_batch.log(r.clone());
+            each_alone.log(r.clone());
+            each_alone.flush().await;
+        }
+        one_batch.flush().await;
+        (one_batch, each_alone, dirs)
     }
 
     async fn tool_call_rows(store: &Store) -> Vec<ToolCallRow> {
@@ -503,15 +511,7 @@ mod tests {
             call(2, 3, Some(("r3", false))),
             call(3, 4, None),
         ];
-        let (one_dir, each_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let one_batch = open(&one_dir, 64, Duration::from_secs(3600)).await;
-        let each_alone = open(&each_dir, 64, Duration::from_secs(3600)).await;
-        for r in &rows {
-            one_batch.log(r.clone());
-            each_alone.log(r.clone());
-            each_alone.flush().await;
-        }
-        one_batch.flush().await;
+        let (one_batch, each_alone, _dirs) = one_batch_and_one_by_one(&rows).await;
         let merged = tool_call_rows(&one_batch).await;
         assert_eq!(merged, tool_call_rows(&each_alone).await);
         let summary: Vec<_> = merged
@@ -589,15 +589,7 @@ mod tests {
                 row(n, id)
             })
             .collect();
-        let (one_dir, each_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let one_batch = open(&one_dir, 64, Duration::from_secs(3600)).await;
-        let each_alone = open(&each_dir, 64, Duration::from_secs(3600)).await;
-        for r in &rows {
-            one_batch.log(r.clone());
-            each_alone.log(r.clone());
-            each_alone.flush().await;
-        }
-        one_batch.flush().await;
+        let (one_batch, each_alone, _dirs) = one_batch_and_one_by_one(&rows).await;
         let written = request_rows(&one_batch).await;
         assert_eq!(written, request_rows(&each_alone).await);
         assert_eq!(written.len(), 45);
