@@ -278,16 +278,21 @@ async fn the_request_target_and_host_come_from_the_configured_base() {
     assert_eq!(head.matches(&host).count(), 1, "{head}");
 }
 
+/// A script whose first connection answers, then closes once `close` gets a permit; every
+/// later connection just answers.
+fn first_connection_closes_on_signal() -> (Arc<Semaphore>, impl Fn(usize, usize) -> Act) {
+    let close = Arc::new(Semaphore::new(0));
+    let signal = close.clone();
+    let script = move |conn: usize, _: usize| match conn {
+        0 => Act::AnswerThenClose(signal.clone()),
+        _ => Act::Answer,
+    };
+    (close, script)
+}
+
 #[tokio::test]
 async fn a_connection_the_upstream_closed_while_idle_is_not_used_again() {
-    let close = Arc::new(Semaphore::new(0));
-    let script = {
-        let close = close.clone();
-        move |conn: usize, _: usize| match conn {
-            0 => Act::AnswerThenClose(close.clone()),
-            _ => Act::Answer,
-        }
-    };
+    let (close, script) = first_connection_closes_on_signal();
     let up = BareUpstream::start(script);
     let proxy = proxy(&up.url(), |_| {}).await;
     let http = client();
@@ -446,14 +451,7 @@ async fn body_text(response: http::Response<upstream::ResponseBody>) -> String {
 
 #[tokio::test]
 async fn a_request_a_closed_pooled_connection_gave_back_is_resent_once_on_a_new_one() {
-    let close = Arc::new(Semaphore::new(0));
-    let script = {
-        let close = close.clone();
-        move |conn: usize, _: usize| match conn {
-            0 => Act::AnswerThenClose(close.clone()),
-            _ => Act::Answer,
-        }
-    };
+    let (close, script) = first_connection_closes_on_signal();
     let up = BareUpstream::start(script);
     let client = upstream::Client::new(&config(&up.url()));
     let response = client
