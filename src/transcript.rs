@@ -41,17 +41,23 @@ pub struct ToolCall {
 impl ToolCall {
     /// The canonical argument text: compact JSON with sorted keys.
     pub fn canonical_args(&self) -> String {
-        self.args.to_string()
+        // Written into a `Vec` directly: `Value`'s `Display` (`to_string`) writes the same
+        // text through a formatter adapter at about twice the cost.
+        serde_json::to_string(&self.args).unwrap_or_default()
     }
 
-    /// blake3 hash of name + canonical arguments: two calls are the same call exactly when
-    /// their hashes are equal.
+    /// blake3 hash of name + `\0` + canonical arguments: two calls are the same call exactly
+    /// when their hashes are equal. The log stores it (`tool_calls.args_hash`), so its value
+    /// must not change between versions.
     pub fn hash(&self) -> [u8; 32] {
-        let mut h = blake3::Hasher::new();
-        h.update(self.name.as_bytes());
-        h.update(b"\0");
-        h.update(self.canonical_args().as_bytes());
-        *h.finalize().as_bytes()
+        // One buffer and one call of blake3's one-shot hash (the same bytes, so the same
+        // value as hashing the three pieces in turn, at a fraction of the cost).
+        let mut input = Vec::with_capacity(self.name.len() + 128);
+        input.extend_from_slice(self.name.as_bytes());
+        input.push(0);
+        // Writing a `Value` cannot fail: its keys are strings.
+        let _ = serde_json::to_writer(&mut input, &self.args);
+        *blake3::hash(&input).as_bytes()
     }
 }
 
@@ -282,6 +288,29 @@ mod tests {
             ..b
         };
         assert_ne!(a.hash(), c.hash());
+    }
+
+    #[test]
+    fn the_call_hash_is_blake3_of_name_nul_and_compact_arguments() {
+        // Logged hashes (`tool_calls.args_hash`) are compared across versions: pin the input.
+        let call = ToolCall {
+            id: "1".into(),
+            name: "bash".into(),
+            args: canonical_args_from_str(r#"{"z": [1, 2.5, null], "command": "ls \"a b\"\n"}"#),
+        };
+        assert_eq!(call.canonical_args(), call.args.to_string());
+        assert_eq!(
+            call.canonical_args(),
+            r#"{"command":"ls \"a b\"\n","z":[1,2.5,null]}"#
+        );
+        let expected = blake3::hash(
+            &[
+                b"bash\0".as_slice(),
+                br#"{"command":"ls \"a b\"\n","z":[1,2.5,null]}"#,
+            ]
+            .concat(),
+        );
+        assert_eq!(call.hash(), *expected.as_bytes());
     }
 
     #[test]
