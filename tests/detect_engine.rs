@@ -432,3 +432,65 @@ fn a_shared_fold_is_read_without_a_copy_when_the_history_is_the_same_and_advance
     assert!(moved);
     assert_eq!(state.steps(), 8);
 }
+
+#[test]
+fn a_step_fingerprint_changes_with_every_field_and_not_with_key_order() {
+    use loopwarden::detect::engine::step_fingerprint;
+    let base = Step {
+        index: 0,
+        text: "checking".into(),
+        calls: vec![CallWithResult {
+            call: ToolCall {
+                id: "a".into(),
+                name: "read".into(),
+                args: json!({"path": "/p/a.py", "limit": 5, "opts": [true, null, -1, 2.5]}),
+            },
+            ..run_cmd("ls", "a.py")
+        }],
+        user_after: vec!["go on".into()],
+    };
+    let fp = step_fingerprint(&base);
+    let mut same = base.clone();
+    same.calls[0].call.args =
+        serde_json::from_str(r#"{"opts": [true, null, -1, 2.5], "limit": 5, "path": "/p/a.py"}"#)
+            .unwrap();
+    same.calls[0].call.id = "another id".into();
+    assert_eq!(step_fingerprint(&same), fp);
+
+    type Change = (&'static str, fn(&mut Step));
+    let changes: Vec<Change> = vec![
+        ("text", |s| s.text.push('.')),
+        ("name", |s| s.calls[0].call.name = "reads".into()),
+        ("arg value", |s| s.calls[0].call.args["limit"] = json!(6)),
+        ("arg type", |s| s.calls[0].call.args["limit"] = json!("5")),
+        ("negative", |s| s.calls[0].call.args["opts"][2] = json!(1)),
+        ("float", |s| s.calls[0].call.args["opts"][3] = json!(2.25)),
+        ("null", |s| s.calls[0].call.args["opts"][1] = json!(false)),
+        ("arg key", |s| {
+            let v = s.calls[0].call.args["path"].take();
+            s.calls[0].call.args = json!({"file": v, "limit": 5, "opts": [true, null, -1, 2.5]});
+        }),
+        ("result", |s| {
+            if let Some(r) = &mut s.calls[0].result {
+                r.text.push('!');
+            }
+        }),
+        ("error flag", |s| {
+            if let Some(r) = &mut s.calls[0].result {
+                r.is_error = Some(true);
+            }
+        }),
+        ("no result", |s| s.calls[0].result = None),
+        ("user", |s| s.user_after.push(String::new())),
+        // The same bytes split differently between two fields.
+        ("boundary", |s| {
+            s.text = "checkin".into();
+            s.user_after = vec!["ggo on".into()];
+        }),
+    ];
+    for (what, change) in changes {
+        let mut s = base.clone();
+        change(&mut s);
+        assert_ne!(step_fingerprint(&s), fp, "{what}");
+    }
+}

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::actions::{self, CallContext};
 use crate::dialect::ResponseTurn;
 use crate::transcript::{Step, Transcript};
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+use xxhash_rust::xxh3::xxh3_64;
 
 use super::config::{DetectConfig, Response};
 use super::facts::{Facts, StepEvents};
@@ -138,50 +138,72 @@ impl EngineState {
 /// must cost little next to the request: xxh3 (several times blake3's speed on the short
 /// inputs a step holds) over the arguments' values as they are, without writing them out
 /// as JSON first (serde_json keeps object keys sorted, so key order cannot matter).
+/// The fields are written into one buffer and hashed in one pass: fed to a streaming
+/// hasher one small piece at a time they cost twice as much. Fingerprints live in memory
+/// only (never logged), so their values may change between versions.
 pub fn step_fingerprint(step: &Step) -> u64 {
-    let mut h = Xxh3::new();
-    field(&mut h, b't', step.text.as_bytes());
-    for c in &step.calls {
-        field(&mut h, b'c', c.call.name.as_bytes());
-        json_value(&mut h, &c.call.args);
-        if let Some(r) = &c.result {
-            field(&mut h, b'r', r.text.as_bytes());
-            h.update(&[r.is_error.map_or(2, u8::from)]);
+    FINGERPRINT_INPUT.with_borrow_mut(|input| {
+        input.clear();
+        field(input, b't', step.text.as_bytes());
+        for c in &step.calls {
+            field(input, b'c', c.call.name.as_bytes());
+            json_value(input, &c.call.args);
+            if let Some(r) = &c.result {
+                field(input, b'r', r.text.as_bytes());
+                input.push(r.is_error.map_or(2, u8::from));
+            }
         }
-    }
-    for u in &step.user_after {
-        field(&mut h, b'u', u.as_bytes());
-    }
-    h.digest()
+        for u in &step.user_after {
+            field(input, b'u', u.as_bytes());
+        }
+        let fp = xxh3_64(input);
+        if input.capacity() > FINGERPRINT_INPUT_KEPT {
+            *input = Vec::new();
+        }
+        fp
+    })
 }
 
-/// A tagged, length-prefixed field: no two different steps feed the same bytes.
-fn field(h: &mut Xxh3, tag: u8, bytes: &[u8]) {
-    h.update(&[tag]);
-    h.update(&(bytes.len() as u64).to_le_bytes());
-    h.update(bytes);
+/// A serving thread keeps its fingerprint buffer up to this size between requests (a step
+/// of a large conversation may hold a long tool result; that is not kept).
+const FINGERPRINT_INPUT_KEPT: usize = 64 * 1024;
+
+thread_local! {
+    static FINGERPRINT_INPUT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-fn json_value(h: &mut Xxh3, v: &serde_json::Value) {
+/// A tagged, length-prefixed field: no two different steps give the same bytes.
+fn field(out: &mut Vec<u8>, tag: u8, bytes: &[u8]) {
+    out.push(tag);
+    out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn json_value(out: &mut Vec<u8>, v: &serde_json::Value) {
     use serde_json::Value;
     match v {
-        Value::Null => h.update(b"n"),
-        Value::Bool(b) => h.update(&[b'b', u8::from(*b)]),
-        Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
-            (Some(u), _, _) => field(h, b'#', &u.to_le_bytes()),
-            (_, Some(i), _) => field(h, b'-', &i.to_le_bytes()),
-            (_, _, f) => field(h, b'.', &f.unwrap_or(f64::NAN).to_bits().to_le_bytes()),
-        },
-        Value::String(s) => field(h, b's', s.as_bytes()),
+        Value::Null => out.push(b'n'),
+        Value::Bool(b) => out.extend_from_slice(&[b'b', u8::from(*b)]),
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                field(out, b'#', &u.to_le_bytes());
+            } else if let Some(i) = n.as_i64() {
+                field(out, b'-', &i.to_le_bytes());
+            } else {
+                let f = n.as_f64().unwrap_or(f64::NAN);
+                field(out, b'.', &f.to_bits().to_le_bytes());
+            }
+        }
+        Value::String(s) => field(out, b's', s.as_bytes()),
         Value::Array(a) => {
-            field(h, b'[', &(a.len() as u64).to_le_bytes());
-            a.iter().for_each(|x| json_value(h, x));
+            field(out, b'[', &(a.len() as u64).to_le_bytes());
+            a.iter().for_each(|x| json_value(out, x));
         }
         Value::Object(m) => {
-            field(h, b'{', &(m.len() as u64).to_le_bytes());
+            field(out, b'{', &(m.len() as u64).to_le_bytes());
             for (k, x) in m {
-                field(h, b'k', k.as_bytes());
-                json_value(h, x);
+                field(out, b'k', k.as_bytes());
+                json_value(out, x);
             }
         }
     }
