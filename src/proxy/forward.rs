@@ -29,7 +29,7 @@ use crate::dialect::{Dialect, UpstreamFailure};
 use crate::intervene::service::Before;
 use crate::intervene::RequestInfo;
 use crate::store::redact::summary;
-use crate::store::{next_request_id, now_ms, ConversationSeen, RequestRow};
+use crate::store::{next_request_id, now_ms, ConversationSeen, Label, RequestRow};
 use crate::transcript::{Item, Transcript};
 
 pub const DECISION_HEADER: &str = "x-loopwarden-decision";
@@ -282,7 +282,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
             // decides; the answer then follows in the same stream.
             let mut response = intervention::held_stream(&app, async move {
                 let (plan, applied) = intervention::decide_held(&next.app, *held).await;
-                finished.row.applied = applied.to_string();
+                finished.row.applied = applied.into();
                 next.dispatch(plan, finished, None).await
             });
             held_stamp.apply(&mut response);
@@ -293,7 +293,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         Plan::Hold(held) => {
             Box::pin(async move {
                 let (plan, applied) = intervention::decide_held(&app, *held).await;
-                finished.row.applied = applied.to_string();
+                finished.row.applied = applied.into();
                 next.dispatch(plan, finished, None).await
             })
             .await
@@ -484,7 +484,7 @@ impl Next {
                 let whole = match guard.json(&app, &whole) {
                     Some((decision, reply)) => {
                         finished.row.applied = "blocked".into();
-                        finished.row.decision = Some(decision.action.as_str().to_string());
+                        finished.row.decision = Some(decision.action.as_str().into());
                         finished.decision = Some(decision);
                         let headers = response.headers_mut();
                         headers.remove(header::CONTENT_LENGTH);
@@ -554,19 +554,19 @@ fn new_record(
         id: 0, // the caller's `next_request_id()`
         conversation_id: identity.id.clone(),
         started_ms,
-        method: parts.method.as_str().to_string(),
+        method: method_label(&parts.method),
         path: route.path.to_string(),
-        upstream: route.upstream.as_str().to_string(),
-        dialect: dialect.map(|d| d.as_str().to_string()),
+        upstream: route.upstream.as_str().into(),
+        dialect: dialect.map(|d| d.as_str().into()),
         model: model.clone(),
         stream,
-        parse: parse.to_string(),
+        parse: parse.into(),
         parse_error,
         steps,
-        decision: decision.as_ref().map(|d| d.action.as_str().to_string()),
-        applied: applied.to_string(),
+        decision: decision.as_ref().map(|d| d.action.as_str().into()),
+        applied: applied.into(),
         status: 0,
-        outcome: String::new(),
+        outcome: "".into(),
         request_bytes: body.len() as i64,
         response_bytes: 0,
         upstream_latency_us: None,
@@ -590,6 +590,21 @@ fn new_record(
         history,
         next_step,
         response: None,
+    }
+}
+
+/// The log's name of a request method: the methods a model API is called with need no
+/// allocation.
+fn method_label(method: &http::Method) -> Label {
+    const KNOWN: [(http::Method, &str); 4] = [
+        (http::Method::POST, "POST"),
+        (http::Method::GET, "GET"),
+        (http::Method::PUT, "PUT"),
+        (http::Method::DELETE, "DELETE"),
+    ];
+    match KNOWN.iter().find(|(m, _)| m == method) {
+        Some((_, name)) => Label::from(*name),
+        None => Label::from(method.as_str().to_owned()),
     }
 }
 
@@ -625,7 +640,7 @@ fn fail(
     } = failure;
     let waited = sent.map(|s| s.elapsed()).unwrap_or_default();
     finished.row.status = i64::from(response.status().as_u16());
-    finished.row.outcome = outcome.to_string();
+    finished.row.outcome = outcome.into();
     finished.row.upstream_latency_us = sent.map(|_| waited.as_micros() as i64);
     finished.row.proxy_overhead_us = started.elapsed().saturating_sub(waited).as_micros() as i64;
     app.store.log_deferred(Box::new(finished));
@@ -720,4 +735,17 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_method_is_logged_by_its_name_whether_known_or_not() {
+        for m in ["POST", "GET", "PUT", "DELETE", "PATCH", "PROPFIND"] {
+            let method = http::Method::from_bytes(m.as_bytes()).unwrap();
+            assert_eq!(method_label(&method).as_str(), m);
+        }
+    }
 }

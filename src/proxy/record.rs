@@ -141,7 +141,7 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
                 conversation_id: conversation_id.clone(),
                 created_ms: at,
                 action: decision.action.as_str().to_string(),
-                applied: row.applied.clone(),
+                applied: row.applied.to_string(),
                 step: Some(next_step as i64),
                 reason: decision.reason.clone(),
             })));

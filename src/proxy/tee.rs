@@ -102,11 +102,11 @@ impl<B: Body> TeeBody<B> {
             ..
         } = *p;
         if let Some(decision) = blocked.as_ref().and_then(|b| b.get()) {
-            finished.row.decision = Some(decision.action.as_str().to_string());
+            finished.row.decision = Some(decision.action.as_str().into());
             finished.row.applied = "blocked".into();
             finished.decision = Some(decision.clone());
         }
-        finished.row.outcome = outcome.to_string();
+        finished.row.outcome = outcome.into();
         finished.row.response_bytes = response_bytes as i64;
         finished.row.upstream_total_us = Some(sent.elapsed().as_micros() as i64);
         // Only a response that arrived whole can be decoded meaningfully.

@@ -13,6 +13,7 @@ pub mod query;
 pub mod redact;
 mod writer;
 
+use std::borrow::Cow;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,25 +38,79 @@ pub struct ConversationSeen {
     pub at_ms: i64,
 }
 
+/// The text of a column with a fixed vocabulary (a request's method, upstream, dialect,
+/// parse, decision, applied, outcome). The proxy names them with `&'static str`s, which a
+/// row carries without allocating (every request logs seven of them); a row read back from
+/// the log owns its text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Label(Cow<'static, str>);
+
+impl Label {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&'static str> for Label {
+    fn from(name: &'static str) -> Label {
+        Label(Cow::Borrowed(name))
+    }
+}
+
+impl From<String> for Label {
+    fn from(text: String) -> Label {
+        Label(Cow::Owned(text))
+    }
+}
+
+impl std::ops::Deref for Label {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl sqlx::Type<sqlx::Sqlite> for Label {
+    fn type_info() -> sqlx::sqlite::SqliteTypeInfo {
+        <String as sqlx::Type<sqlx::Sqlite>>::type_info()
+    }
+    fn compatible(ty: &sqlx::sqlite::SqliteTypeInfo) -> bool {
+        <String as sqlx::Type<sqlx::Sqlite>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Sqlite> for Label {
+    fn decode(value: sqlx::sqlite::SqliteValueRef<'r>) -> Result<Label, sqlx::error::BoxDynError> {
+        <String as sqlx::Decode<sqlx::Sqlite>>::decode(value).map(Label::from)
+    }
+}
+
+impl rusqlite::ToSql for Label {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        self.as_str().to_sql()
+    }
+}
+
 /// One proxied request, complete with its outcome. Column meanings: `migrations/0001_log.sql`.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct RequestRow {
     pub id: i64,
     pub conversation_id: String,
     pub started_ms: i64,
-    pub method: String,
+    pub method: Label,
     pub path: String,
-    pub upstream: String,
-    pub dialect: Option<String>,
+    pub upstream: Label,
+    pub dialect: Option<Label>,
     pub model: Option<String>,
     pub stream: bool,
-    pub parse: String,
+    pub parse: Label,
     pub parse_error: Option<String>,
     pub steps: Option<i64>,
-    pub decision: Option<String>,
-    pub applied: String,
+    pub decision: Option<Label>,
+    pub applied: Label,
     pub status: i64,
-    pub outcome: String,
+    pub outcome: Label,
     pub request_bytes: i64,
     pub response_bytes: i64,
     pub upstream_latency_us: Option<i64>,
@@ -572,7 +627,7 @@ mod tests {
             r.parse_error = (n % 5 == 0).then(|| format!("error {n}"));
             r.steps = (n % 4 != 0).then_some(n);
             r.decision = (n % 6 != 0).then(|| "observe".into());
-            r.outcome = format!("outcome {n}");
+            r.outcome = format!("outcome {n}").into();
             r.upstream_latency_us = (n % 7 != 0).then_some(n * 10);
             r.input_tokens = (n % 2 == 0).then_some(n * 100);
             r.output_tokens = (n % 3 == 0).then_some(n);
