@@ -11,13 +11,16 @@
 //! Dropped when the conversation is idle. After a restart (or eviction) the next request
 //! folds and logs its whole history once; the log's upserts make that harmless.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::cache::Previous;
 use crate::detect::EngineState;
 use crate::transcript::Transcript;
+
+/// Keyed by conversation id; every request looks its conversation up four or five times,
+/// and foldhash costs a fraction of SipHash on ids this short (still seeded per process).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 pub struct Conversations {
     inner: Mutex<HashMap<String, State>>,
@@ -37,7 +40,7 @@ struct State {
 impl Conversations {
     pub fn new(idle: Duration) -> Conversations {
         Conversations {
-            inner: Mutex::new(HashMap::new()),
+            inner: Mutex::new(HashMap::default()),
             idle,
         }
     }

@@ -414,8 +414,11 @@ fn write_batch(
     records: &[Record],
 ) -> rusqlite::Result<()> {
     let tx = conn.unchecked_transaction()?;
-    let mut sightings: HashMap<&str, Sightings<'_>> = HashMap::new();
-    let mut calls: HashMap<(&str, i64, i64), CallUpdates<'_>> = HashMap::new();
+    // Batch-local maps of at most a batch's entries: a fast hasher (foldhash) is safe here.
+    let mut sightings: HashMap<&str, Sightings<'_>, foldhash::fast::RandomState> =
+        HashMap::default();
+    let mut calls: HashMap<(&str, i64, i64), CallUpdates<'_>, foldhash::fast::RandomState> =
+        HashMap::default();
     let mut requests = Vec::new();
     for record in records {
         match record {
