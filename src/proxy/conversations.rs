@@ -55,7 +55,7 @@ impl Conversations {
 
     /// Keeps the fold for the conversation's next request (the latest one wins).
     pub fn put_engine(&self, conversation: &str, state: Arc<EngineState>) {
-        entry(&mut self.lock(), conversation).engine = Some(state);
+        with_entry(&mut self.lock(), conversation, |s| s.engine = Some(state));
     }
 
     /// The conversation's last request, to read the next one after ([`Previous::lend`]:
@@ -77,7 +77,9 @@ impl Conversations {
     }
 
     pub fn put_previous(&self, conversation: &str, previous: Previous) {
-        entry(&mut self.lock(), conversation).previous = Some(previous);
+        with_entry(&mut self.lock(), conversation, |s| {
+            s.previous = Some(previous)
+        });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, State>> {
@@ -88,17 +90,17 @@ impl Conversations {
     /// The first step of `transcript` that still needs logging, and records that
     /// everything up to the first step with an unanswered call will have been logged.
     pub fn steps_to_log(&self, conversation: &str, transcript: &Transcript) -> usize {
-        let mut inner = self.lock();
-        let progress = entry(&mut inner, conversation);
-        let from = progress.complete.min(transcript.steps.len());
-        let first_open = transcript.steps[from..]
-            .iter()
-            .position(|s| s.calls.iter().any(|c| c.result.is_none()))
-            .map_or(transcript.steps.len(), |i| from + i);
-        // Never move back: a shorter side request (a title request under the same session
-        // id) must not make the next main request log its whole history again.
-        progress.complete = progress.complete.max(first_open);
-        from
+        with_entry(&mut self.lock(), conversation, |progress| {
+            let from = progress.complete.min(transcript.steps.len());
+            let first_open = transcript.steps[from..]
+                .iter()
+                .position(|s| s.calls.iter().any(|c| c.result.is_none()))
+                .map_or(transcript.steps.len(), |i| from + i);
+            // Never move back: a shorter side request (a title request under the same
+            // session id) must not make the next main request log its whole history again.
+            progress.complete = progress.complete.max(first_open);
+            from
+        })
     }
 
     /// Conversations held (the admin API shows it: idle ones must not stay).
@@ -119,17 +121,28 @@ impl Conversations {
     }
 }
 
-/// The state of a conversation, created if new, marked as used now.
-fn entry<'a>(map: &'a mut HashMap<String, State>, conversation: &str) -> &'a mut State {
+/// Runs `f` on the state of a conversation, created if new, marked as used now. The id is
+/// copied only for a new conversation (`HashMap::entry` takes an owned key: an allocation
+/// and a free per call, two calls per request).
+fn with_entry<R>(
+    map: &mut HashMap<String, State>,
+    conversation: &str,
+    f: impl FnOnce(&mut State) -> R,
+) -> R {
     let now = Instant::now();
-    let state = map.entry(conversation.to_string()).or_insert(State {
+    if let Some(state) = map.get_mut(conversation) {
+        state.last_used = now;
+        return f(state);
+    }
+    let mut state = State {
         complete: 0,
         engine: None,
         previous: None,
         last_used: now,
-    });
-    state.last_used = now;
-    state
+    };
+    let result = f(&mut state);
+    map.insert(conversation.to_owned(), state);
+    result
 }
 
 #[cfg(test)]
