@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Instructions per request of the whole proxy (serving threads, log thread, hyper, tokio,
+# SQLite) under a real load, counted by callgrind: noise-free, so a before/after holds on a
+# busy machine, unlike a load run's timings.
+#
+#   scripts/callgrind_proxy.sh                       # openai_8k.json, 2000 requests at c16
+#   scripts/callgrind_proxy.sh anthropic_8k.json 500
+#
+# The release proxy runs under valgrind against the load harness's mock upstream and is
+# driven by the harness's load driver: 300 requests of warm-up, counters zeroed, then N
+# requests (or as many as DURATION seconds allow, default 120: the driver stops sending
+# after N but waits out its window). Prints the instructions per request counted over the
+# requests done; the profile (one file per process part)
+# stays in $CALLGRIND_OUT for `callgrind_annotate --inclusive=yes`.
+#
+# Needs valgrind, and scripts/bench.sh to have run once (it builds the harness's mock
+# `mockup` and driver `benchdrv` into $BENCH_TARGET_DIR and writes the payloads into
+# $BENCH_WORK/harness/payloads).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PAYLOAD=${1:-openai_8k.json}
+N=${2:-2000}
+BENCH_WORK=${BENCH_WORK:-/tmp/loopwarden-bench}
+HARNESS_BIN=${BENCH_TARGET_DIR:-/tmp/lw-bench-target}/release
+OUTDIR=${CALLGRIND_OUT:-/tmp/loopwarden-callgrind}
+MOCK_PORT=${MOCK_PORT:-19971}
+LW_PORT=${LW_PORT:-19972}
+command -v valgrind >/dev/null || { echo "callgrind_proxy: valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
+for f in "$HARNESS_BIN/mockup" "$HARNESS_BIN/benchdrv" "$BENCH_WORK/harness/payloads/$PAYLOAD"; do
+  [ -e "$f" ] || { echo "callgrind_proxy: $f is missing; run scripts/bench.sh --quick once" >&2; exit 1; }
+done
+(cd "$ROOT" && cargo build --release --locked --bin loopwarden)
+BIN=$(cd "${CARGO_TARGET_DIR:-$ROOT/target}/release" && pwd)/loopwarden
+case $PAYLOAD in anthropic*) API=/v1/messages ;; *) API=/v1/chat/completions ;; esac
+mkdir -p "$OUTDIR"
+OUT=$OUTDIR/callgrind.out.proxy.${PAYLOAD%.json}
+rm -f "$OUT" "$OUT".*
+WORK=$(mktemp -d)
+cleanup() { kill "${LP:-}" "${MP:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+MOCK_ADDR=127.0.0.1:$MOCK_PORT MOCK_DELAY_MS=5 MOCK_CHUNKS=20 MOCK_LATENCY_MS=0 \
+  "$HARNESS_BIN/mockup" >/dev/null 2>&1 &
+MP=$!
+LOOPWARDEN_OPENAI_BASE_URL=http://127.0.0.1:$MOCK_PORT LOOPWARDEN_ANTHROPIC_BASE_URL=http://127.0.0.1:$MOCK_PORT \
+  RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$OUT" --separate-threads=no \
+  "$BIN" serve --listen 127.0.0.1:$LW_PORT --db "sqlite://$WORK/log.db" >/dev/null 2>"$WORK/valgrind.log" &
+LP=$!
+# Under valgrind the proxy takes seconds to start.
+for _ in $(seq 1 100); do
+  curl -fs "http://127.0.0.1:$LW_PORT/healthz" >/dev/null 2>&1 && break
+  sleep 0.2
+done
+drive() {
+  "$HARNESS_BIN/benchdrv" --url "http://127.0.0.1:$LW_PORT$API" --body "$BENCH_WORK/harness/payloads/$PAYLOAD" \
+    -c 16 --requests "$1" --duration "$2" --warmup 0 \
+    -H "authorization: Bearer sk-callgrind" -H "x-api-key: sk-callgrind" -H "anthropic-version: 2023-06-01"
+}
+drive 300 30 >/dev/null 2>&1
+callgrind_control -z "$LP" >/dev/null 2>&1
+drive "$N" "${DURATION:-120}" >"$WORK/load.json" 2>/dev/null
+sleep 1 # the log thread's last batch
+callgrind_control -d "$LP" >/dev/null 2>&1
+done=$(python3 -c "import json; print(json.load(open('$WORK/load.json'))['requests'])")
+total=$(awk '/^(summary|totals):/ {print $2; exit}' "$OUT".1)
+echo "$PAYLOAD: $done requests, $total instructions, $((total / done)) per request"
+echo "profile: $OUT.1 (callgrind_annotate --inclusive=yes $OUT.1 | head -60)"
