@@ -389,23 +389,27 @@ impl<'c> Statements<'c> {
 
     /// The insert of 2^k request rows, prepared on first use.
     fn requests(&mut self, k: usize) -> rusqlite::Result<&mut Statement<'c>> {
-        let slot = &mut self.requests[k];
-        if slot.is_none() {
-            *slot = Some(self.conn.prepare(&insert_requests(1 << k))?);
-        }
-        slot.as_mut().ok_or(rusqlite::Error::InvalidQuery)
+        prepared_once(self.conn, &mut self.requests[k], || insert_requests(1 << k))
     }
 
-    /// The statement, prepared on first use (a statement that failed to prepare, say
-    /// because its table is missing, is tried again next time).
+    /// The statement, prepared on first use.
     fn get(&mut self, sql: Sql) -> rusqlite::Result<&mut Statement<'c>> {
-        let slot = &mut self.prepared[sql as usize];
-        if slot.is_none() {
-            *slot = Some(self.conn.prepare(sql.text())?);
-        }
-        // Just filled when it was empty.
-        slot.as_mut().ok_or(rusqlite::Error::InvalidQuery)
+        prepared_once(self.conn, &mut self.prepared[sql as usize], || sql.text())
     }
+}
+
+/// The statement kept in `slot`, prepared from `sql` when the slot is empty (a statement
+/// that failed to prepare, say because its table is missing, is tried again next time).
+fn prepared_once<'c, 's, S: AsRef<str>>(
+    conn: &'c Connection,
+    slot: &'s mut Option<Statement<'c>>,
+    sql: impl FnOnce() -> S,
+) -> rusqlite::Result<&'s mut Statement<'c>> {
+    if slot.is_none() {
+        *slot = Some(conn.prepare(sql().as_ref())?);
+    }
+    // Just filled when it was empty.
+    slot.as_mut().ok_or(rusqlite::Error::InvalidQuery)
 }
 
 fn write_batch(
