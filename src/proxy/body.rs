@@ -13,7 +13,7 @@ use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Limited};
 
-use super::cache::Previous;
+use super::cache::{Compared, Previous};
 use super::conversations::Conversations;
 use crate::dialect::{Dialect, SharedPrefix};
 
@@ -72,8 +72,8 @@ pub struct Earlier<'a> {
     dialect: Option<Dialect>,
     /// Where the conversation's last request is kept, once known.
     key: Option<String>,
-    /// The body compared with the last request's as it arrives.
-    prefix: Option<SharedPrefix>,
+    /// The last request as it was when found, and the body compared with it as it arrives.
+    compared: Option<Compared>,
     /// The body's length at the last try to find its first two messages.
     tried_at: usize,
 }
@@ -82,8 +82,12 @@ pub struct Earlier<'a> {
 pub struct Found {
     /// Where this request is kept as its conversation's last one.
     pub key: String,
+    /// The conversation's last request once the body is whole (its transcript lent to
+    /// this request).
     pub previous: Option<Previous>,
-    pub prefix: Option<SharedPrefix>,
+    /// What the body was compared with while it arrived: the last request as it was then,
+    /// which a request of the conversation that finished meanwhile may have replaced.
+    pub compared: Option<Compared>,
 }
 
 impl<'a> Earlier<'a> {
@@ -98,7 +102,7 @@ impl<'a> Earlier<'a> {
             conversations,
             dialect,
             key: None,
-            prefix: None,
+            compared: None,
             tried_at: 0,
         };
         if let Some(id) = stated {
@@ -113,10 +117,10 @@ impl<'a> Earlier<'a> {
     /// conversation: ~50 % more CPU per request, each rebuilding its transcript).
     fn look_up(&mut self, key: String) {
         let Some(dialect) = self.dialect else { return };
-        self.prefix = self
-            .conversations
-            .peek_previous(&key)
-            .and_then(|p| p.scanned(dialect).map(SharedPrefix::new));
+        self.compared = self.conversations.peek_previous(&key).and_then(|request| {
+            let prefix = SharedPrefix::new(request.scanned(dialect)?);
+            Some(Compared { request, prefix })
+        });
         self.key = Some(key);
     }
 
@@ -134,20 +138,18 @@ impl<'a> Earlier<'a> {
             }
             self.look_up(head_key_of(dialect, &head));
             // Everything so far is new to the comparison.
-            if let Some(prefix) = self.prefix.as_mut() {
-                prefix.arrived(so_far);
+            if let Some(compared) = self.compared.as_mut() {
+                compared.prefix.arrived(so_far);
             }
             return;
         }
-        if let Some(prefix) = self.prefix.as_mut() {
-            prefix.arrived(&so_far[so_far.len() - new..]);
+        if let Some(compared) = self.compared.as_mut() {
+            compared.prefix.arrived(&so_far[so_far.len() - new..]);
         }
     }
 
     /// Once the body is whole: the conversation's last request (by the body's first
-    /// messages if they were not found on the way). If it is no longer the one the body
-    /// was compared with (a request of the conversation finished meanwhile), the prefix
-    /// says nothing about it and the bytes are compared when the history is read.
+    /// messages if they were not found on the way), and what the body was compared with.
     /// `None` on routes that carry no conversation.
     pub fn finish(self, body: &[u8]) -> Option<Found> {
         let dialect = self.dialect?;
@@ -155,7 +157,7 @@ impl<'a> Earlier<'a> {
         Some(Found {
             previous: self.conversations.previous(&key),
             key,
-            prefix: self.prefix,
+            compared: self.compared,
         })
     }
 }
@@ -282,14 +284,14 @@ mod tests {
         let found = arrive(&conversations, None, &next, 7).await;
         assert_eq!(found.key, head_key(Dialect::OpenAiChat, next.as_bytes()));
         assert!(found.previous.is_some());
-        let prefix = found.prefix.expect("compared while it arrived");
-        assert_eq!(prefix.equal(), shared);
+        let compared = found.compared.expect("compared while it arrived");
+        assert_eq!(compared.prefix.equal(), shared);
 
         // A stated id: looked up before the first byte.
         keep_last(&conversations, "conv-1", &last);
         let found = arrive(&conversations, Some("conv-1"), &last, 5).await;
         assert_eq!(found.key, "conv-1");
-        assert_eq!(found.prefix.expect("compared").equal(), last.len());
+        assert_eq!(found.compared.expect("compared").prefix.equal(), last.len());
 
         // One message: no key until the whole body is in; then looked up, not compared yet.
         let one = chat(&["only"]);
@@ -299,17 +301,43 @@ mod tests {
             &one,
         );
         let found = arrive(&conversations, None, &one, 4).await;
-        assert!(found.previous.is_some() && found.prefix.is_none());
+        assert!(found.previous.is_some() && found.compared.is_none());
 
         // An unknown conversation: nothing found, the key is still the head key.
         let other = chat(&["sys", "another task"]);
         let found = arrive(&conversations, None, &other, 9).await;
-        assert!(found.previous.is_none() && found.prefix.is_none());
+        assert!(found.previous.is_none() && found.compared.is_none());
         assert_eq!(found.key, head_key(Dialect::OpenAiChat, other.as_bytes()));
 
         // A route without a conversation looks nothing up.
         let earlier = Earlier::new(&conversations, None, Some("conv-1"));
         assert!(earlier.finish(last.as_bytes()).is_none());
+    }
+
+    #[tokio::test]
+    async fn what_a_body_was_compared_with_outlives_its_replacement_while_the_body_arrives() {
+        let conversations = Conversations::new(Duration::from_secs(60));
+        let last = chat(&["sys", "task", "turn 1"]);
+        let next = chat(&["sys", "task", "turn 1", "turn 2"]);
+        let scanned_body = |p: &Previous| p.scanned(Dialect::OpenAiChat).unwrap().body().clone();
+        keep_last(&conversations, "conv-1", &last);
+        let kept = scanned_body(&conversations.peek_previous("conv-1").unwrap());
+
+        let mut earlier = Earlier::new(&conversations, Some(Dialect::OpenAiChat), Some("conv-1"));
+        let (a, _) = next.as_bytes().split_at(30);
+        earlier.arrived(a, a.len());
+        // Another request of the conversation finishes meanwhile: it is the last one now.
+        keep_last(&conversations, "conv-1", &last);
+        let replacing = scanned_body(&conversations.peek_previous("conv-1").unwrap());
+        assert_ne!(replacing.as_ptr(), kept.as_ptr());
+        earlier.arrived(next.as_bytes(), next.len() - a.len());
+
+        let found = earlier.finish(next.as_bytes()).unwrap();
+        let compared = found.compared.expect("compared while it arrived");
+        assert_eq!(scanned_body(&compared.request).as_ptr(), kept.as_ptr());
+        assert_eq!(compared.prefix.equal(), last.len() - "]}".len());
+        let previous = found.previous.expect("the last request");
+        assert_eq!(scanned_body(&previous).as_ptr(), replacing.as_ptr());
     }
 
     #[test]

@@ -159,23 +159,28 @@ impl MessageCache {
     }
 
     /// Reads a request's history after its conversation's last request (`previous`, when
-    /// known): the scan resumes after the bytes both bodies share (those `prefix` compared
-    /// as the body arrived are not compared again), unchanged messages come
+    /// known): the scan resumes after the bytes both bodies share, unchanged messages come
     /// from the cache ([`MessageCache::items`]), and the usual request, which adds a turn
     /// to the last one, extends that request's transcript rather than copying every
     /// cached item into a new one (which grows with the history).
+    ///
+    /// `compared`, when the body was compared while it arrived, is what it was compared
+    /// with: the scan resumes after that request (the bytes found equal are not compared
+    /// again), even when it is no longer the conversation's last one.
     pub fn read_history(
         &self,
         dialect: Dialect,
         body: &Bytes,
         stream_path: bool,
         mut previous: Option<Previous>,
-        prefix: Option<&SharedPrefix>,
+        compared: Option<&Compared>,
     ) -> Result<History, ParseError> {
-        let after = previous.as_ref().and_then(|p| p.scanned(dialect));
+        let read_after = compared.map(|c| &c.request).or(previous.as_ref());
+        let after = read_after.and_then(|p| p.scanned(dialect));
+        let prefix = compared.map(|c| &c.prefix);
         let (view, scanned) = dialect.view_after(body, stream_path, after, prefix)?;
         let unchanged = scanned.as_ref().map_or(0, Scanned::unchanged);
-        let messages = self.items(dialect, &view.messages, previous.as_ref(), unchanged);
+        let messages = self.items(dialect, &view.messages, read_after, unchanged);
         let continued = previous
             .as_mut()
             .and_then(|p| p.continue_transcript(&view.preamble, &messages));
@@ -218,6 +223,19 @@ pub struct History {
     pub preamble: Vec<Item>,
     pub model: Option<String>,
     pub stream: bool,
+}
+
+/// The conversation's last request as it was when a body started arriving, and how much
+/// of the body repeats its bytes ([`SharedPrefix`], compared frame by frame).
+///
+/// Kept until the body is read, because the conversation's last request may change
+/// meanwhile: with several requests of one conversation in flight, one that finishes
+/// replaces it. Reading after the new one would compare the whole shared history again
+/// after the body's last byte (2 MB: ~270 k instructions on the request's way upstream),
+/// which is what comparing while the body arrives is for.
+pub struct Compared {
+    pub request: Previous,
+    pub prefix: SharedPrefix,
 }
 
 /// A conversation's last request: what was read in it, shared by every request that reads
@@ -526,6 +544,81 @@ mod tests {
             carried(&body(&[sys, user]), named("c"), &body(&[other, user, turn])),
             None
         );
+    }
+
+    #[test]
+    fn a_body_is_read_after_what_it_was_compared_with_even_once_that_is_replaced() {
+        let body = |turns: &[&str]| {
+            let messages: Vec<String> = turns
+                .iter()
+                .map(|t| format!(r#"{{"role":"user","content":"{t}"}}"#))
+                .collect();
+            Bytes::from(format!(
+                r#"{{"model":"m","messages":[{}]}}"#,
+                messages.join(",")
+            ))
+        };
+        let last = body(&["sys", "task", "turn 1"]);
+        let next = body(&["sys", "task", "turn 1", "turn 2"]);
+        let fresh = MessageCache::new(1 << 20, Duration::from_secs(60))
+            .read_history(Dialect::OpenAiChat, &next, false, None, None)
+            .unwrap();
+        // The request that finished while `next` arrived has the same history as `last`:
+        // read after it with the same cache (the same parsed items, so its transcript is
+        // continued) or on its own (other items: a transcript is built).
+        for same_cache in [true, false] {
+            let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
+            let first = cache
+                .read_history(Dialect::OpenAiChat, &last, false, None, None)
+                .unwrap();
+            let mut compared_with = first.request;
+            compared_with.keep_transcript(first.preamble, first.transcript, None);
+            let mut prefix = SharedPrefix::new(compared_with.scanned(Dialect::OpenAiChat).unwrap());
+            let (a, b) = next.split_at(20);
+            prefix.arrived(a);
+            prefix.arrived(b);
+            assert_eq!(prefix.equal(), last.len() - "]}".len());
+            let compared = Compared {
+                request: compared_with.share(),
+                prefix,
+            };
+            let other = MessageCache::new(1 << 20, Duration::from_secs(60));
+            let copy = Bytes::copy_from_slice(&last);
+            let finished = if same_cache {
+                cache.read_history(
+                    Dialect::OpenAiChat,
+                    &copy,
+                    false,
+                    Some(compared_with.lend()),
+                    None,
+                )
+            } else {
+                other.read_history(Dialect::OpenAiChat, &copy, false, None, None)
+            }
+            .unwrap();
+            let mut replaced_by = finished.request;
+            replaced_by.keep_transcript(finished.preamble, finished.transcript, None);
+
+            let read = cache
+                .read_history(
+                    Dialect::OpenAiChat,
+                    &next,
+                    false,
+                    Some(replaced_by.lend()),
+                    Some(&compared),
+                )
+                .unwrap();
+            assert_eq!(
+                read.transcript, fresh.transcript,
+                "same cache: {same_cache}"
+            );
+            let items = &read.request.read.items;
+            assert_eq!(items.len(), 4);
+            assert!(
+                (0..3).all(|i| Arc::ptr_eq(&items[i], &compared.request.read.items[i])),
+                "the unchanged messages are those of the request compared with"
+            );
+        }
     }
 
     #[test]

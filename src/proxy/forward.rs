@@ -100,14 +100,14 @@ fn analyse(
     let Found {
         key: previous_key,
         previous,
-        prefix,
+        compared,
     } = found;
     let history = match app.cache.read_history(
         dialect,
         body,
         stream_path,
         previous,
-        prefix.as_ref(),
+        compared.as_ref(),
     ) {
         Ok(history) => history,
         Err(e) => {
