@@ -7,7 +7,8 @@ Prints, per load, loopwarden against nginx: CPU per request (target: <= 4x on 8.
 <= 2.5x on 209 KB and 2 MB), added p50 latency over a direct connection (<= 2x nginx's),
 time to first token on streams (<= nginx + 0.3 ms), and peak memory (< 64 MB at 64
 concurrent 209 KB requests). With LOG_DB (or the loopwarden-*.db the run wrote), also
-the proxy's own overhead as it logged it (requests.proxy_overhead_us), per request size.
+the proxy's own overhead as it logged it (requests.proxy_overhead_us, and without the
+request body's arrival, requests.body_read_us), per request size.
 """
 import glob
 import json
@@ -109,22 +110,36 @@ if db is None:
     db = cands[0] if cands else None
 if db and os.path.exists(db):
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    rows = con.execute("SELECT request_bytes, stream, proxy_overhead_us FROM requests").fetchall()
+    # body_read_us: logs written before that column existed have none.
+    cols = [r[1] for r in con.execute("PRAGMA table_info(requests)")]
+    read_col = "body_read_us" if "body_read_us" in cols else "NULL"
+    rows = con.execute(f"SELECT request_bytes, stream, proxy_overhead_us, {read_col} FROM requests").fetchall()
     buckets = {}
-    for size, stream, us in rows:
+    for size, stream, us, read in rows:
         label = "8.8 KB" if size < 50_000 else "209 KB" if size < 1_000_000 else "2 MB"
-        buckets.setdefault((label, "stream" if stream else "plain"), []).append(us)
+        buckets.setdefault((label, "stream" if stream else "plain"), []).append((us, read))
     if buckets:
         P("The proxy's own overhead as it logged it (`requests.proxy_overhead_us`: time in the proxy "
-          "minus time waiting for the upstream, including reading the request body off the socket):")
+          "minus time waiting for the upstream, including the request body's arrival, "
+          "`requests.body_read_us`, which is the client sending; the last columns are the overhead "
+          "without it, the proxy's own work):")
         P("")
-        P("| request | requests | p50 µs | p99 µs |")
-        P("|---|---:|---:|---:|")
+        P("| request | requests | p50 µs | p99 µs | body arrival p50 µs | without it p50 µs | without it p99 µs |")
+        P("|---|---:|---:|---:|---:|---:|---:|")
         order = {"8.8 KB": 0, "209 KB": 1, "2 MB": 2}
-        for (label, kind), xs in sorted(buckets.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
-            xs.sort()
+
+        def quantiles(xs):
+            xs = sorted(xs)
+            if not xs:
+                return ("–", "–")
             pick = lambda q: xs[min(len(xs) - 1, round((len(xs) - 1) * q))]
-            P(f"| {label} {kind} | {len(xs)} | {pick(0.5)} | {pick(0.99)} |")
+            return (pick(0.5), pick(0.99))
+
+        for (label, kind), pairs in sorted(buckets.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
+            p50, p99 = quantiles([us for us, _ in pairs])
+            read50, _ = quantiles([r for _, r in pairs if r is not None])
+            own50, own99 = quantiles([us - r for us, r in pairs if r is not None])
+            P(f"| {label} {kind} | {len(pairs)} | {p50} | {p99} | {read50} | {own50} | {own99} |")
         P("")
 
 print("\n".join(out))

@@ -112,6 +112,50 @@ async fn without_a_token_loopback_clients_see_the_timeline() {
     assert!(stats["log"]["written"].as_u64().unwrap() > 0);
 }
 
+/// A client that pauses halfway through its body: the pause is the client's, and the log
+/// and the stats keep it apart from the proxy's own work.
+#[tokio::test]
+async fn the_body_s_arrival_is_told_apart_from_the_proxy_s_own_work() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const PAUSE: std::time::Duration = std::time::Duration::from_millis(300);
+    let mock = MockServer::start(Script::default()).await.unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    let body = Api::Chat.first_request("a task", false).to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let (first, rest) = body.split_at(body.len() / 2);
+    let mut tcp = tokio::net::TcpStream::connect(proxy.running.addr())
+        .await
+        .unwrap();
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(first.as_bytes()).await.unwrap();
+    tokio::time::sleep(PAUSE).await;
+    tcp.write_all(rest.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tcp.read_to_end(&mut answer).await.unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200"));
+    proxy.running.flush_log().await;
+
+    let rows = proxy
+        .rows("SELECT proxy_overhead_us, body_read_us FROM requests")
+        .await;
+    assert_eq!(rows.len(), 1);
+    let overhead = rows[0]["proxy_overhead_us"].as_i64().unwrap();
+    let body_read = rows[0]["body_read_us"].as_i64().unwrap();
+    assert!(body_read >= PAUSE.as_micros() as i64, "{}", rows[0]);
+    assert!(overhead >= body_read, "{}", rows[0]);
+
+    let (_, stats) = get(proxy.url("/admin/api/stats"), None).await;
+    let stats = &stats["proxy_overhead_us"];
+    assert_eq!(stats["requests"], 1);
+    assert_eq!(stats["p50_us"], overhead);
+    assert_eq!(stats["body_read"]["p50_us"], body_read);
+    assert_eq!(stats["after_body_read"]["p50_us"], overhead - body_read);
+}
+
 #[tokio::test]
 async fn idle_conversations_leave_nothing_in_memory() {
     let mock = MockServer::start(Script::default()).await.unwrap();

@@ -119,7 +119,9 @@ async fn a_conversation_with_a_tool_call_is_logged_in_every_api() {
                 row["upstream_total_us"].as_i64() >= row["upstream_latency_us"].as_i64(),
                 "{what}"
             );
-            assert!(row["proxy_overhead_us"].as_i64().is_some(), "{what}");
+            let overhead = row["proxy_overhead_us"].as_i64().unwrap();
+            let body_read = row["body_read_us"].as_i64().unwrap();
+            assert!((0..=overhead).contains(&body_read), "{what}: {row}");
             assert!(
                 !row["path"].as_str().unwrap().contains('?'),
                 "{what}: the query is never logged"

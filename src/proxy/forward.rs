@@ -203,6 +203,9 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
             return errors::refused(route.upstream, status, &message);
         }
     };
+    // The client's sending, which the overhead includes: logged apart so that the proxy's
+    // own work can be told from it.
+    let body_read = started.elapsed();
 
     let mut analysis = analyse(&app, &route, &parts.headers, &body, stated, earlier);
     let request_id = next_request_id();
@@ -259,6 +262,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let mut finished = new_record(&app, &parts, &route, &body, analysis, applied, started_ms);
     // The id the intervention log already used for this request.
     finished.row.id = request_id;
+    finished.row.body_read_us = Some(body_read.as_micros() as i64);
     let stamp = Stamp {
         conversation: HeaderValue::from_str(&finished.row.conversation_id).ok(),
         decision: finished
@@ -572,6 +576,7 @@ fn new_record(
         upstream_latency_us: None,
         upstream_total_us: None,
         proxy_overhead_us: 0,
+        body_read_us: None,
         input_tokens: None,
         output_tokens: None,
         stop_reason: None,

@@ -116,6 +116,8 @@ pub struct RequestRow {
     pub upstream_latency_us: Option<i64>,
     pub upstream_total_us: Option<i64>,
     pub proxy_overhead_us: i64,
+    /// Request head to the body's last byte (`migrations/0003_body_read.sql`).
+    pub body_read_us: Option<i64>,
     pub input_tokens: Option<i64>,
     pub output_tokens: Option<i64>,
     pub stop_reason: Option<String>,
@@ -364,6 +366,7 @@ mod tests {
             upstream_latency_us: Some(5),
             upstream_total_us: Some(9),
             proxy_overhead_us: 1,
+            body_read_us: Some(0),
             input_tokens: None,
             output_tokens: None,
             stop_reason: None,

@@ -122,27 +122,58 @@ pub async fn timeline(pool: &SqlitePool, id: &str) -> Result<Option<Timeline>, s
 #[derive(Debug, Clone, Serialize)]
 pub struct OverheadStats {
     pub requests: usize,
+    /// Of `proxy_overhead_us` (total minus waiting for the upstream).
+    #[serde(flatten)]
+    pub overhead: Quantiles,
+    /// The request body's arrival, which the overhead includes: the client sending, long
+    /// for a large body from a slow client whatever the proxy does.
+    pub body_read: Quantiles,
+    /// The overhead without the body's arrival: the proxy's own work (over the requests
+    /// logged with `body_read_us`).
+    pub after_body_read: Quantiles,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Quantiles {
     pub p50_us: Option<i64>,
     pub p99_us: Option<i64>,
     pub max_us: Option<i64>,
 }
 
+impl Quantiles {
+    fn of(mut values: Vec<i64>) -> Quantiles {
+        values.sort_unstable();
+        let pick = |q: f64| -> Option<i64> {
+            let last = values.len().checked_sub(1)?;
+            values.get(((last as f64) * q).round() as usize).copied()
+        };
+        Quantiles {
+            p50_us: pick(0.5),
+            p99_us: pick(0.99),
+            max_us: values.last().copied(),
+        }
+    }
+}
+
 pub async fn overhead(pool: &SqlitePool, last: i64) -> Result<OverheadStats, sqlx::Error> {
-    let mut values: Vec<i64> = sqlx::query_scalar(
-        "SELECT proxy_overhead_us FROM requests ORDER BY started_ms DESC LIMIT ?1",
+    let rows: Vec<(i64, Option<i64>)> = sqlx::query_as(
+        "SELECT proxy_overhead_us, body_read_us FROM requests ORDER BY started_ms DESC LIMIT ?1",
     )
     .bind(last)
     .fetch_all(pool)
     .await?;
-    values.sort_unstable();
-    let pick = |q: f64| -> Option<i64> {
-        let last = values.len().checked_sub(1)?;
-        values.get(((last as f64) * q).round() as usize).copied()
-    };
+    let read: Vec<(i64, i64)> = rows
+        .iter()
+        .filter_map(|&(overhead, read)| Some((overhead, read?)))
+        .collect();
     Ok(OverheadStats {
-        requests: values.len(),
-        p50_us: pick(0.5),
-        p99_us: pick(0.99),
-        max_us: values.last().copied(),
+        requests: rows.len(),
+        overhead: Quantiles::of(rows.iter().map(|&(overhead, _)| overhead).collect()),
+        body_read: Quantiles::of(read.iter().map(|&(_, read)| read).collect()),
+        after_body_read: Quantiles::of(
+            read.iter()
+                .map(|&(overhead, read)| overhead.saturating_sub(read))
+                .collect(),
+        ),
     })
 }

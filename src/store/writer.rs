@@ -245,7 +245,7 @@ struct Statements<'c> {
 /// values are the same as one row at a time; a row whose id is already in (also earlier
 /// in the same statement) replaces it, as it did one by one.
 const REQUEST_CHUNKS: usize = 4;
-const REQUEST_COLUMNS: usize = 24;
+const REQUEST_COLUMNS: usize = 25;
 
 /// `INSERT OR REPLACE INTO requests (...) VALUES (?, ...), ...` for `rows` rows, the
 /// columns in [`bind_request`]'s order.
@@ -256,7 +256,7 @@ fn insert_requests(rows: usize) -> String {
            (id, conversation_id, started_ms, method, path, upstream, dialect, model,
             stream, parse, parse_error, steps, decision, applied, status, outcome,
             request_bytes, response_bytes, upstream_latency_us, upstream_total_us,
-            proxy_overhead_us, input_tokens, output_tokens, stop_reason)
+            proxy_overhead_us, body_read_us, input_tokens, output_tokens, stop_reason)
          VALUES {}",
         vec![one; rows].join(", ")
     )
@@ -286,6 +286,7 @@ fn bind_request(stmt: &mut Statement<'_>, first: usize, r: &RequestRow) -> rusql
         &r.upstream_latency_us,
         &r.upstream_total_us,
         &r.proxy_overhead_us,
+        &r.body_read_us,
         &r.input_tokens,
         &r.output_tokens,
         &r.stop_reason,
