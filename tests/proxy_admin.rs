@@ -117,7 +117,7 @@ async fn without_a_token_loopback_clients_see_the_timeline() {
 #[tokio::test]
 async fn the_body_s_arrival_is_told_apart_from_the_proxy_s_own_work() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    const PAUSE: std::time::Duration = std::time::Duration::from_millis(300);
+    const PAUSE: std::time::Duration = std::time::Duration::from_millis(400);
     let mock = MockServer::start(Script::default()).await.unwrap();
     let proxy = TestProxy::start(&mock.url()).await;
     let body = Api::Chat.first_request("a task", false).to_string();
@@ -145,7 +145,9 @@ async fn the_body_s_arrival_is_told_apart_from_the_proxy_s_own_work() {
     assert_eq!(rows.len(), 1);
     let overhead = rows[0]["proxy_overhead_us"].as_i64().unwrap();
     let body_read = rows[0]["body_read_us"].as_i64().unwrap();
-    assert!(body_read >= PAUSE.as_micros() as i64, "{}", rows[0]);
+    // The clock starts once the proxy has the head, which a loaded machine may take a while
+    // to get to: most of the pause, not all of it, is certain to fall in the body's arrival.
+    assert!(body_read >= PAUSE.as_micros() as i64 / 2, "{}", rows[0]);
     assert!(overhead >= body_read, "{}", rows[0]);
 
     let (_, stats) = get(proxy.url("/admin/api/stats"), None).await;
