@@ -15,19 +15,26 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
-    args_from_raw, content_text, insert_after, offers_tools, push_into_array, push_line, random_id,
-    replace_span, span_of, system_preamble, Dialect, HaltToolCall, ParseError, RequestView,
-    ResponseTurn, StreamEventKind, TopLevel, UpstreamFailure,
+    args_from_raw, content_text, insert_after, offers_tools, preamble_of, push_into_array,
+    push_line, random_id, replace_span, span_of, system_preamble, Dialect, EarlierPreamble,
+    HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind, TopLevel,
+    UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
-pub(super) fn view<'a>(top: &TopLevel<'a>) -> Result<RequestView<'a>, ParseError> {
-    let system = content_text(top.raw("system"));
+pub(super) fn view<'a>(
+    top: &TopLevel<'a>,
+    earlier: Option<EarlierPreamble<'_>>,
+) -> Result<RequestView<'a>, ParseError> {
+    let system = top.raw("system");
     Ok(RequestView {
         model: top.field("model")?,
         stream: top.field("stream")?.unwrap_or(false),
         has_tools: offers_tools(top.raw("tools")),
-        preamble: system_preamble(system),
+        preamble: preamble_of(system, earlier, |raw| {
+            system_preamble(content_text(Some(raw)))
+        }),
+        preamble_source: system,
         messages: top.messages()?,
     })
 }

@@ -16,26 +16,26 @@ use serde_json::json;
 
 use super::framing::{write_sse, Frame};
 use super::{
-    args_from_raw, insert_after, offers_tools, push_into_array, random_id, system_preamble,
-    value_text, Dialect, HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind,
-    TopLevel, UpstreamFailure,
+    args_from_raw, insert_after, offers_tools, preamble_of, push_into_array, random_id,
+    system_preamble, value_text, Dialect, EarlierPreamble, HaltToolCall, ParseError, RequestView,
+    ResponseTurn, StreamEventKind, TopLevel, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
 pub(super) fn view<'a>(
     top: &TopLevel<'a>,
     stream_path: bool,
+    earlier: Option<EarlierPreamble<'_>>,
 ) -> Result<RequestView<'a>, ParseError> {
     let system = top
         .raw("systemInstruction")
-        .or_else(|| top.raw("system_instruction"))
-        .map(content_text)
-        .unwrap_or_default();
+        .or_else(|| top.raw("system_instruction"));
     Ok(RequestView {
         model: top.field("model")?,
         stream: stream_path,
         has_tools: offers_tools(top.raw("tools")),
-        preamble: system_preamble(system),
+        preamble: preamble_of(system, earlier, |raw| system_preamble(content_text(raw))),
+        preamble_source: system,
         messages: top.messages()?,
     })
 }

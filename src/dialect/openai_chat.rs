@@ -28,6 +28,7 @@ pub(super) fn view<'a>(top: &TopLevel<'a>) -> Result<RequestView<'a>, ParseError
         // `functions`: the pre-tools function calling API
         has_tools: offers_tools(top.raw("tools")) || offers_tools(top.raw("functions")),
         preamble: Vec::new(),
+        preamble_source: None,
         messages: top.messages()?,
     })
 }

@@ -17,24 +17,30 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
-    args_from_raw, args_from_text, content_text, offers_tools, push_into_array, random_id,
-    replace_span, span_of, system_preamble, unix_now, Dialect, HaltToolCall, ParseError,
-    RawMessage, RequestView, ResponseTurn, StreamEventKind, TopLevel,
+    args_from_raw, args_from_text, content_text, offers_tools, preamble_of, push_into_array,
+    random_id, replace_span, span_of, system_preamble, unix_now, Dialect, EarlierPreamble,
+    HaltToolCall, ParseError, RawMessage, RequestView, ResponseTurn, StreamEventKind, TopLevel,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
-pub(super) fn view<'a>(top: &TopLevel<'a>) -> Result<RequestView<'a>, ParseError> {
+pub(super) fn view<'a>(
+    top: &TopLevel<'a>,
+    earlier: Option<EarlierPreamble<'_>>,
+) -> Result<RequestView<'a>, ParseError> {
     let messages = match top.raw("input") {
         // A plain string input is one user message; parse_message reads it as such.
         Some(input) if input.starts_with('"') => vec![RawMessage(input)],
         _ => top.messages()?,
     };
-    let instructions = content_text(top.raw("instructions"));
+    let instructions = top.raw("instructions");
     Ok(RequestView {
         model: top.field("model")?,
         stream: top.field("stream")?.unwrap_or(false),
         has_tools: offers_tools(top.raw("tools")),
-        preamble: system_preamble(instructions),
+        preamble: preamble_of(instructions, earlier, |raw| {
+            system_preamble(content_text(Some(raw)))
+        }),
+        preamble_source: instructions,
         messages,
     })
 }

@@ -7,7 +7,11 @@
 //! is fully parsed later, once, when `parse_message` reads it (and the caller caches
 //! that), and the top-level fields we read are parsed with serde.
 
+use std::ops::Range;
+
 use bytes::Bytes;
+
+use crate::transcript::Item;
 
 /// Why a body is not the JSON object we expected.
 #[derive(Debug)]
@@ -501,6 +505,7 @@ impl<'a> Object<'a> {
             body: body.clone(),
             members: self.members,
             unchanged: self.unchanged,
+            preamble: None,
         })
     }
 }
@@ -513,6 +518,10 @@ pub struct Scanned {
     body: Bytes,
     members: Vec<Member>,
     unchanged: usize,
+    /// The preamble the dialect read from the body (its system prompt), with where the
+    /// member it was read from lies: the next request reuses it when its member has the
+    /// same bytes (see `Dialect::view_after`).
+    pub(super) preamble: Option<(Range<usize>, Vec<Item>)>,
 }
 
 impl Scanned {
