@@ -633,10 +633,6 @@ mod tests {
         ))
     }
 
-    fn system_of(view: &RequestView<'_>) -> Vec<Item> {
-        view.preamble.clone()
-    }
-
     #[test]
     fn the_preamble_is_the_earlier_request_s_while_its_bytes_are_the_same() {
         let first = request("be brief", 1);
@@ -649,7 +645,7 @@ mod tests {
             &first[span.clone()],
             view.preamble_source.unwrap().as_bytes()
         );
-        assert_eq!(items, system_of(&view));
+        assert_eq!(items, view.preamble);
         // Marked, to tell a reused preamble from one read again.
         let marked = vec![Item::System {
             text: "reused".into(),
@@ -660,14 +656,14 @@ mod tests {
         let (view, _) = Dialect::Anthropic
             .view_after(&next, false, Some(&before), None)
             .unwrap();
-        assert_eq!(system_of(&view), marked, "the same bytes: reused");
+        assert_eq!(view.preamble, marked, "the same bytes: reused");
 
         let changed = request("be thorough", 2);
         let (view, _) = Dialect::Anthropic
             .view_after(&changed, false, Some(&before), None)
             .unwrap();
         assert_eq!(
-            system_of(&view),
+            view.preamble,
             vec![Item::System {
                 text: "be thorough".into()
             }],
