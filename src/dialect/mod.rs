@@ -254,10 +254,12 @@ impl Dialect {
     }
 
     /// The raw bytes of the first `n` messages of a request body, found without reading
-    /// the rest of the history (nor checking it): what recognises a conversation that
-    /// states no id. A body that is not a request of this API gives fewer or none.
+    /// the rest of the history (nor checking it) or the members before it: what recognises
+    /// a conversation that states no id. A guess ([`scan::first_elements_guessed`]): fine
+    /// for finding an earlier request to compare with, not for reading the request. A body
+    /// that is not a request of this API gives fewer or none.
     pub fn first_messages(self, body: &[u8], n: usize) -> Vec<&[u8]> {
-        scan::first_elements(body, self.history_key(), n)
+        scan::first_elements_guessed(body, self.history_key(), n)
             .into_iter()
             .filter_map(|(a, b)| body.get(a..b))
             .collect()

@@ -226,6 +226,25 @@ fn skip_ws(s: &[u8], mut i: usize) -> usize {
 /// enough to recognise a conversation by its first messages without reading its history.
 /// Structure past them is not checked; a body that is not an object gives none.
 pub(crate) fn first_elements(s: &[u8], key: &str, n: usize) -> Vec<(usize, usize)> {
+    first_elements_walked(s, key, n, false)
+}
+
+/// [`first_elements`], found without walking the containers before the member: some
+/// clients put large members first (Anthropic's `system` and `tools`, 4 KB of the bench's
+/// 8.8 KB request), and walking them cost more than the rest of reading the request's top
+/// level (20.7 k instructions). Members are walked while they are scalars (`model`,
+/// `max_tokens`: cheap); at the first object or array that is not the member, the rest is
+/// searched instead for the first `"key"` that reads as a member name with an array value
+/// (after `{` or `,`, then `:` and `[`). A nested member of that name and shape is taken
+/// if it comes first, so this is a guess, and the caller must allow for it: the
+/// conversation key only finds an earlier request to compare with, so a wrong guess costs
+/// speed, never a wrong reading. When the search finds no such array, the member is
+/// walked to ([`first_elements`]).
+pub(crate) fn first_elements_guessed(s: &[u8], key: &str, n: usize) -> Vec<(usize, usize)> {
+    first_elements_walked(s, key, n, true)
+}
+
+fn first_elements_walked(s: &[u8], key: &str, n: usize, guess: bool) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut i = skip_ws(s, 0);
     if s.get(i) != Some(&b'{') {
@@ -243,14 +262,15 @@ pub(crate) fn first_elements(s: &[u8], key: &str, n: usize) -> Vec<(usize, usize
         }
         i = skip_ws(s, i + 1);
         if found && s.get(i) == Some(&b'[') {
-            let walk = Walk {
-                stack: Vec::with_capacity(32),
-                element_start: 0,
-                i,
-            };
-            // An error past the first elements is the full parse's to report.
-            let _ = walk.run(s, Some(&mut out), n);
+            elements_from(s, i, n, &mut out);
             break;
+        }
+        if guess && !found && matches!(s.get(i), Some(b'[' | b'{')) {
+            if let Some(open) = array_member_after(s, i, key) {
+                elements_from(s, open, n, &mut out);
+                return out;
+            }
+            return first_elements(s, key, n);
         }
         let Ok(end) = value_end(s, i, None) else {
             break;
@@ -267,6 +287,46 @@ pub(crate) fn first_elements(s: &[u8], key: &str, n: usize) -> Vec<(usize, usize
     }
     out.truncate(n);
     out
+}
+
+/// Pushes the spans of the first `n` elements of the array opening at `open` (fewer when
+/// the body ends first).
+fn elements_from(s: &[u8], open: usize, n: usize, out: &mut Vec<(usize, usize)>) {
+    let walk = Walk {
+        stack: Vec::with_capacity(32),
+        element_start: 0,
+        i: open,
+    };
+    // An error past the first elements is the full parse's to report.
+    let _ = walk.run(s, Some(out), n);
+    out.truncate(n);
+}
+
+/// Where the array value opens of the first `"key"` at or after `from` that reads as a
+/// member name with an array value (see [`first_elements_guessed`]).
+fn array_member_after(s: &[u8], from: usize, key: &str) -> Option<usize> {
+    let rest = s.get(from..)?;
+    memchr::memmem::find_iter(rest, key.as_bytes()).find_map(|at| {
+        let at = from + at;
+        // The name's quotes, a `{` or `,` before it and a `:` then `[` after it.
+        let (open_quote, close_quote) = (at.checked_sub(1)?, at + key.len());
+        if s.get(open_quote) != Some(&b'"') || s.get(close_quote) != Some(&b'"') {
+            return None;
+        }
+        let before = s[..open_quote]
+            .iter()
+            .rev()
+            .find(|b| !b.is_ascii_whitespace());
+        if !matches!(before, Some(b'{' | b',')) {
+            return None;
+        }
+        let colon = skip_ws(s, close_quote + 1);
+        if s.get(colon) != Some(&b':') {
+            return None;
+        }
+        let open = skip_ws(s, colon + 1);
+        (s.get(open) == Some(&b'[')).then_some(open)
+    })
 }
 
 /// A top-level member, as byte spans of the body: its key (without the quotes), its raw
@@ -626,6 +686,62 @@ mod tests {
         let text = std::str::from_utf8(&bytes).unwrap();
         let object = Object::parse(text).unwrap();
         object.into_scanned(&bytes).unwrap()
+    }
+
+    #[test]
+    fn the_first_elements_are_guessed_without_walking_the_members_before_them() {
+        let spans = |s: &str, n| {
+            first_elements_guessed(s.as_bytes(), "messages", n)
+                .into_iter()
+                .map(|(a, b)| s[a..b].to_string())
+                .collect::<Vec<_>>()
+        };
+        let exact = |s: &str, n| {
+            first_elements(s.as_bytes(), "messages", n)
+                .into_iter()
+                .map(|(a, b)| s[a..b].to_string())
+                .collect::<Vec<_>>()
+        };
+        // Large members first, in any JSON spacing: the same as the exact walk.
+        for body in [
+            r#"{"system":[{"type":"text","text":"say \"messages\": [x]"}],"tools":[{"name":"t","input_schema":{"properties":{"messages":{"type":"array"}}}}],"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"},{"c":3}]}"#,
+            "{\"model\": \"m\",\n  \"messages\" : [ {\"a\": 1} , {\"b\": [2]} ]}",
+            r#"{"messages":[{"a":1}]}"#,
+            r#"{"model":"m","max_tokens":5,"system":[{"text":"s"}],"messages":[{"a":1},{"b":2}]}"#,
+            r#"{"messages":[]}"#,
+        ] {
+            for n in [1, 2] {
+                assert_eq!(spans(body, n), exact(body, n), "{body}");
+            }
+        }
+        assert_eq!(
+            spans(r#"{"system":"s","messages":[{"a":1},{"b":2},{"c":3}]}"#, 2),
+            vec![r#"{"a":1}"#, r#"{"b":2}"#]
+        );
+        // Cut off while arriving: only the elements that are whole.
+        assert_eq!(
+            spans(r#"{"system":"s","messages":[{"a":1},{"b":"#, 2),
+            vec![r#"{"a":1}"#]
+        );
+        // Not an array (OpenAI Responses' `input` as a string), after a container or not:
+        // the exact walk.
+        for body in [
+            &br#"{"input":"hello"}"#[..],
+            br#"{"tools":[1],"input":"hello"}"#,
+        ] {
+            let found = first_elements_guessed(body, "input", 2);
+            assert_eq!(found, first_elements(body, "input", 2));
+            assert_eq!(found.len(), 1);
+        }
+        assert_eq!(first_elements_guessed(b"not json", "messages", 2), vec![]);
+        // A nested array of that name before the top-level one is what a guess takes.
+        assert_eq!(
+            spans(
+                r#"{"metadata":{"messages":[{"x":1}]},"messages":[{"a":1},{"b":2}]}"#,
+                2
+            ),
+            vec![r#"{"x":1}"#]
+        );
     }
 
     #[test]
