@@ -9,6 +9,7 @@
 //! request path.
 
 pub mod admin;
+pub mod allocator;
 pub mod body;
 pub mod cache;
 pub mod conversations;
@@ -364,6 +365,9 @@ pub fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    if !allocator::keep_large_blocks() {
+        tracing::debug!("allocator settings left to the environment");
+    }
     // The main thread is one of the serving threads (see `serve_thread` for why each has a
     // single-threaded event loop).
     let runtime = tokio::runtime::Builder::new_current_thread()
