@@ -219,15 +219,18 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     })
 }
 
-/// Largest read buffer hyper keeps per client connection (its default is ~400 KiB). hyper
-/// grows a connection's buffer to the size of its largest reads and never shrinks it, so
-/// every keep-alive connection holds what it once needed for as long as it stays open,
-/// beside the body itself (which is read frame by frame into a buffer of its own:
-/// `body::read_body`). The cap also bounds a request's header section: 32 KiB is what
-/// nginx accepts by default (4 buffers of 8 KiB). At 64 connections sending 209 KB bodies,
-/// 64 KiB held ~7 MB of read buffers (heap profile); 32 KiB took peak RSS from 45 to 42 MB
-/// on a fresh process, with no CPU difference visible (BENCHMARKS.md, "Memory").
-const READ_BUFFER_MAX: usize = 32 * 1024;
+/// Largest read buffer hyper keeps per client connection (its default is ~400 KiB), and so
+/// the largest read a body arrives in. hyper grows a connection's buffer to the size of its
+/// largest reads and never shrinks it, so every keep-alive connection holds what it once
+/// needed for as long as it stays open, beside the body itself (which is read frame by
+/// frame into a buffer of its own: `body::read_body`). Each read costs a wake-up, a copy
+/// into the body's buffer and a comparison with the conversation's last body: at 32 KiB a
+/// 2 MB body took 60-odd of them, and the client's upload waited on the proxy (2 MB stream
+/// at c4: time to first token nginx + 1.16 ms, at 64 KiB + 0.70). 128 KiB and more took peak
+/// RSS at 64 × 209 KB over 64 MB; 64 KiB measured within the spread of 32 KiB's
+/// (BENCHMARKS.md, "Session 7"). The cap also bounds a request's header section: 64 KiB,
+/// twice what nginx accepts by default.
+const READ_BUFFER_MAX: usize = 64 * 1024;
 
 /// Where a serving thread's connections come from: thread 0 accepts them (and hands most
 /// to the others, see [`spread`]); the others receive theirs.
