@@ -20,17 +20,14 @@ const MMAP_THRESHOLD: i32 = 8 << 20;
 /// Free memory at the top of a heap up to this much is kept rather than handed back.
 const TRIM_THRESHOLD: i32 = 16 << 20;
 
-/// Sets the thresholds, unless the environment already sets the allocator's (a user's
-/// `GLIBC_TUNABLES=glibc.malloc.…` or `MALLOC_*_` variables win). Called once, before the
-/// serving threads start. Returns whether the settings were applied.
+/// Sets the thresholds, unless the environment already sets the allocator's
+/// ([`set_by_user`]). Called once, before the serving threads start. Returns whether the
+/// settings were applied.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub fn keep_large_blocks() -> bool {
-    let set_by_user = std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc."))
-        || std::env::vars_os().any(|(name, _)| {
-            let name = name.to_string_lossy();
-            name.starts_with("MALLOC_") && name.ends_with('_')
-        });
-    if set_by_user {
+    let tunables = std::env::var("GLIBC_TUNABLES").ok();
+    let names = std::env::vars_os().map(|(name, _)| name.to_string_lossy().into_owned());
+    if set_by_user(tunables.as_deref(), names) {
         return false;
     }
     // SAFETY: mallopt only changes the allocator's parameters, under its own lock.
@@ -38,6 +35,15 @@ pub fn keep_large_blocks() -> bool {
         libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
             && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     }
+}
+
+/// Whether a user tuned glibc's allocator for this process: `GLIBC_TUNABLES` naming a
+/// `glibc.malloc.` setting, or one of the older `MALLOC_…_` variables
+/// (`MALLOC_ARENA_MAX`, `MALLOC_TRIM_THRESHOLD_`, …). Their choice wins over ours.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn set_by_user(tunables: Option<&str>, mut names: impl Iterator<Item = String>) -> bool {
+    tunables.is_some_and(|t| t.contains("glibc.malloc."))
+        || names.any(|name| name.starts_with("MALLOC_"))
 }
 
 /// Other platforms' allocators keep their own defaults.
@@ -76,14 +82,40 @@ mod tests {
     }
 
     #[test]
+    fn a_user_s_own_allocator_settings_win() {
+        let names = |list: &[&str]| list.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        let ordinary = names(&["PATH", "HOME", "RUST_LOG", "LOOPWARDEN_OPENAI_BASE_URL"]);
+        assert!(!set_by_user(None, ordinary.clone().into_iter()));
+        assert!(!set_by_user(
+            Some("glibc.rtld.optional_static_tls=512"),
+            ordinary.clone().into_iter()
+        ));
+        assert!(set_by_user(
+            Some("glibc.malloc.arena_max=2"),
+            ordinary.into_iter()
+        ));
+        for name in [
+            "MALLOC_ARENA_MAX",
+            "MALLOC_TRIM_THRESHOLD_",
+            "MALLOC_MMAP_THRESHOLD_",
+        ] {
+            assert!(
+                set_by_user(None, names(&["PATH", name]).into_iter()),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
     fn freed_bodies_are_reused_without_new_page_faults() {
         assert!(
             keep_large_blocks(),
-            "the test runs with the allocator's own settings"
+            "GLIBC_TUNABLES or MALLOC_* in the test's environment: settings left to it"
         );
-        five_bodies(); // the heap grows to hold them (or already had room)
-                       // With glibc's defaults every round takes ~2,560 faults (10 MB of 4 KiB pages):
-                       // the freed top of the heap is trimmed each time.
+        // The first round grows the heap to hold them (or finds room already there). With
+        // glibc's defaults every later round takes ~2,560 faults (10 MB of 4 KiB pages),
+        // because the freed top of the heap is trimmed each time.
+        five_bodies();
         for round in 1..4 {
             let faults = five_bodies();
             assert!(
