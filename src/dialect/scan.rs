@@ -238,13 +238,13 @@ pub(crate) fn first_elements(s: &[u8], key: &str, n: usize) -> Vec<(usize, usize
 /// (after `{` or `,`, then `:` and `[`). A nested member of that name and shape is taken
 /// if it comes first, so this is a guess, and the caller must allow for it: the
 /// conversation key only finds an earlier request to compare with, so a wrong guess costs
-/// speed, never a wrong reading. When the search finds no such array, the member is
-/// walked to ([`first_elements`]).
+/// speed, never a wrong reading. When the search finds no such array, the walk goes on
+/// exactly from that container, as [`first_elements`] walks.
 pub(crate) fn first_elements_guessed(s: &[u8], key: &str, n: usize) -> Vec<(usize, usize)> {
     first_elements_walked(s, key, n, true)
 }
 
-fn first_elements_walked(s: &[u8], key: &str, n: usize, guess: bool) -> Vec<(usize, usize)> {
+fn first_elements_walked(s: &[u8], key: &str, n: usize, mut guess: bool) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut i = skip_ws(s, 0);
     if s.get(i) != Some(&b'{') {
@@ -268,9 +268,10 @@ fn first_elements_walked(s: &[u8], key: &str, n: usize, guess: bool) -> Vec<(usi
         if guess && !found && matches!(s.get(i), Some(b'[' | b'{')) {
             if let Some(open) = array_member_after(s, i, key) {
                 elements_from(s, open, n, &mut out);
-                return out;
+                break;
             }
-            return first_elements(s, key, n);
+            // No such array anywhere after: walk on exactly from this member.
+            guess = false;
         }
         let Ok(end) = value_end(s, i, None) else {
             break;
@@ -299,7 +300,6 @@ fn elements_from(s: &[u8], open: usize, n: usize, out: &mut Vec<(usize, usize)>)
     };
     // An error past the first elements is the full parse's to report.
     let _ = walk.run(s, Some(out), n);
-    out.truncate(n);
 }
 
 /// Where the array value opens of the first `"key"` at or after `from` that reads as a
