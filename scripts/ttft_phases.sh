@@ -11,7 +11,12 @@
 #   upload    the driver starts writing the body -> the mock has read all of it
 #   mock      -> the mock writes the first token
 #   download  -> the driver has read it
-# Only upload and download pass through the proxy. Medians per round are printed.
+# Only upload and download pass through the proxy. The upload is split further by the
+# proxy's own calls:
+#   in        the driver starts writing -> the proxy has read the whole body
+#   work      -> the proxy starts writing it upstream
+#   out       -> the mock has read all of it
+# Medians per round are printed.
 #
 # Needs: root (perf on tracepoints), perf, nginx, and the harness's mock and driver built
 # by scripts/bench.sh (in $BENCH_TARGET_DIR, default /tmp/lw-bench-target). The mock and
@@ -57,9 +62,13 @@ http {
 EOF
 MOCK_ADDR=127.0.0.1:$MOCK_PORT MOCK_DELAY_MS=5 MOCK_CHUNKS=20 taskset -c 0 "$T/mockup" >/dev/null 2>&1 &
 taskset -c 1 nginx -e "$W/nginx/error.log" -p "$W/nginx" -c "$W/nginx/nginx.conf" >/dev/null 2>&1 &
+NGINX_MASTER=$!
 LOOPWARDEN_OPENAI_BASE_URL=http://127.0.0.1:$MOCK_PORT LOOPWARDEN_ANTHROPIC_BASE_URL=http://127.0.0.1:$MOCK_PORT \
   RUST_LOG=warn taskset -c 1 "$BIN" serve --listen 127.0.0.1:$LW_PORT --db "sqlite://$W/log.db" >/dev/null 2>&1 &
+LW_PID=$!
 sleep 1.5
+# nginx's one worker does the proxying (taskset execs, so $! is the master itself).
+NGINX_WORKER=$(pgrep -P "$NGINX_MASTER" | head -1)
 
 drive() { # port seconds
   taskset -c 0 "$T/benchdrv" --url "http://127.0.0.1:$1$URL_PATH" --body "$PAY" -c "$C" \
@@ -77,8 +86,8 @@ done
 exec perf record -q -a -o "$OUT" "$@"'
 echo "payload $PAYLOAD, concurrency $C, ${SECONDS_PER}s per peer and round; medians in ms"
 for round in $(seq 1 "$ROUNDS"); do
-  for peer in nginx:$NGINX_PORT loopwarden:$LW_PORT; do
-    name=${peer%%:*} port=${peer##*:}
+  for peer in nginx:$NGINX_PORT:$NGINX_WORKER loopwarden:$LW_PORT:$LW_PID; do
+    IFS=: read -r name port pid <<<"$peer"
     drive "$port" 1
     OUT=$W/trace.data bash -c "$FILTERED" >/dev/null 2>&1 &
     rec=$!
@@ -86,7 +95,7 @@ for round in $(seq 1 "$ROUNDS"); do
     drive "$port" "$SECONDS_PER"
     kill -INT $rec; wait $rec 2>/dev/null || true
     printf 'round %s %-10s ' "$round" "$name"
-    perf script -i "$W/trace.data" -F comm,tid,time,event,trace 2>/dev/null \
-      | python3 "$ROOT/scripts/ttft_phases.py"
+    perf script -i "$W/trace.data" -F comm,pid,tid,time,event,trace 2>/dev/null \
+      | python3 "$ROOT/scripts/ttft_phases.py" "$pid"
   done
 done
