@@ -234,15 +234,16 @@ fn first_elements(s: &[u8], key: &str, n: usize) -> Vec<(usize, usize)> {
 
 /// The first elements (as `first_elements` walks to them), found without walking the
 /// containers before the member: some clients put large members first (Anthropic's
-/// `system` and `tools`, 4 KB of the bench's 8.8 KB request), and walking them cost more
-/// than the rest of reading the request's top level (20.7 k instructions). Members are walked while they are scalars (`model`,
-/// `max_tokens`: cheap); at the first object or array that is not the member, the rest is
-/// searched instead for the first `"key"` that reads as a member name with an array value
-/// (after `{` or `,`, then `:` and `[`). A nested member of that name and shape is taken
-/// if it comes first, so this is a guess, and the caller must allow for it: the
-/// conversation key only finds an earlier request to compare with, so a wrong guess costs
-/// speed, never a wrong reading. When the search finds no such array, the walk goes on
-/// exactly from that container.
+/// `system` and `tools`, 4 KB of the bench's 8.8 KB request), and walking them cost
+/// more than the rest of reading the request's top level (20.7 k instructions). Members
+/// are walked while they are scalars (`model`, `max_tokens`: cheap); at the first
+/// object or array that is not the member, the rest is searched instead for the first
+/// `"key"` that reads as a member name with an array value (after `{` or `,`, then `:`
+/// and `[`). A nested member of that name and shape is taken if it comes first, so this
+/// is a guess, and the caller must allow for it: the conversation key only finds an
+/// earlier request to compare with, so a wrong guess costs speed, never a wrong
+/// reading. When the search finds no such array, the walk goes on exactly from that
+/// container.
 pub(crate) fn first_elements_guessed(s: &[u8], key: &str, n: usize) -> Vec<(usize, usize)> {
     first_elements_walked(s, key, n, true)
 }

@@ -65,17 +65,23 @@ pub async fn read_body(
         }
         if let Some(first) = single.take() {
             joined.reserve(capacity.max(first.len() + data.len()));
-            joined.extend_from_slice(&first);
+            append(&mut joined, &first, uncached);
         }
-        if uncached {
-            append_uncached(&mut joined, &data);
-        } else {
-            joined.extend_from_slice(&data);
-        }
+        append(&mut joined, &data, uncached);
         // The frame, not its copy, is compared: the copy may not be in the cache.
         earlier.arrived(&joined, &data);
     }
     Ok(single.unwrap_or_else(|| joined.freeze()))
+}
+
+/// Appends a frame to the body's buffer: past the caches for a large body
+/// ([`UNCACHED_COPY_MIN`]), the ordinary way otherwise.
+fn append(joined: &mut BytesMut, data: &[u8], uncached: bool) {
+    if uncached {
+        append_uncached(joined, data);
+    } else {
+        joined.extend_from_slice(data);
+    }
 }
 
 /// Appends `data` to `joined` with non-temporal stores, which write to memory without
