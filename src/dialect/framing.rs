@@ -37,9 +37,21 @@ impl SseFramer {
     pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<Frame>) {
         self.buf.extend_from_slice(chunk);
         let mut event_start = 0;
-        while self.scan < self.buf.len() {
-            let b = self.buf[self.scan];
-            self.scan += 1;
+        // Only line ends matter: the bytes between them are skipped with memchr (a
+        // byte-by-byte loop here was most of what logging a streamed answer cost).
+        loop {
+            let Some(found) = memchr::memchr2(b'\n', b'\r', &self.buf[self.scan..]) else {
+                if self.scan < self.buf.len() {
+                    self.after_cr = false;
+                    self.scan = self.buf.len();
+                }
+                break;
+            };
+            if found > 0 {
+                self.after_cr = false; // a byte of a line came after the CR
+            }
+            let b = self.buf[self.scan + found];
+            self.scan += found + 1;
             match b {
                 b'\n' if self.after_cr => {
                     // second half of a CRLF: the line already ended at the CR
@@ -52,7 +64,8 @@ impl SseFramer {
                     self.scan -= 1;
                     break;
                 }
-                b'\n' | b'\r' => {
+                // Any other line end (memchr2 finds only these two bytes).
+                _ => {
                     self.after_cr = b == b'\r';
                     let blank = self.scan - 1 == self.line_start;
                     self.line_start = self.scan;
@@ -69,7 +82,6 @@ impl SseFramer {
                         event_start = end;
                     }
                 }
-                _ => self.after_cr = false,
             }
         }
         if event_start > 0 {
@@ -91,26 +103,35 @@ impl SseFramer {
     }
 }
 
-/// Reads the fields of one SSE event (`raw` ends with its blank line, or is a tail).
+/// Reads the fields of one SSE event (`raw` ends with its blank line, or is a tail). Lines
+/// end at LF or CR (a CRLF leaves an empty line between, which reads as nothing); each is
+/// `field: value` or a bare field. Only the values are decoded as text (invalid UTF-8
+/// replaced), and only the ones read.
 fn parse_sse_event(raw: &[u8]) -> Frame {
     let mut event = String::new();
     let mut data = String::new();
     let mut has_data = false;
-    let text = String::from_utf8_lossy(raw);
-    for line in text.split(['\n', '\r']) {
-        let (field, value) = match line.split_once(':') {
-            Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
-            None => (line, ""),
+    let mut start = 0;
+    let ends = memchr::memchr2_iter(b'\n', b'\r', raw).chain(std::iter::once(raw.len()));
+    for end in ends {
+        let line = &raw[start..end];
+        start = end + 1;
+        let (field, value) = match memchr::memchr(b':', line) {
+            Some(i) => {
+                let value = &line[i + 1..];
+                (&line[..i], value.strip_prefix(b" ").unwrap_or(value))
+            }
+            None => (line, &b""[..]),
         };
         match field {
-            "data" => {
+            b"data" => {
                 if has_data {
                     data.push('\n');
                 }
-                data.push_str(value);
+                data.push_str(&String::from_utf8_lossy(value));
                 has_data = true;
             }
-            "event" => event = value.to_string(),
+            b"event" => event = String::from_utf8_lossy(value).into_owned(),
             // comments (`: keep-alive`), id, retry: nothing we read
             _ => {}
         }
@@ -316,6 +337,89 @@ mod tests {
         assert_eq!(frames_of(&mut Framer::sse(), &bytes), whole);
         let joined: Vec<u8> = whole.iter().flat_map(|f| f.raw.clone()).collect();
         assert_eq!(joined, stream);
+    }
+
+    /// The events of a whole stream read the plainest way, as the SSE spec words it: lines
+    /// end at CRLF, LF or CR, a blank line ends an event, and an event's text is decoded
+    /// whole before its lines are split.
+    fn read_plainly(stream: &[u8]) -> Vec<Frame> {
+        let event_of = |raw: &[u8]| {
+            let text = String::from_utf8_lossy(raw);
+            let mut event = String::new();
+            let mut data = Vec::new();
+            for line in text.split(['\n', '\r']) {
+                let (field, value) = line
+                    .split_once(':')
+                    .map_or((line, ""), |(f, v)| (f, v.strip_prefix(' ').unwrap_or(v)));
+                match field {
+                    "data" => data.push(value.to_string()),
+                    "event" => event = value.to_string(),
+                    _ => {}
+                }
+            }
+            Frame {
+                raw: raw.to_vec(),
+                event,
+                data: data.join("\n"),
+            }
+        };
+        let mut frames = Vec::new();
+        let (mut i, mut event_start, mut line_start) = (0, 0, 0);
+        while i < stream.len() {
+            if stream[i] != b'\n' && stream[i] != b'\r' {
+                i += 1;
+                continue;
+            }
+            let mut end = i + 1;
+            if stream[i] == b'\r' && stream.get(end) == Some(&b'\n') {
+                end += 1;
+            }
+            if i == line_start {
+                frames.push(event_of(&stream[event_start..end]));
+                event_start = end;
+            }
+            line_start = end;
+            i = end;
+        }
+        if event_start < stream.len() {
+            frames.push(event_of(&stream[event_start..]));
+        }
+        frames
+    }
+
+    /// What the streams below are made of: SSE's own bytes, text, and invalid UTF-8.
+    const PIECES: [&[u8]; 14] = [
+        b"data",
+        b"event",
+        b":",
+        b" ",
+        b"\r",
+        b"\n",
+        b"\r\n",
+        b"x",
+        b"{\"a\":1}",
+        "\u{e9}".as_bytes(),
+        b"\xff",
+        b"\xc3",
+        b"id",
+        b": keep-alive",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
+        #[test]
+        fn sse_frames_match_a_plain_reading_of_any_stream_split_anywhere(
+            picks in proptest::collection::vec(0..PIECES.len(), 0..40),
+            cuts in (0.0..=1.0f64, 0.0..=1.0f64),
+        ) {
+            let stream: Vec<u8> = picks.iter().flat_map(|&i| PIECES[i].iter().copied()).collect();
+            let expected = read_plainly(&stream);
+            proptest::prop_assert_eq!(&frames_of(&mut Framer::sse(), &[&stream]), &expected);
+            let (x, y) = (cuts.0 * stream.len() as f64, cuts.1 * stream.len() as f64);
+            let (a, b) = (x.min(y) as usize, x.max(y) as usize);
+            let split = [&stream[..a], &stream[a..b], &stream[b..]];
+            proptest::prop_assert_eq!(&frames_of(&mut Framer::sse(), &split), &expected);
+        }
     }
 
     #[test]
