@@ -1,6 +1,8 @@
 """Reads `perf script` output of syscall tracepoints (scripts/ttft_phases.sh) and prints
 the medians of each stream request's phases: upload (split into in, work and out), mock,
-download (see the script). The argument is the proxy's pid.
+download (see the script), and how the proxy read the body: how many reads, and how long
+after the driver's last written byte the last one ended ("lag"; a proxy that keeps pace
+with the client has it right after). The argument is the proxy's pid.
 
 A request starts when the driver (`benchdrv`) writes more than 1 MB in one call (the
 body); the proxy has the body once it has read 2 MB, and starts sending it upstream with
@@ -56,12 +58,13 @@ def phases(events):
         if result <= 0:
             continue
         if who == "driver" and call in WRITES and result > 1_000_000:
-            current = {"start": start, "proxy_read": 0, "mock_read": 0}
+            current = {"start": start, "written": end, "proxy_read": 0, "reads": 0, "mock_read": 0}
             requests.append(current)
         elif current is None:
             continue
         elif who == "proxy" and call in READS and "arrived" not in current:
             current["proxy_read"] += result
+            current["reads"] += 1
             if current["proxy_read"] >= 2_000_000:
                 current["arrived"] = end
         elif who == "proxy" and call in WRITES and result > 50_000 and "arrived" in current:
@@ -85,6 +88,8 @@ def phases(events):
             (r["token"] - r["body"]) * 1e3,
             (r["got"] - r["token"]) * 1e3,
             (r["got"] - r["start"]) * 1e3,
+            r["reads"],
+            (r["arrived"] - r["written"]) * 1e3,
         )
         for r in done
     ]
@@ -95,10 +100,13 @@ def main():
     if not rows:
         print("no complete request found (is the payload a 2 MB stream?)")
         return
-    up, into, work, out, mock, down, total = (statistics.median(col) for col in zip(*rows))
+    up, into, work, out, mock, down, total, reads, lag = (
+        statistics.median(col) for col in zip(*rows)
+    )
     print(
         f"n={len(rows):3d}  upload {up:.3f} (in {into:.3f} work {work:.3f} out {out:.3f})"
         f"  mock {mock:.3f}  download {down:.3f}  total {total:.3f}"
+        f"  | reads {reads:.0f}, lag {lag:.3f}"
     )
 
 

@@ -16,7 +16,9 @@
 #   in        the driver starts writing -> the proxy has read the whole body
 #   work      -> the proxy starts writing it upstream
 #   out       -> the mock has read all of it
-# Medians per round are printed.
+# and, after `|`, how many reads the proxy took for the body and how long after the driver's
+# last written byte the last one ended (lag: a proxy that keeps pace with the client has
+# the body right after it). Medians per round are printed.
 #
 # Needs: root (perf on tracepoints), perf, nginx, and the harness's mock and driver built
 # by scripts/bench.sh (in $BENCH_TARGET_DIR, default /tmp/lw-bench-target). The mock and
