@@ -58,7 +58,13 @@ def phases(events):
         if result <= 0:
             continue
         if who == "driver" and call in WRITES and result > 1_000_000:
-            current = {"start": start, "written": end, "proxy_read": 0, "reads": 0, "mock_read": 0}
+            current = {
+                "start": start,
+                "written": end,
+                "reads": 0,
+                "proxy_read": 0,
+                "mock_read": 0,
+            }
             requests.append(current)
         elif current is None:
             continue
