@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""The issue-5 figures of several full runs side by side, with each load's median.
+
+    scripts/bench_runs.py RUN_DIR [RUN_DIR ...]
+    scripts/bench_runs.py $(ls -d /tmp/loopwarden-bench/results/2026* | tail -4)
+
+One run's ratios (scripts/bench_ratios.py) move from run to run on shared cores: the
+loads over a target in one run are within it in the next. Per load and per target this
+prints every run's figure, their median, and in how many runs the figure was within the
+target, so that a load that is over in most runs stands apart from one that was over
+once. Runs without nginx, or without the load, are left out of that load's figures.
+"""
+import statistics
+import sys
+
+from bench_ratios import (
+    ADDED_P50_TARGET,
+    TTFT_TARGET_MS,
+    added_p50,
+    cpu_ratio,
+    cpu_target,
+    fmt,
+    load_summary,
+    loads_of,
+    ttft_over_nginx,
+    verdict,
+)
+
+
+def row(load, values, within):
+    """A table row: the runs' figures, their median, its verdict, and the count within."""
+    got = [v for v in values if v is not None]
+    cells = " | ".join(fmt(v, 2) for v in values)
+    if not got:
+        return f"| {load} | {cells} | – | – | – |"
+    med = statistics.median(got)
+    ok = sum(1 for v in got if within(v))
+    return f"| {load} | {cells} | {fmt(med, 2)} | {verdict(within(med))} | {ok} of {len(got)} |"
+
+
+def main():
+    runs = sys.argv[1:]
+    if not runs:
+        sys.exit(__doc__)
+    summaries = [load_summary(r) for r in runs]
+    loads = []
+    for s in summaries:
+        loads += [l for l in loads_of(s) if l not in loads]
+    names = " | ".join(r.rstrip("/").split("/")[-1] for r in runs)
+    dashes = "|".join("---:" for _ in runs)
+
+    print("### CPU per request, loopwarden / nginx")
+    print()
+    print(f"| load | {names} | median | | within target |")
+    print(f"|---|{dashes}|---:|---|---:|")
+    for load in loads:
+        values = [cpu_ratio(s, load)[2] for s in summaries]
+        print(row(load, values, lambda v, t=cpu_target(load): v <= t))
+    print()
+
+    print(f"### Added p50 latency, loopwarden / nginx (target ≤ {ADDED_P50_TARGET:g})")
+    print()
+    print(f"| load | {names} | median | | within target |")
+    print(f"|---|{dashes}|---:|---|---:|")
+    for load in loads:
+        values = [added_p50(s, load)[2] for s in summaries]
+        print(row(load, values, lambda v: v <= ADDED_P50_TARGET))
+    print()
+
+    streams = [l for l in loads if "sse" in l]
+    if streams:
+        print(f"### Time to first token, loopwarden − nginx, ms (target ≤ {TTFT_TARGET_MS:g})")
+        print()
+        print(f"| load | {names} | median | | within target |")
+        print(f"|---|{dashes}|---:|---|---:|")
+        for load in streams:
+            values = [ttft_over_nginx(s, load) for s in summaries]
+            print(row(load, values, lambda v: v <= TTFT_TARGET_MS))
+        print()
+
+
+if __name__ == "__main__":
+    main()
