@@ -2,13 +2,17 @@
 """What loopwarden keeps per conversation once the conversation goes idle (issue 5: under
 1 KB beyond what the log holds).
 
-    scripts/idle_memory.py LOOPWARDEN_BIN MOCK_BIN [N]
+    scripts/idle_memory.py LOOPWARDEN_BIN MOCK_BIN [N [WAVES]]
 
 Starts a mock upstream and loopwarden (cache.idle_secs = 2, a fresh SQLite log), runs N
 distinct conversations of 4 requests each (~20 KB histories, OpenAI shape, no id headers),
 lets them go idle until the sweeper has dropped their state, and prints the proxy's RSS
 before, at the peak and after, and what the admin API says it still holds. RSS after idle
 includes what the allocator keeps for reuse; the admin figures are the proxy's own state.
+Then WAVES - 1 more waves of N new conversations (default 2), each let go idle, with the
+RSS each one added: state kept per conversation would add the same every wave, while
+caches that fill up to a bound (SQLite's page caches, as the log grows) add less and less
+and then nothing.
 """
 import http.client
 import json
@@ -20,6 +24,7 @@ import time
 
 BIN, MOCK = sys.argv[1], sys.argv[2]
 N = int(sys.argv[3]) if len(sys.argv) > 3 else 500
+WAVES = int(sys.argv[4]) if len(sys.argv) > 4 else 3
 MOCK_PORT, PORT = 18280, 18290
 
 
@@ -112,11 +117,6 @@ try:
     held = stats(conn)
     s = idle()
     after = rss_kb(lw.pid)
-    # A second wave of as many new conversations: if the first wave's memory had stayed
-    # held, RSS would grow again by as much; it is reused instead.
-    peak2 = run(2)
-    idle()
-    after2 = rss_kb(lw.pid)
     print(f"{N} conversations x 4 requests (~{len(body('x', 6)) // 1024} KB last body each)")
     print(f"  RSS before {before / 1024:.1f} MB, peak {peak / 1024:.1f} MB, after idle {after / 1024:.1f} MB")
     print(f"  RSS kept after idle per conversation: {max(0, after - before) * 1024 / N:.0f} bytes"
@@ -124,9 +124,20 @@ try:
     print(f"  held by the proxy while live: {held['live_conversations']} conversation entries, "
           f"cache {held['cache']['messages']} messages / {held['cache']['bytes']} bytes")
     print(f"  held by the proxy after idle: {s['live_conversations']} conversation entries, "
-          f"cache {s['cache']['messages']} messages / {s['cache']['bytes']} bytes")
-    print(f"  second wave of {N} new conversations: peak {peak2 / 1024:.1f} MB, after idle {after2 / 1024:.1f} MB"
-          f" (growth over the first wave: {max(0, after2 - after) * 1024 / N:.0f} bytes per conversation)")
+          f"cache {s['cache']['messages']} messages / {s['cache']['bytes']} bytes", flush=True)
+    # More waves of as many new conversations: if each wave's memory stayed held, RSS would
+    # grow by as much every wave; it is reused instead (what grows is bounded caches).
+    last = after
+    for wave in range(2, WAVES + 1):
+        peak_w = run(wave)
+        s = idle()
+        after_w = rss_kb(lw.pid)
+        print(f"  wave {wave} of {N} new conversations: peak {peak_w / 1024:.1f} MB, after idle "
+              f"{after_w / 1024:.1f} MB (growth over the wave before: "
+              f"{max(0, after_w - last) * 1024 / N:.0f} bytes per conversation; held by the proxy: "
+              f"{s['live_conversations']} conversation entries, {s['cache']['messages']} cached messages)",
+              flush=True)
+        last = after_w
 finally:
     for p in procs:
         p.terminate()

@@ -658,6 +658,39 @@ mod tests {
         assert_eq!(one_batch.health().written, 47);
     }
 
+    #[tokio::test]
+    async fn the_overhead_figures_read_the_latest_requests_without_a_table_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir, 64, StoreOptions::BATCH_WINDOW).await;
+        // Ids in start order, as `next_request_id` gives them; overheads 10, 20, ... 100.
+        for id in 1..=10 {
+            let Record::Request(mut r) = request(id) else {
+                unreachable!()
+            };
+            r.proxy_overhead_us = id * 10;
+            r.body_read_us = Some(id);
+            store.log(Record::Request(r));
+        }
+        store.flush().await;
+        let stats = query::overhead(store.pool(), 3).await.unwrap();
+        assert_eq!(stats.requests, 3);
+        assert_eq!(stats.overhead.p50_us, Some(90));
+        assert_eq!(stats.overhead.max_us, Some(100));
+        assert_eq!(stats.after_body_read.max_us, Some(90));
+        // The plan walks the rowid B-tree from its end: no sort of the whole table.
+        let plan: Vec<(i64, i64, i64, String)> =
+            sqlx::query_as(&format!("EXPLAIN QUERY PLAN {}", query::OVERHEAD_SQL))
+                .bind(3)
+                .fetch_all(store.pool())
+                .await
+                .unwrap();
+        let plan: Vec<&str> = plan.iter().map(|(.., detail)| detail.as_str()).collect();
+        assert!(
+            plan.iter().all(|step| !step.contains("TEMP B-TREE")),
+            "{plan:?}"
+        );
+    }
+
     /// A finished request's rows, worked out on the writer thread.
     struct Rows(Vec<i64>);
 

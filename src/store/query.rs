@@ -155,13 +155,19 @@ impl Quantiles {
     }
 }
 
+/// The SQL of [`overhead`]. The latest requests by id, which increases in the order
+/// requests start (`super::next_request_id`): the id is the table's rowid, so SQLite reads
+/// the last `?1` rows of its B-tree. By `started_ms`, which has no index of its own, every
+/// call read and sorted the whole table, and pulled it through the connection's page cache.
+pub(super) const OVERHEAD_SQL: &str =
+    "SELECT proxy_overhead_us, body_read_us FROM requests ORDER BY id DESC LIMIT ?1";
+
+/// The proxy's own overhead over the `last` requests logged.
 pub async fn overhead(pool: &SqlitePool, last: i64) -> Result<OverheadStats, sqlx::Error> {
-    let rows: Vec<(i64, Option<i64>)> = sqlx::query_as(
-        "SELECT proxy_overhead_us, body_read_us FROM requests ORDER BY started_ms DESC LIMIT ?1",
-    )
-    .bind(last)
-    .fetch_all(pool)
-    .await?;
+    let rows: Vec<(i64, Option<i64>)> = sqlx::query_as(OVERHEAD_SQL)
+        .bind(last)
+        .fetch_all(pool)
+        .await?;
     let read: Vec<(i64, i64)> = rows
         .iter()
         .filter_map(|&(overhead, read)| Some((overhead, read?)))
