@@ -19,6 +19,7 @@
 #   LW_PORT         loopwarden's port (default 18090)
 #   EXTRA=0         only the harness's own loads (default adds the missing size/stream/API combinations)
 #   IDLE=0          skip the idle-conversation memory check (scripts/idle_memory.py) at the end
+#   IDLE_WAVES=12   its waves of 500 new conversations (RSS after each; it levels off by ~12)
 # and every knob of run.sh (PEERS, ROUNDS, DURATION, WARMUP, LOADS, PIN, MOCK_*).
 set -euo pipefail
 
@@ -91,6 +92,7 @@ if [ "${IDLE:-1}" = 1 ] && [ -x "$CARGO_TARGET_DIR/release/mockup" ]; then
   echo
   echo "### Memory kept per idle conversation"
   python3 "$ROOT/scripts/idle_memory.py" "$BIN" "$CARGO_TARGET_DIR/release/mockup" "${IDLE_CONVERSATIONS:-500}" \
+    "${IDLE_WAVES:-12}" \
     | tee "$OUT/idle_memory.txt"
 fi
 echo "bench: results in $OUT (raw.jsonl, summary.md, ratios.md); log $DB" >&2
