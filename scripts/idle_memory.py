@@ -17,6 +17,7 @@ and then nothing.
 import http.client
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -143,3 +144,5 @@ finally:
         p.terminate()
     for p in procs:
         p.wait()
+    # The proxy's log and config (tens of MB after a few waves).
+    shutil.rmtree(work, ignore_errors=True)
