@@ -95,21 +95,28 @@ fn append_uncached(joined: &mut BytesMut, data: &[u8]) {
         let start = joined.len();
         let dst = joined.spare_capacity_mut().as_mut_ptr().cast::<u8>();
         // The streaming stores need 16-byte aligned destinations: the bytes before the
-        // first aligned address, and those after the last whole block, are copied plainly.
+        // first aligned address, and those after the last whole line, are copied plainly.
+        // A cache line (four stores) per iteration: a loop of single stores spent more
+        // instructions on its own bookkeeping than on the copy (0.77 M per 2 MB body, most
+        // of a 2 MB request's; 0.54 M now, callgrind of the whole proxy).
         let head = dst.align_offset(16).min(data.len());
-        let blocks = (data.len() - head) / 16;
-        let tail = head + blocks * 16;
+        let lines = (data.len() - head) / 64;
+        let tail = head + lines * 64;
         // SAFETY: `reserve` made room for `data.len()` bytes at `dst`, which `data` (a
         // shared borrow) cannot overlap; every store below lies in `dst..dst + data.len()`,
-        // and `dst + head` is 16-byte aligned. All `data.len()` bytes are written before
-        // `set_len` counts them, and the fence orders the streaming stores before any
-        // later read of the buffer.
+        // and `dst + head` is 16-byte aligned, so is every `dst + at`. All `data.len()`
+        // bytes are written before `set_len` counts them, and the fence orders the
+        // streaming stores before any later read of the buffer.
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), dst, head);
-            for i in 0..blocks {
-                let at = head + i * 16;
-                let v = _mm_loadu_si128(data.as_ptr().add(at).cast::<__m128i>());
-                _mm_stream_si128(dst.add(at).cast::<__m128i>(), v);
+            for line in 0..lines {
+                let at = head + line * 64;
+                let from = data.as_ptr().add(at);
+                let to = dst.add(at);
+                for i in [0, 16, 32, 48] {
+                    let v = _mm_loadu_si128(from.add(i).cast::<__m128i>());
+                    _mm_stream_si128(to.add(i).cast::<__m128i>(), v);
+                }
             }
             _mm_sfence();
             std::ptr::copy_nonoverlapping(
@@ -327,9 +334,12 @@ mod tests {
     #[test]
     fn an_uncached_append_writes_what_an_ordinary_one_does_at_any_alignment() {
         let data: Vec<u8> = (0..300u32).map(|i| (i * 7 + 3) as u8).collect();
-        // Every alignment of the destination, and lengths around whole 16-byte blocks.
+        // Every alignment of the destination, and lengths around whole 16-byte blocks and
+        // 64-byte lines.
         for already in 0..17 {
-            for len in [0, 1, 15, 16, 17, 31, 32, 33, 100, 255, 300] {
+            for len in [
+                0, 1, 15, 16, 17, 31, 33, 63, 64, 65, 79, 80, 81, 127, 128, 129, 255, 300,
+            ] {
                 let mut ordinary = BytesMut::from(&data[..already]);
                 ordinary.extend_from_slice(&data[..len]);
                 let mut uncached = BytesMut::from(&data[..already]);
