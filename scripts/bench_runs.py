@@ -17,12 +17,14 @@ from bench_ratios import (
     ADDED_P50_TARGET,
     TTFT_TARGET_MS,
     added_p50,
+    added_p50_within,
     cpu_ratio,
-    cpu_target,
+    cpu_within,
     fmt,
     load_summary,
     loads_of,
     ttft_over_nginx,
+    ttft_within,
     verdict,
 )
 
@@ -34,8 +36,21 @@ def row(load, values, within):
     if not got:
         return f"| {load} | {cells} | – | – | – |"
     med = statistics.median(got)
-    ok = sum(1 for v in got if within(v))
-    return f"| {load} | {cells} | {fmt(med, 2)} | {verdict(within(med))} | {ok} of {len(got)} |"
+    ok = sum(1 for v in got if within(load, v))
+    return f"| {load} | {cells} | {fmt(med, 2)} | {verdict(within(load, med))} | {ok} of {len(got)} |"
+
+
+def table(title, runs, summaries, loads, figure, within):
+    """One target's table: per load, `figure(summary, load)` in every run."""
+    names = " | ".join(r.rstrip("/").split("/")[-1] for r in runs)
+    dashes = "|".join("---:" for _ in runs)
+    print(f"### {title}")
+    print()
+    print(f"| load | {names} | median | | within target |")
+    print(f"|---|{dashes}|---:|---|---:|")
+    for load in loads:
+        print(row(load, [figure(s, load) for s in summaries], within))
+    print()
 
 
 def main():
@@ -46,37 +61,15 @@ def main():
     loads = []
     for s in summaries:
         loads += [l for l in loads_of(s) if l not in loads]
-    names = " | ".join(r.rstrip("/").split("/")[-1] for r in runs)
-    dashes = "|".join("---:" for _ in runs)
 
-    print("### CPU per request, loopwarden / nginx")
-    print()
-    print(f"| load | {names} | median | | within target |")
-    print(f"|---|{dashes}|---:|---|---:|")
-    for load in loads:
-        values = [cpu_ratio(s, load)[2] for s in summaries]
-        print(row(load, values, lambda v, t=cpu_target(load): v <= t))
-    print()
-
-    print(f"### Added p50 latency, loopwarden / nginx (target ≤ {ADDED_P50_TARGET:g})")
-    print()
-    print(f"| load | {names} | median | | within target |")
-    print(f"|---|{dashes}|---:|---|---:|")
-    for load in loads:
-        values = [added_p50(s, load)[2] for s in summaries]
-        print(row(load, values, lambda v: v <= ADDED_P50_TARGET))
-    print()
-
+    table("CPU per request, loopwarden / nginx", runs, summaries, loads,
+          lambda s, load: cpu_ratio(s, load)[2], cpu_within)
+    table(f"Added p50 latency, loopwarden / nginx (target ≤ {ADDED_P50_TARGET:g})", runs,
+          summaries, loads, lambda s, load: added_p50(s, load)[2], added_p50_within)
     streams = [l for l in loads if "sse" in l]
     if streams:
-        print(f"### Time to first token, loopwarden − nginx, ms (target ≤ {TTFT_TARGET_MS:g})")
-        print()
-        print(f"| load | {names} | median | | within target |")
-        print(f"|---|{dashes}|---:|---|---:|")
-        for load in streams:
-            values = [ttft_over_nginx(s, load) for s in summaries]
-            print(row(load, values, lambda v: v <= TTFT_TARGET_MS))
-        print()
+        table(f"Time to first token, loopwarden − nginx, ms (target ≤ {TTFT_TARGET_MS:g})",
+              runs, summaries, streams, ttft_over_nginx, ttft_within)
 
 
 if __name__ == "__main__":
