@@ -562,8 +562,8 @@ impl<'a> Object<'a> {
                 // at a char boundary: the value's first byte and the byte after its last,
                 // which valid JSON makes ASCII structural bytes (or the body's end). So the
                 // slice is valid UTF-8. `str::get` would check that again by reading the
-                // body at both bounds, two cache misses per message of a long history (the
-                // body was copied in past the cache: `proxy::body`).
+                // body at both bounds: two more of its lines per message, which for a long
+                // history were copied in past the cache (`proxy::body`).
                 Some(bytes) => unsafe { std::str::from_utf8_unchecked(bytes) },
                 None => "",
             }
