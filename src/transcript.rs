@@ -118,21 +118,37 @@ impl Transcript {
     /// result as [`Transcript::from_items`] over all of them (a later request of a
     /// conversation carries the earlier items unchanged, plus new ones). `after_assistant`:
     /// the last item grouped so far was assistant output, which an `AssistantPart` continues.
-    pub fn extend_items(&mut self, items: impl IntoIterator<Item = Item>, after_assistant: bool) {
+    ///
+    /// Returns how many of the steps it started with it left as they were (the steps before
+    /// the first one a new item changed: a result paired with an earlier call, a user
+    /// message or an assistant part added to the last step). A caller that knows what was
+    /// concluded from those steps can keep it without looking at them again.
+    pub fn extend_items(
+        &mut self,
+        items: impl IntoIterator<Item = Item>,
+        after_assistant: bool,
+    ) -> usize {
         let t = self;
+        let mut untouched = t.steps.len();
         // Whether the previous item was assistant output, so an `AssistantPart` continues it.
         let mut in_assistant_turn = after_assistant;
         for item in items {
             let is_assistant = matches!(item, Item::Assistant { .. } | Item::AssistantPart { .. });
+            // The step a user message or an assistant part goes to, when there is one.
+            let last = t.steps.len().saturating_sub(1);
             match item {
                 Item::System { text } => t.system.push(text),
                 Item::User { text } => match t.steps.last_mut() {
-                    Some(step) => step.user_after.push(text),
+                    Some(step) => {
+                        step.user_after.push(text);
+                        untouched = untouched.min(last);
+                    }
                     None => t.task.push(text),
                 },
                 Item::Assistant { text, calls } => t.push_step(text, calls),
                 Item::AssistantPart { text, calls } => match t.steps.last_mut() {
                     Some(step) if in_assistant_turn => {
+                        untouched = untouched.min(last);
                         if !text.is_empty() {
                             if !step.text.is_empty() {
                                 step.text.push('\n');
@@ -147,10 +163,15 @@ impl Transcript {
                     }
                     _ => t.push_step(text, calls),
                 },
-                Item::ToolResult(result) => t.attach_result(result),
+                Item::ToolResult(result) => {
+                    if let Some(step) = t.attach_result(result) {
+                        untouched = untouched.min(step);
+                    }
+                }
             }
             in_assistant_turn = is_assistant;
         }
+        untouched
     }
 
     fn push_step(&mut self, text: String, calls: Vec<ToolCall>) {
@@ -169,28 +190,29 @@ impl Transcript {
     /// Pairs a result with its call: by id first (searching backwards, since results
     /// follow their calls closely), else with the oldest unanswered call (same name if
     /// the result carries one). A result with no call to pair with is dropped: it tells
-    /// detection nothing it could act on.
-    fn attach_result(&mut self, result: ToolResult) {
+    /// detection nothing it could act on. Returns the index of the step it changed.
+    fn attach_result(&mut self, result: ToolResult) -> Option<usize> {
         if !result.call_id.is_empty() {
-            for step in self.steps.iter_mut().rev() {
+            for (i, step) in self.steps.iter_mut().enumerate().rev() {
                 if let Some(slot) = step
                     .calls
                     .iter_mut()
                     .find(|c| c.call.id == result.call_id && c.result.is_none())
                 {
                     slot.result = Some(result);
-                    return;
+                    return Some(i);
                 }
             }
         }
-        for step in self.steps.iter_mut() {
+        for (i, step) in self.steps.iter_mut().enumerate() {
             if let Some(slot) = step.calls.iter_mut().find(|c| {
                 c.result.is_none() && (result.name.is_empty() || c.call.name == result.name)
             }) {
                 slot.result = Some(result);
-                return;
+                return Some(i);
             }
         }
+        None
     }
 
     /// The first user message: the task, used for goal drift and identity.
@@ -256,6 +278,16 @@ mod tests {
                 calls: vec![],
             },
             result("3"),
+            // A result that answers a call of a step before the last one.
+            Item::Assistant {
+                text: "e".into(),
+                calls: vec![call("4")],
+            },
+            Item::Assistant {
+                text: "f".into(),
+                calls: vec![],
+            },
+            result("4"),
         ];
         let whole = Transcript::from_items(items.clone());
         for split in 0..=items.len() {
@@ -265,8 +297,17 @@ mod tests {
                     Item::Assistant { .. } | Item::AssistantPart { .. }
                 );
             let mut t = Transcript::from_items(items[..split].to_vec());
-            t.extend_items(items[split..].to_vec(), after_assistant);
+            let before = t.steps.clone();
+            let untouched = t.extend_items(items[split..].to_vec(), after_assistant);
             assert_eq!(t, whole, "split at {split}");
+            // Every change an item makes to a step is a real change, so what it reports is
+            // exactly how many leading steps are still what they were.
+            let same = before
+                .iter()
+                .zip(&t.steps)
+                .take_while(|(b, a)| b == a)
+                .count();
+            assert_eq!(untouched, same, "split at {split}");
         }
     }
 

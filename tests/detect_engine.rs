@@ -414,12 +414,12 @@ fn a_shared_fold_is_read_without_a_copy_when_the_history_is_the_same_and_advance
     let (d8, s8) = engine.decide_with(&t8, &store, None);
     let shared = Arc::new(s8);
     // The same history again (a retry, many clients sending one conversation).
-    let (again, state, moved) = engine.decide_shared(&t8, &store, Some(shared.clone()));
+    let (again, state, moved) = engine.decide_shared(&t8, &store, Some(shared.clone()), None);
     assert!(!moved && Arc::ptr_eq(&state, &shared));
     assert_eq!(again.action, d8.action);
     // Two more steps: the fold advances, and decides what a fold from scratch decides.
     let t10 = looping(10);
-    let (next, state, moved) = engine.decide_shared(&t10, &store, Some(shared.clone()));
+    let (next, state, moved) = engine.decide_shared(&t10, &store, Some(shared.clone()), None);
     assert!(moved && !Arc::ptr_eq(&state, &shared));
     assert_eq!(state.steps(), 10);
     assert_eq!(next.action, engine.decide(&t10).action);
@@ -428,9 +428,68 @@ fn a_shared_fold_is_read_without_a_copy_when_the_history_is_the_same_and_advance
         task: vec!["another task".into()],
         ..looping(8)
     };
-    let (_, state, moved) = engine.decide_shared(&other, &store, Some(shared));
+    let (_, state, moved) = engine.decide_shared(&other, &store, Some(shared), None);
     assert!(moved);
     assert_eq!(state.steps(), 8);
+}
+
+#[test]
+fn a_fold_its_caller_vouches_for_is_continued_without_checking_its_steps() {
+    use loopwarden::detect::Folded;
+    use std::sync::Arc;
+    let engine = Engine::default();
+    let store = StoreFacts::default();
+    let full = looping(10);
+    let t8 = Transcript {
+        steps: full.steps[..8].to_vec(),
+        ..full.clone()
+    };
+    let (_, s8, _) = engine.decide_shared(&t8, &store, None, None);
+    let vouched = s8.folded();
+    assert_eq!(vouched.steps, 8);
+    // The chain hashes the folded steps: it tells a continued fold from one started over.
+    let chain_of = |t: &Transcript| engine.decide_with(t, &store, None).1.chain();
+    let advanced = |known: Option<Folded>, t: &Transcript| {
+        let (decision, state, moved) = engine.decide_shared(t, &store, Some(s8.clone()), known);
+        assert!(moved && state.steps() == 10);
+        (decision, state)
+    };
+
+    // Vouched for, and true: continued, deciding what a fold from scratch decides.
+    let (decision, state) = advanced(Some(vouched), &full);
+    assert_eq!(decision, engine.decide(&full));
+    assert_eq!(state.chain(), chain_of(&full));
+    assert_ne!(
+        state.folded().fold,
+        vouched.fold,
+        "an advanced fold is another fold"
+    );
+
+    // The last folded step edited: without a word from the caller it is checked, and the
+    // fold starts over.
+    let mut edited = full.clone();
+    edited.steps[7].text = "edited".into();
+    assert_ne!(chain_of(&edited), chain_of(&full));
+    let (decision, state) = advanced(None, &edited);
+    assert_eq!(decision, engine.decide(&edited));
+    assert_eq!(state.chain(), chain_of(&edited));
+    // The caller's word is taken without looking (so it must be true): continued.
+    assert_eq!(advanced(Some(vouched), &edited).1.chain(), chain_of(&full));
+    // A word about another fold, or about fewer steps than were folded, is no word.
+    let other = Folded {
+        fold: vouched.fold + 1,
+        ..vouched
+    };
+    for known in [other, vouched.within(7)] {
+        assert_eq!(
+            advanced(Some(known), &edited).1.chain(),
+            chain_of(&edited),
+            "{known:?}"
+        );
+    }
+    // The same history again is read from the shared fold either way.
+    let (_, state, moved) = engine.decide_shared(&t8, &store, Some(s8.clone()), Some(vouched));
+    assert!(!moved && Arc::ptr_eq(&state, &s8));
 }
 
 #[test]

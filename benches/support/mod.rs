@@ -439,6 +439,7 @@ impl Proxy {
         let History {
             transcript,
             head,
+            folded,
             request: mut keep,
             preamble,
             ..
@@ -456,13 +457,14 @@ impl Proxy {
         let cached = self.conversations.engine(&identity.id);
         let (decision, state, advanced) =
             self.engine
-                .decide_shared(&transcript, &StoreFacts::default(), cached);
+                .decide_shared(&transcript, &StoreFacts::default(), cached, folded);
+        let folded = state.folded();
         if advanced {
             self.conversations.put_engine(&identity.id, state);
         }
         let from = self.conversations.steps_to_log(&identity.id, &transcript);
         black_box(transcript.steps[from..].to_vec());
-        keep.keep_transcript(preamble, transcript, head);
+        keep.keep_transcript(preamble, transcript, head, Some(folded));
         self.conversations.put_previous(&key, keep);
         decision
     }

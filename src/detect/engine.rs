@@ -8,6 +8,7 @@
 //! are [`StoreFacts`]: an operator's resume and a human's dismissal of an alert.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::actions::{self, CallContext};
@@ -96,7 +97,37 @@ pub struct EngineState {
     task_fp: u64,
     /// Fingerprint of the store facts the fold used: other facts, other fold.
     store_fp: u64,
+    /// This fold's number, new each time [`Engine::advance`] moves it (0: never advanced),
+    /// so that a caller can say which fold saw a transcript's steps ([`Folded`]).
+    number: u64,
 }
+
+/// What a caller knows of a transcript: it extends (`Transcript::extend_items`) the one
+/// that the fold numbered `fold` decided for, and its first `steps` steps are still the
+/// ones that fold saw ([`EngineState::folded`] of that fold, with `steps` cut to what the
+/// extension left untouched: [`Folded::within`]). Given to [`Engine::decide_shared`], it
+/// stands in for the fingerprints of the first and the last folded step, which a
+/// conversation's every request otherwise hashes (the last one often holds a long tool
+/// result: 9 % of a 209 KB request's instructions). It must be true: a fold continued on
+/// a false one decides from steps the transcript no longer has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Folded {
+    pub fold: u64,
+    pub steps: usize,
+}
+
+impl Folded {
+    /// The same knowledge, for the transcript's first `untouched` steps only.
+    pub fn within(self, untouched: usize) -> Folded {
+        Folded {
+            steps: self.steps.min(untouched),
+            ..self
+        }
+    }
+}
+
+/// The last fold number handed out ([`EngineState::number`]).
+static FOLDS: AtomicU64 = AtomicU64::new(0);
 
 impl EngineState {
     /// Steps folded so far.
@@ -107,6 +138,15 @@ impl EngineState {
     /// Hash chain over the fingerprints of the folded steps: a cache key for the prefix.
     pub fn chain(&self) -> u64 {
         self.chain
+    }
+
+    /// Which fold this is and how many steps it folded: what to keep with the transcript
+    /// it decided for, to give [`Engine::decide_shared`] with that transcript's extension.
+    pub fn folded(&self) -> Folded {
+        Folded {
+            fold: self.number,
+            steps: self.facts.steps,
+        }
     }
 
     /// The decision for the request that carries exactly the folded steps.
@@ -323,24 +363,27 @@ impl Engine {
     /// copies nothing; any other copies it (or takes it, when nobody else holds it) and
     /// advances. The decision is the same either way; the flag says whether the fold moved
     /// (and so is worth caching).
+    ///
+    /// `known`: what the caller knows of the transcript's steps ([`Folded`]), if anything.
     pub fn decide_shared(
         &self,
         transcript: &Transcript,
         store: &StoreFacts,
         cache: Option<Arc<EngineState>>,
+        known: Option<Folded>,
     ) -> (Decision, Arc<EngineState>, bool) {
         match cache {
             Some(state)
                 if state.facts.steps == transcript.steps.len()
                     && state.store_fp == store.fingerprint()
-                    && self.continues(&state, transcript) =>
+                    && self.continues(&state, transcript, known) =>
             {
                 (state.decision(), state, false)
             }
             cache => {
-                let (decision, state) =
-                    self.decide_with(transcript, store, cache.map(Arc::unwrap_or_clone));
-                (decision, Arc::new(state), true)
+                let mut state = cache.map(Arc::unwrap_or_clone).unwrap_or_default();
+                self.advance_known(&mut state, transcript, store, known);
+                (state.decision(), Arc::new(state), true)
             }
         }
     }
@@ -349,8 +392,19 @@ impl Engine {
     /// it has, or starts over when the transcript does not continue what it folded (a
     /// compacted or different conversation).
     pub fn advance(&self, state: &mut EngineState, transcript: &Transcript, store: &StoreFacts) {
+        self.advance_known(state, transcript, store, None);
+    }
+
+    /// [`Engine::advance`], with what the caller knows of the transcript's steps.
+    fn advance_known(
+        &self,
+        state: &mut EngineState,
+        transcript: &Transcript,
+        store: &StoreFacts,
+        known: Option<Folded>,
+    ) {
         let store_fp = store.fingerprint();
-        if !self.continues(state, transcript) || state.store_fp != store_fp {
+        if !self.continues(state, transcript, known) || state.store_fp != store_fp {
             *state = self.start(transcript);
             state.store_fp = store_fp;
         }
@@ -358,14 +412,28 @@ impl Engine {
         for step in &transcript.steps[from..] {
             self.fold(state, step, store);
         }
+        state.number = FOLDS.fetch_add(1, Ordering::Relaxed) + 1;
     }
 
-    /// Whether `transcript` extends the steps folded into `state` (checked on the task, the
-    /// first and the last folded step: O(1) steps, not O(conversation)).
-    fn continues(&self, state: &EngineState, transcript: &Transcript) -> bool {
+    /// Whether `transcript` extends the steps folded into `state`: known from the caller
+    /// (`known` names this fold and covers its steps), else checked on the task, the first
+    /// and the last folded step (O(1) steps, not O(conversation)).
+    fn continues(
+        &self,
+        state: &EngineState,
+        transcript: &Transcript,
+        known: Option<Folded>,
+    ) -> bool {
         let n = state.facts.steps;
         if n == 0 {
             return state.task_fp == task_fingerprint(transcript.goal()) && state.next.is_some();
+        }
+        // An extension keeps the task once there are steps (later user messages go after
+        // the last step), so the caller's word covers all that the check below looks at.
+        if known.is_some_and(|k| {
+            k.fold != 0 && k.fold == state.number && n <= k.steps && n <= transcript.steps.len()
+        }) {
+            return true;
         }
         transcript.steps.len() >= n
             && state.task_fp == task_fingerprint(transcript.goal())

@@ -35,7 +35,7 @@ mod verifier;
 use serde::{Deserialize, Serialize};
 
 pub use config::{DetectConfig, PatternPolicy, Response};
-pub use engine::{Engine, EngineState, StoreFacts};
+pub use engine::{Engine, EngineState, Folded, StoreFacts};
 pub use facts::{Facts, StepEvents};
 
 /// What the engine decides for one request (or one response, for `Block`).

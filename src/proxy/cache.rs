@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::identity::Identity;
+use crate::detect::Folded;
 use crate::dialect::{Dialect, ParseError, RawMessage, Scanned, SharedPrefix};
 use crate::transcript::{Item, Transcript};
 
@@ -184,18 +185,24 @@ impl MessageCache {
         let continued = previous
             .as_mut()
             .and_then(|p| p.continue_transcript(&view.preamble, &messages));
-        let (transcript, head) = continued.unwrap_or_else(|| {
-            let transcript = Transcript::from_items(
+        let Continued {
+            transcript,
+            head,
+            folded,
+        } = continued.unwrap_or_else(|| Continued {
+            transcript: Transcript::from_items(
                 view.preamble
                     .iter()
                     .cloned()
                     .chain(messages.iter().flat_map(|m| m.iter().cloned())),
-            );
-            (transcript, None)
+            ),
+            head: None,
+            folded: None,
         });
         Ok(History {
             transcript,
             head,
+            folded,
             request: Previous::new(dialect, body, &view.messages, messages, scanned),
             preamble: view.preamble,
             model: view.model,
@@ -216,6 +223,9 @@ pub struct History {
     /// request continues one that kept it and the head is still the same (no need to hash
     /// it again).
     pub head: Option<Identity>,
+    /// What the fold that decided the continued request knows of this transcript, for
+    /// `Engine::decide_shared`.
+    pub folded: Option<Folded>,
     /// This request, to keep as its conversation's last one (with the transcript, through
     /// [`Previous::keep_transcript`], once the request is done with it).
     pub request: Previous,
@@ -256,6 +266,17 @@ struct Kept {
     transcript: Transcript,
     /// The identity its head names, when the request computed it.
     head: Option<Identity>,
+    /// The fold that decided the request, with the steps it folded.
+    folded: Option<Folded>,
+}
+
+/// A kept transcript extended with a request's new messages.
+pub struct Continued {
+    pub transcript: Transcript,
+    /// The kept head identity, while the head it was computed from is unchanged.
+    pub head: Option<Identity>,
+    /// The kept fold, over the steps the new messages left untouched.
+    pub folded: Option<Folded>,
 }
 
 /// A request's body (a reference-counted handle, not a copy), its scan, where each message
@@ -329,31 +350,33 @@ impl Previous {
     }
 
     /// Keeps the transcript this request's messages (the `items` given to
-    /// [`Previous::new`]) were read into, after `preamble`, and the identity its head
-    /// names if the request computed it.
+    /// [`Previous::new`]) were read into, after `preamble`, the identity its head names if
+    /// the request computed it, and the fold that decided the request
+    /// (`EngineState::folded`) if one did.
     pub fn keep_transcript(
         &mut self,
         preamble: Vec<Item>,
         transcript: Transcript,
         head: Option<Identity>,
+        folded: Option<Folded>,
     ) {
         self.transcript = Some(Kept {
             preamble,
             transcript,
             head,
+            folded,
         });
     }
 
     /// The transcript of a request that carries this one's messages unchanged (the very
     /// same parsed items, in the same places) and the same preamble, then `messages` past
     /// them: the kept transcript, extended with the new messages. `None` when the request
-    /// does not continue this one (or no transcript was kept). With it, the kept head
-    /// identity while the head it was computed from is unchanged.
+    /// does not continue this one (or no transcript was kept).
     pub fn continue_transcript(
         &mut self,
         preamble: &[Item],
         messages: &[Items],
-    ) -> Option<(Transcript, Option<Identity>)> {
+    ) -> Option<Continued> {
         let kept = self.transcript.as_ref()?;
         let n = self.read.items.len();
         let continues = messages.len() >= n
@@ -370,6 +393,7 @@ impl Previous {
         let Kept {
             mut transcript,
             head,
+            folded,
             ..
         } = self.transcript.take()?;
         // The head is the first system text and the first task: new items only append, so
@@ -385,13 +409,17 @@ impl Previous {
             .chain(preamble.iter().rev())
             .next()
             .is_some_and(|i| matches!(i, Item::Assistant { .. } | Item::AssistantPart { .. }));
-        transcript.extend_items(
+        let untouched = transcript.extend_items(
             messages[n..].iter().flat_map(|m| m.iter().cloned()),
             after_assistant,
         );
         let head =
             head.filter(|_| had == (transcript.system.is_empty(), transcript.task.is_empty()));
-        Some((transcript, head))
+        Some(Continued {
+            transcript,
+            head,
+            folded: folded.map(|f| f.within(untouched)),
+        })
     }
 
     /// The items of message `i` when the previous request had the same bytes there.
@@ -489,7 +517,7 @@ mod tests {
         let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
         let items = cache.items(Dialect::OpenAiChat, &view.messages, None, 0);
         let mut last = Previous::new(Dialect::OpenAiChat, &body, &view.messages, items, scanned);
-        last.keep_transcript(Vec::new(), Transcript::default(), None);
+        last.keep_transcript(Vec::new(), Transcript::default(), None, None);
         let first = last.lend();
         let second = last.lend();
         for lent in [&first, &second] {
@@ -521,7 +549,7 @@ mod tests {
                 .read_history(Dialect::OpenAiChat, last, false, None, None)
                 .unwrap();
             let mut previous = first.request;
-            previous.keep_transcript(first.preamble, first.transcript, Some(head));
+            previous.keep_transcript(first.preamble, first.transcript, Some(head), None);
             let second = cache
                 .read_history(Dialect::OpenAiChat, next, false, Some(previous), None)
                 .unwrap();
@@ -544,6 +572,61 @@ mod tests {
             carried(&body(&[sys, user]), named("c"), &body(&[other, user, turn])),
             None
         );
+    }
+
+    #[test]
+    fn a_kept_fold_is_vouched_for_only_over_the_steps_the_new_messages_left_alone() {
+        let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
+        let body = |messages: &[&str]| {
+            Bytes::from(format!(
+                r#"{{"model":"m","messages":[{}]}}"#,
+                messages.join(",")
+            ))
+        };
+        let call = |id: &str| {
+            format!(
+                r#"{{"role":"assistant","content":null,"tool_calls":[{{"id":"{id}","type":"function","function":{{"name":"bash","arguments":"{{}}"}}}}]}}"#
+            )
+        };
+        let result =
+            |id: &str| format!(r#"{{"role":"tool","tool_call_id":"{id}","content":"ok"}}"#);
+        let task = r#"{"role":"user","content":"the task"}"#;
+        let (c1, r1, c2, r2) = (call("c1"), result("c1"), call("c2"), result("c2"));
+        let fold = Folded { fold: 7, steps: 2 };
+        // Reads `next` after `last`, kept as decided by `fold`: what is vouched for.
+        let vouched = |last: &[&str], next: &[&str]| {
+            let first = cache
+                .read_history(Dialect::OpenAiChat, &body(last), false, None, None)
+                .unwrap();
+            let mut previous = first.request;
+            previous.keep_transcript(first.preamble, first.transcript, None, Some(fold));
+            let second = cache
+                .read_history(
+                    Dialect::OpenAiChat,
+                    &body(next),
+                    false,
+                    Some(previous),
+                    None,
+                )
+                .unwrap();
+            second.folded
+        };
+        // A new turn after two answered ones: both stay as they were.
+        assert_eq!(
+            vouched(
+                &[task, &c1, &r1, &c2, &r2],
+                &[task, &c1, &r1, &c2, &r2, &c1]
+            ),
+            Some(fold)
+        );
+        // The second turn's result arrives only now: the first step alone is vouched for.
+        assert_eq!(
+            vouched(&[task, &c1, &r1, &c2], &[task, &c1, &r1, &c2, &r2]),
+            Some(fold.within(1))
+        );
+        // Not a continuation (another task): nothing is vouched for.
+        let other = r#"{"role":"user","content":"another task"}"#;
+        assert_eq!(vouched(&[task, &c1, &r1], &[other, &c1, &r1, &c2]), None);
     }
 
     #[test]
@@ -572,7 +655,7 @@ mod tests {
                 .read_history(Dialect::OpenAiChat, &last, false, None, None)
                 .unwrap();
             let mut compared_with = first.request;
-            compared_with.keep_transcript(first.preamble, first.transcript, None);
+            compared_with.keep_transcript(first.preamble, first.transcript, None, None);
             let mut prefix = SharedPrefix::new(compared_with.scanned(Dialect::OpenAiChat).unwrap());
             let (a, b) = next.split_at(20);
             prefix.arrived(a);
@@ -597,7 +680,7 @@ mod tests {
             }
             .unwrap();
             let mut replaced_by = finished.request;
-            replaced_by.keep_transcript(finished.preamble, finished.transcript, None);
+            replaced_by.keep_transcript(finished.preamble, finished.transcript, None, None);
 
             let read = cache
                 .read_history(

@@ -128,6 +128,7 @@ fn analyse(
     let History {
         transcript,
         head,
+        folded,
         request,
         preamble,
         model,
@@ -151,7 +152,9 @@ fn analyse(
     let cached = app.conversations.engine(&identity.id);
     // An operator's resume changes the store facts: the cached fold is stale.
     let cached = cached.filter(|_| !before.refold);
-    let (decision, state, advanced) = app.engine.decide_shared(&transcript, &before.facts, cached);
+    let (decision, state, advanced) =
+        app.engine
+            .decide_shared(&transcript, &before.facts, cached, folded);
     Analysis {
         identity,
         dialect: Some(dialect),
@@ -548,7 +551,7 @@ fn new_record(
                 preamble,
                 head,
             } = p.keep;
-            previous.keep_transcript(preamble, p.transcript, head);
+            previous.keep_transcript(preamble, p.transcript, head, Some(p.state.folded()));
             app.conversations.put_previous(&key, previous);
             (Some(next_step as i64), Some(p.decision), history, next_step)
         }
