@@ -454,7 +454,9 @@ impl Proxy {
         let identity = stated
             .or_else(|| head.clone())
             .unwrap_or_else(|| identity::fallback(headers, "/v1/chat/completions"));
-        let cached = self.conversations.engine(&identity.id);
+        let cached = self
+            .conversations
+            .engine(&identity.id, transcript.steps.len());
         let (decision, state, advanced) =
             self.engine
                 .decide_shared(&transcript, &StoreFacts::default(), cached, folded);

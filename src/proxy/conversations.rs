@@ -45,12 +45,25 @@ impl Conversations {
         }
     }
 
-    /// The engine's cached fold of the conversation, shared rather than taken out, so that
-    /// concurrent requests of one conversation (an agent's side calls, or a load test
-    /// sending one history from many clients) all continue the fold instead of folding the
-    /// whole history again; `Engine::decide_shared` copies it only to advance it.
-    pub fn engine(&self, conversation: &str) -> Option<Arc<EngineState>> {
-        self.lock().get(conversation).and_then(|s| s.engine.clone())
+    /// The engine's cached fold of the conversation, for a request whose transcript has
+    /// `steps` steps.
+    /// - Shared when it folded that many (the same history again: a retry, or a load test
+    ///   sending one history from many clients): every such request reads it, none copies
+    ///   it (`Engine::decide_shared`).
+    /// - Taken out otherwise: the request advances it and puts it back (`put_engine`). A
+    ///   copy left here would only be replaced, and copying a fold costs as much as the
+    ///   conversation is long (its files, its step digests): in a 300-request
+    ///   conversation, copying and then dropping the old one was ~15 % of a request's
+    ///   instructions. A concurrent request of the conversation with other steps, which
+    ///   finds nothing, folds its history from the start, with the same decisions.
+    pub fn engine(&self, conversation: &str, steps: usize) -> Option<Arc<EngineState>> {
+        let mut map = self.lock();
+        let slot = &mut map.get_mut(conversation)?.engine;
+        if slot.as_ref()?.steps() == steps {
+            slot.clone()
+        } else {
+            slot.take()
+        }
     }
 
     /// Keeps the fold for the conversation's next request (the latest one wins).
@@ -172,9 +185,9 @@ mod tests {
     }
 
     #[test]
-    fn concurrent_requests_all_get_the_fold() {
+    fn requests_with_the_folded_history_share_the_fold_and_one_that_advances_takes_it() {
         let conversations = Conversations::new(Duration::from_secs(60));
-        assert!(conversations.engine("a").is_none());
+        assert!(conversations.engine("a", 0).is_none());
         let engine = crate::detect::Engine::default();
         let t = Transcript {
             task: vec!["fix it".into()],
@@ -183,15 +196,23 @@ mod tests {
         };
         let (_, state) = engine.decide_with(&t, &Default::default(), None);
         conversations.put_engine("a", Arc::new(state));
-        let first = conversations.engine("a").map(|s| s.steps());
-        let second = conversations.engine("a").map(|s| s.steps());
-        assert_eq!(first, Some(1));
+        let first = conversations.engine("a", 1);
+        let second = conversations.engine("a", 1);
+        assert_eq!(first.as_ref().map(|s| s.steps()), Some(1));
         assert_eq!(
-            second,
+            second.as_ref().map(|s| s.steps()),
             Some(1),
             "a second request in flight is not left without it"
         );
-        assert!(conversations.engine("b").is_none());
+        assert!(conversations.engine("b", 1).is_none());
+        drop((first, second));
+        // A request with more steps takes it: it is its only holder, so advancing it
+        // copies nothing.
+        let taken = conversations.engine("a", 2).expect("the fold");
+        assert_eq!(Arc::strong_count(&taken), 1);
+        assert!(conversations.engine("a", 2).is_none());
+        conversations.put_engine("a", taken);
+        assert!(conversations.engine("a", 1).is_some());
     }
 
     #[test]

@@ -149,7 +149,9 @@ fn analyse(
     };
     let before = app.interventions.before_decide(&identity.id, &transcript);
     // Continue the conversation's cached fold: only the new steps are analysed.
-    let cached = app.conversations.engine(&identity.id);
+    let cached = app
+        .conversations
+        .engine(&identity.id, transcript.steps.len());
     // An operator's resume changes the store facts: the cached fold is stale.
     let cached = cached.filter(|_| !before.refold);
     let (decision, state, advanced) =
