@@ -6,13 +6,19 @@
 //! The state is compact (hashes and counters, no result texts) so that the proxy can keep
 //! it per live conversation.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::actions::{self, ActionKind, CallContext, Change, ToolAction};
 use crate::normalize::{self, hash64};
 use crate::transcript::Step;
 
 use super::config::DetectConfig;
+
+/// The facts' sets and maps, keyed mostly by 64-bit digests this module computed: foldhash
+/// mixes one in a few instructions, where std's default (SipHash) runs a few rounds per
+/// key. Still seeded per process, like std's.
+pub type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+pub type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// What one call of the newest step did.
 #[derive(Debug, Clone)]
