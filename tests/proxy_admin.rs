@@ -90,6 +90,16 @@ async fn without_a_token_loopback_clients_see_the_timeline() {
     assert!(requests
         .iter()
         .all(|r| r["status"] == 200 && r["proxy_overhead_us"].is_i64()));
+    // The conversation's mean overhead, as listed, is its requests' as logged.
+    let logged: i64 = requests
+        .iter()
+        .map(|r| r["proxy_overhead_us"].as_i64().unwrap())
+        .sum();
+    let mean = timeline["conversation"]["mean_proxy_overhead_us"]
+        .as_f64()
+        .unwrap();
+    assert!((mean - logged as f64 / 2.0).abs() < 1e-9, "{mean} {logged}");
+    assert_eq!(list[0]["mean_proxy_overhead_us"], json!(mean));
     let calls = timeline["tool_calls"].as_array().unwrap();
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0]["summary"], "bash: make test");

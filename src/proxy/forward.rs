@@ -595,6 +595,8 @@ fn new_record(
             dialect: dialect.map(Dialect::as_str),
             model,
             at_ms: started_ms,
+            // Known once the response has ended: `super::record`.
+            overhead_us: 0,
         },
         decision,
         history,

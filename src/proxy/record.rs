@@ -76,7 +76,7 @@ impl Deferred for Finished {
 fn record(finished: Finished, out: &mut Vec<Record>) {
     let Finished {
         mut row,
-        conversation,
+        mut conversation,
         decision,
         history,
         next_step,
@@ -107,6 +107,7 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
         }))
     };
 
+    conversation.overhead_us = row.proxy_overhead_us;
     out.push(Record::Conversation(conversation));
     for step in history {
         for (i, c) in step.calls.into_iter().enumerate() {

@@ -36,6 +36,9 @@ pub struct ConversationSeen {
     pub dialect: Option<&'static str>,
     pub model: Option<String>,
     pub at_ms: i64,
+    /// The request's `proxy_overhead_us`, added to the conversation's running sum (set when
+    /// the request's row is logged: `crate::proxy::record`).
+    pub overhead_us: i64,
 }
 
 /// The text of a column with a fixed vocabulary (a request's method, upstream, dialect,
@@ -482,6 +485,7 @@ mod tests {
                 dialect,
                 model: model.map(Into::into),
                 at_ms,
+                overhead_us: at_ms * 10,
             })
         };
         // Finished in this order, started out of it.
@@ -513,6 +517,81 @@ mod tests {
         one_batch.flush().await;
         let row = conversation_row(&one_batch).await;
         assert_eq!((row.4, row.5, row.6), (20, 40, 6));
+        // The overheads are summed as they come, batched or not, and the conversation list
+        // shows their mean without reading the requests (none were logged here).
+        let sum = "SELECT proxy_overhead_us_sum FROM conversations";
+        let sum = |pool| sqlx::query_scalar::<_, i64>(sum).fetch_one(pool);
+        assert_eq!(
+            sum(each_alone.pool()).await.unwrap(),
+            (20 + 10 + 30 + 25) * 10
+        );
+        assert_eq!(
+            sum(one_batch.pool()).await.unwrap(),
+            (20 + 10 + 30 + 25 + 40 + 35) * 10
+        );
+        let listed = query::conversations(one_batch.pool(), 10).await.unwrap();
+        assert_eq!(listed[0].mean_proxy_overhead_us, Some(1600.0 / 6.0));
+    }
+
+    #[tokio::test]
+    async fn a_log_from_before_the_running_sum_is_summed_once_when_it_is_opened() {
+        // A log as the migrations before the sum left it, holding two requests of one
+        // conversation; opening it with this version applies the new migration only.
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("old-migrations");
+        std::fs::create_dir(&old).unwrap();
+        let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        for name in [
+            "0001_log.sql",
+            "0002_interventions.sql",
+            "0003_body_read.sql",
+        ] {
+            std::fs::copy(here.join(name), old.join(name)).unwrap();
+        }
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let options = SqliteConnectOptions::from_str(&url)
+            .unwrap()
+            .create_if_missing(true);
+        let pool = SqlitePool::connect_with(options).await.unwrap();
+        sqlx::migrate::Migrator::new(old.as_path())
+            .await
+            .unwrap()
+            .run(&pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO conversations (id, id_source, first_seen_ms, last_seen_ms, requests)
+             VALUES ('c', 'path', 1, 2, 2), ('quiet', 'path', 1, 1, 0)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        for (id, overhead) in [(1, 30), (2, 50)] {
+            sqlx::query(
+                "INSERT INTO requests (id, conversation_id, started_ms, method, path, upstream,
+                   stream, parse, applied, status, outcome, request_bytes, response_bytes,
+                   proxy_overhead_us)
+                 VALUES (?1, 'c', ?1, 'POST', '/v1/messages', 'anthropic', 0, 'parsed',
+                   'forwarded', 200, 'complete', 1, 1, ?2)",
+            )
+            .bind(id)
+            .bind(overhead)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        pool.close().await;
+
+        let store = open(&dir, 64, Duration::from_millis(10)).await;
+        let listed = query::conversations(store.pool(), 10).await.unwrap();
+        let mean = |id: &str| {
+            listed
+                .iter()
+                .find(|c| c.id == id)
+                .map(|c| c.mean_proxy_overhead_us)
+        };
+        assert_eq!(mean("c"), Some(Some(40.0)));
+        assert_eq!(mean("quiet"), Some(None), "no requests, no mean");
     }
 
     /// `records` written by two logs: in one batch (the writer gathers until the flush),

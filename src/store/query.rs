@@ -47,7 +47,8 @@ const SUMMARY_SELECT: &str = "
            (SELECT count(*) FROM decisions d WHERE d.conversation_id = c.id) AS interventions,
            (SELECT r.decision FROM requests r WHERE r.conversation_id = c.id
              ORDER BY r.started_ms DESC LIMIT 1) AS last_decision,
-           (SELECT avg(r.proxy_overhead_us) FROM requests r WHERE r.conversation_id = c.id)
+           CASE WHEN c.requests > 0
+             THEN CAST(c.proxy_overhead_us_sum AS REAL) / c.requests END
              AS mean_proxy_overhead_us
     FROM conversations c";
 

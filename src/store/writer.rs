@@ -333,11 +333,13 @@ impl Sql {
         match self {
             Sql::Conversation => {
                 "INSERT INTO conversations
-                   (id, id_source, client, dialect, model, first_seen_ms, last_seen_ms, requests)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                   (id, id_source, client, dialect, model, first_seen_ms, last_seen_ms, requests,
+                    proxy_overhead_us_sum)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
                  ON CONFLICT (id) DO UPDATE SET
                    last_seen_ms = max(last_seen_ms, excluded.last_seen_ms),
                    requests = requests + excluded.requests,
+                   proxy_overhead_us_sum = proxy_overhead_us_sum + excluded.proxy_overhead_us_sum,
                    client = coalesce(client, excluded.client),
                    dialect = coalesce(excluded.dialect, dialect),
                    model = coalesce(excluded.model, model)"
@@ -472,6 +474,7 @@ struct Sightings<'a> {
     model: Option<&'a str>,
     last_ms: i64,
     requests: i64,
+    overhead_us: i64,
 }
 
 impl<'a> Sightings<'a> {
@@ -483,6 +486,7 @@ impl<'a> Sightings<'a> {
             model: seen.model.as_deref(),
             last_ms: seen.at_ms,
             requests: 1,
+            overhead_us: seen.overhead_us,
         }
     }
 
@@ -492,6 +496,7 @@ impl<'a> Sightings<'a> {
         self.model = seen.model.as_deref().or(self.model);
         self.last_ms = self.last_ms.max(seen.at_ms);
         self.requests += 1;
+        self.overhead_us += seen.overhead_us;
     }
 
     fn write(&self, statements: &mut Statements<'_>) -> rusqlite::Result<()> {
@@ -503,7 +508,8 @@ impl<'a> Sightings<'a> {
             self.model,
             self.first.at_ms,
             self.last_ms,
-            self.requests
+            self.requests,
+            self.overhead_us
         ])?;
         Ok(())
     }
