@@ -127,13 +127,19 @@ def main():
 
     streams = [l for l in loads if "sse" in l]
     if streams:
-        P(f"| stream load | TTFT p50 direct | TTFT p50 nginx | TTFT p50 loopwarden | loopwarden − nginx ms (≤ {TTFT_TARGET_MS:g}) | |")
-        P("|---|---:|---:|---:|---:|---|")
+        P("The last column is not a target: the time to the answer's first bytes (its headers and opening "
+          "event, without a token), which the mock sends as soon as it has read the body, before its 5 ms timer. It reads the same path as the first token without "
+          "the timer's jitter, which is most of the first token's spread.")
+        P("")
+        P(f"| stream load | TTFT p50 direct | TTFT p50 nginx | TTFT p50 loopwarden | loopwarden − nginx ms (≤ {TTFT_TARGET_MS:g}) | | headers: loopwarden − nginx ms |")
+        P("|---|---:|---:|---:|---:|---|---:|")
         for load in streams:
             t_d, t_ref, t_us = (metric(S, p, load, "ttft50") for p in (DIRECT, REF, OURS))
             delta = ttft_over_nginx(S, load)
+            h_ref, h_us = (metric(S, p, load, "ttfb50") for p in (REF, OURS))
+            h_delta = h_us - h_ref if (h_us is not None and h_ref is not None) else None
             P(f"| {load} | {fmt(t_d)} | {fmt(t_ref)} | {fmt(t_us)} | {fmt(delta)} | "
-              f"{verdict(None if delta is None else ttft_within(load, delta))} |")
+              f"{verdict(None if delta is None else ttft_within(load, delta))} | {fmt(h_delta)} |")
         P("")
 
     rss = [(metric(S, OURS, l, "rss_mb"), l) for l in loads if metric(S, OURS, l, "rss_mb") is not None]
