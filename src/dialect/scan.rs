@@ -446,7 +446,7 @@ impl<'a> Object<'a> {
         // (the same bytes as `old`'s) and a tail equal to `old`'s are valid UTF-8 on their
         // own. The rest is checked.
         let unchecked_tail = if same_tail { body.len() - end } else { 0 };
-        std::str::from_utf8(body.get(shared..body.len() - unchecked_tail)?).ok()?;
+        super::utf8(body.get(shared..body.len() - unchecked_tail)?).ok()?;
         // SAFETY: `body` is the concatenation of the valid UTF-8 sequences above.
         let text = unsafe { std::str::from_utf8_unchecked(body) };
         let mut members = before.members[..m].to_vec();
