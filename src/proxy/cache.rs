@@ -438,7 +438,6 @@ impl Previous {
 #[derive(Clone, Default)]
 pub struct ItemList {
     parts: Vec<Part>,
-    len: usize,
 }
 
 #[derive(Clone)]
@@ -456,15 +455,15 @@ const MAX_PARTS: usize = 16;
 
 impl ItemList {
     pub fn len(&self) -> usize {
-        self.len
+        self.parts.iter().map(|p| p.len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.parts.is_empty()
     }
 
     /// The items of message `i`.
-    pub fn get(&self, mut i: usize) -> Option<&Items> {
+    fn get(&self, mut i: usize) -> Option<&Items> {
         for part in &self.parts {
             if i < part.len {
                 return part.items.get(i);
@@ -474,12 +473,12 @@ impl ItemList {
         None
     }
 
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &Items> + '_ {
+    fn iter(&self) -> impl DoubleEndedIterator<Item = &Items> + '_ {
         self.parts.iter().flat_map(|p| p.items[..p.len].iter())
     }
 
     /// The items of the messages from `start` on, without walking those before it.
-    pub fn iter_from(&self, mut start: usize) -> impl Iterator<Item = &Items> + '_ {
+    fn iter_from(&self, mut start: usize) -> impl Iterator<Item = &Items> + '_ {
         self.parts.iter().flat_map(move |p| {
             let skip = start.min(p.len);
             start -= skip;
@@ -491,16 +490,17 @@ impl ItemList {
     /// parts rather than copying their references.
     fn prefix(&self, n: usize) -> ItemList {
         let mut out = ItemList::default();
+        let mut left = n;
         for part in &self.parts {
-            if out.len == n {
+            if left == 0 {
                 break;
             }
-            let len = part.len.min(n - out.len);
+            let len = part.len.min(left);
             out.parts.push(Part {
                 items: part.items.clone(),
                 len,
             });
-            out.len += len;
+            left -= len;
         }
         out
     }
@@ -511,7 +511,6 @@ impl ItemList {
         if items.is_empty() {
             return;
         }
-        self.len += items.len();
         self.parts.push(Part {
             len: items.len(),
             items: items.into(),
@@ -529,7 +528,7 @@ impl ItemList {
     /// (not merely equal ones): by its parts when this list took them from `other`
     /// ([`ItemList::prefix`]), item by item otherwise (after a join).
     fn starts_with_same(&self, other: &ItemList) -> bool {
-        if self.len < other.len {
+        if self.len() < other.len() {
             return false;
         }
         let Some((last, whole)) = other.parts.split_last() else {
@@ -547,14 +546,6 @@ impl ItemList {
                 .iter()
                 .zip(self.iter())
                 .all(|(a, b)| Arc::ptr_eq(a, b))
-    }
-}
-
-impl From<Vec<Items>> for ItemList {
-    fn from(items: Vec<Items>) -> ItemList {
-        let mut list = ItemList::default();
-        list.push_part(items);
-        list
     }
 }
 
