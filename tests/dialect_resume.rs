@@ -6,7 +6,7 @@
 //! last message, after the history).
 
 use bytes::Bytes;
-use loopwarden::dialect::{Dialect, Scanned, SharedPrefix};
+use loopwarden::dialect::{Dialect, RequestBytes, Scanned, SharedPrefix};
 
 const FIXTURES: [(Dialect, &str); 9] = [
     (Dialect::Anthropic, "claude-code-anthropic.json"),
@@ -28,7 +28,7 @@ fn fixture(name: &str) -> Vec<u8> {
 /// The scan of `body` as the proxy keeps it for the conversation's next request.
 fn scanned(dialect: Dialect, body: &Bytes) -> Scanned {
     let (_, scanned) = dialect
-        .view_after(body, false, None, None)
+        .view_after(&RequestBytes::from(body.clone()), false, None, None)
         .expect("fixture parses");
     scanned.expect("a parsed body has a scan")
 }
@@ -39,7 +39,9 @@ fn scanned(dialect: Dialect, body: &Bytes) -> Scanned {
 ///
 /// The resumed read is made twice: comparing the shared bytes itself, and told by a
 /// [`SharedPrefix`] how many were already compared while the body arrived in `pieces`
-/// (the proxy's way); both must read as from scratch.
+/// (the proxy's way); both must read as from scratch. So must the body in two pieces, as
+/// the proxy keeps one that shares a history with the last body: its head that body's
+/// bytes up to the last message both share ([`Scanned::split_for`]), its tail its own.
 fn same_as_cold(dialect: Dialect, before: &Scanned, body: Vec<u8>) -> usize {
     let body = Bytes::from(body);
     let thirds = [body.len() / 3, body.len() * 2 / 3];
@@ -60,9 +62,10 @@ fn same_as_cold_in_pieces(
         prefix.arrived(&body[from..cut]);
         from = cut;
     }
+    let whole = RequestBytes::from(body.clone());
     let mut unchanged = None;
     for prefix in [None, Some(&prefix)] {
-        let resumed = dialect.view_after(&body, false, Some(before), prefix);
+        let resumed = dialect.view_after(&whole, false, Some(before), prefix);
         let found = match &resumed {
             Ok((_, Some(s))) => s.unchanged(),
             _ => 0,
@@ -79,6 +82,22 @@ fn same_as_cold_in_pieces(
             (Err(a), Err(b)) => assert_eq!(a.0, b.0),
             _ => panic!(
                 "cold {cold:?} vs resumed {resumed:?} on {}",
+                String::from_utf8_lossy(&body)
+            ),
+        }
+    }
+    let split = before
+        .split_for(dialect.history_key(), prefix.equal())
+        .filter(|&at| at > 0);
+    if let Some(at) = split {
+        let two = RequestBytes::split(before.body().head().slice(..at), body.slice(at..));
+        let read = dialect.view_after(&two, false, Some(before), Some(&prefix));
+        match (&cold, read.map(|(v, _)| format!("{v:?}"))) {
+            (Ok(a), Ok(b)) => assert_eq!(a, &b, "split at {at}"),
+            // The same error; or the proxy reads it joined, which gives that error.
+            (Err(a), Err(b)) => assert!(b.is_needs_whole() || a.0 == b.0, "{a} vs {b}"),
+            (cold, read) => panic!(
+                "split at {at}: cold {cold:?} vs {read:?} on {}",
                 String::from_utf8_lossy(&body)
             ),
         }
@@ -105,6 +124,11 @@ fn the_next_request_reads_as_from_scratch() {
                 unchanged + 1 >= messages,
                 "{name}: {unchanged} of {messages}"
             );
+        }
+        // The proxy keeps the next request in two pieces (checked in `same_as_cold`).
+        if messages > 1 {
+            let shared = before.split_for(dialect.history_key(), first.len() - 1);
+            assert!(shared.is_some_and(|at| at > 0), "{name}");
         }
         // The same body again: every message is unchanged.
         let again = same_as_cold(dialect, &before, first.to_vec());

@@ -244,3 +244,85 @@ async fn large_header_sections_pass_up_to_64_kib_and_beyond_it_get_a_clear_431()
     let r = send(72).await.unwrap();
     assert_eq!(r.status(), 431);
 }
+
+/// A long conversation's requests share most of their bytes with the one before, which
+/// the proxy keeps rather than copying (`proxy::body`): every request still reaches the
+/// upstream byte for byte and is read as from scratch, whether it adds a turn, edits an
+/// early one, or repeats the last body exactly.
+#[tokio::test]
+async fn a_long_conversation_reaches_the_upstream_byte_for_byte_as_its_requests_share_history() {
+    let mock = MockServer::start(one_call_script()).await.unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    // Outputs of ~40 KB: bodies of up to ~0.6 MB, which arrive in many frames.
+    let outputs: Vec<String> = (0..14)
+        .map(|i| format!("line {i}: {}\n", "ok ".repeat(40)).repeat(330))
+        .collect();
+    let commands: Vec<String> = (0..14).map(|i| format!("cat src/module_{i}.py")).collect();
+    for api in ALL_APIS {
+        let task = format!("Fix the failing test ({api:?})");
+        let mut done: Vec<(&str, &str)> = Vec::new();
+        let mut bodies = Vec::new();
+        for i in 0..14 {
+            if i == 8 {
+                // An early turn edited (as an agent that trims old tool output does).
+                done[1].1 = "trimmed";
+            }
+            let sent = serde_json::to_vec(&api.request(&task, false, &done)).unwrap();
+            bodies.push(sent.clone());
+            if i == 11 {
+                // The same body again, as a client's retry sends it.
+                bodies.push(sent);
+            }
+            done.push((&commands[i], &outputs[i]));
+        }
+        for sent in &bodies {
+            let (auth_name, auth_value) = api.auth("FAKE-key");
+            let response = client()
+                .post(proxy.url(api.path(false)))
+                .header(auth_name, &auth_value)
+                .header("content-type", "application/json")
+                .body(sent.clone())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200, "{api:?}");
+            let seen = mock.requests().pop().unwrap();
+            assert!(seen.body == *sent, "{api:?}: request body bytes");
+        }
+        // Each request's steps as a read from scratch counts them.
+        let dialect = match api {
+            Api::Chat => loopwarden::dialect::Dialect::OpenAiChat,
+            Api::Responses => loopwarden::dialect::Dialect::OpenAiResponses,
+            Api::Anthropic => loopwarden::dialect::Dialect::Anthropic,
+            Api::Gemini => loopwarden::dialect::Dialect::Gemini,
+        };
+        let expected: Vec<i64> = bodies
+            .iter()
+            .map(|b| {
+                dialect
+                    .parse_request(b, false)
+                    .unwrap()
+                    .transcript
+                    .steps
+                    .len() as i64
+            })
+            .collect();
+        let path = api.path(false).split('?').next().unwrap().to_string();
+        let sql =
+            format!("SELECT parse, steps, applied FROM requests WHERE path = '{path}' ORDER BY id");
+        let mut rows = Vec::new();
+        for _ in 0..100 {
+            rows = proxy.rows(&sql).await;
+            if rows.len() == bodies.len() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(rows.len(), bodies.len(), "{api:?}");
+        for (row, steps) in rows.iter().zip(&expected) {
+            assert_eq!(row["parse"], "parsed", "{api:?}: {row}");
+            assert_eq!(row["applied"], "forwarded", "{api:?}: {row}");
+            assert_eq!(row["steps"], *steps, "{api:?}: {row}");
+        }
+    }
+}

@@ -11,10 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use loopwarden::config::{Config, UpstreamConfig};
+use loopwarden::dialect::RequestBytes;
 use loopwarden::proxy::route::Upstream;
-use loopwarden::proxy::upstream;
+use loopwarden::proxy::upstream::{self, Outgoing};
 use proxy_support::{client, eventually, TestProxy};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Semaphore;
@@ -435,8 +436,9 @@ fn tls_trusting(certs: &[&str]) -> rustls::ClientConfig {
         .with_no_client_auth()
 }
 
-fn request(client: &upstream::Client) -> http::Request<Full<Bytes>> {
-    let mut request = http::Request::new(Full::new(Bytes::from_static(b"{}")));
+fn request(client: &upstream::Client) -> http::Request<Outgoing> {
+    let mut request =
+        http::Request::new(Outgoing::new(RequestBytes::from(Bytes::from_static(b"{}"))));
     *request.method_mut() = http::Method::POST;
     *request.uri_mut() = client
         .target(Upstream::OpenAi, "/v1/chat/completions", None)

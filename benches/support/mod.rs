@@ -15,7 +15,7 @@ use http::HeaderMap;
 use serde_json::{json, Value};
 
 use loopwarden::detect::{Decision, Engine, StoreFacts};
-use loopwarden::dialect::Dialect;
+use loopwarden::dialect::{Dialect, RequestBytes};
 use loopwarden::proxy::body;
 use loopwarden::proxy::cache::{History, MessageCache};
 use loopwarden::proxy::conversations::Conversations;
@@ -445,7 +445,13 @@ impl Proxy {
             ..
         } = self
             .cache
-            .read_history(dialect, body, false, previous, None)
+            .read_history(
+                dialect,
+                &RequestBytes::from(body.clone()),
+                false,
+                previous,
+                None,
+            )
             .expect("bench payloads parse");
         let head = match stated {
             Some(_) => None,

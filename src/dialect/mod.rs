@@ -15,15 +15,15 @@ mod framing;
 mod gemini;
 mod openai_chat;
 mod openai_responses;
+mod request_bytes;
 mod scan;
 mod stream;
 
+pub use request_bytes::RequestBytes;
 pub use scan::{Scanned, SharedPrefix};
 pub use stream::{StreamDecoder, StreamEvent, StreamEventKind};
 
 use std::borrow::Cow;
-
-use bytes::Bytes;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -94,9 +94,23 @@ impl Dialect {
 #[error("{0}")]
 pub struct ParseError(pub String);
 
+/// [`ParseError::needs_whole`]'s message.
+const NEEDS_WHOLE: &str = "internal: a body in two pieces is read only after its head's request";
+
 impl ParseError {
     fn json(dialect: Dialect, e: serde_json::Error) -> ParseError {
         ParseError(format!("not a {} request body: {e}", dialect.as_str()))
+    }
+
+    /// A body in two pieces ([`RequestBytes`]) could not be read after the request its
+    /// head was taken from: it must be read joined, from its start.
+    fn needs_whole() -> ParseError {
+        ParseError(NEEDS_WHOLE.into())
+    }
+
+    /// Whether this is [`ParseError::needs_whole`].
+    pub fn is_needs_whole(&self) -> bool {
+        self.0 == NEEDS_WHOLE
     }
 }
 
@@ -204,7 +218,7 @@ impl Dialect {
     /// Reads the top level of a request body. `stream_path` is true when the path itself
     /// asks for a stream (Gemini `:streamGenerateContent`).
     pub fn view(self, body: &[u8], stream_path: bool) -> Result<RequestView<'_>, ParseError> {
-        self.view_top(&TopLevel::read(self, body, None, None)?, stream_path, None)
+        self.view_top(&TopLevel::read(self, body)?, stream_path, None)
     }
 
     /// [`Dialect::view`] of a body read after `after`, the scan of the conversation's
@@ -213,14 +227,17 @@ impl Dialect {
     /// while the body arrived not even compared; and its preamble, when read from the same
     /// bytes, is `after`'s. The view is exactly the one `view` gives.
     /// Also returns this body's scan, to read the conversation's next request after.
+    ///
+    /// A body in two pieces is read only after the request its head was taken from; any
+    /// other is an error ([`ParseError::needs_whole`]): the caller reads the body joined.
     pub fn view_after<'b>(
         self,
-        body: &'b Bytes,
+        body: &'b RequestBytes,
         stream_path: bool,
         after: Option<&Scanned>,
         prefix: Option<&SharedPrefix>,
     ) -> Result<(RequestView<'b>, Option<Scanned>), ParseError> {
-        let top = TopLevel::read(self, body, after, prefix)?;
+        let top = TopLevel::read_after(self, body, after, prefix)?;
         let earlier = after.and_then(|a| {
             let (span, items) = a.preamble.as_ref()?;
             Some(EarlierPreamble {
@@ -232,7 +249,7 @@ impl Dialect {
         let scanned = top.object.into_scanned(body).map(|mut scanned| {
             scanned.preamble = view
                 .preamble_source
-                .and_then(|source| span_of(body, source).ok())
+                .and_then(|source| body.offset_of(source.as_bytes()))
                 .map(|span| (span, view.preamble.clone()));
             scanned
         });
@@ -266,7 +283,7 @@ impl Dialect {
     }
 
     /// The top-level member that holds the history.
-    fn history_key(self) -> &'static str {
+    pub fn history_key(self) -> &'static str {
         match self {
             Dialect::OpenAiChat | Dialect::Anthropic => "messages",
             Dialect::OpenAiResponses => "input",
@@ -382,9 +399,9 @@ struct TopLevel<'a> {
 
 impl<'a> TopLevel<'a> {
     /// The top level of `body`, read after `after` when given (see [`Dialect::view_after`]).
-    fn read(
+    fn read_after(
         dialect: Dialect,
-        body: &'a [u8],
+        body: &'a RequestBytes,
         after: Option<&Scanned>,
         prefix: Option<&SharedPrefix>,
     ) -> Result<TopLevel<'a>, ParseError> {
@@ -393,6 +410,14 @@ impl<'a> TopLevel<'a> {
         if let Some(object) = resumed {
             return Ok(TopLevel { dialect, object });
         }
+        match body.whole() {
+            Some(whole) => TopLevel::read(dialect, whole),
+            None => Err(ParseError::needs_whole()),
+        }
+    }
+
+    /// The top level of `body`, read from its start.
+    fn read(dialect: Dialect, body: &'a [u8]) -> Result<TopLevel<'a>, ParseError> {
         let text = utf8(body)
             .map_err(|e| ParseError(format!("not a {} request body: {e}", dialect.as_str())))?;
         let object = scan::Object::parse(text)
@@ -632,17 +657,19 @@ pub(crate) fn utf8(bytes: &[u8]) -> Result<&str, std::str::Utf8Error> {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
 
     /// An Anthropic request with `system` and a history of `turns` user messages.
-    fn request(system: &str, turns: usize) -> Bytes {
+    fn request(system: &str, turns: usize) -> RequestBytes {
         let messages: Vec<String> = (0..turns)
             .map(|i| format!(r#"{{"role":"user","content":"turn {i}"}}"#))
             .collect();
-        Bytes::from(format!(
+        RequestBytes::from(Bytes::from(format!(
             r#"{{"model":"m","system":[{{"type":"text","text":"{system}"}}],"messages":[{}]}}"#,
             messages.join(",")
-        ))
+        )))
     }
 
     #[test]
@@ -654,7 +681,7 @@ mod tests {
         let mut before = scanned.unwrap();
         let (span, items) = before.preamble.clone().expect("kept with the scan");
         assert_eq!(
-            &first[span.clone()],
+            first.get(span.clone()).unwrap(),
             view.preamble_source.unwrap().as_bytes()
         );
         assert_eq!(items, view.preamble);
@@ -683,12 +710,16 @@ mod tests {
         );
         assert_eq!(
             format!("{view:?}"),
-            format!("{:?}", Dialect::Anthropic.view(&changed, false).unwrap())
+            format!(
+                "{:?}",
+                Dialect::Anthropic.view(changed.head(), false).unwrap()
+            )
         );
 
         // No system member now: no preamble, whatever the earlier request had.
-        let none =
-            Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#);
+        let none = RequestBytes::from(Bytes::from_static(
+            br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#,
+        ));
         let (view, scanned) = Dialect::Anthropic
             .view_after(&none, false, Some(&before), None)
             .unwrap();

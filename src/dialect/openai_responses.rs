@@ -542,7 +542,7 @@ fn zero_usage() -> serde_json::Value {
 /// A trailing `developer` message item; a plain string `input` becomes a list (the
 /// user message it was, then the reminder).
 pub(super) fn append_reminder(body: &[u8], text: &str) -> Result<Vec<u8>, ParseError> {
-    let top = TopLevel::read(Dialect::OpenAiResponses, body, None, None)?;
+    let top = TopLevel::read(Dialect::OpenAiResponses, body)?;
     let input = top
         .raw("input")
         .ok_or_else(|| ParseError("no input to append a reminder to".into()))?;

@@ -11,6 +11,8 @@ use std::ops::Range;
 
 use bytes::Bytes;
 
+use super::RequestBytes;
+
 use crate::transcript::Item;
 
 /// Why a body is not the JSON object we expected.
@@ -343,9 +345,49 @@ struct Member {
     elements: Option<Vec<(usize, usize)>>,
 }
 
+/// A body's text, in one piece or two ([`RequestBytes`]): spans are offsets in the whole
+/// body, and a span that straddles the pieces reads as nothing. The pieces meet at the
+/// start of a history element, so only the history array itself and the whole object
+/// straddle them, and neither is read as one slice.
+#[derive(Clone, Copy)]
+struct Text<'a> {
+    head: &'a str,
+    /// Empty when the body is one piece.
+    tail: &'a str,
+}
+
+impl<'a> Text<'a> {
+    fn whole(body: &'a str) -> Text<'a> {
+        Text {
+            head: body,
+            tail: "",
+        }
+    }
+
+    fn get(self, (a, b): (usize, usize)) -> Option<&'a str> {
+        let split = self.head.len();
+        if b <= split {
+            self.head.get(a..b)
+        } else if a >= split {
+            self.tail.get(a - split..b - split)
+        } else {
+            None
+        }
+    }
+
+    /// The piece the scan reads on in (the last one), and where it starts in the body.
+    fn last_piece(self) -> (&'a str, usize) {
+        if self.tail.is_empty() {
+            (self.head, 0)
+        } else {
+            (self.tail, self.head.len())
+        }
+    }
+}
+
 /// The top-level members of a JSON object body, as raw slices of it.
 pub(crate) struct Object<'a> {
-    body: &'a str,
+    text: Text<'a>,
     members: Vec<Member>,
     /// How many of the first elements of the resumed array lie where they lay in the body
     /// scanned before, with the same bytes (0 when the scan did not resume).
@@ -353,7 +395,12 @@ pub(crate) struct Object<'a> {
 }
 
 /// The member `key` names (the last one, if the key repeats), by index.
-fn member_index(body: &[u8], members: &[Member], key: &str) -> Option<usize> {
+fn member_index(text: Text<'_>, members: &[Member], key: &str) -> Option<usize> {
+    members.iter().rposition(|m| text.get(m.key) == Some(key))
+}
+
+/// [`member_index`] in a scanned body.
+fn member_index_in(body: &RequestBytes, members: &[Member], key: &str) -> Option<usize> {
     members
         .iter()
         .rposition(|m| body.get(m.key.0..m.key.1) == Some(key.as_bytes()))
@@ -368,9 +415,9 @@ impl<'a> Object<'a> {
         }
         i = skip_ws(s, i + 1);
         if s.get(i) == Some(&b'}') {
-            return Object::finish(body, Vec::new(), i);
+            return Object::finish(Text::whole(body), Vec::new(), i);
         }
-        Object::members_from(body, Vec::new(), i)
+        Object::members_from(Text::whole(body), Vec::new(), i)
     }
 
     /// `body` parsed exactly as [`Object::parse`] would, reading only what follows the
@@ -382,14 +429,18 @@ impl<'a> Object<'a> {
     ///
     /// `prefix`, when given, says how many of `body`'s first bytes were already found to
     /// be `before`'s while the body arrived: those are not compared again.
+    ///
+    /// A body in two pieces is read only if its head is `before`'s first bytes up to the
+    /// start of one of the elements both share (as `proxy::body` splits it): the scan
+    /// resumes in its tail.
     pub fn parse_after(
-        body: &'a [u8],
+        body: &'a RequestBytes,
         key: &str,
         before: &Scanned,
         prefix: Option<&SharedPrefix>,
     ) -> Option<Object<'a>> {
-        let old = before.body.as_ref();
-        let m = member_index(old, &before.members, key)?;
+        let old = &before.body;
+        let m = member_index_in(old, &before.members, key)?;
         let array = &before.members[m];
         let old_elements = array.elements.as_ref()?;
         let known = prefix.map_or(0, |p| p.known(body, before));
@@ -398,10 +449,7 @@ impl<'a> Object<'a> {
         // calls, and each byte compared about once).
         let same = |from: usize, to: usize| {
             let from = from.max(known).min(to);
-            match (body.get(from..to), old.get(from..to)) {
-                (Some(a), Some(b)) => a == b,
-                _ => false,
-            }
+            body.range_eq(from..to, old, from..to)
         };
         let mut shared = 0;
         let mut last = None;
@@ -422,6 +470,23 @@ impl<'a> Object<'a> {
             break;
         }
         let k = last?;
+        // The scan goes on in the body's last piece: a body in two pieces must have its
+        // tail start at an element up to `k` (all shared, so its head is `old`'s bytes up
+        // to there and every element and member lies in one piece).
+        let split = body.tail_start();
+        let whole = body.whole().is_some();
+        if !whole
+            && old_elements[..=k]
+                .binary_search_by_key(&split, |e| e.0)
+                .is_err()
+        {
+            return None;
+        }
+        let (piece, base) = if whole {
+            (body.head().as_ref(), 0)
+        } else {
+            (body.tail().as_ref(), split)
+        };
         // What the scan of `old` knew at `shared`: the elements before element `k`, inside
         // the array's brackets. The array is scanned on from there (bytes only: UTF-8 is
         // checked below).
@@ -431,24 +496,36 @@ impl<'a> Object<'a> {
         stack.push(b'[');
         let walk = Walk {
             stack,
-            element_start: old_elements[k].0,
-            i: shared,
+            element_start: old_elements[k].0 - base,
+            i: shared - base,
         };
-        let end = walk.run(body, Some(&mut elements), usize::MAX).ok()?;
+        let end = base + walk.run(piece, Some(&mut elements), usize::MAX).ok()?;
+        for span in &mut elements[k..] {
+            *span = (span.0 + base, span.1 + base);
+        }
         // The members after the array (tools, settings) are the same bytes in most requests
         // of a conversation: when everything after the array is, those members are `old`'s,
         // moved by as much as the array grew, and not scanned again.
         let old_end = array.value.1;
         let same_tail = (end == old_end && known == body.len() && known == old.len())
-            || body.get(end..) == old.get(old_end..);
+            || body.range_eq(end..body.len(), old, old_end..old.len());
         // `old` is valid UTF-8 (a `Scanned` holds only bodies that parsed), and `shared`
         // ends an element and `end` the array, both before ASCII bytes: `body[..shared]`
         // (the same bytes as `old`'s) and a tail equal to `old`'s are valid UTF-8 on their
         // own. The rest is checked.
         let unchecked_tail = if same_tail { body.len() - end } else { 0 };
-        super::utf8(body.get(shared..body.len() - unchecked_tail)?).ok()?;
-        // SAFETY: `body` is the concatenation of the valid UTF-8 sequences above.
-        let text = unsafe { std::str::from_utf8_unchecked(body) };
+        super::utf8(piece.get(shared - base..piece.len() - unchecked_tail)?).ok()?;
+        // SAFETY: each piece is valid UTF-8. A whole body is the concatenation of the valid
+        // sequences above. A body in two pieces was split at an element start of `old`
+        // (checked above), an ASCII byte: its head, `old`'s bytes up to there, is valid
+        // on its own, and so is its tail, `old`'s bytes from there to `shared` followed
+        // by the sequences above.
+        let text = unsafe {
+            Text {
+                head: std::str::from_utf8_unchecked(body.head()),
+                tail: std::str::from_utf8_unchecked(body.tail()),
+            }
+        };
         let mut members = before.members[..m].to_vec();
         members.push(Member {
             key: array.key,
@@ -469,15 +546,15 @@ impl<'a> Object<'a> {
                 }
             }));
             Object {
-                body: text,
+                text,
                 members,
                 unchanged: 0,
             }
         } else {
-            let i = skip_ws(body, end);
-            match body.get(i) {
-                Some(b',') => Object::members_from(text, members, skip_ws(body, i + 1)),
-                Some(b'}') => Object::finish(text, members, i),
+            let i = skip_ws(piece, end - base);
+            match piece.get(i) {
+                Some(b',') => Object::members_from(text, members, base + skip_ws(piece, i + 1)),
+                Some(b'}') => Object::finish(text, members, base + i),
                 _ => return None,
             }
             .ok()?
@@ -485,7 +562,7 @@ impl<'a> Object<'a> {
         // The elements before `k` are `old`'s (copied above), and so is element `k` if it
         // ends where it did, inside the shared bytes (it may be a number that grew): those
         // are `old`'s byte for byte, when the array is still the one `key` names.
-        if member_index(body, &object.members, key) == Some(m) {
+        if member_index(text, &object.members, key) == Some(m) {
             if let Some(new_elements) = &object.members[m].elements {
                 object.unchanged = k + usize::from(new_elements.get(k) == Some(&old_elements[k]));
             }
@@ -493,9 +570,12 @@ impl<'a> Object<'a> {
         Some(object)
     }
 
-    /// The members from the key at `i` on to the closing brace, after `members`.
-    fn members_from(body: &'a str, mut members: Vec<Member>, mut i: usize) -> Scan<Object<'a>> {
-        let s = body.as_bytes();
+    /// The members from the key at `i` on to the closing brace, after `members`, in the
+    /// text's last piece (`i` and the spans are offsets in the whole body).
+    fn members_from(text: Text<'a>, mut members: Vec<Member>, i: usize) -> Scan<Object<'a>> {
+        let (piece, base) = text.last_piece();
+        let s = piece.as_bytes();
+        let mut i = i - base;
         loop {
             if s.get(i) != Some(&b'"') {
                 return Err(ScanError("expected a key"));
@@ -510,11 +590,16 @@ impl<'a> Object<'a> {
             let mut spans = Vec::new();
             let end = value_end(s, i, Some(&mut spans))?;
             let member = Member {
-                key,
-                value: (i, end),
-                elements: (s[i] == b'[').then_some(spans),
+                key: (base + key.0, base + key.1),
+                value: (base + i, base + end),
+                elements: (s[i] == b'[').then(|| {
+                    spans
+                        .into_iter()
+                        .map(|(a, b)| (base + a, base + b))
+                        .collect()
+                }),
             };
-            i = skip_ws(s, member.value.1);
+            i = skip_ws(s, end);
             members.push(member);
             match s.get(i) {
                 Some(b',') => i = skip_ws(s, i + 1),
@@ -522,48 +607,58 @@ impl<'a> Object<'a> {
                 _ => return Err(ScanError("expected ',' or '}'")),
             }
         }
-        Object::finish(body, members, i)
+        Object::finish(text, members, base + i)
     }
 
-    /// The object whose closing brace is at `i`, if nothing but whitespace follows.
-    fn finish(body: &'a str, members: Vec<Member>, i: usize) -> Scan<Object<'a>> {
-        if skip_ws(body.as_bytes(), i + 1) != body.len() {
+    /// The object whose closing brace is at `i` (an offset in the whole body, in its last
+    /// piece), if nothing but whitespace follows.
+    fn finish(text: Text<'a>, members: Vec<Member>, i: usize) -> Scan<Object<'a>> {
+        let (piece, base) = text.last_piece();
+        if skip_ws(piece.as_bytes(), i - base + 1) != piece.len() {
             return Err(ScanError("trailing bytes after the object"));
         }
         Ok(Object {
-            body,
+            text,
             members,
             unchanged: 0,
         })
     }
 
     fn member(&self, key: &str) -> Option<&Member> {
-        member_index(self.body.as_bytes(), &self.members, key).map(|m| &self.members[m])
+        member_index(self.text, &self.members, key).map(|m| &self.members[m])
     }
 
-    /// The raw value of a member.
+    /// The raw value of a member (`None` for the history array of a body in two pieces,
+    /// which is read by its elements).
     pub fn get(&self, key: &str) -> Option<&'a str> {
-        let body = self.body;
-        self.member(key)
-            .and_then(|m| body.get(m.value.0..m.value.1))
+        self.member(key).and_then(|m| self.text.get(m.value))
     }
 
     /// The raw elements of a member that is an array; `None` if absent or not an array.
     pub fn elements(&self, key: &str) -> Option<impl ExactSizeIterator<Item = &'a str> + '_> {
-        let text = self.body;
-        let body = text.as_bytes();
+        let text = self.text;
+        let split = text.head.len();
         let elements = self.member(key)?.elements.as_ref()?;
         // The exact size lets a long history be collected without growing.
         Some(elements.iter().map(move |&(a, b)| {
+            let (piece, a, b) = if b <= split {
+                (text.head, a, b)
+            } else if a >= split {
+                (text.tail, a - split, b - split)
+            } else {
+                return "";
+            };
             // What makes the slice below sound, checked by every test that scans.
-            debug_assert!(text.is_char_boundary(a) && text.is_char_boundary(b));
-            match body.get(a..b) {
-                // SAFETY: `body` is a `str`, and the scan puts both bounds of every element
+            debug_assert!(piece.is_char_boundary(a) && piece.is_char_boundary(b));
+            match piece.as_bytes().get(a..b) {
+                // SAFETY: `piece` is a `str`, and the scan puts both bounds of every element
                 // at a char boundary: the value's first byte and the byte after its last,
                 // which valid JSON makes ASCII structural bytes (or the body's end). So the
                 // slice is valid UTF-8. `str::get` would check that again by reading the
                 // body at both bounds: two more of its lines per message, which for a long
-                // history were copied in past the cache (`proxy::body`).
+                // history were copied in past the cache (`proxy::body`). No element
+                // straddles the pieces (`parse_after` reads a body in two pieces only when
+                // they meet at an element's start).
                 Some(bytes) => unsafe { std::str::from_utf8_unchecked(bytes) },
                 None => "",
             }
@@ -572,8 +667,11 @@ impl<'a> Object<'a> {
 
     /// What this scan found, kept with the body's bytes for [`Object::parse_after`] on a
     /// later body. `None` if `body` is not the body this object was parsed from.
-    pub fn into_scanned(self, body: &Bytes) -> Option<Scanned> {
-        let same = body.as_ptr() == self.body.as_ptr() && body.len() == self.body.len();
+    pub fn into_scanned(self, body: &RequestBytes) -> Option<Scanned> {
+        let same = |piece: &str, bytes: &Bytes| {
+            piece.as_ptr() == bytes.as_ptr() && piece.len() == bytes.len()
+        };
+        let same = same(self.text.head, body.head()) && same(self.text.tail, body.tail());
         same.then(|| Scanned {
             body: body.clone(),
             members: self.members,
@@ -588,7 +686,7 @@ impl<'a> Object<'a> {
 /// of these bytes, needs to be read after it ([`Object::parse_after`]).
 pub struct Scanned {
     /// Valid UTF-8 (only a successful parse makes a `Scanned`, and `Bytes` never change).
-    body: Bytes,
+    body: RequestBytes,
     members: Vec<Member>,
     unchanged: usize,
     /// The preamble the dialect read from the body (its system prompt), with where the
@@ -599,8 +697,21 @@ pub struct Scanned {
 
 impl Scanned {
     /// The body.
-    pub fn body(&self) -> &Bytes {
+    pub fn body(&self) -> &RequestBytes {
         &self.body
+    }
+
+    /// Where a body that repeats this one's first `equal` bytes can be split for
+    /// [`Object::parse_after`] to read it after this one: the start of the last element of
+    /// the array member `key` that ends within those bytes, or this body's own split if
+    /// that comes first (a head is one piece of one buffer). `None` when no element ends
+    /// within them.
+    pub fn split_for(&self, key: &str, equal: usize) -> Option<usize> {
+        let m = member_index_in(&self.body, &self.members, key)?;
+        let elements = self.members[m].elements.as_ref()?;
+        let within = elements.partition_point(|e| e.1 <= equal);
+        let start = elements.get(within.checked_sub(1)?)?.0;
+        Some(start.min(self.body.tail_start()))
     }
 
     /// How many of the history's first messages were found byte for byte, in the same
@@ -617,8 +728,8 @@ impl Scanned {
 /// reading a long history after its previous request costs (for a 2 MB history ~0.3 ms,
 /// spent mostly fetching the earlier body back from memory).
 pub struct SharedPrefix {
-    /// The earlier body (a reference-counted handle).
-    old: Bytes,
+    /// The earlier body (reference-counted handles).
+    old: RequestBytes,
     /// Bytes of the new body seen so far.
     seen: usize,
     /// The new body's first `equal` bytes are `old`'s.
@@ -642,9 +753,20 @@ impl SharedPrefix {
         if self.equal != at {
             return; // the bodies already differ
         }
-        let old = self.old.get(at..).unwrap_or_default();
-        let n = piece.len().min(old.len());
-        self.equal += common_prefix_len(&piece[..n], &old[..n]);
+        let n = piece.len().min(self.old.len().saturating_sub(at));
+        let Some((first, second)) = self.old.slices(at..at + n) else {
+            return;
+        };
+        let same = common_prefix_len(&piece[..first.len()], first);
+        self.equal += same;
+        if same == first.len() {
+            self.equal += common_prefix_len(&piece[first.len()..n], second);
+        }
+    }
+
+    /// The earlier body.
+    pub fn old(&self) -> &RequestBytes {
+        &self.old
     }
 
     /// How many of the bytes seen so far are the earlier body's.
@@ -654,10 +776,8 @@ impl SharedPrefix {
 
     /// How many of `body`'s first bytes are known to be `before`'s: none unless this
     /// prefix saw exactly `body`'s length, compared against `before`'s very bytes.
-    fn known(&self, body: &[u8], before: &Scanned) -> usize {
-        let same_old =
-            self.old.as_ptr() == before.body.as_ptr() && self.old.len() == before.body.len();
-        if same_old && self.seen == body.len() {
+    fn known(&self, body: &RequestBytes, before: &Scanned) -> usize {
+        if self.old.same_buffers(&before.body) && self.seen == body.len() {
             self.equal
         } else {
             0
@@ -695,10 +815,14 @@ mod tests {
     }
 
     fn scanned(body: &str) -> Scanned {
-        let bytes = Bytes::from(body.to_string());
-        let text = std::str::from_utf8(&bytes).unwrap();
+        let bytes = RequestBytes::from(Bytes::from(body.to_string()));
+        let text = std::str::from_utf8(bytes.head()).unwrap();
         let object = Object::parse(text).unwrap();
         object.into_scanned(&bytes).unwrap()
+    }
+
+    fn whole(body: &[u8]) -> RequestBytes {
+        RequestBytes::from(Bytes::copy_from_slice(body))
     }
 
     #[test]
@@ -796,46 +920,89 @@ mod tests {
         prefix.arrived(&changed);
         assert_eq!(prefix.equal, 150);
         // Only what was fed for exactly this body's length, against `before` itself, counts.
-        assert_eq!(prefix.known(&changed, &before), 150);
-        assert_eq!(prefix.known(&changed[..100], &before), 0);
-        assert_eq!(prefix.known(&changed, &scanned(&long)), 0);
+        assert_eq!(prefix.known(&whole(&changed), &before), 150);
+        assert_eq!(prefix.known(&whole(&changed[..100]), &before), 0);
+        assert_eq!(prefix.known(&whole(&changed), &scanned(&long)), 0);
     }
 
     /// `body` read after `before` is read exactly as from scratch (or not resumed at all,
     /// and then read from scratch by the caller); the messages it calls unchanged are.
+    /// So is `body` in two pieces, its head `before`'s bytes up to any element both share
+    /// ([`Scanned::split_for`] picks one of those), and it resumes exactly when the whole
+    /// body does.
     fn check_resumed(before: &Scanned, body: &[u8]) -> Option<usize> {
         let cold = std::str::from_utf8(body)
             .ok()
             .and_then(|text| Object::parse(text).ok());
-        let resumed = Object::parse_after(body, "messages", before, None)?;
+        let whole_body = whole(body);
+        let resumed = Object::parse_after(&whole_body, "messages", before, None);
+        let old_spans = {
+            let m = member_index_in(&before.body, &before.members, "messages").unwrap();
+            before.members[m].elements.clone().unwrap()
+        };
+        let old = before.body.to_whole();
+        let common = old.iter().zip(body).take_while(|(a, b)| a == b).count();
+        let mut splits = 0;
+        for &(start, end) in &old_spans {
+            if end > common || start > before.body.tail_start() {
+                break;
+            }
+            let split = RequestBytes::split(
+                before.body.head().slice(..start),
+                Bytes::copy_from_slice(&body[start..]),
+            );
+            let in_two = Object::parse_after(&split, "messages", before, None);
+            assert_eq!(in_two.is_some(), resumed.is_some(), "split at {start}");
+            if let (Some(in_two), Some(resumed)) = (in_two, &resumed) {
+                assert_eq!(in_two.members, resumed.members);
+                assert_eq!(in_two.unchanged, resumed.unchanged);
+                assert_eq!(elements(&in_two, "messages"), elements(resumed, "messages"));
+                for m in &resumed.members {
+                    let key = resumed.text.get(m.key).unwrap();
+                    if key != "messages" {
+                        assert_eq!(in_two.get(key), resumed.get(key), "{key}");
+                    }
+                }
+                assert_eq!(in_two.text.head.len(), start);
+                splits += 1;
+            }
+        }
+        if splits > 0 {
+            // A split that no element both share starts is not read in two pieces.
+            let odd = old_spans[0].0 + 1;
+            let split = RequestBytes::split(
+                before.body.head().slice(..odd),
+                Bytes::copy_from_slice(&body[odd..]),
+            );
+            assert!(Object::parse_after(&split, "messages", before, None).is_none());
+        }
+        let resumed = resumed?;
         let cold = cold.unwrap_or_else(|| {
             panic!(
                 "resumed a body that does not parse: {}",
                 String::from_utf8_lossy(body)
             )
         });
-        assert_eq!(resumed.members, cold.members, "{}", cold.body);
-        assert_eq!(resumed.body, cold.body);
-        let old = elements_of(before);
+        assert_eq!(resumed.members, cold.members, "{}", cold.text.head);
+        assert_eq!(resumed.text.head, cold.text.head);
+        let old_texts = elements_of(before);
         let new = elements(&resumed, "messages").unwrap_or_default();
-        assert!(resumed.unchanged <= new.len().min(old.len()));
-        let m = member_index(&before.body, &before.members, "messages").unwrap();
-        let old_spans = before.members[m].elements.as_ref().unwrap();
+        assert!(resumed.unchanged <= new.len().min(old_texts.len()));
         for (&(a, b), message) in old_spans.iter().zip(&new).take(resumed.unchanged) {
-            assert_eq!(&body[a..b], &before.body[a..b]);
-            assert_eq!(message.as_ptr() as usize - body.as_ptr() as usize, a);
+            assert_eq!(&body[a..b], &old[a..b]);
+            assert_eq!(whole_body.offset_of(message.as_bytes()), Some(a..b));
         }
         Some(resumed.unchanged)
     }
 
-    fn elements_of(scanned: &Scanned) -> Vec<&str> {
-        let body = std::str::from_utf8(&scanned.body).unwrap();
-        let m = member_index(body.as_bytes(), &scanned.members, "messages").unwrap();
+    fn elements_of(scanned: &Scanned) -> Vec<String> {
+        let body = String::from_utf8(scanned.body.to_whole().to_vec()).unwrap();
+        let m = member_index_in(&scanned.body, &scanned.members, "messages").unwrap();
         scanned.members[m]
             .elements
             .iter()
             .flatten()
-            .map(|&(a, b)| &body[a..b])
+            .map(|&(a, b)| body[a..b].to_string())
             .collect()
     }
 

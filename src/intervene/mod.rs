@@ -24,7 +24,7 @@ pub mod text;
 use serde::{Deserialize, Serialize};
 
 use crate::detect::{Action, Decision};
-use crate::dialect::{Dialect, HaltOptions, HaltReply};
+use crate::dialect::{Dialect, HaltOptions, HaltReply, RequestBytes};
 use crate::transcript::Transcript;
 
 pub use profile::AgentProfile;
@@ -145,7 +145,7 @@ pub struct RequestInfo<'a> {
     pub model: Option<&'a str>,
     pub user_agent: &'a str,
     /// The body exactly as the client sent it.
-    pub body: &'a [u8],
+    pub body: &'a RequestBytes,
     pub transcript: &'a Transcript,
 }
 
@@ -248,7 +248,7 @@ impl Intervener {
     ) -> (Act, &'static str) {
         let goal = text::goal_line(req.transcript);
         let reminder = text::render(template, &text::Fill::of(decision, &goal, req.conversation));
-        match req.dialect.append_reminder(req.body, &reminder) {
+        match req.dialect.append_reminder(&req.body.to_whole(), &reminder) {
             Ok(body) => (Act::ForwardModified(body), applied),
             Err(e) => {
                 tracing::warn!(conversation = req.conversation, error = %e, "cannot append the reminder; forwarded untouched");
@@ -270,11 +270,12 @@ impl Intervener {
     /// tool call when the agent's profile needs one to stop.
     pub fn halt_reply(&self, decision: &Decision, req: &RequestInfo<'_>) -> HaltReply {
         let text = self.halt_text(decision, req);
+        let body = req.body.to_whole();
         let seen = profile::Seen {
             user_agent: req.user_agent,
             conversation: req.conversation,
             dialect: req.dialect,
-            body: req.body,
+            body: &body,
         };
         let tool_call =
             profile::matching(&self.config.profiles, &seen).and_then(|p| p.halt_call(&text));
@@ -308,8 +309,15 @@ impl Intervener {
         fill.count = last + 1 - first;
         fill.tried = &tried;
         let note = text::render(&self.config.rollback_note, &fill);
-        rollback::roll_back(req.dialect, req.body, req.stream_path, first, last, &note)
-            .map(|rb| rb.body)
+        rollback::roll_back(
+            req.dialect,
+            &req.body.to_whole(),
+            req.stream_path,
+            first,
+            last,
+            &note,
+        )
+        .map(|rb| rb.body)
     }
 }
 

@@ -8,13 +8,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-
 use super::controls::{human_messages, Control, Controls, Standing};
 use super::pause::{DecidedBy, FindingInfo, HeldInfo, Pending, Ticket};
 use super::{Act, InterveneConfig, Intervener, Planned, RequestInfo, Verdict};
 use crate::detect::{Action, Decision, DetectConfig, Engine, EngineState, StoreFacts};
-use crate::dialect::{Dialect, ResponseTurn};
+use crate::dialect::{Dialect, RequestBytes, ResponseTurn};
 use crate::store::{now_ms, InterventionRow, Record, Store};
 use crate::transcript::Transcript;
 
@@ -51,12 +49,12 @@ pub struct OwnedRequest {
     pub json_array: bool,
     pub model: Option<String>,
     pub user_agent: String,
-    pub body: Bytes,
+    pub body: RequestBytes,
     pub transcript: Transcript,
 }
 
 impl OwnedRequest {
-    pub fn of(req: &RequestInfo<'_>, body: &Bytes) -> OwnedRequest {
+    pub fn of(req: &RequestInfo<'_>, body: &RequestBytes) -> OwnedRequest {
         OwnedRequest {
             conversation: req.conversation.to_string(),
             dialect: req.dialect,

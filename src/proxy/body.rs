@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Limited};
 
 use super::cache::{Compared, Previous};
 use super::conversations::Conversations;
-use crate::dialect::{Dialect, SharedPrefix};
+use crate::dialect::{Dialect, RequestBytes, SharedPrefix};
 
 /// Preallocated at most for a body that announces its length: a larger body grows.
 const PRESIZE_MAX: usize = 8 << 20;
@@ -34,23 +34,43 @@ const HEAD_SEARCH_MAX: usize = 256 << 10;
 /// copied the ordinary way.
 const UNCACHED_COPY_MIN: usize = 1 << 20;
 
-/// The request body in one buffer, each frame copied in as it arrives (into a buffer sized
-/// from the announced length) and dropped at once, so that hyper reuses its read buffer.
-/// Collecting the frames and then concatenating them held each body about twice per
-/// request in flight. A body that arrives as one frame is kept as it is (no copy). Each
-/// frame is shown to `earlier` as it arrives.
+/// A body whose conversation's last body is in two pieces with a tail longer than this
+/// share of it is read into one buffer of its own (as it arrives, and later read after
+/// nothing but its own bytes): each request that shares a head copies the earlier tail
+/// once it differs, so tails are kept short.
+const TAIL_SHARE_MAX: usize = 16;
+
+/// The request body, read as it arrives.
+///
+/// While the body repeats its conversation's last body byte for byte (a history, most of
+/// a long request), its frames are only compared with it ([`Earlier`]), not copied: the
+/// body's head is that body's bytes ([`RequestBytes`]). From the first difference on, the
+/// frames are copied into a buffer of the body's own (sized from the announced length),
+/// which starts at the last history message the two share ([`crate::dialect::Scanned::split_for`]), so
+/// that every message lies in one piece. A body that differs before that, or that arrives
+/// before its conversation is known, is copied whole, as one buffer; one that arrives as
+/// one frame is kept as it is.
+///
+/// Each frame is dropped once compared or copied, so that hyper reuses its read buffer:
+/// collecting the frames and concatenating them held each body about twice per request in
+/// flight.
 pub async fn read_body(
     body: Body,
     limit: usize,
     earlier: &mut Earlier<'_>,
-) -> Result<Bytes, axum::BoxError> {
+) -> Result<RequestBytes, axum::BoxError> {
     let announced = http_body::Body::size_hint(&body).exact();
     let capacity = announced.map_or(0, |n| (n as usize).min(limit).min(PRESIZE_MAX));
     let uncached = capacity >= UNCACHED_COPY_MIN;
     let mut body = Limited::new(body, limit);
     // The body while it is a single frame.
     let mut single: Option<Bytes> = None;
+    // The body's own bytes: all of it, or from `head.len()` on.
     let mut joined = BytesMut::new();
+    // While the body so far is the last body's bytes: how many (none of them copied).
+    let mut shared: Option<usize> = None;
+    // The last body's bytes the body starts with, once it differs after a shared message.
+    let mut head = Bytes::new();
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame?.into_data() else {
             continue; // trailers: not part of what is forwarded as the body
@@ -58,9 +78,38 @@ pub async fn read_body(
         if data.is_empty() {
             continue;
         }
-        if single.is_none() && joined.is_empty() {
+        if let Some(upto) = shared {
+            let equal = earlier.compare(&data);
+            if equal == upto + data.len() {
+                shared = Some(equal);
+                continue;
+            }
+            shared = None;
+            let split = earlier.split_for(equal);
+            let Some(old) = earlier.old() else {
+                unreachable!("sharing only while compared")
+            };
+            // The head may end before this frame (the body's own bytes start with the
+            // last body's from there) or in it (they start inside the frame).
+            head = old.head().slice(..split.min(old.tail_start()));
+            let from = head.len();
+            joined.reserve(capacity.saturating_sub(from).max(upto + data.len() - from));
+            if from <= upto {
+                let (a, b) = old.slices(from..upto).expect("within the last body");
+                append(&mut joined, a, uncached);
+                append(&mut joined, b, uncached);
+                append(&mut joined, &data, uncached);
+            } else {
+                append(&mut joined, &data[from - upto..], uncached);
+            }
+            continue;
+        }
+        if single.is_none() && joined.is_empty() && head.is_empty() {
             earlier.arrived(&data, &data);
-            single = Some(data);
+            shared = earlier.sharing(data.len());
+            if shared.is_none() {
+                single = Some(data);
+            }
             continue;
         }
         if let Some(first) = single.take() {
@@ -70,8 +119,31 @@ pub async fn read_body(
         append(&mut joined, &data, uncached);
         // The frame, not its copy, is compared: the copy may not be in the cache.
         earlier.arrived(&joined, &data);
+        if head.is_empty() {
+            // Found only now, the conversation's last body may start with every byte so far:
+            // its bytes are then the body's from here on.
+            if let Some(equal) = earlier.sharing(joined.len()) {
+                joined = BytesMut::new();
+                shared = Some(equal);
+            }
+        }
     }
-    Ok(single.unwrap_or_else(|| joined.freeze()))
+    if let Some(upto) = shared {
+        let Some(old) = earlier.old() else {
+            unreachable!("sharing only while compared")
+        };
+        if upto == old.len() {
+            return Ok(old.clone());
+        }
+        // A body that stops short of the last one (not JSON): its own copy.
+        let (a, b) = old.slices(0..upto).expect("within the last body");
+        return Ok(RequestBytes::from(Bytes::from([a, b].concat())));
+    }
+    Ok(match single {
+        Some(single) => RequestBytes::from(single),
+        None if head.is_empty() => RequestBytes::from(joined.freeze()),
+        None => RequestBytes::split(head, joined.freeze()),
+    })
 }
 
 /// Appends a frame to the body's buffer: past the caches for a large body
@@ -215,12 +287,52 @@ impl<'a> Earlier<'a> {
         }
     }
 
+    /// Compares the body's next frame, once the last request is known, and says how many
+    /// of the body's bytes so far are the last body's.
+    fn compare(&mut self, frame: &[u8]) -> usize {
+        match self.compared.as_mut() {
+            Some(compared) => {
+                compared.prefix.arrived(frame);
+                compared.prefix.equal()
+            }
+            None => 0,
+        }
+    }
+
+    /// Whether the body so far, `n` bytes, is the last body's first bytes, which it can
+    /// then share: `Some(n)`. Not when that body's own tail is long ([`TAIL_SHARE_MAX`]).
+    fn sharing(&self, n: usize) -> Option<usize> {
+        let compared = self.compared.as_ref()?;
+        let old = compared.prefix.old();
+        let short_tail = old.tail().len() <= old.len() / TAIL_SHARE_MAX;
+        (short_tail && n > 0 && compared.prefix.equal() == n).then_some(n)
+    }
+
+    /// The last body, while the body is compared with it.
+    fn old(&self) -> Option<&RequestBytes> {
+        Some(self.compared.as_ref()?.prefix.old())
+    }
+
+    /// Where a body that repeats the last body's first `equal` bytes starts its own
+    /// buffer ([`Scanned::split_for`]); 0 (the body whole) when nothing fits.
+    fn split_for(&self, equal: usize) -> usize {
+        let split = || {
+            let dialect = self.dialect?;
+            let scanned = self.compared.as_ref()?.request.scanned(dialect)?;
+            scanned.split_for(dialect.history_key(), equal)
+        };
+        split().unwrap_or(0)
+    }
+
     /// Once the body is whole: the conversation's last request (by the body's first
     /// messages if they were not found on the way), and what the body was compared with.
     /// `None` on routes that carry no conversation.
-    pub fn finish(self, body: &[u8]) -> Option<Found> {
+    pub fn finish(self, body: &RequestBytes) -> Option<Found> {
         let dialect = self.dialect?;
-        let key = self.key.unwrap_or_else(|| head_key(dialect, body));
+        // Without a key nothing was compared, so the body is one buffer.
+        let key = self
+            .key
+            .unwrap_or_else(|| head_key(dialect, &body.to_whole()));
         Some(Found {
             previous: self.conversations.previous(&key),
             key,
@@ -301,6 +413,10 @@ mod tests {
             .collect()
     }
 
+    fn whole(text: &str) -> RequestBytes {
+        RequestBytes::from(Bytes::from(text.to_string()))
+    }
+
     fn chat(texts: &[&str]) -> String {
         let messages: Vec<String> = texts
             .iter()
@@ -323,7 +439,7 @@ mod tests {
             let body = read_body(framed(frames.collect()), 1024, &mut earlier)
                 .await
                 .unwrap();
-            assert_eq!(body, parts.concat().as_bytes(), "{parts:?}");
+            assert_eq!(body.to_whole(), parts.concat().as_bytes(), "{parts:?}");
         }
         let mut earlier = Earlier::new(&conversations, None, None);
         let refused = read_body(framed(pieces("01234567890123456789", 10)), 15, &mut earlier).await;
@@ -372,16 +488,86 @@ mod tests {
         let read = read_body(announced(pieces(&next, 65_537)), 8 << 20, &mut earlier)
             .await
             .unwrap();
-        assert!(read == next.as_bytes(), "the body's bytes, in order");
+        assert!(
+            read.to_whole() == next.as_bytes(),
+            "the body's bytes, in order"
+        );
         let found = earlier.finish(&read).unwrap();
         let compared = found.compared.expect("compared while it arrived");
         assert_eq!(compared.prefix.equal(), last.len() - "]}".len());
     }
 
+    #[tokio::test]
+    async fn a_body_that_repeats_the_last_one_shares_its_bytes_and_copies_only_its_own() {
+        let conversations = Conversations::new(Duration::from_secs(60));
+        let cache = MessageCache::new(64 << 20, Duration::from_secs(60));
+        // Reads `text` as the proxy does, checks it reads as from scratch, and keeps it as
+        // the conversation's last request.
+        let send = |text: String| {
+            let (conversations, cache) = (&conversations, &cache);
+            async move {
+                let mut earlier = Earlier::new(conversations, Some(Dialect::OpenAiChat), Some("c"));
+                let read = read_body(announced(pieces(&text, 4096)), 1 << 20, &mut earlier)
+                    .await
+                    .unwrap();
+                assert!(read == *text.as_bytes(), "its bytes");
+                let found = earlier.finish(&read).unwrap();
+                let history = cache
+                    .read_history(
+                        Dialect::OpenAiChat,
+                        &read,
+                        false,
+                        found.previous,
+                        found.compared.as_ref(),
+                    )
+                    .unwrap();
+                let fresh = MessageCache::new(1 << 20, Duration::from_secs(60))
+                    .read_history(Dialect::OpenAiChat, &whole(&text), false, None, None)
+                    .unwrap();
+                assert_eq!(history.transcript, fresh.transcript);
+                let mut previous = history.request;
+                previous.keep_transcript(history.preamble, history.transcript, None, None);
+                conversations.put_previous("c", previous);
+                read
+            }
+        };
+        let turns: Vec<String> = (0..48)
+            .map(|i| format!("turn {i} {}", "x".repeat(3000)))
+            .collect();
+        let texts: Vec<&str> = turns.iter().map(String::as_str).collect();
+        let (mut split, mut joined, mut repeated) = (0, 0, false);
+        let mut last = send(chat(&texts[..3])).await;
+        for n in 4..48 {
+            let text = chat(&texts[..n]);
+            let read = send(text.clone()).await;
+            if last.tail().len() <= last.len() / TAIL_SHARE_MAX {
+                // The last body's buffer up to a message both share, and its own bytes.
+                assert_eq!(read.head().as_ptr(), last.head().as_ptr(), "request {n}");
+                let added = text.len() - last.len();
+                assert!(read.tail().len() <= last.tail().len() + added + 3100);
+                split += 1;
+            } else {
+                assert!(read.whole().is_some(), "request {n}: a long tail is joined");
+                joined += 1;
+            }
+            if !repeated && n > 10 && read.tail().len() <= read.len() / TAIL_SHARE_MAX {
+                // The same body again, as a client's retry sends it: the last one's buffers.
+                let again = send(text).await;
+                assert!(again.same_buffers(&read));
+                repeated = true;
+            }
+            last = read;
+        }
+        assert!(
+            split > 20 && joined > 0 && repeated,
+            "{split} split, {joined} joined"
+        );
+    }
+
     /// The conversation's last request, kept under `key` as the proxy keeps it.
     fn keep_last(conversations: &Conversations, key: &str, body: &str) {
         let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
-        let body = Bytes::from(body.to_string());
+        let body = RequestBytes::from(Bytes::from(body.to_string()));
         let history = cache
             .read_history(Dialect::OpenAiChat, &body, false, None, None)
             .unwrap();
@@ -400,7 +586,7 @@ mod tests {
         let read = read_body(framed(pieces(body, size)), 1 << 20, &mut earlier)
             .await
             .unwrap();
-        assert_eq!(read, body.as_bytes());
+        assert_eq!(read.to_whole(), body.as_bytes());
         earlier.finish(&read).unwrap()
     }
 
@@ -450,7 +636,7 @@ mod tests {
 
         // A route without a conversation looks nothing up.
         let earlier = Earlier::new(&conversations, None, Some("conv-1"));
-        assert!(earlier.finish(last.as_bytes()).is_none());
+        assert!(earlier.finish(&whole(&last)).is_none());
     }
 
     #[tokio::test]
@@ -458,7 +644,13 @@ mod tests {
         let conversations = Conversations::new(Duration::from_secs(60));
         let last = chat(&["sys", "task", "turn 1"]);
         let next = chat(&["sys", "task", "turn 1", "turn 2"]);
-        let scanned_body = |p: &Previous| p.scanned(Dialect::OpenAiChat).unwrap().body().clone();
+        let scanned_body = |p: &Previous| {
+            p.scanned(Dialect::OpenAiChat)
+                .unwrap()
+                .body()
+                .head()
+                .clone()
+        };
         keep_last(&conversations, "conv-1", &last);
         let kept = scanned_body(&conversations.peek_previous("conv-1").unwrap());
 
@@ -471,7 +663,7 @@ mod tests {
         assert_ne!(replacing.as_ptr(), kept.as_ptr());
         earlier.arrived(next.as_bytes(), &next.as_bytes()[a.len()..]);
 
-        let found = earlier.finish(next.as_bytes()).unwrap();
+        let found = earlier.finish(&whole(&next)).unwrap();
         let compared = found.compared.expect("compared while it arrived");
         assert_eq!(scanned_body(&compared.request).as_ptr(), kept.as_ptr());
         assert_eq!(compared.prefix.equal(), last.len() - "]}".len());

@@ -16,11 +16,9 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
 use super::identity::Identity;
 use crate::detect::Folded;
-use crate::dialect::{Dialect, ParseError, RawMessage, Scanned, SharedPrefix};
+use crate::dialect::{Dialect, ParseError, RawMessage, RequestBytes, Scanned, SharedPrefix};
 use crate::transcript::{Item, Transcript};
 
 /// The items of one message, shared between the cache and requests in flight.
@@ -168,10 +166,13 @@ impl MessageCache {
     /// `compared`, when the body was compared while it arrived, is what it was compared
     /// with: the scan resumes after that request (the bytes found equal are not compared
     /// again), even when it is no longer the conversation's last one.
+    ///
+    /// A body in two pieces that cannot be read that way (its tail is not valid JSON, say)
+    /// is read joined, from its start; it is then kept joined.
     pub fn read_history(
         &self,
         dialect: Dialect,
-        body: &Bytes,
+        body: &RequestBytes,
         stream_path: bool,
         mut previous: Option<Previous>,
         compared: Option<&Compared>,
@@ -179,7 +180,18 @@ impl MessageCache {
         let read_after = compared.map(|c| &c.request).or(previous.as_ref());
         let after = read_after.and_then(|p| p.scanned(dialect));
         let prefix = compared.map(|c| &c.prefix);
-        let (view, scanned) = dialect.view_after(body, stream_path, after, prefix)?;
+        let joined;
+        let (body, (view, scanned)) = match dialect.view_after(body, stream_path, after, prefix) {
+            Ok(read) => (body, read),
+            Err(e) if e.is_needs_whole() => {
+                joined = RequestBytes::from(body.to_whole());
+                (
+                    &joined,
+                    dialect.view_after(&joined, stream_path, after, None)?,
+                )
+            }
+            Err(e) => return Err(e),
+        };
         let unchanged = scanned.as_ref().map_or(0, Scanned::unchanged);
         let messages = self.items(dialect, &view.messages, read_after, unchanged);
         let continued = previous
@@ -283,7 +295,7 @@ pub struct Continued {
 /// lies in it, and the message's items.
 struct Read {
     dialect: Dialect,
-    body: Bytes,
+    body: RequestBytes,
     /// The body's scan, to read the next request after it.
     scanned: Option<Scanned>,
     spans: Vec<Option<Range<usize>>>,
@@ -295,23 +307,17 @@ impl Previous {
     /// the scan of `body` when [`Dialect::view_after`] read it.
     pub fn new(
         dialect: Dialect,
-        body: &Bytes,
+        body: &RequestBytes,
         messages: &[RawMessage],
         items: ItemList,
         scanned: Option<Scanned>,
     ) -> Previous {
-        let base = body.as_ptr() as usize;
         let spans = messages
             .iter()
-            .map(|m| {
-                let text = m.get();
-                let start = (text.as_ptr() as usize).checked_sub(base)?;
-                let end = start.checked_add(text.len())?;
-                (end <= body.len()).then_some(start..end)
-            })
+            .map(|m| body.offset_of(m.get().as_bytes()))
             .collect();
         // A scan of another body would describe bytes this one may not have.
-        let scanned = scanned.filter(|s| s.body().as_ptr() == body.as_ptr());
+        let scanned = scanned.filter(|s| s.body().same_buffers(body));
         Previous {
             read: Arc::new(Read {
                 dialect,
@@ -578,6 +584,8 @@ fn evict_oldest_quarter(inner: &mut Inner) {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
     use serde_json::value::RawValue;
 
@@ -677,7 +685,9 @@ mod tests {
 
     #[test]
     fn concurrent_requests_all_read_after_the_last_one_and_one_gets_its_transcript() {
-        let body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"a"}]}"#);
+        let body = RequestBytes::from(Bytes::from_static(
+            br#"{"messages":[{"role":"user","content":"a"}]}"#,
+        ));
         let (view, scanned) = Dialect::OpenAiChat
             .view_after(&body, false, None, None)
             .unwrap();
@@ -701,17 +711,17 @@ mod tests {
         let user = r#"{"role":"user","content":"the task"}"#;
         let turn = r#"{"role":"assistant","content":"on it"}"#;
         let body = |messages: &[&str]| {
-            Bytes::from(format!(
+            RequestBytes::from(Bytes::from(format!(
                 r#"{{"model":"m","messages":[{}]}}"#,
                 messages.join(",")
-            ))
+            )))
         };
         let named = |id: &str| Identity {
             id: id.into(),
             source: "head_hash",
         };
         // Reads `next` after `last` (kept with `head`): the head identity it carries on.
-        let carried = |last: &Bytes, head: Identity, next: &Bytes| {
+        let carried = |last: &RequestBytes, head: Identity, next: &RequestBytes| {
             let first = cache
                 .read_history(Dialect::OpenAiChat, last, false, None, None)
                 .unwrap();
@@ -749,10 +759,10 @@ mod tests {
             source: "head_hash",
         };
         let body = |messages: &[String]| {
-            Bytes::from(format!(
+            RequestBytes::from(Bytes::from(format!(
                 r#"{{"model":"m","messages":[{}]}}"#,
                 messages.join(",")
-            ))
+            )))
         };
         let mut messages = vec![r#"{"role":"user","content":"the task"}"#.to_string()];
         let mut last: Option<Previous> = None;
@@ -801,10 +811,10 @@ mod tests {
     fn a_kept_fold_is_vouched_for_only_over_the_steps_the_new_messages_left_alone() {
         let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
         let body = |messages: &[&str]| {
-            Bytes::from(format!(
+            RequestBytes::from(Bytes::from(format!(
                 r#"{{"model":"m","messages":[{}]}}"#,
                 messages.join(",")
-            ))
+            )))
         };
         let call = |id: &str| {
             format!(
@@ -859,10 +869,10 @@ mod tests {
                 .iter()
                 .map(|t| format!(r#"{{"role":"user","content":"{t}"}}"#))
                 .collect();
-            Bytes::from(format!(
+            RequestBytes::from(Bytes::from(format!(
                 r#"{{"model":"m","messages":[{}]}}"#,
                 messages.join(",")
-            ))
+            )))
         };
         let last = body(&["sys", "task", "turn 1"]);
         let next = body(&["sys", "task", "turn 1", "turn 2"]);
@@ -880,7 +890,8 @@ mod tests {
             let mut compared_with = first.request;
             compared_with.keep_transcript(first.preamble, first.transcript, None, None);
             let mut prefix = SharedPrefix::new(compared_with.scanned(Dialect::OpenAiChat).unwrap());
-            let (a, b) = next.split_at(20);
+            let next_bytes = next.to_whole();
+            let (a, b) = next_bytes.split_at(20);
             prefix.arrived(a);
             prefix.arrived(b);
             assert_eq!(prefix.equal(), last.len() - "]}".len());
@@ -889,7 +900,7 @@ mod tests {
                 prefix,
             };
             let other = MessageCache::new(1 << 20, Duration::from_secs(60));
-            let copy = Bytes::copy_from_slice(&last);
+            let copy = RequestBytes::from(Bytes::copy_from_slice(&last.to_whole()));
             let finished = if same_cache {
                 cache.read_history(
                     Dialect::OpenAiChat,
@@ -946,7 +957,7 @@ mod tests {
         let items = cache.items(Dialect::OpenAiChat, &first_msgs, None, 0);
         let previous = Previous::new(
             Dialect::OpenAiChat,
-            &first,
+            &RequestBytes::from(first.clone()),
             &first_msgs,
             items.clone(),
             None,
@@ -966,7 +977,7 @@ mod tests {
         // Slices that are not part of the previous body are never taken for it.
         let foreign = Previous::new(
             Dialect::OpenAiChat,
-            &Bytes::from_static(b"x"),
+            &RequestBytes::from(Bytes::from_static(b"x")),
             &first_msgs,
             items.clone(),
             None,

@@ -23,9 +23,10 @@ use super::intervention::{self, Guard, Plan};
 use super::record::{Capture, Finished};
 use super::route::{self, Route, Upstream};
 use super::tee::{Pending, TeeBody};
+use super::upstream::Outgoing;
 use super::{errors, upstream, App};
 use crate::detect::{Decision, EngineState};
-use crate::dialect::{Dialect, UpstreamFailure};
+use crate::dialect::{Dialect, RequestBytes, UpstreamFailure};
 use crate::intervene::service::Before;
 use crate::intervene::RequestInfo;
 use crate::store::redact::summary;
@@ -76,7 +77,7 @@ fn analyse(
     app: &App,
     route: &Route<'_>,
     headers: &HeaderMap,
-    body: &Bytes,
+    body: &RequestBytes,
     stated: Option<Identity>,
     earlier: Earlier<'_>,
 ) -> Analysis {
@@ -336,7 +337,7 @@ impl Stamp {
 struct Next {
     app: Arc<App>,
     parts: http::request::Parts,
-    body: Bytes,
+    body: RequestBytes,
     started: Instant,
     capture_dialect: Option<Dialect>,
     stamp: Stamp,
@@ -357,7 +358,7 @@ impl Next {
         let route = route::route(&parts.uri, &parts.headers);
         let forward_body = match plan {
             Plan::Forward | Plan::Hold(_) => body,
-            Plan::ForwardModified(modified) => modified,
+            Plan::ForwardModified(modified) => RequestBytes::from(modified),
             Plan::Answer(mut response) => {
                 finished.row.status = response.status().as_u16() as i64;
                 finished.row.outcome = "answered".into();
@@ -526,7 +527,7 @@ fn new_record(
     app: &App,
     parts: &http::request::Parts,
     route: &Route<'_>,
-    body: &Bytes,
+    body: &RequestBytes,
     analysis: Analysis,
     applied: &'static str,
     started_ms: i64,
@@ -668,8 +669,8 @@ fn upstream_request(
     method: &http::Method,
     mut headers: HeaderMap,
     route: &Route<'_>,
-    body: Bytes,
-) -> Option<http::Request<Full<Bytes>>> {
+    body: RequestBytes,
+) -> Option<http::Request<Outgoing>> {
     let target = client.target(route.upstream, route.path, route.query)?;
     let listed = connection_listed(&headers);
     let unwanted: Vec<HeaderName> = headers
@@ -687,7 +688,7 @@ fn upstream_request(
     for name in &unwanted {
         headers.remove(name);
     }
-    let mut request = http::Request::new(Full::new(body));
+    let mut request = http::Request::new(Outgoing::new(body));
     *request.method_mut() = method.clone();
     *request.uri_mut() = target;
     *request.headers_mut() = headers;

@@ -12,7 +12,7 @@ use http::StatusCode;
 
 use super::App;
 use crate::detect::{Decision, EngineState};
-use crate::dialect::{HaltReply, ResponseTurn};
+use crate::dialect::{HaltReply, RequestBytes, ResponseTurn};
 use crate::intervene::block::{BlockBody, Check};
 use crate::intervene::pause::Ticket;
 use crate::intervene::service::{Before, OwnedRequest};
@@ -67,7 +67,7 @@ pub fn plan(
     before: &Before,
     state: &EngineState,
     req: &RequestInfo<'_>,
-    body: &Bytes,
+    body: &RequestBytes,
     request_id: i64,
 ) -> Planned {
     let planned = app.interventions.plan(decision, before, req, request_id);

@@ -27,7 +27,6 @@ use bytes::Bytes;
 use http::header::{HeaderValue, HOST};
 use http::Uri;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_rustls::{ConfigBuilderExt, HttpsConnector};
@@ -35,13 +34,14 @@ use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::route::Upstream;
 use crate::config::UpstreamConfig;
+use crate::dialect::RequestBytes;
 
 /// Idle connections kept per origin and serving thread; one more returned is closed. A
 /// serving thread rarely has more requests in flight to one API than this.
 pub const MAX_IDLE_PER_ORIGIN: usize = 64;
 
 type Connector = HttpsConnector<HttpConnector>;
-type Sender = SendRequest<Full<Bytes>>;
+type Sender = SendRequest<Outgoing>;
 
 /// One serving thread's upstream client (cheap to clone: a handle to the same pool).
 #[derive(Clone)]
@@ -221,7 +221,7 @@ impl Client {
     pub async fn send(
         &self,
         upstream: Upstream,
-        mut request: http::Request<Full<Bytes>>,
+        mut request: http::Request<Outgoing>,
     ) -> Result<http::Response<ResponseBody>, Error> {
         let shared = &self.shared;
         let origin = shared.bases[upstream as usize]
@@ -424,6 +424,44 @@ impl ResponseBody {
         {
             shared.checkin(sender, origin);
         }
+    }
+}
+
+/// A request body on its way upstream: the body's pieces ([`RequestBytes`]), a frame each,
+/// neither copied (hyper writes them with one vectored write).
+pub struct Outgoing {
+    /// The pieces not sent yet, in order (`None` once sent, or when empty).
+    pieces: [Option<Bytes>; 2],
+}
+
+impl Outgoing {
+    pub fn new(body: RequestBytes) -> Outgoing {
+        let (head, tail) = body.into_pieces();
+        let some = |piece: Bytes| (!piece.is_empty()).then_some(piece);
+        Outgoing {
+            pieces: [some(head), some(tail)],
+        }
+    }
+}
+
+impl Body for Outgoing {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let next = self.pieces.iter_mut().find_map(Option::take);
+        Poll::Ready(next.map(|piece| Ok(Frame::data(piece))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pieces.iter().all(Option::is_none)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.pieces.iter().flatten().map(|p| p.len() as u64).sum())
     }
 }
 
