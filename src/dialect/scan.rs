@@ -656,9 +656,9 @@ impl<'a> Object<'a> {
                 // which valid JSON makes ASCII structural bytes (or the body's end). So the
                 // slice is valid UTF-8. `str::get` would check that again by reading the
                 // body at both bounds: two more of its lines per message, which for a long
-                // history were copied in past the cache (`proxy::body`). No element
-                // straddles the pieces (`parse_after` reads a body in two pieces only when
-                // they meet at an element's start).
+                // history are no longer in the cache. No element straddles the pieces
+                // (`parse_after` reads a body in two pieces only when they meet at an
+                // element's start).
                 Some(bytes) => unsafe { std::str::from_utf8_unchecked(bytes) },
                 None => "",
             }

@@ -1,5 +1,5 @@
-//! The request body, read once off the socket into one buffer, and the conversation's last
-//! request, found while the body arrives.
+//! The request body, read once off the socket, and the conversation's last request, found
+//! while the body arrives.
 //!
 //! Reading a request after its conversation's last one compares the bytes the two share
 //! (most of a history). Done after the body's last byte, that comparison sat between the
@@ -8,6 +8,8 @@
 //! as the request says which conversation it is (its stated id, from the headers, before
 //! any byte of the body; or its first two messages, usually in the first frames), and each
 //! frame is compared as it arrives ([`SharedPrefix`]), while the client is still sending.
+//! The bytes found equal are not copied at all: the body keeps the last body's
+//! ([`RequestBytes`]).
 
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
@@ -46,10 +48,10 @@ const TAIL_SHARE_MAX: usize = 16;
 /// a long request), its frames are only compared with it ([`Earlier`]), not copied: the
 /// body's head is that body's bytes ([`RequestBytes`]). From the first difference on, the
 /// frames are copied into a buffer of the body's own (sized from the announced length),
-/// which starts at the last history message the two share ([`crate::dialect::Scanned::split_for`]), so
-/// that every message lies in one piece. A body that differs before that, or that arrives
-/// before its conversation is known, is copied whole, as one buffer; one that arrives as
-/// one frame is kept as it is.
+/// which starts at the last history message the two share
+/// ([`crate::dialect::Scanned::split_for`]), so that every message lies in one piece. A
+/// body that differs before that, or that arrives before its conversation is known, is
+/// copied whole, as one buffer; one that arrives as one frame is kept as it is.
 ///
 /// Each frame is dropped once compared or copied, so that hyper reuses its read buffer:
 /// collecting the frames and concatenating them held each body about twice per request in
@@ -67,8 +69,9 @@ pub async fn read_body(
     let mut single: Option<Bytes> = None;
     // The body's own bytes: all of it, or from `head.len()` on.
     let mut joined = BytesMut::new();
-    // While the body so far is the last body's bytes: how many (none of them copied).
-    let mut shared: Option<usize> = None;
+    // While the body so far is the last body's bytes: that body, and how many (none of
+    // them copied).
+    let mut shared: Option<(RequestBytes, usize)> = None;
     // The last body's bytes the body starts with, once it differs after a shared message.
     let mut head = Bytes::new();
     while let Some(frame) = body.frame().await {
@@ -78,20 +81,18 @@ pub async fn read_body(
         if data.is_empty() {
             continue;
         }
-        if let Some(upto) = shared {
+        if let Some((old, upto)) = shared.take() {
             let equal = earlier.compare(&data);
             if equal == upto + data.len() {
-                shared = Some(equal);
+                shared = Some((old, equal));
                 continue;
             }
-            shared = None;
-            let split = earlier.split_for(equal);
-            let Some(old) = earlier.old() else {
-                unreachable!("sharing only while compared")
-            };
-            // The head may end before this frame (the body's own bytes start with the
-            // last body's from there) or in it (they start inside the frame).
-            head = old.head().slice(..split.min(old.tail_start()));
+            // The head may end before this frame (the body's own bytes then start with the
+            // last body's from there) or in it (they start inside the frame). `equal`, and
+            // so the head's end, lie within the last body.
+            head = old
+                .head()
+                .slice(..earlier.split_for(equal).min(old.tail_start()));
             let from = head.len();
             joined.reserve(capacity.saturating_sub(from).max(upto + data.len() - from));
             if from <= upto {
@@ -106,9 +107,9 @@ pub async fn read_body(
         }
         if single.is_none() && joined.is_empty() && head.is_empty() {
             earlier.arrived(&data, &data);
-            shared = earlier.sharing(data.len());
-            if shared.is_none() {
-                single = Some(data);
+            match earlier.sharing(data.len()) {
+                Some(old) => shared = Some((old, data.len())),
+                None => single = Some(data),
             }
             continue;
         }
@@ -122,18 +123,15 @@ pub async fn read_body(
         if head.is_empty() {
             // Found only now, the conversation's last body may start with every byte so far:
             // its bytes are then the body's from here on.
-            if let Some(equal) = earlier.sharing(joined.len()) {
+            if let Some(old) = earlier.sharing(joined.len()) {
+                shared = Some((old, joined.len()));
                 joined = BytesMut::new();
-                shared = Some(equal);
             }
         }
     }
-    if let Some(upto) = shared {
-        let Some(old) = earlier.old() else {
-            unreachable!("sharing only while compared")
-        };
+    if let Some((old, upto)) = shared {
         if upto == old.len() {
-            return Ok(old.clone());
+            return Ok(old);
         }
         // A body that stops short of the last one (not JSON): its own copy.
         let (a, b) = old.slices(0..upto).expect("within the last body");
@@ -299,22 +297,18 @@ impl<'a> Earlier<'a> {
         }
     }
 
-    /// Whether the body so far, `n` bytes, is the last body's first bytes, which it can
-    /// then share: `Some(n)`. Not when that body's own tail is long ([`TAIL_SHARE_MAX`]).
-    fn sharing(&self, n: usize) -> Option<usize> {
+    /// The last body, when the body so far (`n` bytes) is its first bytes and the body can
+    /// share them. Not when that body's own tail is long ([`TAIL_SHARE_MAX`]).
+    fn sharing(&self, n: usize) -> Option<RequestBytes> {
         let compared = self.compared.as_ref()?;
         let old = compared.prefix.old();
         let short_tail = old.tail().len() <= old.len() / TAIL_SHARE_MAX;
-        (short_tail && n > 0 && compared.prefix.equal() == n).then_some(n)
-    }
-
-    /// The last body, while the body is compared with it.
-    fn old(&self) -> Option<&RequestBytes> {
-        Some(self.compared.as_ref()?.prefix.old())
+        (short_tail && n > 0 && compared.prefix.equal() == n).then(|| old.clone())
     }
 
     /// Where a body that repeats the last body's first `equal` bytes starts its own
-    /// buffer ([`Scanned::split_for`]); 0 (the body whole) when nothing fits.
+    /// buffer ([`crate::dialect::Scanned::split_for`]); 0 (the body whole) when nothing
+    /// fits.
     fn split_for(&self, equal: usize) -> usize {
         let split = || {
             let dialect = self.dialect?;
