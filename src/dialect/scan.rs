@@ -364,12 +364,18 @@ impl<'a> Text<'a> {
         }
     }
 
-    fn get(self, (a, b): (usize, usize)) -> Option<&'a str> {
+    fn get(self, span: (usize, usize)) -> Option<&'a str> {
+        let (piece, a, b) = self.locate(span)?;
+        piece.get(a..b)
+    }
+
+    /// The piece a span lies in, and the span in that piece; `None` if it straddles both.
+    fn locate(self, (a, b): (usize, usize)) -> Option<(&'a str, usize, usize)> {
         let split = self.head.len();
         if b <= split {
-            self.head.get(a..b)
+            Some((self.head, a, b))
         } else if a >= split {
-            self.tail.get(a - split..b - split)
+            Some((self.tail, a - split, b - split))
         } else {
             None
         }
@@ -473,7 +479,7 @@ impl<'a> Object<'a> {
         // The scan goes on in the body's last piece: a body in two pieces must have its
         // tail start at an element up to `k` (all shared, so its head is `old`'s bytes up
         // to there and every element and member lies in one piece).
-        let split = body.tail_start();
+        let split = body.head().len();
         let whole = body.whole().is_some();
         if !whole
             && old_elements[..=k]
@@ -637,15 +643,10 @@ impl<'a> Object<'a> {
     /// The raw elements of a member that is an array; `None` if absent or not an array.
     pub fn elements(&self, key: &str) -> Option<impl ExactSizeIterator<Item = &'a str> + '_> {
         let text = self.text;
-        let split = text.head.len();
         let elements = self.member(key)?.elements.as_ref()?;
         // The exact size lets a long history be collected without growing.
-        Some(elements.iter().map(move |&(a, b)| {
-            let (piece, a, b) = if b <= split {
-                (text.head, a, b)
-            } else if a >= split {
-                (text.tail, a - split, b - split)
-            } else {
+        Some(elements.iter().map(move |&span| {
+            let Some((piece, a, b)) = text.locate(span) else {
                 return "";
             };
             // What makes the slice below sound, checked by every test that scans.
@@ -711,7 +712,7 @@ impl Scanned {
         let elements = self.members[m].elements.as_ref()?;
         let within = elements.partition_point(|e| e.1 <= equal);
         let start = elements.get(within.checked_sub(1)?)?.0;
-        Some(start.min(self.body.tail_start()))
+        Some(start.min(self.body.head().len()))
     }
 
     /// How many of the history's first messages were found byte for byte, in the same
@@ -944,7 +945,7 @@ mod tests {
         let common = old.iter().zip(body).take_while(|(a, b)| a == b).count();
         let mut splits = 0;
         for &(start, end) in &old_spans {
-            if end > common || start > before.body.tail_start() {
+            if end > common || start > before.body.head().len() {
                 break;
             }
             let split = RequestBytes::split(

@@ -54,7 +54,7 @@ pub struct OwnedRequest {
 }
 
 impl OwnedRequest {
-    pub fn of(req: &RequestInfo<'_>, body: &RequestBytes) -> OwnedRequest {
+    pub fn of(req: &RequestInfo<'_>) -> OwnedRequest {
         OwnedRequest {
             conversation: req.conversation.to_string(),
             dialect: req.dialect,
@@ -63,7 +63,7 @@ impl OwnedRequest {
             json_array: req.json_array,
             model: req.model.map(str::to_string),
             user_agent: req.user_agent.to_string(),
-            body: body.clone(),
+            body: req.body.clone(),
             transcript: req.transcript.clone(),
         }
     }

@@ -92,7 +92,7 @@ pub async fn read_body(
             // so the head's end, lie within the last body.
             head = old
                 .head()
-                .slice(..earlier.split_for(equal).min(old.tail_start()));
+                .slice(..earlier.split_for(equal).min(old.head().len()));
             let from = head.len();
             joined.reserve(capacity.saturating_sub(from).max(upto + data.len() - from));
             if from <= upto {

@@ -244,8 +244,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
                 transcript: &p.transcript,
             };
             let decision = std::mem::replace(&mut p.decision, Decision::observe());
-            let planned =
-                intervention::plan(&app, decision, &p.before, &p.state, &req, &body, request_id);
+            let planned = intervention::plan(&app, decision, &p.before, &p.state, &req, request_id);
             if p.advanced {
                 app.conversations
                     .put_engine(&analysis.identity.id, p.state.clone());

@@ -12,7 +12,7 @@ use http::StatusCode;
 
 use super::App;
 use crate::detect::{Decision, EngineState};
-use crate::dialect::{HaltReply, RequestBytes, ResponseTurn};
+use crate::dialect::{HaltReply, ResponseTurn};
 use crate::intervene::block::{BlockBody, Check};
 use crate::intervene::pause::Ticket;
 use crate::intervene::service::{Before, OwnedRequest};
@@ -67,7 +67,6 @@ pub fn plan(
     before: &Before,
     state: &EngineState,
     req: &RequestInfo<'_>,
-    body: &RequestBytes,
     request_id: i64,
 ) -> Planned {
     let planned = app.interventions.plan(decision, before, req, request_id);
@@ -78,7 +77,7 @@ pub fn plan(
         Act::Hold => Plan::Hold(Box::new(Held {
             ticket: app.interventions.hold(&planned.decision, req),
             decision: planned.decision.clone(),
-            request: OwnedRequest::of(req, body),
+            request: OwnedRequest::of(req),
             request_id,
         })),
     };
@@ -86,7 +85,7 @@ pub fn plan(
     // The state is copied only for the rare response that may complete a loop.
     let guard = (forwards && app.interventions.armed(&app.engine, state)).then(|| Guard {
         state: state.clone(),
-        request: OwnedRequest::of(req, body),
+        request: OwnedRequest::of(req),
         request_id,
     });
     Planned {
