@@ -20,6 +20,7 @@
 #   EXTRA=0         only the harness's own loads (default adds the missing size/stream/API combinations)
 #   IDLE=0          skip the idle-conversation memory check (scripts/idle_memory.py) at the end
 #   IDLE_WAVES=12   its waves of 500 new conversations (RSS after each; it levels off by ~12)
+#   BIN             a loopwarden binary to measure instead of building this checkout's
 # and every knob of run.sh (PEERS, ROUNDS, DURATION, WARMUP, LOADS, PIN, MOCK_*).
 set -euo pipefail
 
@@ -36,10 +37,12 @@ fi
   echo "bench: no harness found; set BENCH_HARNESS to the directory holding run.sh" >&2; exit 1; }
 export PEERS=${PEERS:-direct nginx}
 
-echo "bench: building loopwarden (release)" >&2
-(cd "$ROOT" && cargo build --release --locked --bin loopwarden)
-TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-BIN=$(cd "$TARGET_DIR/release" && pwd)/loopwarden
+if [ -z "${BIN:-}" ]; then
+  echo "bench: building loopwarden (release)" >&2
+  (cd "$ROOT" && cargo build --release --locked --bin loopwarden)
+  TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+  BIN=$(cd "$TARGET_DIR/release" && pwd)/loopwarden
+fi
 [ -x "$BIN" ] || { echo "bench: no binary at $BIN" >&2; exit 1; }
 
 # A writable copy of the harness (it writes payloads/ and results/ beside run.sh); its own
