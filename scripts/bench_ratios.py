@@ -130,17 +130,22 @@ def main():
         P("The last column is not a target: the time to the answer's first bytes (its headers and "
           "opening event, without a token), which the mock sends as soon as it has read the body, "
           "before its 5 ms timer. It reads the same path as the first token without the timer's "
-          "jitter, which is most of the first token's spread.")
+          "jitter, which is most of the first token's spread. Steal is the share of the "
+          "machine's CPU time the host gave to others during each peer's windows (median): "
+          "a few percent of it raises every phase of a request, more so for the proxy that "
+          "works more on the path (BENCHMARKS.md, \"Session 18\"), so a cell whose peers "
+          "took different steal compares the host as much as the proxies.")
         P("")
-        P(f"| stream load | TTFT p50 direct | TTFT p50 nginx | TTFT p50 loopwarden | loopwarden − nginx ms (≤ {TTFT_TARGET_MS:g}) | | first bytes: loopwarden − nginx ms |")
-        P("|---|---:|---:|---:|---:|---|---:|")
+        P(f"| stream load | TTFT p50 direct | TTFT p50 nginx | TTFT p50 loopwarden | loopwarden − nginx ms (≤ {TTFT_TARGET_MS:g}) | | first bytes: loopwarden − nginx ms | steal % nginx / loopwarden |")
+        P("|---|---:|---:|---:|---:|---|---:|---:|")
         for load in streams:
             t_d, t_ref, t_us = (metric(S, p, load, "ttft50") for p in (DIRECT, REF, OURS))
             delta = ttft_over_nginx(S, load)
             h_ref, h_us = (metric(S, p, load, "ttfb50") for p in (REF, OURS))
             h_delta = h_us - h_ref if (h_us is not None and h_ref is not None) else None
+            steal = " / ".join(fmt(metric(S, p, load, "steal"), 1) for p in (REF, OURS))
             P(f"| {load} | {fmt(t_d)} | {fmt(t_ref)} | {fmt(t_us)} | {fmt(delta)} | "
-              f"{verdict(None if delta is None else ttft_within(load, delta))} | {fmt(h_delta)} |")
+              f"{verdict(None if delta is None else ttft_within(load, delta))} | {fmt(h_delta)} | {steal} |")
         P("")
 
     rss = [(metric(S, OURS, l, "rss_mb"), l) for l in loads if metric(S, OURS, l, "rss_mb") is not None]
