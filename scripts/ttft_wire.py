@@ -64,9 +64,10 @@ def packets(path):
 
 
 class Exchange:
-    __slots__ = ("first", "last", "bytes", "head", "token", "api", "peer", "up")
+    __slots__ = ("conn", "first", "last", "bytes", "head", "token", "api", "peer", "up")
 
-    def __init__(self, t, n, payload):
+    def __init__(self, conn, t, n, payload):
+        self.conn = conn
         self.first = self.last = t
         self.bytes = n
         self.head = self.token = None
@@ -83,7 +84,7 @@ def exchanges(path, servers):
             ex = conns[(sport, dport)]
             if not ex or ex[-1].head is not None:
                 if payload.startswith(b"POST ") or payload.startswith(b"GET "):
-                    ex.append(Exchange(t, n, payload))
+                    ex.append(Exchange(sport, t, n, payload))
                 continue
             ex[-1].last = t
             ex[-1].bytes += n
@@ -105,11 +106,12 @@ def exchanges(path, servers):
 
 
 def load_of(w):
-    """The harness's name for a window's payload: API and size (`an-2m`), from its
-    exchanges' first request line and median request size."""
+    """The harness's name for a window's load (`an-2m-c4`), from its exchanges' request
+    line, median request size and number of client connections."""
     api = max({"oa", "an"}, key=lambda a: sum(e.api == a for e in w))
     size = median(e.bytes for e in w)
-    return f"{api}-{'2m' if size > 1e6 else '200k' if size > 1e5 else '8k'}"
+    size = "2m" if size > 1e6 else "200k" if size > 1e5 else "8k"
+    return f"{api}-{size}-c{len({e.conn for e in w})}"
 
 
 def windows(ex, gap=0.3):
@@ -164,7 +166,7 @@ def main():
     t0 = rows[0][0] if rows else 0
     every = defaultdict(lambda: defaultdict(list))  # (load, peer) -> phase -> values
     ms = lambda xs: f"{median(xs) * 1e3:7.3f}" if xs else "      -"
-    print("  start  peer        load       n    ttft      up    turn     fwd    mock    back    path  (medians, ms)")
+    print("  start  peer        load           n    ttft      up    turn     fwd    mock    back    path  (medians, ms)")
     for start, name, w in rows:
         if len(w) < 5:
             continue  # the harness's readiness checks, not a window
@@ -184,15 +186,15 @@ def main():
             path = [(e.token - e.first) - (e.up.token - e.up.last) for e in m]
         for k, xs in (("ttft", ttft), ("up", up), ("turn", turn), ("fwd", fwd), ("mock", mock), ("back", back), ("path", path)):
             every[(load, name)][k].extend(xs)
-        print(f"{start - t0:7.1f}  {name:10}  {load:7} {len(w):4}  {ms(ttft)} {ms(up)} {ms(turn)} {ms(fwd)} {ms(mock)} {ms(back)} {ms(path)}")
+        print(f"{start - t0:7.1f}  {name:10}  {load:11} {len(w):4}  {ms(ttft)} {ms(up)} {ms(turn)} {ms(fwd)} {ms(mock)} {ms(back)} {ms(path)}")
     print()
     print("Over all windows (medians of every exchange, ms)")
-    print("load     peer          n    ttft      up    turn     fwd    mock    back    path  path − nginx's")
+    print("load         peer          n    ttft      up    turn     fwd    mock    back    path  path − nginx's")
     for (load, name), ph in sorted(every.items()):
         ng = every.get((load, "nginx"), {}).get("path")
         extra = f"{(median(ph['path']) - median(ng)) * 1e3:7.3f}" if ng and ph["path"] else "      -"
         cols = " ".join(ms(ph[k]) for k in ("ttft", "up", "turn", "fwd", "mock", "back", "path"))
-        print(f"{load:7}  {name:10} {len(ph['ttft']):4}  {cols} {extra}")
+        print(f"{load:11}  {name:10} {len(ph['ttft']):4}  {cols} {extra}")
 
 
 if __name__ == "__main__":
