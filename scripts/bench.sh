@@ -42,6 +42,8 @@ if [ -z "${BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release --locked --bin loopwarden)
   TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
   BIN=$(cd "$TARGET_DIR/release" && pwd)/loopwarden
+else
+  BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")  # the harness runs it from elsewhere
 fi
 [ -x "$BIN" ] || { echo "bench: no binary at $BIN" >&2; exit 1; }
 

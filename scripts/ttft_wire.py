@@ -132,7 +132,8 @@ def trim(w, warmup=float(os.environ.get("WARMUP", "0.5"))):
 
 def main():
     path = sys.argv[1]
-    proxy, nginx, mock = (int(a) for a in (sys.argv[2:5] + ["18090", "18081", "18080"][len(sys.argv[2:5]):]))
+    given = sys.argv[2:5]
+    proxy, nginx, mock = map(int, given + ["18090", "18081", "18080"][len(given):])
     names = {proxy: "loopwarden", nginx: "nginx"}
     by = exchanges(path, {proxy, nginx, mock})
     rows = []
