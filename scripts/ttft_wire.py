@@ -64,7 +64,7 @@ def packets(path):
 
 
 class Exchange:
-    __slots__ = ("conn", "first", "last", "bytes", "head", "token", "api", "peer", "up")
+    __slots__ = ("conn", "first", "last", "bytes", "head", "token", "api", "up")
 
     def __init__(self, conn, t, n, payload):
         self.conn = conn
@@ -72,7 +72,6 @@ class Exchange:
         self.bytes = n
         self.head = self.token = None
         self.api = "an" if payload.startswith(b"POST /v1/messages") else "oa"
-        self.peer = None
         self.up = None  # the upstream exchange it was forwarded as
 
 
@@ -130,72 +129,71 @@ def trim(w, warmup=float(os.environ.get("WARMUP", "0.5"))):
     return [e for e in w if e.first >= w[0].first + warmup] or w
 
 
+PHASES = ("ttft", "up", "turn", "fwd", "mock", "back", "path")
+
+
+def phases_of(e, direct):
+    """One exchange's phases (s); a proxy's exchange with no matched upstream request has
+    only the client's."""
+    out = {"ttft": e.token - e.first, "up": e.last - e.first}
+    if direct:
+        out.update(mock=e.token - e.last, path=out["up"])
+    elif e.up:
+        u = e.up
+        out.update(turn=u.first - e.last, fwd=u.last - u.first, mock=u.token - u.last,
+                   back=e.token - u.token, path=out["ttft"] - (u.token - u.last))
+    return out
+
+
 def main():
     path = sys.argv[1]
     given = sys.argv[2:5]
     proxy, nginx, mock = map(int, given + ["18090", "18081", "18080"][len(given):])
-    names = {proxy: "loopwarden", nginx: "nginx"}
     by = exchanges(path, {proxy, nginx, mock})
-    rows = []
-    spans = []
-    for port, name in names.items():
-        for w in windows(by.get(port, [])):
-            spans.append((w[0].first, w[-1].token, name, w))
-    ups = by.get(mock, [])
-    # The mock's exchanges inside a proxy window are that proxy's upstream requests.
+    spans = [(name, w) for port, name in ((proxy, "loopwarden"), (nginx, "nginx"))
+             for w in windows(by.get(port, []))]
+    # The mock's exchanges inside a proxy window are that proxy's upstream requests; the
+    # others are the direct peer's.
+    upstream = [[] for _ in spans]
     direct = []
-    for u in ups:
-        owner = next((s for s in spans if s[0] - 0.01 <= u.first <= s[1] + 0.01), None)
-        if owner is None:
-            direct.append(u)
-        else:
-            u.peer = owner
-    for start, end, name, w in spans:
-        mine = sorted((u for u in ups if u.peer and u.peer[0] == start), key=lambda u: u.token)
+    for u in by.get(mock, []):
+        i = next((i for i, (_, w) in enumerate(spans) if w[0].first - 0.01 <= u.first <= w[-1].token + 0.01), None)
+        (direct if i is None else upstream[i]).append(u)
+    rows = []
+    for (name, w), mine in zip(spans, upstream):
         free = sorted(w, key=lambda e: e.token)
         j = 0
-        for u in mine:  # each upstream token is relayed to the first client token after it
+        for u in sorted(mine, key=lambda u: u.token):  # relayed to the first client token after it
             while j < len(free) and free[j].token < u.token:
                 j += 1
             if j < len(free):
                 free[j].up = u
                 j += 1
-        rows.append((start, name, trim(w)))
-    for w in windows(direct):
-        rows.append((w[0].first, "direct", trim(w)))
+        rows.append((w[0].first, name, trim(w)))
+    rows += [(w[0].first, "direct", trim(w)) for w in windows(direct)]
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0] if rows else 0
     every = defaultdict(lambda: defaultdict(list))  # (load, peer) -> phase -> values
     ms = lambda xs: f"{median(xs) * 1e3:7.3f}" if xs else "      -"
-    print("  start  peer        load           n    ttft      up    turn     fwd    mock    back    path  (medians, ms)")
+    print("  start  peer        load           n" + "".join(f"{p:>8}" for p in PHASES) + "  (medians, ms)")
     for start, name, w in rows:
         if len(w) < 5:
             continue  # the harness's readiness checks, not a window
         load = load_of(w)
-        ttft = [e.token - e.first for e in w]
-        up = [e.last - e.first for e in w]
-        m = [e for e in w if e.up]
-        if name == "direct":
-            turn, fwd, back = [], [], []
-            mock = [e.token - e.last for e in w]
-            path = up
-        else:
-            turn = [e.up.first - e.last for e in m]
-            fwd = [e.up.last - e.up.first for e in m]
-            mock = [e.up.token - e.up.last for e in m]
-            back = [e.token - e.up.token for e in m]
-            path = [(e.token - e.first) - (e.up.token - e.up.last) for e in m]
-        for k, xs in (("ttft", ttft), ("up", up), ("turn", turn), ("fwd", fwd), ("mock", mock), ("back", back), ("path", path)):
+        mine = defaultdict(list)
+        for e in w:
+            for k, v in phases_of(e, name == "direct").items():
+                mine[k].append(v)
+        for k, xs in mine.items():
             every[(load, name)][k].extend(xs)
-        print(f"{start - t0:7.1f}  {name:10}  {load:11} {len(w):4}  {ms(ttft)} {ms(up)} {ms(turn)} {ms(fwd)} {ms(mock)} {ms(back)} {ms(path)}")
+        print(f"{start - t0:7.1f}  {name:10}  {load:11} {len(w):4}  " + " ".join(ms(mine[k]) for k in PHASES))
     print()
     print("Over all windows (medians of every exchange, ms)")
-    print("load         peer          n    ttft      up    turn     fwd    mock    back    path  path − nginx's")
+    print("load         peer          n" + "".join(f"{p:>8}" for p in PHASES) + "  path − nginx's")
     for (load, name), ph in sorted(every.items()):
         ng = every.get((load, "nginx"), {}).get("path")
         extra = f"{(median(ph['path']) - median(ng)) * 1e3:7.3f}" if ng and ph["path"] else "      -"
-        cols = " ".join(ms(ph[k]) for k in ("ttft", "up", "turn", "fwd", "mock", "back", "path"))
-        print(f"{load:11}  {name:10} {len(ph['ttft']):4}  {cols} {extra}")
+        print(f"{load:11}  {name:10} {len(ph['ttft']):4}  " + " ".join(ms(ph[k]) for k in PHASES) + f" {extra}")
 
 
 if __name__ == "__main__":

@@ -12,9 +12,10 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CAP=${CAP:-/dev/shm/lw-ttft-wire.pcap}
 LW_PORT=${LW_PORT:-18090}
+NGINX_PORT=18081 MOCK_PORT=18080  # fixed in the harness's run.sh
 command -v tcpdump >/dev/null || { echo "ttft_wire: needs tcpdump (apt-get install tcpdump)" >&2; exit 1; }
 tcpdump -i lo -s 320 -B 262144 --time-stamp-precision=nano -w "$CAP" \
-  "tcp port $LW_PORT or tcp port 18081 or tcp port 18080" 2>"$CAP.log" &
+  "tcp port $LW_PORT or tcp port $NGINX_PORT or tcp port $MOCK_PORT" 2>"$CAP.log" &
 TCPDUMP=$!
 trap 'kill $TCPDUMP 2>/dev/null || true' EXIT
 sleep 1
@@ -22,4 +23,4 @@ LOADS=${LOADS:-"oa-2m-sse-c4 an-2m-sse-c4"} IDLE=0 LW_PORT=$LW_PORT "$ROOT/scrip
 kill -INT $TCPDUMP
 wait $TCPDUMP || true
 cat "$CAP.log" >&2
-python3 "$ROOT/scripts/ttft_wire.py" "$CAP" "$LW_PORT"
+python3 "$ROOT/scripts/ttft_wire.py" "$CAP" "$LW_PORT" "$NGINX_PORT" "$MOCK_PORT"
