@@ -17,6 +17,7 @@ use http_body_util::{BodyExt, Limited};
 
 use super::cache::{Compared, Previous};
 use super::conversations::Conversations;
+use super::large_buffer::LargeBuffer;
 use crate::dialect::{Dialect, RequestBytes, SharedPrefix};
 
 /// Preallocated at most for a body that announces its length: a larger body grows.
@@ -28,13 +29,12 @@ const PRESIZE_MAX: usize = 8 << 20;
 /// so all of them together read at most twice this.
 const HEAD_SEARCH_MAX: usize = 256 << 10;
 
-/// Bodies announced at least this long are copied in past the CPU caches
-/// ([`append_uncached`]). A body this size does not stay in a 2 MiB L2 anyway, and an
-/// ordinary copy first reads every destination line in from memory: copying 2 MB took
-/// 130-240 µs that way and 80 µs streamed, while the client waits for its first token.
-/// Smaller bodies, which the scan and the upstream write then read from the cache, are
+/// A body's own bytes, when announced at least this long, get a buffer of their own kind
+/// ([`LargeBuffer`]: on huge pages, written past the CPU caches). So many bytes do not
+/// stay in a 2 MiB L2 anyway, and are read back from memory by the next request of the
+/// conversation. Fewer, which the scan and the upstream write then read from the cache, are
 /// copied the ordinary way.
-const UNCACHED_COPY_MIN: usize = 1 << 20;
+const LARGE_MIN: usize = 1 << 20;
 
 /// A body whose conversation's last body is in two pieces with a tail longer than this
 /// share of it is read into one buffer of its own (as it arrives, and later read after
@@ -63,12 +63,11 @@ pub async fn read_body(
 ) -> Result<RequestBytes, axum::BoxError> {
     let announced = http_body::Body::size_hint(&body).exact();
     let capacity = announced.map_or(0, |n| (n as usize).min(limit).min(PRESIZE_MAX));
-    let uncached = capacity >= UNCACHED_COPY_MIN;
     let mut body = Limited::new(body, limit);
     // The body while it is a single frame.
     let mut single: Option<Bytes> = None;
     // The body's own bytes: all of it, or from `head.len()` on.
-    let mut joined = BytesMut::new();
+    let mut joined = Own::default();
     // While the body so far is the last body's bytes: that body, and how many (none of
     // them copied).
     let mut shared: Option<(RequestBytes, usize)> = None;
@@ -97,11 +96,11 @@ pub async fn read_body(
             joined.reserve(capacity.saturating_sub(from).max(upto + data.len() - from));
             if from <= upto {
                 let (a, b) = old.slices(from..upto).expect("within the last body");
-                append(&mut joined, a, uncached);
-                append(&mut joined, b, uncached);
-                append(&mut joined, &data, uncached);
+                joined.append(a);
+                joined.append(b);
+                joined.append(&data);
             } else {
-                append(&mut joined, &data[from - upto..], uncached);
+                joined.append(&data[from - upto..]);
             }
             continue;
         }
@@ -115,17 +114,17 @@ pub async fn read_body(
         }
         if let Some(first) = single.take() {
             joined.reserve(capacity.max(first.len() + data.len()));
-            append(&mut joined, &first, uncached);
+            joined.append(&first);
         }
-        append(&mut joined, &data, uncached);
+        joined.append(&data);
         // The frame, not its copy, is compared: the copy may not be in the cache.
-        earlier.arrived(&joined, &data);
+        earlier.arrived(joined.as_slice(), &data);
         if head.is_empty() {
             // Found only now, the conversation's last body may start with every byte so far:
             // its bytes are then the body's from here on.
             if let Some(old) = earlier.sharing(joined.len()) {
                 shared = Some((old, joined.len()));
-                joined = BytesMut::new();
+                joined = Own::default();
             }
         }
     }
@@ -144,61 +143,72 @@ pub async fn read_body(
     })
 }
 
-/// Appends a frame to the body's buffer: past the caches for a large body
-/// ([`UNCACHED_COPY_MIN`]), the ordinary way otherwise.
-fn append(joined: &mut BytesMut, data: &[u8], uncached: bool) {
-    if uncached {
-        append_uncached(joined, data);
-    } else {
-        joined.extend_from_slice(data);
+/// A body's own bytes, copied in as they arrive.
+enum Own {
+    Ordinary(BytesMut),
+    /// A large body's ([`LARGE_MIN`]).
+    Large(LargeBuffer),
+}
+
+impl Default for Own {
+    fn default() -> Own {
+        Own::Ordinary(BytesMut::new())
     }
 }
 
-/// Appends `data` to `joined` with non-temporal stores, which write to memory without
-/// first reading each destination cache line in (and without evicting what the cache
-/// holds). x86_64 only (SSE2 is part of its baseline); elsewhere an ordinary copy.
-fn append_uncached(joined: &mut BytesMut, data: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-        joined.reserve(data.len());
-        let start = joined.len();
-        let dst = joined.spare_capacity_mut().as_mut_ptr().cast::<u8>();
-        // The streaming stores need 16-byte aligned destinations: the bytes before the
-        // first aligned address, and those after the last whole line, are copied plainly.
-        // A cache line (four stores) per iteration: a loop of single stores spent more
-        // instructions on its own bookkeeping than on the copy (0.77 M per 2 MB body, most
-        // of a 2 MB request's; 0.54 M now, callgrind of the whole proxy).
-        let head = dst.align_offset(16).min(data.len());
-        let lines = (data.len() - head) / 64;
-        let tail = head + lines * 64;
-        // SAFETY: `reserve` made room for `data.len()` bytes at `dst`, which `data` (a
-        // shared borrow) cannot overlap; every store below lies in `dst..dst + data.len()`,
-        // and `dst + head` is 16-byte aligned, so is every `dst + at`. All `data.len()`
-        // bytes are written before `set_len` counts them, and the fence orders the
-        // streaming stores before any later read of the buffer.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), dst, head);
-            for line in 0..lines {
-                let at = head + line * 64;
-                let from = data.as_ptr().add(at);
-                let to = dst.add(at);
-                for i in [0, 16, 32, 48] {
-                    let v = _mm_loadu_si128(from.add(i).cast::<__m128i>());
-                    _mm_stream_si128(to.add(i).cast::<__m128i>(), v);
+impl Own {
+    /// Makes room for `additional` bytes more: a [`LargeBuffer`] when they are the first
+    /// and at least [`LARGE_MIN`] (an ordinary buffer when none can be mapped).
+    fn reserve(&mut self, additional: usize) {
+        match self {
+            Own::Ordinary(bytes) if bytes.is_empty() && additional >= LARGE_MIN => {
+                match LargeBuffer::with_capacity(additional) {
+                    Some(buffer) => *self = Own::Large(buffer),
+                    None => bytes.reserve(additional),
                 }
             }
-            _mm_sfence();
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr().add(tail),
-                dst.add(tail),
-                data.len() - tail,
-            );
-            joined.set_len(start + data.len());
+            Own::Ordinary(bytes) => bytes.reserve(additional),
+            // Grows as it is appended to.
+            Own::Large(_) => {}
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    joined.extend_from_slice(data);
+
+    fn append(&mut self, data: &[u8]) {
+        match self {
+            Own::Ordinary(bytes) => bytes.extend_from_slice(data),
+            Own::Large(buffer) => {
+                if buffer.append(data).is_none() {
+                    // No larger mapping to move to: an ordinary buffer from here on.
+                    let mut bytes = BytesMut::with_capacity(buffer.len() + data.len());
+                    bytes.extend_from_slice(buffer.as_slice());
+                    bytes.extend_from_slice(data);
+                    *self = Own::Ordinary(bytes);
+                }
+            }
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Own::Ordinary(bytes) => bytes,
+            Own::Large(buffer) => buffer.as_slice(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn freeze(self) -> Bytes {
+        match self {
+            Own::Ordinary(bytes) => bytes.freeze(),
+            Own::Large(buffer) => buffer.freeze(),
+        }
+    }
 }
 
 /// The conversation's last request, looked up while the body arrives, and how much of the
@@ -441,33 +451,9 @@ mod tests {
         assert!(error.is::<http_body_util::LengthLimitError>(), "{error}");
     }
 
-    #[test]
-    fn an_uncached_append_writes_what_an_ordinary_one_does_at_any_alignment() {
-        let data: Vec<u8> = (0..300u32).map(|i| (i * 7 + 3) as u8).collect();
-        // Every alignment of the destination, and lengths around whole 16-byte blocks and
-        // 64-byte lines.
-        for already in 0..17 {
-            for len in [
-                0, 1, 15, 16, 17, 31, 33, 63, 64, 65, 79, 80, 81, 127, 128, 129, 255, 300,
-            ] {
-                let mut ordinary = BytesMut::from(&data[..already]);
-                ordinary.extend_from_slice(&data[..len]);
-                let mut uncached = BytesMut::from(&data[..already]);
-                append_uncached(&mut uncached, &data[..len]);
-                assert_eq!(uncached, ordinary, "after {already} bytes, {len} more");
-            }
-        }
-        // Growing past the reserved room.
-        let mut uncached = BytesMut::with_capacity(8);
-        for _ in 0..3 {
-            append_uncached(&mut uncached, &data);
-        }
-        assert_eq!(uncached, data.repeat(3));
-    }
-
     #[tokio::test]
     async fn a_large_announced_body_is_read_whole_and_compared_as_it_arrives() {
-        // Over `UNCACHED_COPY_MIN`, in frames of an odd size, after a kept request that
+        // Over `LARGE_MIN`, in frames of an odd size, after a kept request that
         // shares all of its history.
         let turns: Vec<String> = (0..600)
             .map(|i| format!("turn {i} {}", "x".repeat(2000)))
@@ -475,7 +461,7 @@ mod tests {
         let texts: Vec<&str> = turns.iter().map(String::as_str).collect();
         let last = chat(&texts[..599]);
         let next = chat(&texts);
-        assert!(next.len() > UNCACHED_COPY_MIN);
+        assert!(next.len() > LARGE_MIN);
         let conversations = Conversations::new(Duration::from_secs(60));
         keep_last(&conversations, "conv-big", &last);
         let mut earlier = Earlier::new(&conversations, Some(Dialect::OpenAiChat), Some("conv-big"));
@@ -489,6 +475,18 @@ mod tests {
         let found = earlier.finish(&read).unwrap();
         let compared = found.compared.expect("compared while it arrived");
         assert_eq!(compared.prefix.equal(), last.len() - "]}".len());
+
+        // With nothing to compare it with, it is copied whole into a large buffer (mapped
+        // on a huge page's boundary), past the caches.
+        let mut earlier = Earlier::new(&conversations, Some(Dialect::OpenAiChat), Some("other"));
+        let read = read_body(announced(pieces(&next, 65_537)), 8 << 20, &mut earlier)
+            .await
+            .unwrap();
+        let whole = read.whole().expect("one piece");
+        assert!(whole == next.as_bytes(), "the body's bytes, in order");
+        if cfg!(target_os = "linux") {
+            assert_eq!(whole.as_ptr() as usize % (2 << 20), 0, "a large buffer's");
+        }
     }
 
     #[tokio::test]

@@ -17,6 +17,7 @@ pub mod errors;
 pub mod forward;
 pub mod identity;
 pub mod intervention;
+pub mod large_buffer;
 pub mod record;
 pub mod route;
 pub mod spread;
