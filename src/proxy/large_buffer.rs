@@ -6,7 +6,8 @@
 //! bytes arriving (`body::read_body`) and once to write it upstream, since the bytes the two
 //! bodies share are sent from it. On 4 KiB pages each of a 2 MB body's 512 pages is then
 //! also a TLB miss, and on a virtual machine a miss is a two-level page walk. On 2 MiB
-//! pages the comparison took 12–20 % less time (BENCHMARKS.md, "Session 19").
+//! pages a 2 MB body arrived 30–200 µs sooner, and the 2 MB streams' first token came
+//! ~0.1 ms sooner (BENCHMARKS.md, "Session 19").
 //!
 //! Why kept: a fresh mapping is a page fault on first touch of each page (a huge page is
 //! zeroed whole). glibc's heap keeps freed bodies for the same reason (`super::allocator`),
