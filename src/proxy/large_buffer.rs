@@ -157,7 +157,7 @@ impl Mapping {
 
     /// A new mapping of `len` bytes, its first `huge` asked to be backed by huge pages (a
     /// hint: where the kernel has none to give, or transparent huge pages are off, they are
-    /// 4 KiB pages).
+    /// 4 KiB pages) and the rest asked not to be.
     #[cfg(target_os = "linux")]
     fn new(len: usize, huge: usize) -> Option<Mapping> {
         // Mapped one huge page longer, then trimmed to start on one.
@@ -186,8 +186,15 @@ impl Mapping {
             if trail > 0 {
                 libc::munmap(start.add(len).cast(), trail);
             }
+            // The rest is advised against huge pages, so that where the kernel gives them
+            // to all memory (transparent huge pages "always"), a last huge page that the
+            // body fills less than half of stays on 4 KiB pages there too.
+            let huge = huge.min(len);
             if huge > 0 {
-                libc::madvise(start.cast(), huge.min(len), libc::MADV_HUGEPAGE);
+                libc::madvise(start.cast(), huge, libc::MADV_HUGEPAGE);
+            }
+            if huge < len {
+                libc::madvise(start.add(huge).cast(), len - huge, libc::MADV_NOHUGEPAGE);
             }
             Some(Mapping {
                 start: NonNull::new(start)?,
@@ -372,29 +379,38 @@ mod tests {
         );
     }
 
-    /// Whether the kernel backs the mapping at `start` with huge pages: its
-    /// `AnonHugePages` in `/proc/self/smaps`.
+    /// How much of `mapping` the kernel backs with huge pages, in KiB: the `AnonHugePages`
+    /// of every region of `/proc/self/smaps` within it (advice splits one mapping into
+    /// several regions).
     #[cfg(target_os = "linux")]
-    fn huge_kb(start: usize) -> u64 {
+    fn huge_kb(mapping: &Mapping) -> u64 {
+        let start = mapping.start.as_ptr() as usize;
+        let within = start..start + mapping.len;
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
         let mut inside = false;
+        let mut total = 0;
         for line in smaps.lines() {
-            if let Some((range, _)) = line.split_once(' ') {
-                if let Some((from, to)) = range.split_once('-') {
-                    if let (Ok(from), Ok(to)) = (
-                        usize::from_str_radix(from, 16),
-                        usize::from_str_radix(to, 16),
-                    ) {
-                        inside = (from..to).contains(&start);
-                        continue;
-                    }
-                }
+            let region = line.split_once(' ').and_then(|(range, _)| {
+                let (from, to) = range.split_once('-')?;
+                Some((
+                    usize::from_str_radix(from, 16).ok()?,
+                    usize::from_str_radix(to, 16).ok()?,
+                ))
+            });
+            if let Some((from, to)) = region {
+                inside = within.contains(&from) && to <= within.end;
+                continue;
             }
             if let Some(kb) = line.strip_prefix("AnonHugePages:").filter(|_| inside) {
-                return kb.trim().trim_end_matches("kB").trim().parse().unwrap();
+                total += kb
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap();
             }
         }
-        0
+        total
     }
 
     #[cfg(target_os = "linux")]
@@ -404,7 +420,8 @@ mod tests {
             .unwrap_or_default();
         let on = !setting.is_empty() && !setting.contains("[never]");
         let kept = Kept::new();
-        // Written whole: huge pages where each is at least half filled, not past that.
+        // Written whole: huge pages where each is at least half filled, not past that, under
+        // "always" as under "madvise".
         for (len, expected_kb) in [
             (4 << 20, 4096),
             ((4 << 20) - (512 << 10), 4096),
@@ -413,7 +430,7 @@ mod tests {
             let mapping = kept.take(len).unwrap();
             // SAFETY: the mapping has room for `len` bytes, apart from the sample's.
             unsafe { copy_uncached(&sample(len), mapping.start.as_ptr()) };
-            let huge = huge_kb(mapping.start.as_ptr() as usize);
+            let huge = huge_kb(&mapping);
             if on {
                 assert_eq!(huge, expected_kb, "{len} bytes ({setting})");
             } else {
