@@ -1,4 +1,4 @@
-//! Buffers for large request bodies (1 MB and more): mapped on transparent huge pages, and
+//! Buffers for large request bodies (1 MiB and more): mapped on transparent huge pages, and
 //! kept for the next large body when freed.
 //!
 //! Why huge pages: a large body stays in memory as its conversation's last body, and the
