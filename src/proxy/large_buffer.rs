@@ -155,9 +155,9 @@ impl Mapping {
         len: 0,
     };
 
-    /// A new mapping of `len` bytes, its first `huge` asked to be backed by huge pages (a
-    /// hint: where the kernel has none to give, or transparent huge pages are off, they are
-    /// 4 KiB pages) and the rest asked not to be.
+    /// A new mapping of `len` bytes, its first `huge` (at most `len`) asked to be backed by
+    /// huge pages (a hint: where the kernel has none to give, or transparent huge pages are
+    /// off, they are 4 KiB pages) and the rest asked not to be.
     #[cfg(target_os = "linux")]
     fn new(len: usize, huge: usize) -> Option<Mapping> {
         // Mapped one huge page longer, then trimmed to start on one.
@@ -189,7 +189,7 @@ impl Mapping {
             // The rest is advised against huge pages, so that where the kernel gives them
             // to all memory (transparent huge pages "always"), a last huge page that the
             // body fills less than half of stays on 4 KiB pages there too.
-            let huge = huge.min(len);
+            debug_assert!(huge <= len, "advice within the mapping");
             if huge > 0 {
                 libc::madvise(start.cast(), huge, libc::MADV_HUGEPAGE);
             }
@@ -347,17 +347,6 @@ mod tests {
         assert_eq!(held, KEPT_MAX, "as many as fit");
     }
 
-    /// Page faults taken by the calling thread so far.
-    #[cfg(target_os = "linux")]
-    fn minor_faults() -> i64 {
-        // SAFETY: getrusage fills the struct it is given.
-        unsafe {
-            let mut usage: libc::rusage = std::mem::zeroed();
-            assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut usage), 0);
-            usage.ru_minflt
-        }
-    }
-
     #[cfg(target_os = "linux")]
     #[test]
     fn a_body_written_into_a_kept_mapping_takes_no_page_faults() {
@@ -370,9 +359,9 @@ mod tests {
             kept.give_back(mapping);
         };
         write(&kept);
-        let before = minor_faults();
+        let before = crate::proxy::minor_faults();
         write(&kept);
-        let faults = minor_faults() - before;
+        let faults = crate::proxy::minor_faults() - before;
         assert!(
             faults < 8,
             "{faults} page faults writing into a kept mapping"

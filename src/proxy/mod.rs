@@ -413,3 +413,15 @@ async fn shutdown_signal() {
         _ = terminate => {}
     }
 }
+
+/// Page faults taken by the calling thread so far: what the tests of the allocator's
+/// settings and of the large buffers count.
+#[cfg(all(test, target_os = "linux"))]
+fn minor_faults() -> i64 {
+    // SAFETY: getrusage fills the struct it is given.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut usage), 0);
+        usage.ru_minflt
+    }
+}
