@@ -23,9 +23,16 @@ TRACE=${TRACE:-/dev/shm/lw-sched-placement.trace}
 BUF_KB=${BUF_KB:-262144}
 [ -w "$T/trace" ] || { echo "sched_placement: needs root and tracefs at $T" >&2; exit 1; }
 
+# The ring buffer is kernel memory ($BUF_KB KiB per CPU): given back on exit, as are the
+# events and the overwrite option.
+OLD_BUF_KB=$(cat "$T/buffer_size_kb")
+OLD_OVERWRITE=$(cat "$T/options/overwrite")
 stop_tracing() {
   echo 0 > "$T/tracing_on"
   echo > "$T/set_event"
+  echo > "$T/trace"
+  echo "$OLD_OVERWRITE" > "$T/options/overwrite"
+  echo "$OLD_BUF_KB" > "$T/buffer_size_kb"
 }
 trap stop_tracing EXIT
 echo 0 > "$T/tracing_on"
@@ -38,6 +45,5 @@ echo 1 > "$T/tracing_on"
 LOADS=${LOADS:-"oa-8k-c1 an-8k-c1"} IDLE=0 "$ROOT/scripts/bench.sh" "$@"
 echo 0 > "$T/tracing_on"
 cat "$T/trace" > "$TRACE"
-echo > "$T/trace"
-echo 1 > "$T/options/overwrite"
+stop_tracing
 python3 "$ROOT/scripts/sched_placement.py" "$TRACE"
