@@ -25,7 +25,7 @@ window is not in the trace; windows are listed in the order the harness ran them
 import os
 import re
 import sys
-from collections import defaultdict
+from collections import defaultdict, namedtuple
 from statistics import median
 
 LINE = re.compile(r"^\s*(.+?)-(\d+)\s+\[(\d+)\]\s+\S+\s+([\d.]+): (sched_\w+): (.*)$")
@@ -45,8 +45,9 @@ def proxy_of(comm):
     return None
 
 
-class Request:
-    __slots__ = ("proxy", "end", "cls", "cycle", "out", "back")
+# One proxied request: its proxy, when it ended (s), its class, the request cycle and the
+# proxy's two turns (µs; None where the trace lacks the wake-up that starts one).
+Request = namedtuple("Request", "proxy end cls cycle out back")
 
 
 def requests(path):
@@ -87,12 +88,8 @@ def requests(path):
             if since and since[1] == MOCK:
                 state["back"] = (t - since[0]) * 1e6
             if "mock" in state and pid in last_end:
-                r = Request()
-                r.proxy, r.end = proxy, t
-                r.cls = CLASS[(state["mock"], same)]
-                r.cycle = (t - last_end[pid]) * 1e6
-                r.out, r.back = state.get("out"), state.get("back")
-                yield r
+                yield Request(proxy, t, CLASS[(state["mock"], same)], (t - last_end[pid]) * 1e6,
+                              state.get("out"), state.get("back"))
             last_end[pid] = t
             pending[pid] = {}
 

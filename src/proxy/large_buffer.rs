@@ -350,6 +350,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_body_written_into_a_kept_mapping_takes_no_page_faults() {
+        use crate::proxy::minor_faults;
         let kept = Kept::new();
         let data = sample(2 << 20);
         let write = |kept: &Kept| {
@@ -359,9 +360,9 @@ mod tests {
             kept.give_back(mapping);
         };
         write(&kept);
-        let before = crate::proxy::minor_faults();
+        let before = minor_faults();
         write(&kept);
-        let faults = crate::proxy::minor_faults() - before;
+        let faults = minor_faults() - before;
         assert!(
             faults < 8,
             "{faults} page faults writing into a kept mapping"
