@@ -3,7 +3,7 @@
 mod proxy_support;
 
 use loopwarden::mock::{MockServer, Script, ToolCall, Turn};
-use proxy_support::{client, Api, TestProxy};
+use proxy_support::{client, Api, Tap, TestProxy};
 use serde_json::{json, Value};
 
 async fn get(url: String, token: Option<&str>) -> (u16, Value) {
@@ -37,6 +37,39 @@ async fn a_token_guards_the_admin_api_but_not_healthz() {
     );
     let r = client().get(proxy.url("/healthz")).send().await.unwrap();
     assert_eq!(r.status(), 200);
+}
+
+/// The proxy answers `/healthz` and `/admin/…` itself; forwarded requests skip its router, so
+/// this pins where that line runs: paths beside those (a trailing slash, a longer word) still
+/// go upstream, as any path the proxy does not serve.
+#[tokio::test]
+async fn only_healthz_and_the_admin_api_are_answered_here_paths_beside_them_go_upstream() {
+    let mock = MockServer::start(Script::default()).await.unwrap();
+    let tap = Tap::start(mock.addr()).await;
+    let proxy = TestProxy::start(&tap.url()).await;
+    for path in ["/healthz", "/admin/api/stats", "/admin/no-such-page"] {
+        client().get(proxy.url(path)).send().await.unwrap();
+    }
+    let sent = |tap: &Tap| -> String {
+        let bytes: Vec<u8> = tap
+            .conns()
+            .into_iter()
+            .flat_map(|c| c.to_upstream)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    assert_eq!(sent(&tap), "", "answered by the proxy, not forwarded");
+    let beside = ["/healthz/", "/administrator", "/v1/models"];
+    for path in beside {
+        client().get(proxy.url(path)).send().await.unwrap();
+    }
+    let sent = sent(&tap);
+    for path in beside {
+        assert!(
+            sent.contains(&format!("GET {path} HTTP/1.1")),
+            "{path} forwarded: {sent}"
+        );
+    }
 }
 
 #[tokio::test]
