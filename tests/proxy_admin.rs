@@ -50,14 +50,7 @@ async fn only_healthz_and_the_admin_api_are_answered_here_paths_beside_them_go_u
     for path in ["/healthz", "/admin/api/stats", "/admin/no-such-page"] {
         client().get(proxy.url(path)).send().await.unwrap();
     }
-    let sent = |tap: &Tap| -> String {
-        let bytes: Vec<u8> = tap
-            .conns()
-            .into_iter()
-            .flat_map(|c| c.to_upstream)
-            .collect();
-        String::from_utf8_lossy(&bytes).into_owned()
-    };
+    let sent = |tap: &Tap| String::from_utf8_lossy(&tap.all_to_upstream()).into_owned();
     assert_eq!(sent(&tap), "", "answered by the proxy, not forwarded");
     let beside = ["/healthz/", "/administrator", "/v1/models"];
     for path in beside {

@@ -31,6 +31,7 @@ use std::time::Duration;
 use axum::extract::{ConnectInfo, State};
 use axum::routing::{any, get, post};
 use axum::Router;
+use futures_util::future::{Either, FutureExt};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -318,16 +319,12 @@ async fn serve(
         let shared = app.clone();
         let service =
             hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
-                let local = answered_here(request.uri().path());
-                let (router, app) = (router.clone(), shared.clone());
-                async move {
-                    if local {
-                        request.extensions_mut().insert(ConnectInfo(peer));
-                        router.oneshot(request).await
-                    } else {
-                        let request = request.map(axum::body::Body::new);
-                        Ok(forward::handle(State(app), request).await)
-                    }
+                if answered_here(request.uri().path()) {
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                    Either::Left(router.clone().oneshot(request))
+                } else {
+                    let request = request.map(axum::body::Body::new);
+                    Either::Right(forward::handle(State(shared.clone()), request).map(Ok))
                 }
             });
         let connection = builder

@@ -197,6 +197,14 @@ impl Tap {
         bodies.into_iter().map(|(_, body)| body).collect()
     }
 
+    /// All bytes the proxy sent upstream so far, over every connection.
+    pub fn all_to_upstream(&self) -> Vec<u8> {
+        self.conns()
+            .into_iter()
+            .flat_map(|c| c.to_upstream)
+            .collect()
+    }
+
     /// All bytes the upstream sent so far, over every connection.
     pub fn all_from_upstream(&self) -> Vec<u8> {
         self.conns()
