@@ -21,6 +21,7 @@
 #   IDLE=0          skip the idle-conversation memory check (scripts/idle_memory.py) at the end
 #   IDLE_WAVES=12   its waves of 500 new conversations (RSS after each; it levels off by ~12)
 #   BIN             a loopwarden binary to measure instead of building this checkout's
+#   PGO=1           measure the production build of scripts/build_pgo.sh (built first)
 # and every knob of run.sh (PEERS, ROUNDS, DURATION, WARMUP, LOADS, PIN, MOCK_*).
 set -euo pipefail
 
@@ -37,6 +38,10 @@ fi
   echo "bench: no harness found; set BENCH_HARNESS to the directory holding run.sh" >&2; exit 1; }
 export PEERS=${PEERS:-direct nginx}
 
+if [ -z "${BIN:-}" ] && [ "${PGO:-0}" = 1 ]; then
+  echo "bench: building loopwarden (release, profile-guided: scripts/build_pgo.sh)" >&2
+  BIN=$("$ROOT/scripts/build_pgo.sh")
+fi
 if [ -z "${BIN:-}" ]; then
   echo "bench: building loopwarden (release)" >&2
   (cd "$ROOT" && cargo build --release --locked --bin loopwarden)

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# A release build of loopwarden laid out by the profile of a real load (profile-guided
+# optimization), for production:
+#
+#   scripts/build_pgo.sh          # prints the binary's path ($PGO_TARGET_DIR/use/release/loopwarden)
+#
+# Why: at low concurrency the proxy's own code runs cold (the agent, the model API and the
+# kernel have run on its CPU since its last request), at about one instruction every two
+# cycles, spread thin over hyper, tokio, the handler and the allocator (BENCHMARKS.md,
+# "Session 22"). PGO puts the code a request runs together and the rest aside, which is
+# what cold code pays for ("Session 23": −25 % CPU per 8.8 KB request at c1).
+#
+# Steps:
+#   1. an instrumented release build (-Cprofile-generate) into $PGO_TARGET_DIR/gen;
+#   2. training: that binary, with its default config (detection and logging on), against
+#      the bench harness's mock upstream, driven by its load driver over the request shapes
+#      of scripts/bench.sh (OpenAI and Anthropic; 8.8 KB, 209 KB and 2 MB conversations;
+#      plain and streamed; concurrency 1 to 16), about a minute; it then stops on SIGTERM,
+#      which writes its profile;
+#   3. the profile merged with llvm-profdata (rustup's `llvm-tools` component, added if
+#      missing);
+#   4. the release build with -Cprofile-use into $PGO_TARGET_DIR/use.
+# The code is the same as `cargo build --release`'s; only its layout and inlining differ.
+#
+# Knobs (env): PGO_TARGET_DIR (default target/pgo), BENCH_HARNESS / BENCH_WORK /
+# BENCH_TARGET_DIR as in scripts/bench.sh, TRAIN_SECONDS per load (default 3).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PGO_TARGET_DIR=${PGO_TARGET_DIR:-$ROOT/target/pgo}
+BENCH_WORK=${BENCH_WORK:-/tmp/loopwarden-bench}
+BENCH_TARGET_DIR=${BENCH_TARGET_DIR:-/tmp/lw-bench-target}
+TRAIN_SECONDS=${TRAIN_SECONDS:-3}
+MOCK_PORT=${MOCK_PORT:-19991}
+LW_PORT=${LW_PORT:-19992}
+say() { echo "build_pgo: $*" >&2; }
+
+# The harness (mock upstream, load driver, payloads), prepared as scripts/bench.sh does.
+if [ -z "${BENCH_HARNESS:-}" ]; then
+  for d in "$ROOT/../shared/bench" /work/shared/bench; do
+    [ -x "$d/run.sh" ] && { BENCH_HARNESS=$(cd "$d" && pwd); break; }
+  done
+fi
+[ -n "${BENCH_HARNESS:-}" ] && [ -x "$BENCH_HARNESS/run.sh" ] || {
+  say "no harness found; set BENCH_HARNESS to the directory holding run.sh"; exit 1; }
+H=$BENCH_WORK/harness
+mkdir -p "$H"
+cp -r "$BENCH_HARNESS/." "$H/"
+chmod -R u+w "$H"
+[ -f "$H/payloads/anthropic_2m_stream.json" ] || python3 "$H/gen_payloads.py" "$H/payloads" >&2
+(cd "$H" && CARGO_TARGET_DIR=$BENCH_TARGET_DIR cargo build --release -q)
+HB=$BENCH_TARGET_DIR/release
+
+# llvm-profdata of the toolchain that builds: its profile format is the compiler's.
+PROFDATA=$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/bin/llvm-profdata
+if [ ! -x "$PROFDATA" ]; then
+  say "adding rustup's llvm-tools component (llvm-profdata)"
+  rustup component add llvm-tools >&2
+fi
+
+PROFILES=$PGO_TARGET_DIR/profiles
+rm -rf "$PROFILES"
+mkdir -p "$PROFILES"
+say "1/4 instrumented build"
+(cd "$ROOT" && CARGO_TARGET_DIR=$PGO_TARGET_DIR/gen \
+  RUSTFLAGS="-Cprofile-generate=$PROFILES" cargo build --release --locked --bin loopwarden >&2)
+# Build scripts are instrumented too and leave profiles of their own: only the proxy's count.
+rm -f "$PROFILES"/*.profraw
+
+say "2/4 training"
+WORK=$(mktemp -d)
+cleanup() { kill "${LP:-}" "${MP:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"; }
+trap cleanup EXIT
+MOCK_ADDR=127.0.0.1:$MOCK_PORT MOCK_DELAY_MS=5 MOCK_CHUNKS=20 MOCK_LATENCY_MS=0 "$HB/mockup" >/dev/null 2>&1 &
+MP=$!
+LOOPWARDEN_OPENAI_BASE_URL=http://127.0.0.1:$MOCK_PORT LOOPWARDEN_ANTHROPIC_BASE_URL=http://127.0.0.1:$MOCK_PORT \
+  RUST_LOG=warn LLVM_PROFILE_FILE="$PROFILES/proxy-%p.profraw" \
+  "$PGO_TARGET_DIR/gen/release/loopwarden" serve --listen 127.0.0.1:$LW_PORT --db "sqlite://$WORK/log.db" \
+  >"$WORK/proxy.log" 2>&1 &
+LP=$!
+for _ in $(seq 1 50); do
+  curl -fs "http://127.0.0.1:$LW_PORT/healthz" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+train() { # api payload concurrency
+  local path
+  case $1 in openai) path=/v1/chat/completions ;; *) path=/v1/messages ;; esac
+  "$HB/benchdrv" --url "http://127.0.0.1:$LW_PORT$path" --body "$H/payloads/$2" -c "$3" \
+    --duration "$TRAIN_SECONDS" --warmup 0.5 \
+    -H "authorization: Bearer sk-pgo" -H "x-api-key: sk-pgo" -H "anthropic-version: 2023-06-01" \
+    | python3 -c "import json,sys; d=json.load(sys.stdin); print(f'  $2 c$3: {d[\"requests\"]} requests, {d[\"errors\"]} errors')" >&2
+}
+for api in openai anthropic; do
+  train $api ${api}_8k.json 1
+  train $api ${api}_8k.json 16
+  train $api ${api}_200k.json 16
+  train $api ${api}_2m.json 4
+  train $api ${api}_8k_stream.json 1
+  train $api ${api}_200k_stream.json 8
+  train $api ${api}_2m_stream.json 4
+done
+kill -TERM "$LP"
+wait "$LP" || { say "the instrumented proxy did not stop cleanly: $(tail -3 "$WORK/proxy.log")"; exit 1; }
+LP=
+
+say "3/4 merging the profile"
+ls "$PROFILES"/proxy-*.profraw >/dev/null 2>&1 || { say "the proxy wrote no profile"; exit 1; }
+"$PROFDATA" merge -o "$PROFILES/loopwarden.profdata" "$PROFILES"/proxy-*.profraw
+
+say "4/4 optimized build"
+(cd "$ROOT" && CARGO_TARGET_DIR=$PGO_TARGET_DIR/use \
+  RUSTFLAGS="-Cprofile-use=$PROFILES/loopwarden.profdata" cargo build --release --locked --bin loopwarden >&2)
+echo "$PGO_TARGET_DIR/use/release/loopwarden"
