@@ -8,7 +8,7 @@
 # kernel have run on its CPU since its last request), at about one instruction every two
 # cycles, spread thin over hyper, tokio, the handler and the allocator (BENCHMARKS.md,
 # "Session 22"). PGO puts the code a request runs together and the rest aside, which is
-# what cold code pays for ("Session 23": −25 % CPU per 8.8 KB request at c1).
+# what cold code pays for ("Session 23": 12–27 % less CPU per 8.8 KB request at c1).
 #
 # Steps:
 #   1. an instrumented release build (-Cprofile-generate) into $PGO_TARGET_DIR/gen;
@@ -21,6 +21,8 @@
 #      missing);
 #   4. the release build with -Cprofile-use into $PGO_TARGET_DIR/use.
 # The code is the same as `cargo build --release`'s; only its layout and inlining differ.
+# The harness has OpenAI Chat and Anthropic requests only: Gemini and Responses requests and
+# the interventions' paths run code the training does not reach, which PGO treats as cold.
 #
 # Knobs (env): PGO_TARGET_DIR (default target/pgo), BENCH_HARNESS / BENCH_WORK /
 # BENCH_TARGET_DIR as in scripts/bench.sh, TRAIN_SECONDS per load (default 3).
