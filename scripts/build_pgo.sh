@@ -107,9 +107,13 @@ LP=
 
 say "3/4 merging the profile"
 ls "$PROFILES"/proxy-*.profraw >/dev/null 2>&1 || { say "the proxy wrote no profile"; exit 1; }
-"$PROFDATA" merge -o "$PROFILES/loopwarden.profdata" "$PROFILES"/proxy-*.profraw
+"$PROFDATA" merge -o "$PROFILES/merged.profdata" "$PROFILES"/proxy-*.profraw
+# Named by its content: cargo does not see a profile's content change, but it does see new
+# RUSTFLAGS, and then rebuilds every crate (hyper's and tokio's code is most of a request's).
+PROFILE=$PROFILES/loopwarden-$(sha256sum "$PROFILES/merged.profdata" | cut -c1-16).profdata
+mv "$PROFILES/merged.profdata" "$PROFILE"
 
 say "4/4 optimized build"
 (cd "$ROOT" && CARGO_TARGET_DIR=$PGO_TARGET_DIR/use \
-  RUSTFLAGS="-Cprofile-use=$PROFILES/loopwarden.profdata" cargo build --release --locked --bin loopwarden >&2)
+  RUSTFLAGS="-Cprofile-use=$PROFILE" cargo build --release --locked --bin loopwarden >&2)
 echo "$PGO_TARGET_DIR/use/release/loopwarden"
