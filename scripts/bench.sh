@@ -29,13 +29,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BENCH_WORK=${BENCH_WORK:-/tmp/loopwarden-bench}
 LW_PORT=${LW_PORT:-18090}
 EXTRA=${EXTRA:-1}
-if [ -z "${BENCH_HARNESS:-}" ]; then
-  for d in "$ROOT/../shared/bench" /work/shared/bench; do
-    [ -x "$d/run.sh" ] && { BENCH_HARNESS=$(cd "$d" && pwd); break; }
-  done
-fi
-[ -n "${BENCH_HARNESS:-}" ] && [ -x "$BENCH_HARNESS/run.sh" ] || {
-  echo "bench: no harness found; set BENCH_HARNESS to the directory holding run.sh" >&2; exit 1; }
+. "$ROOT/scripts/harness.sh"
+find_harness
 export PEERS=${PEERS:-direct nginx}
 
 if [ -z "${BIN:-}" ] && [ "${PGO:-0}" = 1 ]; then

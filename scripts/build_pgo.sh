@@ -31,27 +31,14 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PGO_TARGET_DIR=${PGO_TARGET_DIR:-$ROOT/target/pgo}
 BENCH_WORK=${BENCH_WORK:-/tmp/loopwarden-bench}
-BENCH_TARGET_DIR=${BENCH_TARGET_DIR:-/tmp/lw-bench-target}
 TRAIN_SECONDS=${TRAIN_SECONDS:-3}
 MOCK_PORT=${MOCK_PORT:-19991}
 LW_PORT=${LW_PORT:-19992}
 say() { echo "build_pgo: $*" >&2; }
 
-# The harness (mock upstream, load driver, payloads), prepared as scripts/bench.sh does.
-if [ -z "${BENCH_HARNESS:-}" ]; then
-  for d in "$ROOT/../shared/bench" /work/shared/bench; do
-    [ -x "$d/run.sh" ] && { BENCH_HARNESS=$(cd "$d" && pwd); break; }
-  done
-fi
-[ -n "${BENCH_HARNESS:-}" ] && [ -x "$BENCH_HARNESS/run.sh" ] || {
-  say "no harness found; set BENCH_HARNESS to the directory holding run.sh"; exit 1; }
-H=$BENCH_WORK/harness
-mkdir -p "$H"
-cp -r "$BENCH_HARNESS/." "$H/"
-chmod -R u+w "$H"
-[ -f "$H/payloads/anthropic_2m_stream.json" ] || python3 "$H/gen_payloads.py" "$H/payloads" >&2
-(cd "$H" && CARGO_TARGET_DIR=$BENCH_TARGET_DIR cargo build --release -q)
-HB=$BENCH_TARGET_DIR/release
+# The harness's mock upstream, load driver and payloads.
+. "$ROOT/scripts/harness.sh"
+harness_tools
 
 # llvm-profdata of the toolchain that builds: its profile format is the compiler's.
 PROFDATA=$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/bin/llvm-profdata
@@ -73,7 +60,7 @@ say "2/4 training"
 WORK=$(mktemp -d)
 cleanup() { kill "${LP:-}" "${MP:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
-MOCK_ADDR=127.0.0.1:$MOCK_PORT MOCK_DELAY_MS=5 MOCK_CHUNKS=20 MOCK_LATENCY_MS=0 "$HB/mockup" >/dev/null 2>&1 &
+MOCK_ADDR=127.0.0.1:$MOCK_PORT MOCK_DELAY_MS=5 MOCK_CHUNKS=20 MOCK_LATENCY_MS=0 "$HARNESS_BIN/mockup" >/dev/null 2>&1 &
 MP=$!
 LOOPWARDEN_OPENAI_BASE_URL=http://127.0.0.1:$MOCK_PORT LOOPWARDEN_ANTHROPIC_BASE_URL=http://127.0.0.1:$MOCK_PORT \
   RUST_LOG=warn LLVM_PROFILE_FILE="$PROFILES/proxy-%p.profraw" \
@@ -87,7 +74,7 @@ done
 train() { # api payload concurrency
   local path
   case $1 in openai) path=/v1/chat/completions ;; *) path=/v1/messages ;; esac
-  "$HB/benchdrv" --url "http://127.0.0.1:$LW_PORT$path" --body "$H/payloads/$2" -c "$3" \
+  "$HARNESS_BIN/benchdrv" --url "http://127.0.0.1:$LW_PORT$path" --body "$PAY/$2" -c "$3" \
     --duration "$TRAIN_SECONDS" --warmup 0.5 \
     -H "authorization: Bearer sk-pgo" -H "x-api-key: sk-pgo" -H "anthropic-version: 2023-06-01" \
     | python3 -c "import json,sys; d=json.load(sys.stdin); print(f'  $2 c$3: {d[\"requests\"]} requests, {d[\"errors\"]} errors')" >&2

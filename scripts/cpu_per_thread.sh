@@ -17,27 +17,18 @@ set -euo pipefail
 PF=${1:?payload file name}; C=${2:?concurrency}; N=${3:-20000}; R=${4:-3}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BENCH_WORK=${BENCH_WORK:-/tmp/loopwarden-bench}
-if [ -z "${BENCH_HARNESS:-}" ]; then
-  for d in "$ROOT/../shared/bench" /work/shared/bench; do
-    [ -x "$d/run.sh" ] && { BENCH_HARNESS=$(cd "$d" && pwd); break; }
-  done
-fi
-[ -n "${BENCH_HARNESS:-}" ] || { echo "no harness found; set BENCH_HARNESS" >&2; exit 1; }
+. "$ROOT/scripts/harness.sh"
 if [ -z "${BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release --locked --bin loopwarden -q)
   BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/loopwarden
 fi
-# The harness's mock and driver, built in its own target dir; its payloads, generated once.
-HT=${HARNESS_TARGET:-/tmp/lw-bench-target}
-(cd "$BENCH_HARNESS" && CARGO_TARGET_DIR=$HT cargo build --release -q)
-PAY=$BENCH_WORK/payloads
-[ -f "$PAY/$PF" ] || python3 "$BENCH_HARNESS/gen_payloads.py" "$PAY" >&2
+harness_tools
 case $PF in anthropic*) URLPATH=/v1/messages ;; *) URLPATH=/v1/chat/completions ;; esac
 MOCK_PORT=19961; PROXY_PORT=19962
 
 for _ in $(seq 1 "$R"); do
   MOCK_ADDR=127.0.0.1:$MOCK_PORT MOCK_DELAY_MS=5 MOCK_CHUNKS=20 MOCK_LATENCY_MS=0 \
-    "$HT/release/mockup" >/dev/null 2>&1 & MOCK=$!
+    "$HARNESS_BIN/mockup" >/dev/null 2>&1 & MOCK=$!
   D=$(mktemp -d)
   # shellcheck disable=SC2086
   env ${EXTRA:-} LOOPWARDEN_OPENAI_BASE_URL=http://127.0.0.1:$MOCK_PORT \
@@ -46,7 +37,7 @@ for _ in $(seq 1 "$R"); do
   sleep 1
   drive() {  # drive REQUESTS SECONDS_CAP [more benchdrv args]
     local n=$1 cap=$2; shift 2
-    "$HT/release/benchdrv" --url "http://127.0.0.1:$PROXY_PORT$URLPATH" --body "$PAY/$PF" -c "$C" \
+    "$HARNESS_BIN/benchdrv" --url "http://127.0.0.1:$PROXY_PORT$URLPATH" --body "$PAY/$PF" -c "$C" \
       --requests "$n" --duration "$cap" --warmup 0 -H "authorization: Bearer sk-bench" \
       -H "x-api-key: sk-bench" -H "anthropic-version: 2023-06-01" "$@"
   }
