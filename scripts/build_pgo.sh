@@ -12,17 +12,18 @@
 #
 # Steps:
 #   1. an instrumented release build (-Cprofile-generate) into $PGO_TARGET_DIR/gen;
-#   2. training: that binary, with its default config (detection and logging on), against
-#      the bench harness's mock upstream, driven by its load driver over the request shapes
-#      of scripts/bench.sh (OpenAI and Anthropic; 8.8 KB, 209 KB and 2 MB conversations;
-#      plain and streamed; concurrency 1 to 16), about a minute; it then stops on SIGTERM,
-#      which writes its profile;
+#   2. training: that binary, with its default config (detection and logging on), driven
+#      by the bench harness's load driver over the request shapes of scripts/bench.sh
+#      (8.8 KB, 209 KB and 2 MB conversations; plain and streamed; concurrency 1 to 16) in
+#      the four APIs: OpenAI Chat and Anthropic against the harness's mock upstream, OpenAI
+#      Responses and Gemini against loopwarden's own (scripts/api_payloads.py makes those
+#      bodies), about two minutes; it then stops on SIGTERM, which writes its profile;
 #   3. the profile merged with llvm-profdata (rustup's `llvm-tools` component, added if
 #      missing);
 #   4. the release build with -Cprofile-use into $PGO_TARGET_DIR/use.
 # The code is the same as `cargo build --release`'s; only its layout and inlining differ.
-# The harness has OpenAI Chat and Anthropic requests only: Gemini and Responses requests and
-# the interventions' paths run code the training does not reach, which PGO treats as cold.
+# The interventions' paths (a nudge, a halt) run code the training does not reach, which
+# PGO treats as cold: they are rare by design, a few per run.
 #
 # Knobs (env): PGO_TARGET_DIR (default target/pgo), BENCH_HARNESS / BENCH_WORK /
 # BENCH_TARGET_DIR as in scripts/bench.sh, TRAIN_SECONDS per load (default 3).
@@ -60,37 +61,52 @@ say "2/4 training"
 WORK=$(mktemp -d)
 cleanup() { kill "${LP:-}" "${MP:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
+GEN=$PGO_TARGET_DIR/gen/release/loopwarden
+# The instrumented proxy against the upstream at URL; its profile is written when it stops.
+start_proxy() {
+  LOOPWARDEN_OPENAI_BASE_URL=$1 LOOPWARDEN_ANTHROPIC_BASE_URL=$1 LOOPWARDEN_GEMINI_BASE_URL=$1 \
+    RUST_LOG=warn LLVM_PROFILE_FILE="$PROFILES/proxy-%p.profraw" \
+    "$GEN" serve --listen 127.0.0.1:$LW_PORT --db "sqlite://$WORK/log.db" >"$WORK/proxy.log" 2>&1 &
+  LP=$!
+  wait_healthy $LW_PORT || { say "the instrumented proxy did not start: $(tail -3 "$WORK/proxy.log")"; exit 1; }
+}
+stop_proxy() {
+  kill -TERM "$LP"
+  wait "$LP" || { say "the instrumented proxy did not stop cleanly: $(tail -3 "$WORK/proxy.log")"; exit 1; }
+  LP=
+}
+train() { # payload concurrency
+  "$HARNESS_BIN/benchdrv" --url "http://127.0.0.1:$LW_PORT$(payload_path "$1")" --body "$PAY/$1" -c "$2" \
+    --duration "$TRAIN_SECONDS" --warmup 0.5 \
+    -H "authorization: Bearer sk-pgo" -H "x-api-key: sk-pgo" -H "x-goog-api-key: sk-pgo" \
+    -H "anthropic-version: 2023-06-01" \
+    | python3 -c "import json,sys; d=json.load(sys.stdin); print(f'  $1 c$2: {d[\"requests\"]} requests, {d[\"errors\"]} errors')" >&2
+}
+train_api() { # api: the shapes and concurrencies scripts/bench.sh measures
+  train "$1"_8k.json 1
+  train "$1"_8k.json 16
+  train "$1"_200k.json 16
+  train "$1"_2m.json 4
+  train "$1"_8k_stream.json 1
+  train "$1"_200k_stream.json 8
+  train "$1"_2m_stream.json 4
+}
+# OpenAI Chat and Anthropic against the harness's mock, as scripts/bench.sh runs them.
 MOCK_ADDR=127.0.0.1:$MOCK_PORT MOCK_DELAY_MS=5 MOCK_CHUNKS=20 MOCK_LATENCY_MS=0 "$HARNESS_BIN/mockup" >/dev/null 2>&1 &
 MP=$!
-LOOPWARDEN_OPENAI_BASE_URL=http://127.0.0.1:$MOCK_PORT LOOPWARDEN_ANTHROPIC_BASE_URL=http://127.0.0.1:$MOCK_PORT \
-  RUST_LOG=warn LLVM_PROFILE_FILE="$PROFILES/proxy-%p.profraw" \
-  "$PGO_TARGET_DIR/gen/release/loopwarden" serve --listen 127.0.0.1:$LW_PORT --db "sqlite://$WORK/log.db" \
-  >"$WORK/proxy.log" 2>&1 &
-LP=$!
-for _ in $(seq 1 50); do
-  curl -fs "http://127.0.0.1:$LW_PORT/healthz" >/dev/null 2>&1 && break
-  sleep 0.1
-done
-train() { # api payload concurrency
-  local path
-  case $1 in openai) path=/v1/chat/completions ;; *) path=/v1/messages ;; esac
-  "$HARNESS_BIN/benchdrv" --url "http://127.0.0.1:$LW_PORT$path" --body "$PAY/$2" -c "$3" \
-    --duration "$TRAIN_SECONDS" --warmup 0.5 \
-    -H "authorization: Bearer sk-pgo" -H "x-api-key: sk-pgo" -H "anthropic-version: 2023-06-01" \
-    | python3 -c "import json,sys; d=json.load(sys.stdin); print(f'  $2 c$3: {d[\"requests\"]} requests, {d[\"errors\"]} errors')" >&2
-}
-for api in openai anthropic; do
-  train $api ${api}_8k.json 1
-  train $api ${api}_8k.json 16
-  train $api ${api}_200k.json 16
-  train $api ${api}_2m.json 4
-  train $api ${api}_8k_stream.json 1
-  train $api ${api}_200k_stream.json 8
-  train $api ${api}_2m_stream.json 4
-done
-kill -TERM "$LP"
-wait "$LP" || { say "the instrumented proxy did not stop cleanly: $(tail -3 "$WORK/proxy.log")"; exit 1; }
-LP=
+start_proxy "http://127.0.0.1:$MOCK_PORT"
+train_api openai
+train_api anthropic
+stop_proxy
+kill "$MP"; wait "$MP" 2>/dev/null || true
+# OpenAI Responses and Gemini against loopwarden's own mock (the harness's has neither
+# API), the instrumented binary itself; its profile is the mock's and is left out.
+LLVM_PROFILE_FILE="$WORK/mock-%p.profraw" start_lw_mock "$GEN" $MOCK_PORT
+MP=$LW_MOCK_PID
+start_proxy "http://127.0.0.1:$MOCK_PORT"
+train_api responses
+train_api gemini
+stop_proxy
 
 say "3/4 merging the profile"
 ls "$PROFILES"/proxy-*.profraw >/dev/null 2>&1 || { say "the proxy wrote no profile"; exit 1; }

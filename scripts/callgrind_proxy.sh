@@ -13,25 +13,23 @@
 # requests done; the profile (one file per process part)
 # stays in $CALLGRIND_OUT for `callgrind_annotate --inclusive=yes`.
 #
-# Needs valgrind, and scripts/bench.sh to have run once (it builds the harness's mock
-# `mockup` and driver `benchdrv` into $BENCH_TARGET_DIR and writes the payloads into
-# $BENCH_WORK/harness/payloads).
+# PAYLOAD is any of scripts/harness.sh's (the four APIs; Responses and Gemini requests go
+# to loopwarden's own mock). Needs valgrind.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PAYLOAD=${1:-openai_8k.json}
 N=${2:-2000}
 BENCH_WORK=${BENCH_WORK:-/tmp/loopwarden-bench}
-HARNESS_BIN=${BENCH_TARGET_DIR:-/tmp/lw-bench-target}/release
 OUTDIR=${CALLGRIND_OUT:-/tmp/loopwarden-callgrind}
 MOCK_PORT=${MOCK_PORT:-19971}
 LW_PORT=${LW_PORT:-19972}
 command -v valgrind >/dev/null || { echo "callgrind_proxy: valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
-for f in "$HARNESS_BIN/mockup" "$HARNESS_BIN/benchdrv" "$BENCH_WORK/harness/payloads/$PAYLOAD"; do
-  [ -e "$f" ] || { echo "callgrind_proxy: $f is missing; run scripts/bench.sh --quick once" >&2; exit 1; }
-done
+. "$ROOT/scripts/harness.sh"
+harness_tools
+[ -e "$PAY/$PAYLOAD" ] || { echo "callgrind_proxy: no payload $PAY/$PAYLOAD" >&2; exit 1; }
 (cd "$ROOT" && cargo build --release --locked --bin loopwarden)
 BIN=$(cd "${CARGO_TARGET_DIR:-$ROOT/target}/release" && pwd)/loopwarden
-case $PAYLOAD in anthropic*) API=/v1/messages ;; *) API=/v1/chat/completions ;; esac
+API=$(payload_path "$PAYLOAD")
 mkdir -p "$OUTDIR"
 OUT=$OUTDIR/callgrind.out.proxy.${PAYLOAD%.json}
 rm -f "$OUT" "$OUT".*
@@ -39,22 +37,25 @@ WORK=$(mktemp -d)
 cleanup() { kill "${LP:-}" "${MP:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-MOCK_ADDR=127.0.0.1:$MOCK_PORT MOCK_DELAY_MS=5 MOCK_CHUNKS=20 MOCK_LATENCY_MS=0 \
-  "$HARNESS_BIN/mockup" >/dev/null 2>&1 &
-MP=$!
-LOOPWARDEN_OPENAI_BASE_URL=http://127.0.0.1:$MOCK_PORT LOOPWARDEN_ANTHROPIC_BASE_URL=http://127.0.0.1:$MOCK_PORT \
+if harness_mock_answers "$PAYLOAD"; then
+  MOCK_ADDR=127.0.0.1:$MOCK_PORT MOCK_DELAY_MS=5 MOCK_CHUNKS=20 MOCK_LATENCY_MS=0 \
+    "$HARNESS_BIN/mockup" >/dev/null 2>&1 &
+  MP=$!
+else
+  start_lw_mock "$BIN" "$MOCK_PORT"
+  MP=$LW_MOCK_PID
+fi
+UP=http://127.0.0.1:$MOCK_PORT
+LOOPWARDEN_OPENAI_BASE_URL=$UP LOOPWARDEN_ANTHROPIC_BASE_URL=$UP LOOPWARDEN_GEMINI_BASE_URL=$UP \
   RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$OUT" --separate-threads=no \
   "$BIN" serve --listen 127.0.0.1:$LW_PORT --db "sqlite://$WORK/log.db" >/dev/null 2>"$WORK/valgrind.log" &
 LP=$!
 # Under valgrind the proxy takes seconds to start.
-for _ in $(seq 1 100); do
-  curl -fs "http://127.0.0.1:$LW_PORT/healthz" >/dev/null 2>&1 && break
-  sleep 0.2
-done
+wait_healthy $LW_PORT 100 0.2 || true
 drive() {
-  "$HARNESS_BIN/benchdrv" --url "http://127.0.0.1:$LW_PORT$API" --body "$BENCH_WORK/harness/payloads/$PAYLOAD" \
+  "$HARNESS_BIN/benchdrv" --url "http://127.0.0.1:$LW_PORT$API" --body "$PAY/$PAYLOAD" \
     -c 16 --requests "$1" --duration "$2" --warmup 0 \
-    -H "authorization: Bearer sk-callgrind" -H "x-api-key: sk-callgrind" -H "anthropic-version: 2023-06-01"
+    -H "authorization: Bearer sk-callgrind" -H "x-api-key: sk-callgrind" -H "x-goog-api-key: sk-callgrind" -H "anthropic-version: 2023-06-01"
 }
 drive 300 30 >/dev/null 2>&1
 callgrind_control -z "$LP" >/dev/null 2>&1

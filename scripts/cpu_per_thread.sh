@@ -9,7 +9,9 @@
 #   scripts/cpu_per_thread.sh PAYLOAD CONCURRENCY [REQUESTS] [ROUNDS]
 #   scripts/cpu_per_thread.sh openai_8k.json 64 20000 3
 #
-# PAYLOAD: a file the harness generates (openai_|anthropic_ + 8k|200k|2m [+ _stream] .json).
+# PAYLOAD: a file scripts/harness.sh generates (openai_|anthropic_|responses_|gemini_ +
+# 8k|200k|2m [+ _stream] .json). The harness's mock answers the first two APIs; Responses and
+# Gemini requests go to loopwarden's own mock (`$BIN mock`, scripted to answer as the harness's).
 # Env: BIN (default: this checkout's release build, built if missing), BENCH_HARNESS (as in
 # scripts/bench.sh), BENCH_WORK (default /tmp/loopwarden-bench), EXTRA="K=V ..." extra
 # environment for the proxy.
@@ -23,23 +25,28 @@ if [ -z "${BIN:-}" ]; then
   BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/loopwarden
 fi
 harness_tools
-case $PF in anthropic*) URLPATH=/v1/messages ;; *) URLPATH=/v1/chat/completions ;; esac
+URLPATH=$(payload_path "$PF")
 MOCK_PORT=19961; PROXY_PORT=19962
+UP=http://127.0.0.1:$MOCK_PORT
 
 for _ in $(seq 1 "$R"); do
-  MOCK_ADDR=127.0.0.1:$MOCK_PORT MOCK_DELAY_MS=5 MOCK_CHUNKS=20 MOCK_LATENCY_MS=0 \
-    "$HARNESS_BIN/mockup" >/dev/null 2>&1 & MOCK=$!
+  if harness_mock_answers "$PF"; then
+    MOCK_ADDR=127.0.0.1:$MOCK_PORT MOCK_DELAY_MS=5 MOCK_CHUNKS=20 MOCK_LATENCY_MS=0 \
+      "$HARNESS_BIN/mockup" >/dev/null 2>&1 & MOCK=$!
+  else
+    start_lw_mock "$BIN" $MOCK_PORT; MOCK=$LW_MOCK_PID
+  fi
   D=$(mktemp -d)
   # shellcheck disable=SC2086
-  env ${EXTRA:-} LOOPWARDEN_OPENAI_BASE_URL=http://127.0.0.1:$MOCK_PORT \
-    LOOPWARDEN_ANTHROPIC_BASE_URL=http://127.0.0.1:$MOCK_PORT RUST_LOG=warn \
+  env ${EXTRA:-} LOOPWARDEN_OPENAI_BASE_URL=$UP LOOPWARDEN_ANTHROPIC_BASE_URL=$UP \
+    LOOPWARDEN_GEMINI_BASE_URL=$UP RUST_LOG=warn \
     "$BIN" serve --listen 127.0.0.1:$PROXY_PORT --db "sqlite://$D/log.db" >/dev/null 2>&1 & PROXY=$!
   sleep 1
   drive() {  # drive REQUESTS SECONDS_CAP [more benchdrv args]
     local n=$1 cap=$2; shift 2
     "$HARNESS_BIN/benchdrv" --url "http://127.0.0.1:$PROXY_PORT$URLPATH" --body "$PAY/$PF" -c "$C" \
       --requests "$n" --duration "$cap" --warmup 0 -H "authorization: Bearer sk-bench" \
-      -H "x-api-key: sk-bench" -H "anthropic-version: 2023-06-01" "$@"
+      -H "x-api-key: sk-bench" -H "x-goog-api-key: sk-bench" -H "anthropic-version: 2023-06-01" "$@"
   }
   drive 2000 2 >/dev/null 2>&1   # warm: connections open, the conversation read once
   snap() { for t in /proc/$PROXY/task/*; do echo "$(cat "$t/comm") $(awk '{print $14+$15}' "$t/stat")"; done; }
@@ -63,7 +70,8 @@ run = json.load(open(os.path.join(d, "run.json")))
 n = run["requests"]
 per = {t: (after[t] - before.get(t, 0)) * 1e6 / hz / n for t in after}
 threads = " ".join(f"{t}={v:.1f}" for t, v in sorted(per.items(), key=lambda x: -x[1]) if v > 0.05)
-print(f"{n} requests  {run['rps']:.0f}/s  p50 {run['lat_ms']['p50']:.3f} ms  "
+errors = f"  {run['errors']} ERRORS" if run["errors"] else ""
+print(f"{n} requests{errors}  {run['rps']:.0f}/s  p50 {run['lat_ms']['p50']:.3f} ms  "
       f"cpu {sum(per.values()):.1f} µs/request [{threads}]  "
       f"peak RSS {run['procs']['proxy']['rss_peak_kb'] / 1024:.1f} MB  other {run['machine']['foreign_pct']:.0f}%")
 PY

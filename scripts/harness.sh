@@ -1,8 +1,10 @@
 # shellcheck shell=bash
 # What the benchmark scripts share about the side-by-side harness (../shared/bench): where it
 # is, and its mock upstream, load driver and payloads for the scripts that drive the proxy
-# without the harness's run.sh (scripts/cpu_per_thread.sh, scripts/build_pgo.sh). Sourced;
-# expects ROOT (this checkout) and, for harness_tools, BENCH_WORK.
+# without the harness's run.sh (scripts/cpu_per_thread.sh, scripts/build_pgo.sh,
+# scripts/callgrind_proxy.sh), with the paths of the four APIs and loopwarden's own mock for
+# the two the harness's does not speak. Sourced; expects ROOT (this checkout) and, for
+# harness_tools and start_lw_mock, BENCH_WORK.
 
 # Sets BENCH_HARNESS, unless given, to the harness next to the repo (or /work/shared/bench);
 # exits when there is none.
@@ -21,8 +23,9 @@ find_harness() {
 
 # Builds the harness's mock upstream (`mockup`) and load driver (`benchdrv`) into their own
 # target dir (BENCH_TARGET_DIR, or HARNESS_TARGET, default /tmp/lw-bench-target) and
-# generates its payloads once into $BENCH_WORK/payloads. Sets HARNESS_BIN (the directory
-# of the two binaries) and PAY (the payloads').
+# generates its payloads once into $BENCH_WORK/payloads, with the same conversations as
+# OpenAI Responses and Gemini bodies beside them (scripts/api_payloads.py). Sets HARNESS_BIN
+# (the directory of the two binaries) and PAY (the payloads').
 harness_tools() {
   find_harness
   local target=${BENCH_TARGET_DIR:-${HARNESS_TARGET:-/tmp/lw-bench-target}}
@@ -30,4 +33,50 @@ harness_tools() {
   HARNESS_BIN=$target/release
   PAY=$BENCH_WORK/payloads
   [ -f "$PAY/anthropic_2m_stream.json" ] || python3 "$BENCH_HARNESS/gen_payloads.py" "$PAY" >&2
+  [ -f "$PAY/gemini_2m_stream.json" ] || python3 "$ROOT/scripts/api_payloads.py" "$PAY"
+}
+
+# The path a payload of harness_tools is sent to, by its name: openai_ (Chat Completions),
+# anthropic_ (Messages), responses_ (OpenAI Responses), gemini_ (generateContent; a _stream
+# one to streamGenerateContent, since a Gemini body does not say it streams).
+payload_path() {
+  case $1 in
+    anthropic_*) echo /v1/messages ;;
+    responses_*) echo /v1/responses ;;
+    gemini_*_stream*) echo "/v1beta/models/bench-gemini:streamGenerateContent?alt=sse" ;;
+    gemini_*) echo /v1beta/models/bench-gemini:generateContent ;;
+    *) echo /v1/chat/completions ;;
+  esac
+}
+
+# Waits until a proxy answers /healthz on 127.0.0.1:PORT: up to TRIES tries (default 50),
+# DELAY seconds apart (default 0.1). Fails when it never does.
+wait_healthy() {
+  local port=$1 tries=${2:-50} delay=${3:-0.1}
+  for _ in $(seq 1 "$tries"); do
+    curl -fs "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && return 0
+    sleep "$delay"
+  done
+  return 1
+}
+
+# Whether the harness's mock upstream answers a payload's API: it speaks OpenAI Chat and
+# Anthropic Messages only; the others need loopwarden's own mock (start_lw_mock).
+harness_mock_answers() {
+  case $1 in openai_* | anthropic_*) return 0 ;; *) return 1 ;; esac
+}
+
+# Starts loopwarden's own mock upstream (`BIN mock`, the four APIs) on 127.0.0.1:PORT,
+# answering every request as the harness's mock does: a line of text and one tool call.
+# Sets LW_MOCK_PID.
+start_lw_mock() {
+  local bin=$1 port=$2 script=$BENCH_WORK/lw-mock-script.json
+  mkdir -p "$BENCH_WORK"
+  cat >"$script" <<'JSON'
+{"turns": [{"text": "Reading the handler again.",
+            "tool_calls": [{"name": "read_file", "arguments": {"path": "src/sse/handlers.rs"}}]}],
+ "after_end": "repeat_last"}
+JSON
+  "$bin" mock --listen "127.0.0.1:$port" --script "$script" >/dev/null 2>&1 &
+  LW_MOCK_PID=$!
 }
