@@ -33,7 +33,7 @@ harness_tools() {
   HARNESS_BIN=$target/release
   PAY=$BENCH_WORK/payloads
   [ -f "$PAY/anthropic_2m_stream.json" ] || python3 "$BENCH_HARNESS/gen_payloads.py" "$PAY" >&2
-  [ -f "$PAY/gemini_2m_stream.json" ] || python3 "$ROOT/scripts/api_payloads.py" "$PAY"
+  [ -f "$PAY/gemini_2m_stream.json" ] || python3 "$ROOT/scripts/api_payloads.py" "$PAY" >&2
 }
 
 # The path a payload of harness_tools is sent to, by its name: openai_ (Chat Completions),
