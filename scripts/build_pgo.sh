@@ -59,13 +59,13 @@ rm -f "$PROFILES"/*.profraw
 
 say "2/4 training"
 WORK=$(mktemp -d)
-cleanup() { kill "${LP:-}" "${MP:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"; }
+cleanup() { kill "${LP:-}" "${MOCK_PID:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 GEN=$PGO_TARGET_DIR/gen/release/loopwarden
 # The instrumented proxy against the upstream at URL; its profile is written when it stops.
 start_proxy() {
-  LOOPWARDEN_OPENAI_BASE_URL=$1 LOOPWARDEN_ANTHROPIC_BASE_URL=$1 LOOPWARDEN_GEMINI_BASE_URL=$1 \
-    RUST_LOG=warn LLVM_PROFILE_FILE="$PROFILES/proxy-%p.profraw" \
+  # shellcheck disable=SC2046
+  env $(upstream_env "$1") RUST_LOG=warn LLVM_PROFILE_FILE="$PROFILES/proxy-%p.profraw" \
     "$GEN" serve --listen 127.0.0.1:$LW_PORT --db "sqlite://$WORK/log.db" >"$WORK/proxy.log" 2>&1 &
   LP=$!
   wait_healthy $LW_PORT || { say "the instrumented proxy did not start: $(tail -3 "$WORK/proxy.log")"; exit 1; }
@@ -77,9 +77,7 @@ stop_proxy() {
 }
 train() { # payload concurrency
   "$HARNESS_BIN/benchdrv" --url "http://127.0.0.1:$LW_PORT$(payload_path "$1")" --body "$PAY/$1" -c "$2" \
-    --duration "$TRAIN_SECONDS" --warmup 0.5 \
-    -H "authorization: Bearer sk-pgo" -H "x-api-key: sk-pgo" -H "x-goog-api-key: sk-pgo" \
-    -H "anthropic-version: 2023-06-01" \
+    --duration "$TRAIN_SECONDS" --warmup 0.5 "${REQUEST_HEADERS[@]}" \
     | python3 -c "import json,sys; d=json.load(sys.stdin); print(f'  $1 c$2: {d[\"requests\"]} requests, {d[\"errors\"]} errors')" >&2
 }
 train_api() { # api: the shapes and concurrencies scripts/bench.sh measures
@@ -92,17 +90,15 @@ train_api() { # api: the shapes and concurrencies scripts/bench.sh measures
   train "$1"_2m_stream.json 4
 }
 # OpenAI Chat and Anthropic against the harness's mock, as scripts/bench.sh runs them.
-MOCK_ADDR=127.0.0.1:$MOCK_PORT MOCK_DELAY_MS=5 MOCK_CHUNKS=20 MOCK_LATENCY_MS=0 "$HARNESS_BIN/mockup" >/dev/null 2>&1 &
-MP=$!
+start_mock openai_8k.json $MOCK_PORT "$GEN"
 start_proxy "http://127.0.0.1:$MOCK_PORT"
 train_api openai
 train_api anthropic
 stop_proxy
-kill "$MP"; wait "$MP" 2>/dev/null || true
+kill "$MOCK_PID"; wait "$MOCK_PID" 2>/dev/null || true
 # OpenAI Responses and Gemini against loopwarden's own mock (the harness's has neither
 # API), the instrumented binary itself; its profile is the mock's and is left out.
-LLVM_PROFILE_FILE="$WORK/mock-%p.profraw" start_lw_mock "$GEN" $MOCK_PORT
-MP=$LW_MOCK_PID
+LLVM_PROFILE_FILE="$WORK/mock-%p.profraw" start_mock responses_8k.json $MOCK_PORT "$GEN"
 start_proxy "http://127.0.0.1:$MOCK_PORT"
 train_api responses
 train_api gemini

@@ -34,28 +34,19 @@ mkdir -p "$OUTDIR"
 OUT=$OUTDIR/callgrind.out.proxy.${PAYLOAD%.json}
 rm -f "$OUT" "$OUT".*
 WORK=$(mktemp -d)
-cleanup() { kill "${LP:-}" "${MP:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"; }
+cleanup() { kill "${LP:-}" "${MOCK_PID:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-if harness_mock_answers "$PAYLOAD"; then
-  MOCK_ADDR=127.0.0.1:$MOCK_PORT MOCK_DELAY_MS=5 MOCK_CHUNKS=20 MOCK_LATENCY_MS=0 \
-    "$HARNESS_BIN/mockup" >/dev/null 2>&1 &
-  MP=$!
-else
-  start_lw_mock "$BIN" "$MOCK_PORT"
-  MP=$LW_MOCK_PID
-fi
-UP=http://127.0.0.1:$MOCK_PORT
-LOOPWARDEN_OPENAI_BASE_URL=$UP LOOPWARDEN_ANTHROPIC_BASE_URL=$UP LOOPWARDEN_GEMINI_BASE_URL=$UP \
-  RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$OUT" --separate-threads=no \
+start_mock "$PAYLOAD" "$MOCK_PORT" "$BIN"
+# shellcheck disable=SC2046
+env $(upstream_env "http://127.0.0.1:$MOCK_PORT") RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$OUT" --separate-threads=no \
   "$BIN" serve --listen 127.0.0.1:$LW_PORT --db "sqlite://$WORK/log.db" >/dev/null 2>"$WORK/valgrind.log" &
 LP=$!
 # Under valgrind the proxy takes seconds to start.
 wait_healthy $LW_PORT 100 0.2 || true
 drive() {
   "$HARNESS_BIN/benchdrv" --url "http://127.0.0.1:$LW_PORT$API" --body "$PAY/$PAYLOAD" \
-    -c 16 --requests "$1" --duration "$2" --warmup 0 \
-    -H "authorization: Bearer sk-callgrind" -H "x-api-key: sk-callgrind" -H "x-goog-api-key: sk-callgrind" -H "anthropic-version: 2023-06-01"
+    -c 16 --requests "$1" --duration "$2" --warmup 0 "${REQUEST_HEADERS[@]}"
 }
 drive 300 30 >/dev/null 2>&1
 callgrind_control -z "$LP" >/dev/null 2>&1

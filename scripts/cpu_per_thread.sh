@@ -30,23 +30,16 @@ MOCK_PORT=19961; PROXY_PORT=19962
 UP=http://127.0.0.1:$MOCK_PORT
 
 for _ in $(seq 1 "$R"); do
-  if harness_mock_answers "$PF"; then
-    MOCK_ADDR=127.0.0.1:$MOCK_PORT MOCK_DELAY_MS=5 MOCK_CHUNKS=20 MOCK_LATENCY_MS=0 \
-      "$HARNESS_BIN/mockup" >/dev/null 2>&1 & MOCK=$!
-  else
-    start_lw_mock "$BIN" $MOCK_PORT; MOCK=$LW_MOCK_PID
-  fi
+  start_mock "$PF" $MOCK_PORT "$BIN"
   D=$(mktemp -d)
-  # shellcheck disable=SC2086
-  env ${EXTRA:-} LOOPWARDEN_OPENAI_BASE_URL=$UP LOOPWARDEN_ANTHROPIC_BASE_URL=$UP \
-    LOOPWARDEN_GEMINI_BASE_URL=$UP RUST_LOG=warn \
+  # shellcheck disable=SC2086,SC2046
+  env ${EXTRA:-} $(upstream_env "$UP") RUST_LOG=warn \
     "$BIN" serve --listen 127.0.0.1:$PROXY_PORT --db "sqlite://$D/log.db" >/dev/null 2>&1 & PROXY=$!
   sleep 1
   drive() {  # drive REQUESTS SECONDS_CAP [more benchdrv args]
     local n=$1 cap=$2; shift 2
     "$HARNESS_BIN/benchdrv" --url "http://127.0.0.1:$PROXY_PORT$URLPATH" --body "$PAY/$PF" -c "$C" \
-      --requests "$n" --duration "$cap" --warmup 0 -H "authorization: Bearer sk-bench" \
-      -H "x-api-key: sk-bench" -H "x-goog-api-key: sk-bench" -H "anthropic-version: 2023-06-01" "$@"
+      --requests "$n" --duration "$cap" --warmup 0 "${REQUEST_HEADERS[@]}" "$@"
   }
   drive 2000 2 >/dev/null 2>&1   # warm: connections open, the conversation read once
   snap() { for t in /proc/$PROXY/task/*; do echo "$(cat "$t/comm") $(awk '{print $14+$15}' "$t/stat")"; done; }
@@ -75,6 +68,6 @@ print(f"{n} requests{errors}  {run['rps']:.0f}/s  p50 {run['lat_ms']['p50']:.3f}
       f"cpu {sum(per.values()):.1f} µs/request [{threads}]  "
       f"peak RSS {run['procs']['proxy']['rss_peak_kb'] / 1024:.1f} MB  other {run['machine']['foreign_pct']:.0f}%")
 PY
-  kill "$PROXY" "$MOCK"; wait "$PROXY" "$MOCK" 2>/dev/null || true
+  kill "$PROXY" "$MOCK_PID"; wait "$PROXY" "$MOCK_PID" 2>/dev/null || true
   rm -rf "$D"
 done

@@ -4,7 +4,7 @@
 # without the harness's run.sh (scripts/cpu_per_thread.sh, scripts/build_pgo.sh,
 # scripts/callgrind_proxy.sh), with the paths of the four APIs and loopwarden's own mock for
 # the two the harness's does not speak. Sourced; expects ROOT (this checkout) and, for
-# harness_tools and start_lw_mock, BENCH_WORK.
+# harness_tools and start_mock, BENCH_WORK.
 
 # Sets BENCH_HARNESS, unless given, to the harness next to the repo (or /work/shared/bench);
 # exits when there is none.
@@ -60,23 +60,37 @@ wait_healthy() {
   return 1
 }
 
-# Whether the harness's mock upstream answers a payload's API: it speaks OpenAI Chat and
-# Anthropic Messages only; the others need loopwarden's own mock (start_lw_mock).
-harness_mock_answers() {
-  case $1 in openai_* | anthropic_*) return 0 ;; *) return 1 ;; esac
+# The headers of every request the scripts send: a dummy key in each API's key header, and
+# the version header Anthropic requires.
+REQUEST_HEADERS=(-H "authorization: Bearer sk-bench" -H "x-api-key: sk-bench"
+  -H "x-goog-api-key: sk-bench" -H "anthropic-version: 2023-06-01")
+
+# The proxy's environment for one upstream at URL, for `env`: every API's base URL.
+upstream_env() {
+  echo "LOOPWARDEN_OPENAI_BASE_URL=$1 LOOPWARDEN_ANTHROPIC_BASE_URL=$1 LOOPWARDEN_GEMINI_BASE_URL=$1"
 }
 
-# Starts loopwarden's own mock upstream (`BIN mock`, the four APIs) on 127.0.0.1:PORT,
-# answering every request as the harness's mock does: a line of text and one tool call.
-# Sets LW_MOCK_PID.
-start_lw_mock() {
-  local bin=$1 port=$2 script=$BENCH_WORK/lw-mock-script.json
-  mkdir -p "$BENCH_WORK"
-  cat >"$script" <<'JSON'
+# Starts a mock upstream on 127.0.0.1:PORT that answers PAYLOAD's API, and sets MOCK_PID.
+# OpenAI Chat and Anthropic get the harness's mock (`mockup`), paced as scripts/bench.sh
+# runs it. OpenAI Responses and Gemini, which it does not speak, get loopwarden's own
+# (`BIN mock`), scripted to answer every request as the harness's does: a line of text and
+# one tool call. Needs harness_tools first.
+start_mock() {
+  local payload=$1 port=$2 bin=$3
+  case $payload in
+    openai_* | anthropic_*)
+      MOCK_ADDR=127.0.0.1:$port MOCK_DELAY_MS=5 MOCK_CHUNKS=20 MOCK_LATENCY_MS=0 \
+        "$HARNESS_BIN/mockup" >/dev/null 2>&1 &
+      ;;
+    *)
+      local script=$BENCH_WORK/lw-mock-script.json
+      cat >"$script" <<'JSON'
 {"turns": [{"text": "Reading the handler again.",
             "tool_calls": [{"name": "read_file", "arguments": {"path": "src/sse/handlers.rs"}}]}],
  "after_end": "repeat_last"}
 JSON
-  "$bin" mock --listen "127.0.0.1:$port" --script "$script" >/dev/null 2>&1 &
-  LW_MOCK_PID=$!
+      "$bin" mock --listen "127.0.0.1:$port" --script "$script" >/dev/null 2>&1 &
+      ;;
+  esac
+  MOCK_PID=$!
 }
