@@ -32,8 +32,28 @@ fn measured_read(dialect: Dialect, body: &[u8]) -> usize {
     view.messages.len()
 }
 
+/// Decoding an upstream answer, as the log thread does for every non-streamed answer.
+#[inline(never)]
+fn measured_answer(dialect: Dialect, body: &[u8]) -> usize {
+    let turn = dialect.parse_response(body).expect("bench answers parse");
+    turn.text.len() + turn.calls.len()
+}
+
+/// The four APIs by the names the `answer/` scenarios use.
+const ANSWER_DIALECTS: [(&str, Dialect); 4] = [
+    ("openai", Dialect::OpenAiChat),
+    ("anthropic", Dialect::Anthropic),
+    ("responses", Dialect::OpenAiResponses),
+    ("gemini", Dialect::Gemini),
+];
+
 fn scenarios() -> Vec<String> {
     let mut out = Vec::new();
+    for (name, _) in ANSWER_DIALECTS {
+        for kind in support::ANSWERS {
+            out.push(format!("answer/{name}/{kind}"));
+        }
+    }
     for shape in ["openai", "anthropic"] {
         for (size, _) in SIZES {
             out.push(format!("warm/{shape}/{size}"));
@@ -65,6 +85,15 @@ fn main() {
         eprintln!("unknown scenario {name}; try `list`");
         std::process::exit(2);
     };
+    if kind == "answer" {
+        let Some(&(_, dialect)) = ANSWER_DIALECTS.iter().find(|(n, _)| *n == shape) else {
+            eprintln!("unknown API {shape}");
+            std::process::exit(2);
+        };
+        let body = support::answer(dialect, arg);
+        black_box(measured_answer(dialect, &body));
+        return;
+    }
     let shape = match shape {
         "openai" => Shape::OpenAi,
         "anthropic" => Shape::Anthropic,

@@ -487,3 +487,83 @@ pub fn stated_headers() -> HeaderMap {
     );
     headers
 }
+
+/// How long an upstream answer is: `small` is the load harness mock's (a line of text and
+/// a `read_file` call, ~0.5 KB); `edit` an answer that explains a fix and makes it (an
+/// `edit_file` call whose arguments carry ~3 KB of old and new source, with the newlines
+/// and quotes a real edit escapes).
+pub const ANSWERS: [&str; 2] = ["small", "edit"];
+
+/// A non-streamed upstream answer of `kind` ([`ANSWERS`]) in `dialect`'s shape: text and
+/// one tool call, with the usage, ids and stop reason the API sends.
+pub fn answer(dialect: Dialect, kind: &str) -> Bytes {
+    let (text, name, args) = if kind == "edit" {
+        let mut old = String::new();
+        let mut new = String::new();
+        for i in 0..24 {
+            let line = format!(
+                "        let {w} = frame.{v}(\"{w}\", offset + {i})?; // {x}\n",
+                w = WORDS[i % WORDS.len()],
+                v = WORDS[(i * 7) % WORDS.len()],
+                x = WORDS[(i * 5) % WORDS.len()],
+            );
+            old.push_str(&line);
+            new.push_str(&line.replace("offset", "self.offset"));
+        }
+        (
+            "The decoder keeps the last event in its buffer when the stream ends without a \
+             blank line: `finish` returns what was framed, not what is pending. I will flush \
+             the pending event in `finish`, then add a regression test."
+                .to_string(),
+            "edit_file",
+            json!({"path": "src/proxy/tee.rs", "old_string": old, "new_string": new}),
+        )
+    } else {
+        (
+            "I will look at the request handler to find where the timeout is configured."
+                .to_string(),
+            "read_file",
+            json!({"path": "src/server/handlers.rs", "start_line": 120, "end_line": 240}),
+        )
+    };
+    let body = match dialect {
+        Dialect::OpenAiChat => json!({
+            "id": "chatcmpl-bench0001", "object": "chat.completion", "created": 1_760_000_000,
+            "model": "bench-gpt",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text,
+                "tool_calls": [{"id": "call_bench_0001", "type": "function",
+                    "function": {"name": name, "arguments": args.to_string()}}]},
+                "logprobs": null, "finish_reason": "tool_calls"}],
+            "usage": {"prompt_tokens": 51234, "completion_tokens": 42, "total_tokens": 51276},
+            "system_fingerprint": "fp_bench"
+        }),
+        Dialect::Anthropic => json!({
+            "id": "msg_bench0001", "type": "message", "role": "assistant", "model": "bench-claude",
+            "content": [{"type": "text", "text": text},
+                {"type": "tool_use", "id": "toolu_bench0001", "name": name, "input": args}],
+            "stop_reason": "tool_use", "stop_sequence": null,
+            "usage": {"input_tokens": 51234, "output_tokens": 42,
+                "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        }),
+        Dialect::OpenAiResponses => json!({
+            "id": "resp_bench0001", "object": "response", "created_at": 1_760_000_000,
+            "status": "completed", "model": "bench-gpt",
+            "output": [
+                {"type": "message", "id": "msg_bench0001", "status": "completed",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}]},
+                {"type": "function_call", "id": "fc_bench0001", "call_id": "call_bench_0001",
+                    "name": name, "arguments": args.to_string(), "status": "completed"}],
+            "usage": {"input_tokens": 51234, "output_tokens": 42, "total_tokens": 51276}
+        }),
+        Dialect::Gemini => json!({
+            "candidates": [{"content": {"role": "model", "parts": [
+                {"text": text}, {"functionCall": {"name": name, "args": args}}]},
+                "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": 51234, "candidatesTokenCount": 42,
+                "totalTokenCount": 51276},
+            "modelVersion": "bench-gemini"
+        }),
+    };
+    Bytes::from(serde_json::to_vec(&body).expect("a JSON value always serializes"))
+}

@@ -16,9 +16,9 @@ use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
     args_from_raw, content_text, insert_after, offers_tools, preamble_of, push_into_array,
-    push_line, random_id, replace_span, span_of, system_preamble, Dialect, EarlierPreamble,
-    HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind, TopLevel,
-    UpstreamFailure,
+    push_line, random_id, replace_span, span_of, system_preamble, Content, Dialect,
+    EarlierPreamble, HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind,
+    TopLevel, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -39,8 +39,19 @@ pub(super) fn view<'a>(
     })
 }
 
+/// A message read in one pass, its blocks with it.
 #[derive(Deserialize)]
 struct Message<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(borrow, default)]
+    content: Option<Content<'a, Block<'a>>>,
+}
+
+/// A message whose content is kept raw, for a message [`Message`] does not read (a block
+/// that is not a [`Block`]): its blocks are then read one by one, and odd ones skipped.
+#[derive(Deserialize)]
+struct RawMessage<'a> {
     #[serde(borrow)]
     role: Cow<'a, str>,
     #[serde(borrow, default)]
@@ -71,7 +82,16 @@ struct Block<'a> {
 }
 
 pub(super) fn parse_message(raw: &str) -> Vec<Item> {
-    let Ok(msg) = serde_json::from_str::<Message>(raw) else {
+    match serde_json::from_str::<Message>(raw) {
+        Ok(msg) => content_items(&msg.role, msg.content),
+        Err(_) => parse_raw_message(raw),
+    }
+}
+
+/// [`parse_message`] for a message the one-pass reading refused: blocks that are not
+/// [`Block`]s are skipped, the others read.
+fn parse_raw_message(raw: &str) -> Vec<Item> {
+    let Ok(msg) = serde_json::from_str::<RawMessage>(raw) else {
         return Vec::new();
     };
     let content = msg.content.map(RawValue::get).unwrap_or("");
@@ -81,17 +101,36 @@ pub(super) fn parse_message(raw: &str) -> Vec<Item> {
     } else {
         Vec::new()
     };
-    let mut text = if content.starts_with('"') {
+    let text = if content.starts_with('"') {
         content_text(msg.content.map(RawValue::get))
     } else {
         String::new()
     };
+    let blocks = blocks
+        .into_iter()
+        .filter_map(|raw| serde_json::from_str::<Block>(raw.get()).ok());
+    message_items(&msg.role, text, blocks)
+}
+
+/// The items of a message with `role` whose content was read in one pass.
+fn content_items(role: &str, content: Option<Content<'_, Block<'_>>>) -> Vec<Item> {
+    match content {
+        Some(Content::Text(text)) => message_items(role, text.into_owned(), Vec::new()),
+        Some(Content::Parts(blocks)) => message_items(role, String::new(), blocks),
+        Some(Content::Other) | None => message_items(role, String::new(), Vec::new()),
+    }
+}
+
+/// The items of a message with `role`: `text` (its content when a plain string) and the
+/// text, calls and results of its blocks.
+fn message_items<'a>(
+    role: &str,
+    mut text: String,
+    blocks: impl IntoIterator<Item = Block<'a>>,
+) -> Vec<Item> {
     let mut calls = Vec::new();
     let mut results = Vec::new();
-    for raw_block in blocks {
-        let Ok(block) = serde_json::from_str::<Block>(raw_block.get()) else {
-            continue;
-        };
+    for block in blocks {
         match block.kind.as_ref() {
             "text" => push_line(&mut text, block.text.as_deref().unwrap_or("")),
             "tool_use" => calls.push(ToolCall {
@@ -110,7 +149,7 @@ pub(super) fn parse_message(raw: &str) -> Vec<Item> {
             _ => {}
         }
     }
-    match msg.role.as_ref() {
+    match role {
         "assistant" => vec![Item::Assistant { text, calls }],
         "system" => vec![Item::System { text }],
         _ => {
@@ -135,10 +174,12 @@ struct Usage {
     output_tokens: Option<u64>,
 }
 
+/// An answer, its content read in the same pass (`C`: [`Content`]), or kept raw for an
+/// answer that does not read so (`&RawValue`), to be read as [`parse_raw_message`] does.
 #[derive(Deserialize)]
-struct Response<'a> {
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+struct Response<C> {
+    #[serde(default = "Option::default")]
+    content: Option<C>,
     #[serde(default)]
     stop_reason: Option<String>,
     #[serde(default)]
@@ -146,21 +187,32 @@ struct Response<'a> {
 }
 
 pub(super) fn parse_response(body: &[u8]) -> Result<ResponseTurn, ParseError> {
-    let resp: Response =
-        serde_json::from_slice(body).map_err(|e| ParseError::json(Dialect::Anthropic, e))?;
-    let content = resp.content.map(RawValue::get).unwrap_or("[]");
-    let message = format!(r#"{{"role":"assistant","content":{content}}}"#);
-    let (text, calls) = match parse_message(&message).pop() {
+    let (mut items, stop_reason, usage) =
+        match serde_json::from_slice::<Response<Content<Block>>>(body) {
+            Ok(resp) => (
+                content_items("assistant", resp.content),
+                resp.stop_reason,
+                resp.usage,
+            ),
+            Err(_) => {
+                let resp: Response<&RawValue> = serde_json::from_slice(body)
+                    .map_err(|e| ParseError::json(Dialect::Anthropic, e))?;
+                let content = resp.content.map(RawValue::get).unwrap_or("[]");
+                let message = format!(r#"{{"role":"assistant","content":{content}}}"#);
+                (parse_raw_message(&message), resp.stop_reason, resp.usage)
+            }
+        };
+    let (text, calls) = match items.pop() {
         Some(Item::Assistant { text, calls }) => (text, calls),
         _ => (String::new(), Vec::new()),
     };
-    let usage = resp.usage.unwrap_or_default();
+    let usage = usage.unwrap_or_default();
     Ok(ResponseTurn {
         text,
         calls,
         input_tokens: usage.input_tokens,
         output_tokens: usage.output_tokens,
-        stop_reason: resp.stop_reason,
+        stop_reason,
     })
 }
 
@@ -471,7 +523,7 @@ pub(super) fn append_reminder(body: &[u8], text: &str) -> Result<Vec<u8>, ParseE
         .messages
         .last()
         .ok_or_else(|| ParseError("no messages to append a reminder to".into()))?;
-    let msg: Message =
+    let msg: RawMessage =
         serde_json::from_str(last.get()).map_err(|e| ParseError::json(Dialect::Anthropic, e))?;
     let block = json!({"type": "text", "text": text}).to_string();
     match (msg.role.as_ref(), msg.content) {
@@ -520,4 +572,102 @@ pub(super) fn halt_json(model: &str, text: &str, call: Option<&HaltToolCall>) ->
     message_object(model, content, Some(stop_reason))
         .to_string()
         .into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Content blocks of every kind detection reads, with the shapes clients send (text
+    /// with escapes, inputs of any JSON, results as strings or parts, `null`s), and odd
+    /// ones the one-pass reading refuses (no type, an id that is a number, a bare string).
+    fn block() -> impl Strategy<Value = serde_json::Value> {
+        let text = "[a-z \"\\\\\n\u{e9}]{0,12}";
+        let value = prop_oneof![
+            Just(serde_json::Value::Null),
+            Just(json!({})),
+            text.prop_map(serde_json::Value::from),
+            (text, 0i64..99).prop_map(|(t, n)| json!({"path": t, "line": n, "flags": [n, null]})),
+        ];
+        prop_oneof![
+            text.prop_map(|t| json!({"type": "text", "text": t})),
+            (text, value.clone()).prop_map(|(id, input)| {
+                json!({"type": "tool_use", "id": id, "name": "read", "input": input})
+            }),
+            (text, text, any::<Option<bool>>()).prop_map(|(id, t, is_error)| {
+                json!({"type": "tool_result", "tool_use_id": id, "content": t, "is_error": is_error})
+            }),
+            (text, text).prop_map(|(id, t)| {
+                json!({"type": "tool_result", "tool_use_id": id,
+                       "content": [{"type": "text", "text": t}, {"type": "image"}, {"text": 5}]})
+            }),
+            Just(json!({"type": "thinking", "thinking": "hm", "signature": "s"})),
+            Just(json!({"text": "no type"})),
+            Just(json!({"type": "tool_use", "id": 7, "name": "read", "input": {}})),
+            Just(json!("a bare string")),
+        ]
+    }
+
+    fn content() -> impl Strategy<Value = serde_json::Value> {
+        prop_oneof![
+            proptest::collection::vec(block(), 0..5).prop_map(serde_json::Value::from),
+            "[a-z \"\\\\\n]{0,12}".prop_map(serde_json::Value::from),
+            Just(serde_json::Value::Null),
+            Just(json!({"unexpected": [1, {"a": null}]})),
+            Just(json!(3.5)),
+        ]
+    }
+
+    fn role() -> impl Strategy<Value = &'static str> {
+        prop_oneof![Just("user"), Just("assistant"), Just("system")]
+    }
+
+    proptest! {
+        /// A message read in one pass gives exactly the items the raw reading (content
+        /// kept raw, blocks read one by one) gives, whatever its blocks; and the one pass
+        /// reads every message whose blocks all read as blocks.
+        #[test]
+        fn a_message_reads_the_same_in_one_pass(role in role(), content in content(), absent: bool) {
+            let message = if absent {
+                json!({"role": role})
+            } else {
+                json!({"role": role, "content": content})
+            };
+            let raw = message.to_string();
+            prop_assert_eq!(parse_message(&raw), parse_raw_message(&raw));
+            let odd = !absent && content.as_array().is_some_and(|blocks| {
+                blocks.iter().any(|b| serde_json::from_str::<Block>(&b.to_string()).is_err())
+            });
+            prop_assert_eq!(serde_json::from_str::<Message>(&raw).is_ok(), !odd);
+        }
+
+        /// An answer read in one pass gives what reading its content raw and then as an
+        /// assistant message gives: text, calls, usage and stop reason.
+        #[test]
+        fn an_answer_reads_the_same_in_one_pass(content in content(), tokens in 0u64..1000) {
+            let body = json!({
+                "id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+                "content": content, "stop_reason": "tool_use", "stop_sequence": null,
+                "usage": {"input_tokens": tokens, "output_tokens": 3},
+            })
+            .to_string();
+            let turn = parse_response(body.as_bytes()).unwrap();
+            let message = json!({"role": "assistant", "content": content}).to_string();
+            let Some(Item::Assistant { text, calls }) = parse_raw_message(&message).pop() else {
+                panic!("an assistant message gives an assistant item");
+            };
+            prop_assert_eq!(turn.text, text);
+            prop_assert_eq!(turn.calls, calls);
+            prop_assert_eq!(turn.input_tokens, Some(tokens));
+            prop_assert_eq!(turn.stop_reason.as_deref(), Some("tool_use"));
+        }
+    }
+
+    #[test]
+    fn an_answer_that_is_not_json_is_an_error() {
+        assert!(parse_response(b"{\"content\": [").is_err());
+        assert!(parse_response(b"<html>502</html>").is_err());
+    }
 }

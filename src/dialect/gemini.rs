@@ -40,12 +40,37 @@ pub(super) fn view<'a>(
     })
 }
 
+/// A content object, its parts read in the same pass (`P`: [`Part`]), or kept raw
+/// (`&RawValue`) for an object with a part that does not read as one: those are then read
+/// one by one and odd ones skipped ([`Content::read_parts`]). Keeping every part raw and
+/// parsing it again scanned an answer's bytes twice more (BENCHMARKS.md, "Session 25").
 #[derive(Deserialize)]
-struct Content<'a> {
+#[serde(bound(deserialize = "'de: 'a, P: Deserialize<'de>"))]
+struct Content<'a, P = Part<'a>> {
     #[serde(borrow, default)]
     role: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    parts: Vec<&'a RawValue>,
+    #[serde(default = "Vec::new")]
+    parts: Vec<P>,
+}
+
+impl<'a> Content<'a, &'a RawValue> {
+    /// The parts that read as parts, the others skipped.
+    fn read_parts(self) -> Content<'a> {
+        Content {
+            role: self.role,
+            parts: self
+                .parts
+                .into_iter()
+                .filter_map(|raw| serde_json::from_str(raw.get()).ok())
+                .collect(),
+        }
+    }
+}
+
+/// A content object ([`Content`]): in one pass when every part reads as a part.
+fn read_content(raw: &str) -> Result<Content<'_>, serde_json::Error> {
+    serde_json::from_str::<Content>(raw)
+        .or_else(|_| serde_json::from_str::<Content<&RawValue>>(raw).map(Content::read_parts))
 }
 
 #[derive(Deserialize)]
@@ -97,17 +122,22 @@ fn content_text(raw: &str) -> String {
             .map(Cow::into_owned)
             .unwrap_or_default();
     }
-    match serde_json::from_str::<Content>(raw) {
-        Ok(content) => read_parts(&content.parts).texts.join("\n"),
+    match read_content(raw) {
+        Ok(content) => read_parts(content.parts).texts.join("\n"),
         Err(_) => String::new(),
     }
 }
 
 pub(super) fn parse_message(raw: &str) -> Vec<Item> {
-    let Ok(content) = serde_json::from_str::<Content>(raw) else {
-        return Vec::new();
-    };
-    let read = read_parts(&content.parts);
+    match read_content(raw) {
+        Ok(content) => content_items(content),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The transcript items of a content object.
+fn content_items(content: Content) -> Vec<Item> {
+    let read = read_parts(content.parts);
     let text = read.texts.join("\n");
     match content.role.as_deref().unwrap_or("user") {
         "model" => vec![Item::Assistant {
@@ -133,12 +163,9 @@ struct ReadParts {
     results: Vec<Item>,
 }
 
-fn read_parts(parts: &[&RawValue]) -> ReadParts {
+fn read_parts(parts: Vec<Part>) -> ReadParts {
     let mut read = ReadParts::default();
-    for raw_part in parts {
-        let Ok(part) = serde_json::from_str::<Part>(raw_part.get()) else {
-            continue;
-        };
+    for part in parts {
         if let Some(call) = part.function_call {
             read.calls.push(ToolCall {
                 id: call.id.unwrap_or_default(),
@@ -184,11 +211,13 @@ fn result_of(resp: FunctionResponse) -> ToolResult {
 // Responses. A streamed answer is a series of whole response objects, each with the
 // next parts; a function call always arrives whole in one of them.
 
+/// One response object; `P` as in [`Content`].
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Response<'a> {
-    #[serde(borrow, default)]
-    candidates: Vec<Candidate<'a>>,
+#[serde(bound(deserialize = "'de: 'a, P: Deserialize<'de>"))]
+struct Response<'a, P = Part<'a>> {
+    #[serde(default = "Vec::new")]
+    candidates: Vec<Candidate<'a, P>>,
     #[serde(default)]
     usage_metadata: Option<UsageMetadata>,
     #[serde(default)]
@@ -197,11 +226,36 @@ struct Response<'a> {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Candidate<'a> {
-    #[serde(borrow, default)]
-    content: Option<Content<'a>>,
+#[serde(bound(deserialize = "'de: 'a, P: Deserialize<'de>"))]
+struct Candidate<'a, P = Part<'a>> {
+    #[serde(default = "Option::default")]
+    content: Option<Content<'a, P>>,
     #[serde(default)]
     finish_reason: Option<String>,
+}
+
+impl<'a> Response<'a, &'a RawValue> {
+    /// The parts that read as parts, the others skipped ([`Content::read_parts`]).
+    fn read_parts(self) -> Response<'a> {
+        Response {
+            candidates: self
+                .candidates
+                .into_iter()
+                .map(|c| Candidate {
+                    content: c.content.map(Content::read_parts),
+                    finish_reason: c.finish_reason,
+                })
+                .collect(),
+            usage_metadata: self.usage_metadata,
+            model_version: self.model_version,
+        }
+    }
+}
+
+/// One response object ([`Response`]): in one pass when every part reads as a part.
+fn read_response(json: &[u8]) -> Result<Response<'_>, serde_json::Error> {
+    serde_json::from_slice::<Response>(json)
+        .or_else(|_| serde_json::from_slice::<Response<&RawValue>>(json).map(Response::read_parts))
 }
 
 #[derive(Deserialize)]
@@ -228,7 +282,7 @@ fn add_response(turn: &mut ResponseTurn, resp: Response) -> Added {
     // Clients ask for one candidate; the first is the answer.
     if let Some(candidate) = resp.candidates.into_iter().next() {
         if let Some(content) = candidate.content {
-            let read = read_parts(&content.parts);
+            let read = read_parts(content.parts);
             had_text = !read.texts.is_empty();
             for text in read.texts {
                 turn.text.push_str(&text);
@@ -258,12 +312,19 @@ pub(super) fn parse_response(body: &[u8]) -> Result<ResponseTurn, ParseError> {
     let mut turn = ResponseTurn::default();
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first == Some(&b'[') {
-        let all: Vec<Response> = serde_json::from_slice(body).map_err(err)?;
+        let all = match serde_json::from_slice::<Vec<Response>>(body) {
+            Ok(all) => all,
+            Err(_) => serde_json::from_slice::<Vec<Response<&RawValue>>>(body)
+                .map_err(err)?
+                .into_iter()
+                .map(Response::read_parts)
+                .collect(),
+        };
         for resp in all {
             add_response(&mut turn, resp);
         }
     } else {
-        add_response(&mut turn, serde_json::from_slice(body).map_err(err)?);
+        add_response(&mut turn, read_response(body).map_err(err)?);
     }
     Ok(turn)
 }
@@ -296,7 +357,7 @@ impl Stream {
         }
         let element = self.elements;
         self.elements += 1;
-        let Ok(resp) = serde_json::from_str::<Response>(&frame.data) else {
+        let Ok(resp) = read_response(frame.data.as_bytes()) else {
             return (StreamEventKind::Other, Vec::new());
         };
         if resp.model_version.is_some() {
@@ -415,4 +476,97 @@ pub(super) fn halt_stream(model: &str, text: &str, call: Option<&HaltToolCall>) 
 
 pub(super) fn halt_json(model: &str, text: &str, call: Option<&HaltToolCall>) -> Vec<u8> {
     answer_object(model, text, call).to_string().into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Parts of every kind detection reads (text with escapes, thoughts, calls with args of
+    /// any JSON, responses with output or error), and odd ones the one-pass reading
+    /// refuses (text that is a number, a call that is a string, a bare string).
+    fn part() -> impl Strategy<Value = serde_json::Value> {
+        let text = "[a-z \"\\\\\n\u{e9}]{0,12}";
+        let args = prop_oneof![
+            Just(serde_json::Value::Null),
+            Just(json!({})),
+            (text, 0i64..99).prop_map(|(t, n)| json!({"command": t, "n": n, "xs": [n, null]})),
+        ];
+        prop_oneof![
+            text.prop_map(|t| json!({"text": t})),
+            text.prop_map(|t| json!({"text": t, "thought": true})),
+            (text, args)
+                .prop_map(|(name, args)| json!({"functionCall": {"name": name, "args": args}})),
+            (text, text).prop_map(|(name, out)| {
+                json!({"functionResponse": {"id": "c1", "name": name, "response": {"output": out}}})
+            }),
+            text.prop_map(|e| json!({"functionResponse": {"name": "x", "response": {"error": e}}})),
+            Just(json!({"inlineData": {"mimeType": "image/png", "data": "AAAA"}})),
+            Just(json!({"text": 5})),
+            Just(json!({"functionCall": "read"})),
+            Just(json!("a bare string")),
+        ]
+    }
+
+    fn parts() -> impl Strategy<Value = serde_json::Value> {
+        proptest::collection::vec(part(), 0..5).prop_map(serde_json::Value::from)
+    }
+
+    /// What a content object gives read the raw way: every part kept raw, then read one by
+    /// one.
+    fn raw_way(raw: &str) -> Vec<Item> {
+        content_items(
+            serde_json::from_str::<Content<&RawValue>>(raw)
+                .unwrap()
+                .read_parts(),
+        )
+    }
+
+    proptest! {
+        /// A content object read in one pass gives exactly the items the raw reading gives;
+        /// and the one pass reads every object whose parts all read as parts.
+        #[test]
+        fn a_message_reads_the_same_in_one_pass(model: bool, parts in parts()) {
+            let raw = json!({"role": if model { "model" } else { "user" }, "parts": parts})
+                .to_string();
+            prop_assert_eq!(parse_message(&raw), raw_way(&raw));
+            let odd = parts.as_array().unwrap().iter().any(|p| {
+                serde_json::from_str::<Part>(&p.to_string()).is_err()
+            });
+            prop_assert_eq!(serde_json::from_str::<Content>(&raw).is_ok(), !odd);
+        }
+
+        /// An answer read in one pass gives the text, calls and usage the raw reading gives,
+        /// as one object and as a streamed array of them.
+        #[test]
+        fn an_answer_reads_the_same_in_one_pass(parts in parts(), tokens in 0u64..1000) {
+            let object = json!({
+                "candidates": [{"content": {"role": "model", "parts": parts},
+                                "finishReason": "STOP", "index": 0}],
+                "usageMetadata": {"promptTokenCount": tokens, "candidatesTokenCount": 3},
+            });
+            let raw_turn = |body: &[u8], array: bool| {
+                let mut turn = ResponseTurn::default();
+                let all: Vec<Response<&RawValue>> = if array {
+                    serde_json::from_slice(body).unwrap()
+                } else {
+                    vec![serde_json::from_slice(body).unwrap()]
+                };
+                for resp in all {
+                    add_response(&mut turn, resp.read_parts());
+                }
+                turn
+            };
+            for (body, array) in [(object.to_string(), false), (json!([object, object]).to_string(), true)] {
+                let turn = parse_response(body.as_bytes()).unwrap();
+                let expected = raw_turn(body.as_bytes(), array);
+                prop_assert_eq!(&turn.text, &expected.text);
+                prop_assert_eq!(&turn.calls, &expected.calls);
+                prop_assert_eq!(turn.input_tokens, Some(tokens));
+                prop_assert_eq!(turn.stop_reason.as_deref(), Some("STOP"));
+            }
+        }
+    }
 }

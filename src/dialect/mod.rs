@@ -456,6 +456,71 @@ impl<'a> TopLevel<'a> {
     }
 }
 
+/// A `content` member read in the same pass as the message that holds it: a string, a
+/// list of parts or blocks (`P`), or anything else (nothing detection reads: `null`, an
+/// object). Keeping the member raw and parsing it again scanned every byte of an answer
+/// several times (BENCHMARKS.md, "Session 25"). A part that does not read as `P` fails the
+/// whole reading; callers then read the message the raw way, which skips such parts one by
+/// one ([`content_text`]).
+enum Content<'a, P> {
+    Text(Cow<'a, str>),
+    Parts(Vec<P>),
+    Other,
+}
+
+impl<'de: 'a, 'a, P: Deserialize<'de>> Deserialize<'de> for Content<'a, P> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+        struct ContentVisitor<'a, P>(std::marker::PhantomData<(Cow<'a, str>, P)>);
+
+        impl<'de: 'a, 'a, P: Deserialize<'de>> Visitor<'de> for ContentVisitor<'a, P> {
+            type Value = Content<'a, P>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("message content")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
+                Ok(Content::Text(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(Content::Text(Cow::Owned(s.to_owned())))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Self::Value, E> {
+                Ok(Content::Text(Cow::Owned(s)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut parts = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+                while let Some(part) = seq.next_element()? {
+                    parts.push(part);
+                }
+                Ok(Content::Parts(parts))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Content::Other)
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(Content::Other)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(Content::Other)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(Content::Other)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(Content::Other)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Content::Other)
+            }
+        }
+
+        d.deserialize_any(ContentVisitor(std::marker::PhantomData))
+    }
+}
+
 /// A content part of any of the APIs, reduced to what text extraction needs. Parts
 /// without a string `text` (images, thinking, tool blocks) contribute nothing.
 #[derive(Deserialize)]

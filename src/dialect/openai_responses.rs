@@ -78,9 +78,14 @@ pub(super) fn parse_message(raw: &str) -> Vec<Item> {
             .unwrap_or_default();
         return vec![Item::User { text }];
     }
-    let Ok(item) = serde_json::from_str::<InputItem>(raw) else {
-        return Vec::new();
-    };
+    match serde_json::from_str::<InputItem>(raw) {
+        Ok(item) => item_items(item),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The transcript items one input or output item gives.
+fn item_items(item: InputItem<'_>) -> Vec<Item> {
     let part_call = |name: String, args| {
         vec![Item::AssistantPart {
             text: String::new(),
@@ -147,10 +152,15 @@ struct Usage {
     output_tokens: Option<u64>,
 }
 
+/// An answer, its `output` items read in the same pass (`I`: [`InputItem`]), or kept raw
+/// (`&RawValue`) for an answer with an item that does not read as one: each is then read
+/// on its own and odd ones give nothing, as [`parse_message`] does. Keeping every item raw
+/// and parsing it again scanned the answer's bytes once more (BENCHMARKS.md, "Session 25").
 #[derive(Deserialize)]
-struct Response<'a> {
-    #[serde(borrow, default)]
-    output: Vec<&'a RawValue>,
+#[serde(bound(deserialize = "I: Deserialize<'de>"))]
+struct Response<I> {
+    #[serde(default = "Vec::new")]
+    output: Vec<I>,
     #[serde(default)]
     status: Option<String>,
     #[serde(default)]
@@ -165,12 +175,13 @@ struct IncompleteDetails {
     reason: Option<String>,
 }
 
-impl Response<'_> {
-    /// The turn its `output` items make (text joined, calls in order).
-    fn into_turn(self) -> ResponseTurn {
+impl<I> Response<I> {
+    /// The turn its `output` items make (text joined, calls in order), each item's
+    /// transcript items by `items`.
+    fn into_turn(self, items: impl Fn(I) -> Vec<Item>) -> ResponseTurn {
         let mut turn = ResponseTurn::default();
         for item in self.output {
-            for part in parse_message(item.get()) {
+            for part in items(item) {
                 if let Item::AssistantPart { text, calls } = part {
                     super::push_line(&mut turn.text, &text);
                     turn.calls.extend(calls);
@@ -190,9 +201,12 @@ impl Response<'_> {
 }
 
 pub(super) fn parse_response(body: &[u8]) -> Result<ResponseTurn, ParseError> {
-    let resp: Response =
+    if let Ok(resp) = serde_json::from_slice::<Response<InputItem>>(body) {
+        return Ok(resp.into_turn(item_items));
+    }
+    let resp: Response<&RawValue> =
         serde_json::from_slice(body).map_err(|e| ParseError::json(Dialect::OpenAiResponses, e))?;
-    Ok(resp.into_turn())
+    Ok(resp.into_turn(|item| parse_message(item.get())))
 }
 
 /// One streamed event, with the fields of every event type we read.
@@ -343,11 +357,20 @@ impl Stream {
             "response.completed" | "response.incomplete" | "response.failed" => {
                 if let Some(resp) = ev
                     .response
-                    .and_then(|raw| serde_json::from_str::<Response>(raw.get()).ok())
+                    .and_then(|raw| serde_json::from_str::<Response<&RawValue>>(raw.get()).ok())
                 {
-                    let full = resp.into_turn();
-                    // A stream that sent only the final object still gives its turn.
-                    if self.turn.text.is_empty() && self.turn.calls.is_empty() {
+                    // A stream that sent only the final object still gives its turn; one
+                    // that streamed its items has them already, and its final object's
+                    // copies of them are not read again.
+                    let streamed = !self.turn.text.is_empty() || !self.turn.calls.is_empty();
+                    let full = resp.into_turn(|item| {
+                        if streamed {
+                            Vec::new()
+                        } else {
+                            parse_message(item.get())
+                        }
+                    });
+                    if !streamed {
                         self.turn.text = full.text;
                         self.turn.calls = full.calls;
                     }
@@ -584,4 +607,49 @@ pub(super) fn halt_json(model: &str, text: &str, call: Option<&HaltToolCall>) ->
         .unwrap_or_default()
         .to_string()
         .into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Output items of every kind an answer holds (messages with text parts, function and
+    /// custom tool calls, reasoning), and odd ones the one-pass reading refuses (a name
+    /// that is a number, a bare string).
+    fn item() -> impl Strategy<Value = serde_json::Value> {
+        let text = "[a-z \"\\\\\n\u{e9}]{0,12}";
+        prop_oneof![
+            text.prop_map(|t| json!({"type": "message", "role": "assistant",
+                "content": [{"type": "output_text", "text": t, "annotations": []}]})),
+            (text, text).prop_map(
+                |(name, cmd)| json!({"type": "function_call", "call_id": "c1",
+                "name": name, "arguments": json!({"cmd": cmd}).to_string()})
+            ),
+            text.prop_map(|t| json!({"type": "custom_tool_call", "call_id": "c2",
+                "name": "apply_patch", "input": t})),
+            Just(json!({"type": "reasoning", "summary": []})),
+            Just(json!({"type": "function_call", "name": 5})),
+            Just(json!("a bare string")),
+        ]
+    }
+
+    proptest! {
+        /// An answer read in one pass gives the text, calls and usage the raw reading (each
+        /// item kept raw, then read on its own) gives.
+        #[test]
+        fn an_answer_reads_the_same_in_one_pass(
+            items in proptest::collection::vec(item(), 0..5),
+            tokens in 0u64..1000,
+        ) {
+            let body = json!({"id": "resp_1", "object": "response", "status": "completed",
+                "output": items, "usage": {"input_tokens": tokens, "output_tokens": 3}})
+            .to_string();
+            let turn = parse_response(body.as_bytes()).unwrap();
+            let raw: Response<&RawValue> = serde_json::from_str(&body).unwrap();
+            let expected = raw.into_turn(|item| parse_message(item.get()));
+            prop_assert_eq!(turn, expected);
+        }
+    }
 }
