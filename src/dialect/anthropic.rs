@@ -15,9 +15,9 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
-    args_from_raw, content_text, insert_after, offers_tools, preamble_of, push_into_array,
-    push_line, random_id, replace_span, span_of, system_preamble, Content, Dialect,
-    EarlierPreamble, HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind,
+    answer_json, args_from_raw, content_text, insert_after, offers_tools, preamble_of,
+    push_into_array, push_line, random_id, replace_span, span_of, system_preamble, Content,
+    Dialect, EarlierPreamble, HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind,
     TopLevel, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
@@ -187,21 +187,20 @@ struct Response<C> {
 }
 
 pub(super) fn parse_response(body: &[u8]) -> Result<ResponseTurn, ParseError> {
-    let (mut items, stop_reason, usage) =
-        match serde_json::from_slice::<Response<Content<Block>>>(body) {
-            Ok(resp) => (
-                content_items("assistant", resp.content),
-                resp.stop_reason,
-                resp.usage,
-            ),
-            Err(_) => {
-                let resp: Response<&RawValue> = serde_json::from_slice(body)
-                    .map_err(|e| ParseError::json(Dialect::Anthropic, e))?;
-                let content = resp.content.map(RawValue::get).unwrap_or("[]");
-                let message = format!(r#"{{"role":"assistant","content":{content}}}"#);
-                (parse_raw_message(&message), resp.stop_reason, resp.usage)
-            }
-        };
+    let (mut items, stop_reason, usage) = match answer_json::<Response<Content<Block>>>(body) {
+        Ok(resp) => (
+            content_items("assistant", resp.content),
+            resp.stop_reason,
+            resp.usage,
+        ),
+        Err(_) => {
+            let resp: Response<&RawValue> =
+                answer_json(body).map_err(|e| ParseError::json(Dialect::Anthropic, e))?;
+            let content = resp.content.map(RawValue::get).unwrap_or("[]");
+            let message = format!(r#"{{"role":"assistant","content":{content}}}"#);
+            (parse_raw_message(&message), resp.stop_reason, resp.usage)
+        }
+    };
     let (text, calls) = match items.pop() {
         Some(Item::Assistant { text, calls }) => (text, calls),
         _ => (String::new(), Vec::new()),

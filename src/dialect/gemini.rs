@@ -16,9 +16,9 @@ use serde_json::json;
 
 use super::framing::{write_sse, Frame};
 use super::{
-    args_from_raw, insert_after, offers_tools, preamble_of, push_into_array, random_id,
-    system_preamble, value_text, Dialect, EarlierPreamble, HaltToolCall, ParseError, RequestView,
-    ResponseTurn, StreamEventKind, TopLevel, UpstreamFailure,
+    answer_json, args_from_raw, insert_after, offers_tools, preamble_of, push_into_array,
+    random_id, system_preamble, value_text, Dialect, EarlierPreamble, HaltToolCall, ParseError,
+    RequestView, ResponseTurn, StreamEventKind, TopLevel, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -254,8 +254,8 @@ impl<'a> Response<'a, &'a RawValue> {
 
 /// One response object ([`Response`]): in one pass when every part reads as a part.
 fn read_response(json: &[u8]) -> Result<Response<'_>, serde_json::Error> {
-    serde_json::from_slice::<Response>(json)
-        .or_else(|_| serde_json::from_slice::<Response<&RawValue>>(json).map(Response::read_parts))
+    answer_json::<Response>(json)
+        .or_else(|_| answer_json::<Response<&RawValue>>(json).map(Response::read_parts))
 }
 
 #[derive(Deserialize)]
@@ -312,9 +312,9 @@ pub(super) fn parse_response(body: &[u8]) -> Result<ResponseTurn, ParseError> {
     let mut turn = ResponseTurn::default();
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first == Some(&b'[') {
-        let all = match serde_json::from_slice::<Vec<Response>>(body) {
+        let all = match answer_json::<Vec<Response>>(body) {
             Ok(all) => all,
-            Err(_) => serde_json::from_slice::<Vec<Response<&RawValue>>>(body)
+            Err(_) => answer_json::<Vec<Response<&RawValue>>>(body)
                 .map_err(err)?
                 .into_iter()
                 .map(Response::read_parts)

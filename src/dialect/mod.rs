@@ -710,6 +710,17 @@ fn push_into_array(body: &[u8], array: &str, element: &str) -> Result<Vec<u8>, P
     ))
 }
 
+/// An answer's JSON read as `T`. From bytes, serde_json checks the UTF-8 of each string it
+/// reads, a byte at a time (~2.5 k of the 20 k instructions of the bench's 0.5 KB answer);
+/// checked whole first ([`utf8`]) and read as text, the answer costs less. One that is not
+/// all UTF-8 is read from its bytes as before: serde_json checks only the strings it reads.
+fn answer_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> serde_json::Result<T> {
+    match utf8(body) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(body),
+    }
+}
+
 /// `bytes` as text, if they are valid UTF-8: the one check every body and streamed event
 /// goes through. `simdutf8` checks 16 or 32 bytes at a time whatever they hold; std reads
 /// ASCII a word at a time but other text a byte at a time. Measured on a 0.9 MB
@@ -790,6 +801,38 @@ mod tests {
             .unwrap();
         assert!(view.preamble.is_empty() && view.preamble_source.is_none());
         assert!(scanned.unwrap().preamble.is_none());
+    }
+
+    /// An answer is read as text when it is all UTF-8, and from its bytes otherwise: bytes
+    /// that are not UTF-8 in a field detection does not read lose nothing, in any API.
+    #[test]
+    fn an_answer_with_bytes_that_are_not_utf8_where_nothing_is_read_still_reads() {
+        let answers: [(Dialect, &str); 4] = [
+            (
+                Dialect::Anthropic,
+                r#"{"id":"BAD","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn"}"#,
+            ),
+            (
+                Dialect::OpenAiChat,
+                r#"{"id":"BAD","choices":[{"message":{"role":"assistant","content":"hi"}}]}"#,
+            ),
+            (
+                Dialect::OpenAiResponses,
+                r#"{"id":"BAD","output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"hi"}]}]}"#,
+            ),
+            (
+                Dialect::Gemini,
+                r#"{"responseId":"BAD","candidates":[{"content":{"role":"model","parts":[{"text":"hi"}]}}]}"#,
+            ),
+        ];
+        for (dialect, answer) in answers {
+            let (head, tail) = answer.split_once("BAD").unwrap();
+            let body = [head.as_bytes(), &[0xff, 0xfe], tail.as_bytes()].concat();
+            assert!(std::str::from_utf8(&body).is_err());
+            let turn = dialect.parse_response(&body).unwrap();
+            assert_eq!(turn.text, "hi", "{dialect:?}");
+            assert_eq!(dialect.parse_response(answer.as_bytes()).unwrap(), turn);
+        }
     }
 
     proptest::proptest! {

@@ -15,8 +15,8 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
-    args_from_text, content_text, insert_after, offers_tools, random_id, unix_now, Dialect,
-    HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind, TopLevel,
+    answer_json, args_from_text, content_text, insert_after, offers_tools, random_id, unix_now,
+    Dialect, HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind, TopLevel,
     UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
@@ -144,11 +144,11 @@ struct Choice<M> {
 /// is read again the other way: its usage and stop reason are kept and its message yields
 /// nothing, as [`parse_message`] gives for it.
 pub(super) fn parse_response(body: &[u8]) -> Result<ResponseTurn, ParseError> {
-    if let Ok(resp) = serde_json::from_slice::<Response<Message>>(body) {
+    if let Ok(resp) = answer_json::<Response<Message>>(body) {
         return Ok(response_turn(resp, message_items));
     }
     let resp: Response<&RawValue> =
-        serde_json::from_slice(body).map_err(|e| ParseError::json(Dialect::OpenAiChat, e))?;
+        answer_json(body).map_err(|e| ParseError::json(Dialect::OpenAiChat, e))?;
     Ok(response_turn(resp, |m| parse_message(m.get())))
 }
 

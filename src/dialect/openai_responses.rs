@@ -17,9 +17,10 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
-    args_from_raw, args_from_text, content_text, offers_tools, preamble_of, push_into_array,
-    random_id, replace_span, span_of, system_preamble, unix_now, Dialect, EarlierPreamble,
-    HaltToolCall, ParseError, RawMessage, RequestView, ResponseTurn, StreamEventKind, TopLevel,
+    answer_json, args_from_raw, args_from_text, content_text, offers_tools, preamble_of,
+    push_into_array, random_id, replace_span, span_of, system_preamble, unix_now, Dialect,
+    EarlierPreamble, HaltToolCall, ParseError, RawMessage, RequestView, ResponseTurn,
+    StreamEventKind, TopLevel,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -201,11 +202,11 @@ impl<I> Response<I> {
 }
 
 pub(super) fn parse_response(body: &[u8]) -> Result<ResponseTurn, ParseError> {
-    if let Ok(resp) = serde_json::from_slice::<Response<InputItem>>(body) {
+    if let Ok(resp) = answer_json::<Response<InputItem>>(body) {
         return Ok(resp.into_turn(item_items));
     }
     let resp: Response<&RawValue> =
-        serde_json::from_slice(body).map_err(|e| ParseError::json(Dialect::OpenAiResponses, e))?;
+        answer_json(body).map_err(|e| ParseError::json(Dialect::OpenAiResponses, e))?;
     Ok(resp.into_turn(|item| parse_message(item.get())))
 }
 
