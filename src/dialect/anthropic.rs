@@ -17,8 +17,8 @@ use super::stream::PartialCall;
 use super::{
     answer_json, args_from_raw, content_text, insert_after, offers_tools, preamble_of,
     push_into_array, push_line, random_id, replace_span, span_of, system_preamble, Content,
-    Dialect, EarlierPreamble, HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind,
-    TopLevel, UpstreamFailure,
+    ContentText, Dialect, EarlierPreamble, HaltToolCall, ParseError, RequestView, ResponseTurn,
+    StreamEventKind, TextPart, TopLevel, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -58,9 +58,12 @@ struct RawMessage<'a> {
     content: Option<&'a RawValue>,
 }
 
-/// One content block, with the fields of every block type we read.
+/// One content block, with the fields of every block type we read. A `tool_result`'s
+/// content (`C`) is read in the same pass ([`Content`]), or kept raw (`&RawValue`) in the
+/// raw reading of a message, whose odd parts [`content_text`] then skips.
 #[derive(Deserialize)]
-struct Block<'a> {
+#[serde(bound(deserialize = "'de: 'a, C: Deserialize<'de>"))]
+struct Block<'a, C = Content<'a, TextPart<'a>>> {
     #[serde(borrow, rename = "type")]
     kind: Cow<'a, str>,
     #[serde(borrow, default)]
@@ -75,8 +78,8 @@ struct Block<'a> {
     // tool_result
     #[serde(default)]
     tool_use_id: Option<String>,
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+    #[serde(default = "Option::default")]
+    content: Option<C>,
     #[serde(default)]
     is_error: Option<bool>,
 }
@@ -108,25 +111,26 @@ fn parse_raw_message(raw: &str) -> Vec<Item> {
     };
     let blocks = blocks
         .into_iter()
-        .filter_map(|raw| serde_json::from_str::<Block>(raw.get()).ok());
+        .filter_map(|raw| serde_json::from_str::<Block<&RawValue>>(raw.get()).ok());
     message_items(&msg.role, text, blocks)
 }
 
 /// The items of a message with `role` whose content was read in one pass.
 fn content_items(role: &str, content: Option<Content<'_, Block<'_>>>) -> Vec<Item> {
-    match content {
-        Some(Content::Text(text)) => message_items(role, text.into_owned(), Vec::new()),
-        Some(Content::Parts(blocks)) => message_items(role, String::new(), blocks),
-        Some(Content::Other) | None => message_items(role, String::new(), Vec::new()),
-    }
+    let (text, blocks) = match content {
+        Some(Content::Text(text)) => (text.into_owned(), Vec::new()),
+        Some(Content::Parts(blocks)) => (String::new(), blocks),
+        Some(Content::Other) | None => (String::new(), Vec::new()),
+    };
+    message_items(role, text, blocks)
 }
 
 /// The items of a message with `role`: `text` (its content when a plain string) and the
 /// text, calls and results of its blocks.
-fn message_items<'a>(
+fn message_items<'a, C: ContentText>(
     role: &str,
     mut text: String,
-    blocks: impl IntoIterator<Item = Block<'a>>,
+    blocks: impl IntoIterator<Item = Block<'a, C>>,
 ) -> Vec<Item> {
     let mut calls = Vec::new();
     let mut results = Vec::new();
@@ -141,7 +145,7 @@ fn message_items<'a>(
             "tool_result" => results.push(Item::ToolResult(ToolResult {
                 call_id: block.tool_use_id.unwrap_or_default(),
                 name: String::new(),
-                text: content_text(block.content.map(RawValue::get)),
+                text: block.content.map(ContentText::text).unwrap_or_default(),
                 is_error: block.is_error,
             })),
             // thinking, redacted_thinking, images, documents, server tools: nothing
@@ -225,7 +229,7 @@ struct Event<'a> {
     #[serde(default)]
     message: Option<MessageStart>,
     #[serde(borrow, default)]
-    content_block: Option<Block<'a>>,
+    content_block: Option<Block<'a, &'a RawValue>>,
     #[serde(borrow, default)]
     delta: Option<Delta<'a>>,
     #[serde(default)]
@@ -600,7 +604,11 @@ mod tests {
             }),
             (text, text).prop_map(|(id, t)| {
                 json!({"type": "tool_result", "tool_use_id": id,
-                       "content": [{"type": "text", "text": t}, {"type": "image"}, {"text": 5}]})
+                       "content": [{"type": "text", "text": t}, {"type": "image"}, {"text": ""}]})
+            }),
+            (text, text).prop_map(|(id, t)| {
+                json!({"type": "tool_result", "tool_use_id": id,
+                       "content": [{"type": "text", "text": t}, {"text": 5}]})
             }),
             Just(json!({"type": "thinking", "thinking": "hm", "signature": "s"})),
             Just(json!({"text": "no type"})),

@@ -529,6 +529,34 @@ struct TextPart<'a> {
     text: Option<Cow<'a, str>>,
 }
 
+/// The text of a content member, however it was read: in one pass ([`Content`]) or kept
+/// raw. Both give what [`content_text`] gives for the member's JSON.
+trait ContentText {
+    fn text(self) -> String;
+}
+
+impl ContentText for &RawValue {
+    fn text(self) -> String {
+        content_text(Some(self.get()))
+    }
+}
+
+impl ContentText for Content<'_, TextPart<'_>> {
+    fn text(self) -> String {
+        match self {
+            Content::Text(text) => text.into_owned(),
+            Content::Parts(parts) => {
+                let mut out = String::new();
+                for text in parts.into_iter().filter_map(|part| part.text) {
+                    push_line(&mut out, &text);
+                }
+                out
+            }
+            Content::Other => String::new(),
+        }
+    }
+}
+
 /// The text of a content field: a string, a list of parts (`text`, `input_text`,
 /// `output_text` blocks) joined with newlines, or nothing. Parts that are not text are
 /// skipped one by one, so one odd part does not lose the rest.
