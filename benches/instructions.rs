@@ -47,12 +47,19 @@ const ANSWER_DIALECTS: [(&str, Dialect); 4] = [
     ("gemini", Dialect::Gemini),
 ];
 
+/// Reading one history message, as a request does for each message new to it.
+#[inline(never)]
+fn measured_message(dialect: Dialect, raw: &str) -> usize {
+    dialect.parse_message(raw).len()
+}
+
 fn scenarios() -> Vec<String> {
     let mut out = Vec::new();
     for (name, _) in ANSWER_DIALECTS {
         for kind in support::ANSWERS {
             out.push(format!("answer/{name}/{kind}"));
         }
+        out.push(format!("result/{name}/8KB"));
     }
     for shape in ["openai", "anthropic"] {
         for (size, _) in SIZES {
@@ -85,13 +92,18 @@ fn main() {
         eprintln!("unknown scenario {name}; try `list`");
         std::process::exit(2);
     };
-    if kind == "answer" {
+    if kind == "answer" || kind == "result" {
         let Some(&(_, dialect)) = ANSWER_DIALECTS.iter().find(|(n, _)| *n == shape) else {
             eprintln!("unknown API {shape}");
             std::process::exit(2);
         };
-        let body = support::answer(dialect, arg);
-        black_box(measured_answer(dialect, &body));
+        if kind == "answer" {
+            let body = support::answer(dialect, arg);
+            black_box(measured_answer(dialect, &body));
+        } else {
+            let raw = support::tool_result(dialect);
+            black_box(measured_message(dialect, &raw));
+        }
         return;
     }
     let shape = match shape {

@@ -567,3 +567,29 @@ pub fn answer(dialect: Dialect, kind: &str) -> Bytes {
     };
     Bytes::from(serde_json::to_vec(&body).expect("a JSON value always serializes"))
 }
+
+/// A history message holding one tool result in `dialect`'s shape: ~8 KB of source text
+/// (newlines and quotes escaped), as a file read returns it. Tool results are most of a
+/// conversation's bytes, and each request reads the ones new to it.
+pub fn tool_result(dialect: Dialect) -> String {
+    let mut text = String::new();
+    for i in 0..120 {
+        text.push_str(&format!(
+            "{i:>4}\t    let {w} = self.{v}.get(\"{w}\").map(|x| x.{x}()).unwrap_or_default();\n",
+            w = WORDS[i % WORDS.len()],
+            v = WORDS[(i * 7) % WORDS.len()],
+            x = WORDS[(i * 5) % WORDS.len()],
+        ));
+    }
+    let message = match dialect {
+        Dialect::OpenAiChat => json!({"role": "tool", "tool_call_id": "call_1", "content": text}),
+        Dialect::Anthropic => json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": text}]}),
+        Dialect::OpenAiResponses => {
+            json!({"type": "function_call_output", "call_id": "call_1", "output": text})
+        }
+        Dialect::Gemini => json!({"role": "user", "parts": [{"functionResponse": {
+            "id": "call_1", "name": "read_file", "response": {"output": text}}}]}),
+    };
+    message.to_string()
+}

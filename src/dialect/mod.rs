@@ -531,13 +531,28 @@ struct TextPart<'a> {
 
 /// The text of a content member, however it was read: in one pass ([`Content`]) or kept
 /// raw. Both give what [`content_text`] gives for the member's JSON.
-trait ContentText {
+trait ContentText: Sized {
     fn text(self) -> String;
+
+    /// A tool call's output (OpenAI Responses): text or parts as [`ContentText::text`];
+    /// anything else is its JSON, which only the raw reading has (a reading in one pass
+    /// that meets such an output reads the item again raw).
+    fn output_text(self) -> String {
+        self.text()
+    }
 }
 
 impl ContentText for &RawValue {
     fn text(self) -> String {
         content_text(Some(self.get()))
+    }
+
+    fn output_text(self) -> String {
+        if self.get().starts_with(['"', '[']) {
+            self.text()
+        } else {
+            value_text(self)
+        }
     }
 }
 

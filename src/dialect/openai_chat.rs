@@ -15,9 +15,9 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
-    answer_json, args_from_text, content_text, insert_after, offers_tools, random_id, unix_now,
-    Dialect, HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind, TopLevel,
-    UpstreamFailure,
+    answer_json, args_from_text, insert_after, offers_tools, random_id, unix_now, Content,
+    ContentText, Dialect, HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind,
+    TextPart, TopLevel, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -33,12 +33,16 @@ pub(super) fn view<'a>(top: &TopLevel<'a>) -> Result<RequestView<'a>, ParseError
     })
 }
 
+/// A message, its `content` (`C`) read in the same pass ([`Content`]), or kept raw
+/// (`&RawValue`) for a message with a part that does not read as one, whose odd parts
+/// [`ContentText`] for `&RawValue` then skips.
 #[derive(Deserialize)]
-struct Message<'a> {
+#[serde(bound(deserialize = "'de: 'a, C: Deserialize<'de>"))]
+struct Message<'a, C = Content<'a, TextPart<'a>>> {
     #[serde(borrow)]
     role: Cow<'a, str>,
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+    #[serde(default = "Option::default")]
+    content: Option<C>,
     #[serde(borrow, default)]
     tool_calls: Option<Vec<WireCall<'a>>>,
     /// Legacy single call (`functions` API).
@@ -79,12 +83,15 @@ impl Function<'_> {
 pub(super) fn parse_message(raw: &str) -> Vec<Item> {
     match serde_json::from_str::<Message>(raw) {
         Ok(msg) => message_items(msg),
-        Err(_) => Vec::new(),
+        Err(_) => match serde_json::from_str::<Message<&RawValue>>(raw) {
+            Ok(msg) => message_items(msg),
+            Err(_) => Vec::new(),
+        },
     }
 }
 
-fn message_items(msg: Message<'_>) -> Vec<Item> {
-    let text = content_text(msg.content.map(RawValue::get));
+fn message_items<C: ContentText>(msg: Message<'_, C>) -> Vec<Item> {
+    let text = msg.content.map(ContentText::text).unwrap_or_default();
     match msg.role.as_ref() {
         "system" | "developer" => vec![Item::System { text }],
         "assistant" => {
@@ -434,4 +441,76 @@ pub(super) fn halt_json(model: &str, text: &str, call: Option<&HaltToolCall>) ->
     })
     .to_string()
     .into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Messages of every role with content as a string, as parts (text, images) or null,
+    /// calls on assistant turns, and odd parts the one-pass reading refuses (a text that
+    /// is a number, a bare string).
+    fn message() -> impl Strategy<Value = serde_json::Value> {
+        let text = "[a-z \"\\\\\n\u{e9}]{0,12}";
+        let content = prop_oneof![
+            text.prop_map(serde_json::Value::from),
+            text.prop_map(|t| json!([{"type": "text", "text": t},
+                                     {"type": "image_url", "image_url": {"url": "x"}}])),
+            Just(json!([{"type": "text", "text": 5}])),
+            Just(json!(["a bare string"])),
+            Just(serde_json::Value::Null),
+            Just(json!({"unexpected": true})),
+        ];
+        let role = prop_oneof![
+            Just("system"),
+            Just("user"),
+            Just("assistant"),
+            Just("tool")
+        ];
+        (role, content, text).prop_map(|(role, content, t)| {
+            let mut message = json!({"role": role, "content": content});
+            if role == "assistant" {
+                message["tool_calls"] = json!([{"id": "c1", "type": "function",
+                    "function": {"name": "bash", "arguments": json!({"cmd": t}).to_string()}}]);
+            } else if role == "tool" {
+                message["tool_call_id"] = json!("c1");
+            }
+            message
+        })
+    }
+
+    proptest! {
+        /// A message read in one pass gives exactly the items the raw reading (content
+        /// kept raw, then its parts read one by one) gives.
+        #[test]
+        fn a_message_reads_the_same_in_one_pass(message in message()) {
+            let raw = message.to_string();
+            let expected = message_items(serde_json::from_str::<Message<&RawValue>>(&raw).unwrap());
+            prop_assert_eq!(parse_message(&raw), expected);
+        }
+
+        /// An answer gives the text and calls of its message read the raw way, whatever
+        /// its content holds.
+        #[test]
+        fn an_answer_reads_as_its_message(message in message()) {
+            let mut message = message;
+            message["role"] = json!("assistant");
+            let body = json!({"id": "x", "choices": [{"index": 0, "message": message,
+                "finish_reason": "stop"}], "usage": {"prompt_tokens": 7}})
+            .to_string();
+            let turn = parse_response(body.as_bytes()).unwrap();
+            let raw = message.to_string();
+            let Some(Item::Assistant { text, calls }) =
+                message_items(serde_json::from_str::<Message<&RawValue>>(&raw).unwrap()).pop()
+            else {
+                panic!("an assistant message gives an assistant item");
+            };
+            prop_assert_eq!(turn.text, text);
+            prop_assert_eq!(turn.calls, calls);
+            prop_assert_eq!(turn.input_tokens, Some(7));
+            prop_assert_eq!(turn.stop_reason.as_deref(), Some("stop"));
+        }
+    }
 }

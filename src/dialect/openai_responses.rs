@@ -18,9 +18,9 @@ use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
     answer_json, args_from_raw, args_from_text, content_text, offers_tools, preamble_of,
-    push_into_array, random_id, replace_span, span_of, system_preamble, unix_now, Dialect,
-    EarlierPreamble, HaltToolCall, ParseError, RawMessage, RequestView, ResponseTurn,
-    StreamEventKind, TopLevel,
+    push_into_array, random_id, replace_span, span_of, system_preamble, unix_now, Content,
+    ContentText, Dialect, EarlierPreamble, HaltToolCall, ParseError, RawMessage, RequestView,
+    ResponseTurn, StreamEventKind, TextPart, TopLevel,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -46,16 +46,20 @@ pub(super) fn view<'a>(
     })
 }
 
-/// One input item, with the fields of every item type we read.
+/// One input item, with the fields of every item type we read. Its `content` and `output`
+/// (`C`) are read in the same pass ([`Content`]), or kept raw (`&RawValue`): in streamed
+/// items, and for an item the one pass does not read (an odd part, or an output that is
+/// neither text nor parts, whose JSON is its text).
 #[derive(Deserialize)]
-struct InputItem<'a> {
+#[serde(bound(deserialize = "'de: 'a, C: Deserialize<'de>"))]
+struct InputItem<'a, C = Content<'a, TextPart<'a>>> {
     /// Absent on the short form `{role, content}` of a message.
     #[serde(borrow, rename = "type", default)]
     kind: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     role: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+    #[serde(default = "Option::default")]
+    content: Option<C>,
     // function_call / custom_tool_call / their outputs
     #[serde(default)]
     call_id: Option<String>,
@@ -65,8 +69,8 @@ struct InputItem<'a> {
     arguments: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     input: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    output: Option<&'a RawValue>,
+    #[serde(default = "Option::default")]
+    output: Option<C>,
     // local_shell_call
     #[serde(borrow, default)]
     action: Option<&'a RawValue>,
@@ -80,13 +84,16 @@ pub(super) fn parse_message(raw: &str) -> Vec<Item> {
         return vec![Item::User { text }];
     }
     match serde_json::from_str::<InputItem>(raw) {
-        Ok(item) => item_items(item),
-        Err(_) => Vec::new(),
+        Ok(item) if !matches!(item.output, Some(Content::Other)) => item_items(item),
+        _ => match serde_json::from_str::<InputItem<&RawValue>>(raw) {
+            Ok(item) => item_items(item),
+            Err(_) => Vec::new(),
+        },
     }
 }
 
 /// The transcript items one input or output item gives.
-fn item_items(item: InputItem<'_>) -> Vec<Item> {
+fn item_items<C: ContentText>(item: InputItem<'_, C>) -> Vec<Item> {
     let part_call = |name: String, args| {
         vec![Item::AssistantPart {
             text: String::new(),
@@ -99,7 +106,7 @@ fn item_items(item: InputItem<'_>) -> Vec<Item> {
     };
     match item.kind.as_deref().unwrap_or("message") {
         "message" => {
-            let text = content_text(item.content.map(RawValue::get));
+            let text = item.content.map(ContentText::text).unwrap_or_default();
             match item.role.as_deref().unwrap_or("user") {
                 "system" | "developer" => vec![Item::System { text }],
                 "assistant" => vec![Item::AssistantPart {
@@ -123,22 +130,16 @@ fn item_items(item: InputItem<'_>) -> Vec<Item> {
             vec![Item::ToolResult(ToolResult {
                 call_id: item.call_id.unwrap_or_default(),
                 name: String::new(),
-                text: output_text(item.output),
+                text: item
+                    .output
+                    .map(ContentText::output_text)
+                    .unwrap_or_default(),
                 is_error: None,
             })]
         }
         // reasoning, web_search_call, item_reference...: nothing detection reads. They
         // give no item, so the parts around them still join into one turn.
         _ => Vec::new(),
-    }
-}
-
-/// A call output is a string, or a list of content parts (`input_text`...).
-fn output_text(raw: Option<&RawValue>) -> String {
-    match raw {
-        Some(raw) if raw.get().starts_with(['"', '[']) => content_text(Some(raw.get())),
-        Some(raw) => super::value_text(raw),
-        None => String::new(),
     }
 }
 
@@ -269,7 +270,7 @@ impl Stream {
         let index = ev.output_index.unwrap_or(0);
         let item = ev
             .item
-            .and_then(|raw| serde_json::from_str::<InputItem>(raw.get()).ok());
+            .and_then(|raw| serde_json::from_str::<InputItem<&RawValue>>(raw.get()).ok());
         let item_kind = item
             .as_ref()
             .and_then(|i| i.kind.as_deref())
@@ -636,7 +637,48 @@ mod tests {
         ]
     }
 
+    /// Input items as Codex sends them: messages with text parts, calls, and their outputs
+    /// as a string, as parts, or as other JSON (kept as its text); and odd ones (a part
+    /// whose text is a number, a name that is a number).
+    fn input_item() -> impl Strategy<Value = serde_json::Value> {
+        let text = "[a-z \"\\\\\n\u{e9}]{0,12}";
+        let output = prop_oneof![
+            text.prop_map(serde_json::Value::from),
+            text.prop_map(|t| json!([{"type": "input_text", "text": t}, {"type": "input_image"}])),
+            Just(json!([{"type": "input_text", "text": 5}])),
+            Just(json!({"exit_code": 1, "stdout": "x"})),
+            Just(json!(42)),
+            Just(serde_json::Value::Null),
+        ];
+        prop_oneof![
+            (
+                text,
+                prop_oneof![Just("user"), Just("developer"), Just("assistant")]
+            )
+                .prop_map(|(t, role)| json!({"type": "message", "role": role,
+                                   "content": [{"type": "input_text", "text": t}]})),
+            text.prop_map(|t| json!({"role": "user", "content": t})),
+            Just(json!({"role": "user", "content": [{"type": "input_text", "text": 5}]})),
+            output.prop_map(
+                |o| json!({"type": "function_call_output", "call_id": "c1", "output": o})
+            ),
+            // A bare string is a user message's short form, read before either reading.
+            item().prop_filter("an object", |item| item.is_object()),
+        ]
+    }
+
     proptest! {
+        /// An input item read in one pass gives exactly the items the raw reading (content
+        /// and output kept raw, then read) gives.
+        #[test]
+        fn an_item_reads_the_same_in_one_pass(item in input_item()) {
+            let raw = item.to_string();
+            let expected = serde_json::from_str::<InputItem<&RawValue>>(&raw)
+                .map(item_items)
+                .unwrap_or_default();
+            prop_assert_eq!(parse_message(&raw), expected);
+        }
+
         /// An answer read in one pass gives the text, calls and usage the raw reading (each
         /// item kept raw, then read on its own) gives.
         #[test]
