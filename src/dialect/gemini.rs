@@ -106,6 +106,16 @@ struct FunctionResponse<'a> {
     response: Option<&'a RawValue>,
 }
 
+/// A function response whose result is text, as Gemini CLI sends it: `output` or `error` a
+/// string, read in one pass. Any other response is read as a [`ResponseBody`].
+#[derive(Deserialize)]
+struct TextResponse<'a> {
+    #[serde(borrow, default)]
+    output: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    error: Option<Cow<'a, str>>,
+}
+
 /// The two keys Gemini CLI puts in a function response.
 #[derive(Deserialize)]
 struct ResponseBody<'a> {
@@ -184,9 +194,17 @@ fn read_parts(parts: Vec<Part>) -> ReadParts {
 }
 
 fn result_of(resp: FunctionResponse) -> ToolResult {
+    let text_response = |raw: &RawValue| match serde_json::from_str::<TextResponse>(raw.get()) {
+        Ok(TextResponse { error: Some(e), .. }) => Some((e.into_owned(), Some(true))),
+        Ok(TextResponse {
+            output: Some(o), ..
+        }) => Some((o.into_owned(), None)),
+        _ => None,
+    };
     let (text, is_error) = match resp.response {
-        Some(raw) if raw.get().starts_with('{') => {
-            match serde_json::from_str::<ResponseBody>(raw.get()) {
+        Some(raw) if raw.get().starts_with('{') => match text_response(raw) {
+            Some(read) => read,
+            None => match serde_json::from_str::<ResponseBody>(raw.get()) {
                 Ok(ResponseBody { error: Some(e), .. }) if e.get() != "null" => {
                     (value_text(e), Some(true))
                 }
@@ -194,8 +212,8 @@ fn result_of(resp: FunctionResponse) -> ToolResult {
                     output: Some(o), ..
                 }) => (value_text(o), None),
                 _ => (raw.get().to_string(), None),
-            }
-        }
+            },
+        },
         Some(raw) => (value_text(raw), None),
         None => (String::new(), None),
     };
@@ -522,6 +540,36 @@ mod tests {
                 .unwrap()
                 .read_parts(),
         )
+    }
+
+    /// A function response's text and error flag, whichever way it is read: text results
+    /// in one pass, any other JSON as its text.
+    #[test]
+    fn a_function_response_reads_as_its_output_or_error() {
+        let cases: [(serde_json::Value, &str, Option<bool>); 10] = [
+            (json!({"output": "a \"b\"\n"}), "a \"b\"\n", None),
+            (json!({"error": "no such file"}), "no such file", Some(true)),
+            (json!({"error": null, "output": "ok"}), "ok", None),
+            (json!({"output": "ok", "error": "bad"}), "bad", Some(true)),
+            (json!({"output": 5}), "5", None),
+            (json!({"output": {"lines": 3}}), r#"{"lines":3}"#, None),
+            (json!({"error": {"code": 1}}), r#"{"code":1}"#, Some(true)),
+            (json!({"other": 1}), r#"{"other":1}"#, None),
+            (json!("plain"), "plain", None),
+            (json!(7), "7", None),
+        ];
+        for (response, text, is_error) in cases {
+            let raw = json!({"role": "user", "parts": [
+                {"functionResponse": {"id": "c1", "name": "read", "response": response}}]})
+            .to_string();
+            let expected = Item::ToolResult(ToolResult {
+                call_id: "c1".into(),
+                name: "read".into(),
+                text: text.into(),
+                is_error,
+            });
+            assert_eq!(parse_message(&raw), vec![expected], "{response}");
+        }
     }
 
     proptest! {
