@@ -147,9 +147,10 @@ struct Choice<M> {
 
 /// The log decodes every answer, so the message is read in place rather than kept raw and
 /// parsed again (2,100 of 21,900 instructions for the benchmark's answer). An answer whose
-/// message does not read as a [`Message`] (say, without a role) fails as a whole here, and
-/// is read again the other way: its usage and stop reason are kept and its message yields
-/// nothing, as [`parse_message`] gives for it.
+/// message does not read as a [`Message`] (say, without a role, or with a content part
+/// whose text is not a string) fails as a whole here, and is read again the other way: its
+/// usage and stop reason are kept and its message gives what [`parse_message`] gives for it
+/// (nothing without a role; the other parts' text around an odd part).
 pub(super) fn parse_response(body: &[u8]) -> Result<ResponseTurn, ParseError> {
     if let Ok(resp) = answer_json::<Response<Message>>(body) {
         return Ok(response_turn(resp, message_items));
