@@ -67,23 +67,44 @@ impl<'a> Content<'a, &'a RawValue> {
     }
 }
 
-/// A content object ([`Content`]): in one pass when every part reads as a part.
-fn read_content(raw: &str) -> Result<Content<'_>, serde_json::Error> {
-    serde_json::from_str::<Content>(raw)
-        .or_else(|_| serde_json::from_str::<Content<&RawValue>>(raw).map(Content::read_parts))
+/// A history content object's role, and what its parts hold: read in one pass when every
+/// part reads as a part and every function response's result as text ([`TextResponse`],
+/// Gemini CLI's); else with the results raw; else part by part, odd parts skipped.
+fn read_content(raw: &str) -> Result<(Option<Cow<'_, str>>, ReadParts), serde_json::Error> {
+    if let Ok(content) = serde_json::from_str::<Content<Part<TextResponse>>>(raw) {
+        if content.parts.iter().all(Part::result_read) {
+            return Ok((content.role, read_parts(content.parts)));
+        }
+    }
+    let content = serde_json::from_str::<Content>(raw)
+        .or_else(|_| serde_json::from_str::<Content<&RawValue>>(raw).map(Content::read_parts))?;
+    Ok((content.role, read_parts(content.parts)))
 }
 
+/// One part. A function response's result (`R`) is kept raw, or read in the same pass as
+/// text ([`TextResponse`]) when reading a history message ([`read_content`]).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Part<'a> {
+#[serde(bound(deserialize = "'de: 'a, R: Deserialize<'de>"))]
+struct Part<'a, R = &'a RawValue> {
     #[serde(borrow, default)]
     text: Option<Cow<'a, str>>,
     #[serde(default)]
     thought: Option<bool>,
     #[serde(borrow, default)]
     function_call: Option<FunctionCall<'a>>,
-    #[serde(borrow, default)]
-    function_response: Option<FunctionResponse<'a>>,
+    #[serde(default = "Option::default")]
+    function_response: Option<FunctionResponse<R>>,
+}
+
+impl<R: FunctionResult> Part<'_, R> {
+    /// Whether its function response's result, if any, was read.
+    fn result_read(&self) -> bool {
+        self.function_response
+            .as_ref()
+            .and_then(|f| f.response.as_ref())
+            .is_none_or(FunctionResult::is_read)
+    }
 }
 
 #[derive(Deserialize)]
@@ -97,23 +118,73 @@ struct FunctionCall<'a> {
 }
 
 #[derive(Deserialize)]
-struct FunctionResponse<'a> {
+#[serde(bound(deserialize = "R: Deserialize<'de>"))]
+struct FunctionResponse<R> {
     #[serde(default)]
     id: Option<String>,
     #[serde(default)]
     name: Option<String>,
-    #[serde(borrow, default)]
-    response: Option<&'a RawValue>,
+    #[serde(default = "Option::default")]
+    response: Option<R>,
+}
+
+/// A function response's result: its text, and whether it is an error.
+trait FunctionResult {
+    fn result(self) -> (String, Option<bool>);
+
+    /// Whether [`FunctionResult::result`] says what the response says: a result read as
+    /// text has nothing to say of one that holds neither `output` nor `error` (its JSON is
+    /// its text), and the content is then read with its results raw.
+    fn is_read(&self) -> bool {
+        true
+    }
 }
 
 /// A function response whose result is text, as Gemini CLI sends it: `output` or `error` a
-/// string, read in one pass. Any other response is read as a [`ResponseBody`].
+/// string, read in one pass. Any other response is read raw ([`FunctionResult`] for
+/// `&RawValue`).
 #[derive(Deserialize)]
 struct TextResponse<'a> {
     #[serde(borrow, default)]
     output: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     error: Option<Cow<'a, str>>,
+}
+
+impl FunctionResult for TextResponse<'_> {
+    fn result(self) -> (String, Option<bool>) {
+        match (self.error, self.output) {
+            (Some(e), _) => (e.into_owned(), Some(true)),
+            (None, Some(o)) => (o.into_owned(), None),
+            (None, None) => (String::new(), None),
+        }
+    }
+
+    fn is_read(&self) -> bool {
+        self.error.is_some() || self.output.is_some()
+    }
+}
+
+impl FunctionResult for &RawValue {
+    fn result(self) -> (String, Option<bool>) {
+        if !self.get().starts_with('{') {
+            return (value_text(self), None);
+        }
+        if let Ok(text) = serde_json::from_str::<TextResponse>(self.get()) {
+            if text.is_read() {
+                return text.result();
+            }
+        }
+        match serde_json::from_str::<ResponseBody>(self.get()) {
+            Ok(ResponseBody { error: Some(e), .. }) if e.get() != "null" => {
+                (value_text(e), Some(true))
+            }
+            Ok(ResponseBody {
+                output: Some(o), ..
+            }) => (value_text(o), None),
+            _ => (self.get().to_string(), None),
+        }
+    }
 }
 
 /// The two keys Gemini CLI puts in a function response.
@@ -133,23 +204,22 @@ fn content_text(raw: &str) -> String {
             .unwrap_or_default();
     }
     match read_content(raw) {
-        Ok(content) => read_parts(content.parts).texts.join("\n"),
+        Ok((_, read)) => read.texts.join("\n"),
         Err(_) => String::new(),
     }
 }
 
 pub(super) fn parse_message(raw: &str) -> Vec<Item> {
     match read_content(raw) {
-        Ok(content) => content_items(content),
+        Ok((role, read)) => content_items(role.as_deref(), read),
         Err(_) => Vec::new(),
     }
 }
 
-/// The transcript items of a content object.
-fn content_items(content: Content) -> Vec<Item> {
-    let read = read_parts(content.parts);
+/// The transcript items of a content object with `role`, whose parts held `read`.
+fn content_items(role: Option<&str>, read: ReadParts) -> Vec<Item> {
     let text = read.texts.join("\n");
-    match content.role.as_deref().unwrap_or("user") {
+    match role.unwrap_or("user") {
         "model" => vec![Item::Assistant {
             text,
             calls: read.calls,
@@ -173,7 +243,7 @@ struct ReadParts {
     results: Vec<Item>,
 }
 
-fn read_parts(parts: Vec<Part>) -> ReadParts {
+fn read_parts<R: FunctionResult>(parts: Vec<Part<R>>) -> ReadParts {
     let mut read = ReadParts::default();
     for part in parts {
         if let Some(call) = part.function_call {
@@ -193,30 +263,10 @@ fn read_parts(parts: Vec<Part>) -> ReadParts {
     read
 }
 
-fn result_of(resp: FunctionResponse) -> ToolResult {
-    let text_response = |raw: &RawValue| match serde_json::from_str::<TextResponse>(raw.get()) {
-        Ok(TextResponse { error: Some(e), .. }) => Some((e.into_owned(), Some(true))),
-        Ok(TextResponse {
-            output: Some(o), ..
-        }) => Some((o.into_owned(), None)),
-        _ => None,
-    };
-    let (text, is_error) = match resp.response {
-        Some(raw) if raw.get().starts_with('{') => match text_response(raw) {
-            Some(read) => read,
-            None => match serde_json::from_str::<ResponseBody>(raw.get()) {
-                Ok(ResponseBody { error: Some(e), .. }) if e.get() != "null" => {
-                    (value_text(e), Some(true))
-                }
-                Ok(ResponseBody {
-                    output: Some(o), ..
-                }) => (value_text(o), None),
-                _ => (raw.get().to_string(), None),
-            },
-        },
-        Some(raw) => (value_text(raw), None),
-        None => (String::new(), None),
-    };
+fn result_of<R: FunctionResult>(resp: FunctionResponse<R>) -> ToolResult {
+    let (text, is_error) = resp
+        .response
+        .map_or((String::new(), None), FunctionResult::result);
     ToolResult {
         call_id: resp.id.unwrap_or_default(),
         name: resp.name.unwrap_or_default(),
@@ -535,11 +585,10 @@ mod tests {
     /// What a content object gives read the raw way: every part kept raw, then read one by
     /// one.
     fn raw_way(raw: &str) -> Vec<Item> {
-        content_items(
-            serde_json::from_str::<Content<&RawValue>>(raw)
-                .unwrap()
-                .read_parts(),
-        )
+        let content = serde_json::from_str::<Content<&RawValue>>(raw)
+            .unwrap()
+            .read_parts();
+        content_items(content.role.as_deref(), read_parts(content.parts))
     }
 
     /// A function response's text and error flag, whichever way it is read: text results
