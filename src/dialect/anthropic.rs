@@ -582,21 +582,16 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::dialect::generated;
 
     /// Content blocks of every kind detection reads, with the shapes clients send (text
     /// with escapes, inputs of any JSON, results as strings or parts, `null`s), and odd
     /// ones the one-pass reading refuses (no type, an id that is a number, a bare string).
     fn block() -> impl Strategy<Value = serde_json::Value> {
-        let text = "[a-z \"\\\\\n\u{e9}]{0,12}";
-        let value = prop_oneof![
-            Just(serde_json::Value::Null),
-            Just(json!({})),
-            text.prop_map(serde_json::Value::from),
-            (text, 0i64..99).prop_map(|(t, n)| json!({"path": t, "line": n, "flags": [n, null]})),
-        ];
+        let text = generated::TEXT;
         prop_oneof![
             text.prop_map(|t| json!({"type": "text", "text": t})),
-            (text, value.clone()).prop_map(|(id, input)| {
+            (text, generated::args()).prop_map(|(id, input)| {
                 json!({"type": "tool_use", "id": id, "name": "read", "input": input})
             }),
             (text, text, any::<Option<bool>>()).prop_map(|(id, t, is_error)| {
@@ -620,7 +615,7 @@ mod tests {
     fn content() -> impl Strategy<Value = serde_json::Value> {
         prop_oneof![
             proptest::collection::vec(block(), 0..5).prop_map(serde_json::Value::from),
-            "[a-z \"\\\\\n]{0,12}".prop_map(serde_json::Value::from),
+            generated::TEXT.prop_map(serde_json::Value::from),
             Just(serde_json::Value::Null),
             Just(json!({"unexpected": [1, {"a": null}]})),
             Just(json!(3.5)),

@@ -170,11 +170,6 @@ impl FunctionResult for &RawValue {
         if !self.get().starts_with('{') {
             return (value_text(self), None);
         }
-        if let Ok(text) = serde_json::from_str::<TextResponse>(self.get()) {
-            if text.is_read() {
-                return text.result();
-            }
-        }
         match serde_json::from_str::<ResponseBody>(self.get()) {
             Ok(ResponseBody { error: Some(e), .. }) if e.get() != "null" => {
                 (value_text(e), Some(true))
@@ -551,21 +546,17 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::dialect::generated;
 
     /// Parts of every kind detection reads (text with escapes, thoughts, calls with args of
     /// any JSON, responses with output or error), and odd ones the one-pass reading
     /// refuses (text that is a number, a call that is a string, a bare string).
     fn part() -> impl Strategy<Value = serde_json::Value> {
-        let text = "[a-z \"\\\\\n\u{e9}]{0,12}";
-        let args = prop_oneof![
-            Just(serde_json::Value::Null),
-            Just(json!({})),
-            (text, 0i64..99).prop_map(|(t, n)| json!({"command": t, "n": n, "xs": [n, null]})),
-        ];
+        let text = generated::TEXT;
         prop_oneof![
             text.prop_map(|t| json!({"text": t})),
             text.prop_map(|t| json!({"text": t, "thought": true})),
-            (text, args)
+            (text, generated::args())
                 .prop_map(|(name, args)| json!({"functionCall": {"name": name, "args": args}})),
             (text, text).prop_map(|(name, out)| {
                 json!({"functionResponse": {"id": "c1", "name": name, "response": {"output": out}}})

@@ -560,13 +560,7 @@ impl ContentText for Content<'_, TextPart<'_>> {
     fn text(self) -> String {
         match self {
             Content::Text(text) => text.into_owned(),
-            Content::Parts(parts) => {
-                let mut out = String::new();
-                for text in parts.into_iter().filter_map(|part| part.text) {
-                    push_line(&mut out, &text);
-                }
-                out
-            }
+            Content::Parts(parts) => parts_text(parts),
             Content::Other => String::new(),
         }
     }
@@ -585,16 +579,23 @@ fn content_text(raw: Option<&str>) -> String {
             .unwrap_or_default(),
         Some(b'[') => {
             let parts: Vec<&RawValue> = serde_json::from_str(s).unwrap_or_default();
-            let mut out = String::new();
-            for part in parts {
-                if let Ok(TextPart { text: Some(text) }) = serde_json::from_str(part.get()) {
-                    push_line(&mut out, &text);
-                }
-            }
-            out
+            parts_text(
+                parts
+                    .into_iter()
+                    .filter_map(|part| serde_json::from_str::<TextPart>(part.get()).ok()),
+            )
         }
         _ => String::new(),
     }
+}
+
+/// The texts of a list of content parts, one line each.
+fn parts_text<'a>(parts: impl IntoIterator<Item = TextPart<'a>>) -> String {
+    let mut out = String::new();
+    for text in parts.into_iter().filter_map(|part| part.text) {
+        push_line(&mut out, &text);
+    }
+    out
 }
 
 /// A JSON value read as result text: a string is its content, anything else its JSON.
@@ -772,6 +773,28 @@ fn answer_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> serde_json::Result<T> 
 /// error, rare, comes from std's check, for its position.
 pub(crate) fn utf8(bytes: &[u8]) -> Result<&str, std::str::Utf8Error> {
     simdutf8::basic::from_utf8(bytes).or_else(|_| std::str::from_utf8(bytes))
+}
+
+/// What the dialects' proptests generate alike.
+#[cfg(test)]
+mod generated {
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    /// Short text with what JSON escapes (quotes, backslashes, newlines) and text other
+    /// than ASCII.
+    pub const TEXT: &str = "[a-z \"\\\\\n\u{e9}]{0,12}";
+
+    /// A call's arguments or a tool's input: `null`, empty, a string, or an object holding
+    /// a string, a number and an array.
+    pub fn args() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            Just(json!({})),
+            TEXT.prop_map(Value::from),
+            (TEXT, 0i64..99).prop_map(|(t, n)| json!({"path": t, "line": n, "flags": [n, null]})),
+        ]
+    }
 }
 
 #[cfg(test)]

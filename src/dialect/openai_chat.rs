@@ -449,12 +449,13 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::dialect::generated;
 
     /// Messages of every role with content as a string, as parts (text, images) or null,
     /// calls on assistant turns, and odd parts the one-pass reading refuses (a text that
     /// is a number, a bare string).
     fn message() -> impl Strategy<Value = serde_json::Value> {
-        let text = "[a-z \"\\\\\n\u{e9}]{0,12}";
+        let text = generated::TEXT;
         let content = prop_oneof![
             text.prop_map(serde_json::Value::from),
             text.prop_map(|t| json!([{"type": "text", "text": t},

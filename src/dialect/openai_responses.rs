@@ -616,12 +616,13 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::dialect::generated;
 
     /// Output items of every kind an answer holds (messages with text parts, function and
     /// custom tool calls, reasoning), and odd ones the one-pass reading refuses (a name
     /// that is a number, a bare string).
     fn item() -> impl Strategy<Value = serde_json::Value> {
-        let text = "[a-z \"\\\\\n\u{e9}]{0,12}";
+        let text = generated::TEXT;
         prop_oneof![
             text.prop_map(|t| json!({"type": "message", "role": "assistant",
                 "content": [{"type": "output_text", "text": t, "annotations": []}]})),
@@ -641,7 +642,7 @@ mod tests {
     /// as a string, as parts, or as other JSON (kept as its text); and odd ones (a part
     /// whose text is a number, a name that is a number).
     fn input_item() -> impl Strategy<Value = serde_json::Value> {
-        let text = "[a-z \"\\\\\n\u{e9}]{0,12}";
+        let text = generated::TEXT;
         let output = prop_oneof![
             text.prop_map(serde_json::Value::from),
             text.prop_map(|t| json!([{"type": "input_text", "text": t}, {"type": "input_image"}])),
