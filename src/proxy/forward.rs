@@ -249,15 +249,16 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
                 app.conversations
                     .put_engine(&analysis.identity.id, p.state.clone());
             }
-            p.decision = planned.decision.clone();
-            Some(planned)
+            // The decision acted on is the one logged.
+            p.decision = planned.decision;
+            Some((planned.plan, planned.guard))
         }
         None => None,
     };
     let (plan, applied, guard) = match planned {
-        Some(p) => {
-            let applied = p.plan.applied();
-            (p.plan, applied, p.guard)
+        Some((plan, guard)) => {
+            let applied = plan.applied();
+            (plan, applied, guard)
         }
         None => (Plan::Forward, "forwarded", None),
     };

@@ -122,18 +122,18 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
         row.output_tokens = turn.output_tokens.map(|n| n as i64);
         row.stop_reason = turn.stop_reason;
     }
-    if let Some(decision) = &decision {
-        for f in &decision.findings {
+    if let Some(decision) = decision {
+        for f in decision.findings {
             out.push(Record::Finding(Box::new(FindingRow {
                 request_id: row.id,
                 conversation_id: conversation_id.clone(),
                 created_ms: at,
-                detector: f.detector.clone(),
-                confidence: f.confidence,
                 step: f.steps.iter().max().map(|&s| s as i64),
                 steps: serde_json::to_string(&f.steps).unwrap_or_else(|_| "[]".into()),
-                summary: f.summary.clone(),
-                suggestion: f.suggestion.clone(),
+                detector: f.detector,
+                confidence: f.confidence,
+                summary: f.summary,
+                suggestion: f.suggestion,
             })));
         }
         if decision.action != Action::Observe {
@@ -144,7 +144,7 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
                 action: decision.action.as_str().to_string(),
                 applied: row.applied.to_string(),
                 step: Some(next_step as i64),
-                reason: decision.reason.clone(),
+                reason: decision.reason,
             })));
         }
     }

@@ -737,6 +737,78 @@ mod tests {
         assert_eq!(one_batch.health().written, 47);
     }
 
+    /// Every column of the findings, id first, in id order.
+    #[allow(clippy::type_complexity)]
+    async fn finding_rows(
+        store: &Store,
+    ) -> Vec<(
+        i64,
+        i64,
+        String,
+        i64,
+        String,
+        f64,
+        Option<i64>,
+        String,
+        String,
+        String,
+    )> {
+        sqlx::query_as(
+            "SELECT id, request_id, conversation_id, created_ms, detector, confidence, step,
+                    steps, summary, suggestion
+             FROM findings ORDER BY id",
+        )
+        .fetch_all(store.pool())
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_batchs_findings_are_those_written_one_by_one() {
+        // 31 findings in one batch (three inserts of 8 rows, then 4, 2 and 1), between
+        // requests and a decision, differing in every column; ids follow the order logged.
+        let finding = |n: i64| {
+            Record::Finding(Box::new(FindingRow {
+                request_id: n / 3,
+                conversation_id: format!("c{}", n % 4),
+                created_ms: 1000 + n,
+                detector: ["repeat", "goal_drift", "oscillation"][n as usize % 3].into(),
+                confidence: n as f64 / 40.0,
+                step: (n % 5 != 0).then_some(n),
+                steps: format!("[{}]", n),
+                summary: format!("summary {n}"),
+                suggestion: format!("suggestion {n}"),
+            }))
+        };
+        let mut records: Vec<Record> = (1..=31).map(finding).collect();
+        records.insert(10, request(1));
+        records.insert(
+            20,
+            Record::Decision(Box::new(DecisionRow {
+                request_id: 2,
+                conversation_id: "c2".into(),
+                created_ms: 1020,
+                action: "nudge".into(),
+                applied: "forwarded_modified".into(),
+                step: Some(3),
+                reason: "repeat".into(),
+            })),
+        );
+        let (one_batch, each_alone, _dirs) = one_batch_and_one_by_one(&records).await;
+        let (written, alone) = (
+            finding_rows(&one_batch).await,
+            finding_rows(&each_alone).await,
+        );
+        assert_eq!(written, alone);
+        assert_eq!(written.len(), 31);
+        for (i, row) in written.iter().enumerate() {
+            let n = i as i64 + 1;
+            assert_eq!((row.0, row.1, &row.8), (n, n / 3, &format!("summary {n}")));
+        }
+        assert_eq!(written[4].6, None);
+        assert_eq!(one_batch.health().written, 33);
+    }
+
     #[tokio::test]
     async fn the_overhead_figures_read_the_latest_requests_without_a_table_scan() {
         let dir = tempfile::tempdir().unwrap();

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{params, Connection, OpenFlags, Statement, ToSql};
 use tokio::sync::oneshot;
 
-use super::{ConversationSeen, Counters, Record, RequestRow, ToolCallRow};
+use super::{ConversationSeen, Counters, FindingRow, Record, RequestRow, ToolCallRow};
 
 /// A log entry whose rows are worked out on the writer thread.
 pub trait Deferred: Send {
@@ -233,79 +233,138 @@ fn run(conn: Connection, queue: &Queue) {
 struct Statements<'c> {
     conn: &'c Connection,
     prepared: [Option<Statement<'c>>; Sql::COUNT],
-    /// `requests[k]` inserts 2^k request rows.
-    requests: [Option<Statement<'c>>; REQUEST_CHUNKS],
+    /// `chunked[table][k]` inserts 2^k rows of the table.
+    chunked: [[Option<Statement<'c>>; CHUNKS]; Chunked::COUNT],
 }
 
-/// Request rows go in by INSERTs of up to 2^(REQUEST_CHUNKS - 1) rows each (a batch of
-/// 13: 8 + 4 + 1): a statement run cost about 5,500 instructions beyond binding its row
-/// (the program started and halted, a statement journal opened and closed), more than
-/// inserting the row. Larger inserts gained little more and cost more in binding: their
-/// bound strings outgrow SQLite's per-connection lookaside memory and go to malloc. The
-/// values are the same as one row at a time; a row whose id is already in (also earlier
-/// in the same statement) replaces it, as it did one by one.
-const REQUEST_CHUNKS: usize = 4;
-const REQUEST_COLUMNS: usize = 25;
+/// The rows that are many per batch go in by INSERTs of up to 2^(CHUNKS - 1) rows each (a
+/// batch of 13: 8 + 4 + 1): a statement run cost about 5,500 instructions beyond binding its
+/// row (the program started and halted, a statement journal opened and closed), more than
+/// inserting the row. For findings, whose ids are AUTOINCREMENT, each run also reads and
+/// rewrites the table's `sqlite_sequence` entry, ~4,500 more. Larger inserts gained little
+/// more and cost more in binding: their bound strings outgrow SQLite's per-connection
+/// lookaside memory and go to malloc. The values are the same as one row at a time.
+const CHUNKS: usize = 4;
 
-/// `INSERT OR REPLACE INTO requests (...) VALUES (?, ...), ...` for `rows` rows, the
-/// columns in [`bind_request`]'s order.
-fn insert_requests(rows: usize) -> String {
-    let one = format!("({})", vec!["?"; REQUEST_COLUMNS].join(", "));
-    format!(
-        "INSERT OR REPLACE INTO requests
+/// The tables written by [`write_chunked`].
+#[derive(Clone, Copy)]
+enum Chunked {
+    Requests,
+    Findings,
+}
+
+impl Chunked {
+    const COUNT: usize = 2;
+}
+
+/// A row that goes in by [`write_chunked`]'s multi-row INSERTs.
+trait ChunkedRow {
+    const TABLE: Chunked;
+    const COLUMNS: usize;
+    /// The INSERT up to `VALUES`, naming the columns in [`ChunkedRow::bind`]'s order.
+    const INSERT: &'static str;
+    /// Binds the row to the insert's parameters from `first` (1-based) on.
+    fn bind(&self, stmt: &mut Statement<'_>, first: usize) -> rusqlite::Result<()>;
+}
+
+/// A row whose id is already in (also earlier in the same statement) replaces it, as it
+/// did one by one.
+impl ChunkedRow for RequestRow {
+    const TABLE: Chunked = Chunked::Requests;
+    const COLUMNS: usize = 25;
+    const INSERT: &'static str = "INSERT OR REPLACE INTO requests
            (id, conversation_id, started_ms, method, path, upstream, dialect, model,
             stream, parse, parse_error, steps, decision, applied, status, outcome,
             request_bytes, response_bytes, upstream_latency_us, upstream_total_us,
-            proxy_overhead_us, body_read_us, input_tokens, output_tokens, stop_reason)
-         VALUES {}",
-        vec![one; rows].join(", ")
-    )
+            proxy_overhead_us, body_read_us, input_tokens, output_tokens, stop_reason)";
+
+    fn bind(&self, stmt: &mut Statement<'_>, first: usize) -> rusqlite::Result<()> {
+        let r = self;
+        let values: [&dyn ToSql; Self::COLUMNS] = [
+            &r.id,
+            &r.conversation_id,
+            &r.started_ms,
+            &r.method,
+            &r.path,
+            &r.upstream,
+            &r.dialect,
+            &r.model,
+            &r.stream,
+            &r.parse,
+            &r.parse_error,
+            &r.steps,
+            &r.decision,
+            &r.applied,
+            &r.status,
+            &r.outcome,
+            &r.request_bytes,
+            &r.response_bytes,
+            &r.upstream_latency_us,
+            &r.upstream_total_us,
+            &r.proxy_overhead_us,
+            &r.body_read_us,
+            &r.input_tokens,
+            &r.output_tokens,
+            &r.stop_reason,
+        ];
+        bind_all(stmt, first, values)
+    }
 }
 
-/// Binds `r` to the request insert's parameters from `first` (1-based) on.
-fn bind_request(stmt: &mut Statement<'_>, first: usize, r: &RequestRow) -> rusqlite::Result<()> {
-    let values: [&dyn ToSql; REQUEST_COLUMNS] = [
-        &r.id,
-        &r.conversation_id,
-        &r.started_ms,
-        &r.method,
-        &r.path,
-        &r.upstream,
-        &r.dialect,
-        &r.model,
-        &r.stream,
-        &r.parse,
-        &r.parse_error,
-        &r.steps,
-        &r.decision,
-        &r.applied,
-        &r.status,
-        &r.outcome,
-        &r.request_bytes,
-        &r.response_bytes,
-        &r.upstream_latency_us,
-        &r.upstream_total_us,
-        &r.proxy_overhead_us,
-        &r.body_read_us,
-        &r.input_tokens,
-        &r.output_tokens,
-        &r.stop_reason,
-    ];
+/// Ids follow the rows' order, as one by one.
+impl ChunkedRow for FindingRow {
+    const TABLE: Chunked = Chunked::Findings;
+    const COLUMNS: usize = 9;
+    const INSERT: &'static str = "INSERT INTO findings
+           (request_id, conversation_id, created_ms, detector, confidence, step, steps,
+            summary, suggestion)";
+
+    fn bind(&self, stmt: &mut Statement<'_>, first: usize) -> rusqlite::Result<()> {
+        let f = self;
+        let values: [&dyn ToSql; Self::COLUMNS] = [
+            &f.request_id,
+            &f.conversation_id,
+            &f.created_ms,
+            &f.detector,
+            &f.confidence,
+            &f.step,
+            &f.steps,
+            &f.summary,
+            &f.suggestion,
+        ];
+        bind_all(stmt, first, values)
+    }
+}
+
+fn bind_all<const N: usize>(
+    stmt: &mut Statement<'_>,
+    first: usize,
+    values: [&dyn ToSql; N],
+) -> rusqlite::Result<()> {
     for (i, value) in values.into_iter().enumerate() {
         stmt.raw_bind_parameter(first + i, value)?;
     }
     Ok(())
 }
 
-/// Writes the request rows, in as few statements as [`REQUEST_CHUNKS`] allows.
-fn write_requests(statements: &mut Statements<'_>, rows: &[&RequestRow]) -> rusqlite::Result<()> {
+/// `INSERT ... VALUES (?, ...), ...` for `rows` rows of `R`.
+fn insert_chunk<R: ChunkedRow>(rows: usize) -> String {
+    let one = format!("({})", vec!["?"; R::COLUMNS].join(", "));
+    format!("{} VALUES {}", R::INSERT, vec![one; rows].join(", "))
+}
+
+/// Writes the rows in their order, in as few statements as [`CHUNKS`] allows.
+fn write_chunked<R: ChunkedRow>(
+    statements: &mut Statements<'_>,
+    rows: &[&R],
+) -> rusqlite::Result<()> {
     let mut rest = rows;
     while !rest.is_empty() {
-        let k = rest.len().ilog2().min(REQUEST_CHUNKS as u32 - 1) as usize;
+        let k = rest.len().ilog2().min(CHUNKS as u32 - 1) as usize;
         let (chunk, tail) = rest.split_at(1 << k);
-        let stmt = statements.requests(k)?;
+        let stmt = statements.chunk::<R>(k)?;
         for (i, r) in chunk.iter().enumerate() {
-            bind_request(stmt, i * REQUEST_COLUMNS + 1, r)?;
+            r.bind(stmt, i * R::COLUMNS + 1)?;
         }
         let done = stmt.raw_execute();
         // Bound strings are copies that would stay allocated until the next batch.
@@ -321,13 +380,12 @@ fn write_requests(statements: &mut Statements<'_>, rows: &[&RequestRow]) -> rusq
 enum Sql {
     Conversation,
     ToolCall,
-    Finding,
     Decision,
     Intervention,
 }
 
 impl Sql {
-    const COUNT: usize = 5;
+    const COUNT: usize = 4;
 
     fn text(self) -> &'static str {
         match self {
@@ -361,12 +419,6 @@ impl Sql {
                    request_id = excluded.request_id,
                    seen_ms = excluded.seen_ms"
             }
-            Sql::Finding => {
-                "INSERT INTO findings
-                   (request_id, conversation_id, created_ms, detector, confidence, step, steps,
-                    summary, suggestion)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
-            }
             Sql::Decision => {
                 "INSERT OR REPLACE INTO decisions
                    (request_id, conversation_id, created_ms, action, applied, step, reason)
@@ -386,13 +438,14 @@ impl<'c> Statements<'c> {
         Statements {
             conn,
             prepared: Default::default(),
-            requests: Default::default(),
+            chunked: Default::default(),
         }
     }
 
-    /// The insert of 2^k request rows, prepared on first use.
-    fn requests(&mut self, k: usize) -> rusqlite::Result<&mut Statement<'c>> {
-        prepared_once(self.conn, &mut self.requests[k], || insert_requests(1 << k))
+    /// The insert of 2^k rows of `R`, prepared on first use.
+    fn chunk<R: ChunkedRow>(&mut self, k: usize) -> rusqlite::Result<&mut Statement<'c>> {
+        let slot = &mut self.chunked[R::TABLE as usize][k];
+        prepared_once(self.conn, slot, || insert_chunk::<R>(1 << k))
     }
 
     /// The statement, prepared on first use.
@@ -427,6 +480,7 @@ fn write_batch(
     let mut calls: HashMap<(&str, i64, i64), CallUpdates<'_>, foldhash::fast::RandomState> =
         HashMap::default();
     let mut requests = Vec::new();
+    let mut findings = Vec::new();
     for record in records {
         match record {
             Record::Conversation(seen) => match sightings.get_mut(seen.id.as_str()) {
@@ -447,10 +501,12 @@ fn write_batch(
                 }
             }
             Record::Request(r) => requests.push(&**r),
+            Record::Finding(f) => findings.push(&**f),
             other => write_one(statements, other)?,
         }
     }
-    write_requests(statements, &requests)?;
+    write_chunked(statements, &requests)?;
+    write_chunked(statements, &findings)?;
     for merged in sightings.values() {
         merged.write(statements)?;
     }
@@ -570,20 +626,8 @@ fn write_one(statements: &mut Statements<'_>, record: &Record) -> rusqlite::Resu
         // Merged or gathered per batch by `write_batch`.
         Record::Conversation(seen) => Sightings::new(seen).write(statements)?,
         Record::ToolCall(t) => CallUpdates::new(t).write(statements)?,
-        Record::Request(r) => write_requests(statements, &[r])?,
-        Record::Finding(f) => {
-            statements.get(Sql::Finding)?.execute(params![
-                f.request_id,
-                f.conversation_id,
-                f.created_ms,
-                f.detector,
-                f.confidence,
-                f.step,
-                f.steps,
-                f.summary,
-                f.suggestion
-            ])?;
-        }
+        Record::Request(r) => write_chunked(statements, &[&**r])?,
+        Record::Finding(f) => write_chunked(statements, &[&**f])?,
         Record::Decision(d) => {
             statements.get(Sql::Decision)?.execute(params![
                 d.request_id,
