@@ -233,8 +233,10 @@ fn run(conn: Connection, queue: &Queue) {
 struct Statements<'c> {
     conn: &'c Connection,
     prepared: [Option<Statement<'c>>; Sql::COUNT],
-    /// `chunked[table][k]` inserts 2^k rows of the table.
-    chunked: [[Option<Statement<'c>>; CHUNKS]; Chunked::COUNT],
+    /// `requests[k]` inserts 2^k request rows ([`write_chunked`]).
+    requests: Chunks<'c>,
+    /// `findings[k]` inserts 2^k findings.
+    findings: Chunks<'c>,
 }
 
 /// The rows that are many per batch go in by INSERTs of up to 2^(CHUNKS - 1) rows each (a
@@ -246,20 +248,13 @@ struct Statements<'c> {
 /// lookaside memory and go to malloc. The values are the same as one row at a time.
 const CHUNKS: usize = 4;
 
-/// The tables written by [`write_chunked`].
-#[derive(Clone, Copy)]
-enum Chunked {
-    Requests,
-    Findings,
-}
-
-impl Chunked {
-    const COUNT: usize = 2;
-}
+/// A table's multi-row inserts, by the power of two of their rows.
+type Chunks<'c> = [Option<Statement<'c>>; CHUNKS];
 
 /// A row that goes in by [`write_chunked`]'s multi-row INSERTs.
 trait ChunkedRow {
-    const TABLE: Chunked;
+    /// Where the table's inserts are kept.
+    fn chunks<'s, 'c>(statements: &'s mut Statements<'c>) -> &'s mut Chunks<'c>;
     const COLUMNS: usize;
     /// The INSERT up to `VALUES`, naming the columns in [`ChunkedRow::bind`]'s order.
     const INSERT: &'static str;
@@ -270,13 +265,16 @@ trait ChunkedRow {
 /// A row whose id is already in (also earlier in the same statement) replaces it, as it
 /// did one by one.
 impl ChunkedRow for RequestRow {
-    const TABLE: Chunked = Chunked::Requests;
     const COLUMNS: usize = 25;
     const INSERT: &'static str = "INSERT OR REPLACE INTO requests
            (id, conversation_id, started_ms, method, path, upstream, dialect, model,
             stream, parse, parse_error, steps, decision, applied, status, outcome,
             request_bytes, response_bytes, upstream_latency_us, upstream_total_us,
             proxy_overhead_us, body_read_us, input_tokens, output_tokens, stop_reason)";
+
+    fn chunks<'s, 'c>(statements: &'s mut Statements<'c>) -> &'s mut Chunks<'c> {
+        &mut statements.requests
+    }
 
     fn bind(&self, stmt: &mut Statement<'_>, first: usize) -> rusqlite::Result<()> {
         let r = self;
@@ -313,11 +311,14 @@ impl ChunkedRow for RequestRow {
 
 /// Ids follow the rows' order, as one by one.
 impl ChunkedRow for FindingRow {
-    const TABLE: Chunked = Chunked::Findings;
     const COLUMNS: usize = 9;
     const INSERT: &'static str = "INSERT INTO findings
            (request_id, conversation_id, created_ms, detector, confidence, step, steps,
             summary, suggestion)";
+
+    fn chunks<'s, 'c>(statements: &'s mut Statements<'c>) -> &'s mut Chunks<'c> {
+        &mut statements.findings
+    }
 
     fn bind(&self, stmt: &mut Statement<'_>, first: usize) -> rusqlite::Result<()> {
         let f = self;
@@ -438,14 +439,15 @@ impl<'c> Statements<'c> {
         Statements {
             conn,
             prepared: Default::default(),
-            chunked: Default::default(),
+            requests: Default::default(),
+            findings: Default::default(),
         }
     }
 
     /// The insert of 2^k rows of `R`, prepared on first use.
     fn chunk<R: ChunkedRow>(&mut self, k: usize) -> rusqlite::Result<&mut Statement<'c>> {
-        let slot = &mut self.chunked[R::TABLE as usize][k];
-        prepared_once(self.conn, slot, || insert_chunk::<R>(1 << k))
+        let conn = self.conn;
+        prepared_once(conn, &mut R::chunks(self)[k], || insert_chunk::<R>(1 << k))
     }
 
     /// The statement, prepared on first use.
