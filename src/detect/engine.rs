@@ -687,6 +687,7 @@ impl Engine {
         }
         let ctx = CallContext {
             open_file: state.facts.open_file.as_deref(),
+            tools: state.facts.tools.as_deref(),
         };
         for call in &turn.calls {
             let a = actions::classify(call, &self.config.tools, &ctx);

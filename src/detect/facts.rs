@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::actions::{self, ActionKind, CallContext, Change, ToolAction};
+use crate::actions::{self, ActionKind, CallContext, Change, ToolAction, ToolCatalog};
 use crate::normalize::{self, hash64};
 use crate::transcript::Step;
 
@@ -168,6 +168,9 @@ pub struct Facts {
     pub fail_runs: HashMap<u64, (u64, u32)>,
     /// SWE-agent's open file, from the last result trailer that named one.
     pub open_file: Option<String>,
+    /// What the conversation's tool definitions say of its tools (a tool no profile knows
+    /// is read through them).
+    pub tools: Option<std::sync::Arc<ToolCatalog>>,
     pub history: Vec<StepDigest>,
     /// The last results (one entry per call), bounded.
     pub recent: VecDeque<Recent>,
@@ -294,6 +297,7 @@ impl Facts {
         for c in &step.calls {
             let ctx = CallContext {
                 open_file: self.open_file.as_deref(),
+                tools: self.tools.as_deref(),
             };
             let action = actions::classify(&c.call, &cfg.tools, &ctx);
             let raw_hash = {

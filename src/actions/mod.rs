@@ -18,6 +18,10 @@ use serde::{Deserialize, Serialize};
 use crate::normalize::hash64;
 use crate::transcript::ToolCall;
 
+mod infer;
+
+pub use infer::{search_replace_blocks, Role, ToolCatalog};
+
 /// The broad kind of a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -105,13 +109,16 @@ pub struct ToolMapping {
 }
 
 /// What a call sees of the session around it: SWE-agent's views and edits act on the file
-/// its editor has open, which only the previous result's trailer names.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// its editor has open, which only the previous result's trailer names; the tool
+/// definitions the request carries say what a tool no profile knows takes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallContext<'a> {
     pub open_file: Option<&'a str>,
+    pub tools: Option<&'a ToolCatalog>,
 }
 
-/// Classifies a call: user mappings first, then the built-in agent profiles.
+/// Classifies a call: user mappings first, then the built-in agent profiles, then what
+/// the call's arguments (and its tool's definition) say ([`infer`]).
 pub fn classify(
     call: &ToolCall,
     user: &BTreeMap<String, ToolMapping>,
@@ -120,7 +127,9 @@ pub fn classify(
     if let Some(m) = user.get(&call.name) {
         return from_mapping(call, m);
     }
-    builtin(call, ctx).unwrap_or_else(|| other(call))
+    builtin(call, ctx)
+        .or_else(|| infer::infer(call, ctx))
+        .unwrap_or_else(|| other(call))
 }
 
 fn arg<'a>(call: &'a ToolCall, name: &str) -> Option<&'a str> {
@@ -293,7 +302,7 @@ fn builtin(call: &ToolCall, ctx: &CallContext<'_>) -> Option<ToolAction> {
             Some(a)
         }
         "LS" | "list_directory" | "list" | "ls" => {
-            let path = arg_any(call, &["path", "dir_path", "directory"]).unwrap_or(".");
+            let path = arg_any(call, &["path", "dir_path", "dirPath", "directory"]).unwrap_or(".");
             Some(read(call, path, Some("dir".into())))
         }
         _ => None,
@@ -1327,6 +1336,7 @@ mod tests {
     fn swe_agent_commands() {
         let ctx = CallContext {
             open_file: Some("/r/src/A.java"),
+            ..CallContext::default()
         };
         let e = classify(
             &call(

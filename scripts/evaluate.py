@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""Detection on the recorded runs: figures, leave-one-agent-out, renamed tools, the CI gate.
+
+Replays `dev.jsonl` and `dev2.jsonl` (../shared/data/trajectories) through `loopwarden
+replay` and scores the decisions with the reference scorer (../shared/eval/score.py), both
+files pooled, overall and per agent (EVALUATION.md says what each figure means).
+
+    scripts/evaluate.py                       # figures of the shipped config
+    scripts/evaluate.py --loao                # + leave-one-agent-out over the settings grid
+    scripts/evaluate.py --renamed             # + the same runs with every tool renamed
+    scripts/evaluate.py --gate                # exit 1 if lost-fix > 1% or recall < 80%
+
+Leave-one-agent-out: every variant of GRID (the shipped config and a few global settings
+around it, never a setting per agent) is replayed once; for each agent, the variant is
+chosen on the other two agents' runs alone, and that agent's runs are scored with it.
+Pooled, those are the figures to expect on an agent nobody tuned for.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(ROOT), "shared")
+FILES = ("dev", "dev2")
+
+# Targets of the detection issue; the gate holds the first two, the rest are reported.
+GATE_LOST_FIX = 0.01
+GATE_RECALL = 0.80
+TARGET = {"lost_fix": 0.01, "res_nudged": 0.10, "recall": 0.85, "prec": 0.85, "steps_saved": 0.12}
+
+# The settings grid for leave-one-agent-out: [detect] tables layered on the shipped config.
+GRID = {
+    "shipped": "",
+    "gap3": "[escalation]\nescalation_gap = 3\n",
+    "gap1": "[escalation]\nescalation_gap = 1\n",
+    "streak4": "[thresholds]\nstagnation_streak = 4\n",
+    "dead_end6": "[thresholds]\ndead_end_steps = 6\n",
+    "dead_end4": "[thresholds]\ndead_end_steps = 4\n",
+    "nudge0.7": "[escalation]\nnudge_score = 0.7\n",
+    "pileup8": "[thresholds]\npileup_errors = 8\n",
+}
+
+
+def load_scorer():
+    sys.path.insert(0, os.path.join(SHARED, "eval"))
+    import score  # noqa: E402  (the reference scorer, beside the data)
+
+    return score
+
+
+def replay(binary, trajectories, config_text, out_path):
+    """Replays one file with a [detect] table; decisions go to out_path."""
+    args = [binary, "replay", trajectories]
+    cfg = None
+    if config_text:
+        cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+        cfg.write("".join(f"[detect.{line[1:]}" if line.startswith("[") else line
+                          for line in config_text.splitlines(keepends=True)))
+        cfg.close()
+        args += ["--config", cfg.name]
+    with open(out_path, "w") as out:
+        subprocess.run(args, stdout=out, check=True)
+    if cfg:
+        os.unlink(cfg.name)
+
+
+class Corpus:
+    """Both files' runs and labels, pooled."""
+
+    def __init__(self, score, data, files):
+        self.score = score
+        self.files = [os.path.join(data, f + ".jsonl") for f in files]
+        self.runs, self.labels = {}, {}
+        for name, path in zip(files, self.files):
+            self.runs.update(score.load_runs(path))
+            self.labels.update(score.load_labels(os.path.join(data, name + "_labels.jsonl")))
+        self.agents = sorted({r["agent"] for r in self.runs.values()})
+
+    def decide(self, binary, config_text, workdir, tag):
+        """Replays every file; the effective decisions per run."""
+        decisions = []
+        for path in self.files:
+            out = os.path.join(workdir, f"{tag}-{os.path.basename(path)}")
+            replay(binary, path, config_text, out)
+            decisions += self.score.load_jsonl(out)
+        per, _ = self.score.effective(decisions, self.runs)
+        return per
+
+    def metrics(self, per, ids=None):
+        ids = list(self.runs) if ids is None else ids
+        return self.score.metrics(ids, self.runs, per, self.labels)
+
+    def ids_of(self, agents):
+        return [r for r, v in self.runs.items() if v["agent"] in agents]
+
+
+COLUMNS = [("runs", "runs", "int"), ("res", "res", "int"), ("unres", "unres", "int"),
+           ("false_halt", "false-halt", "pct"), ("lost_fix", "lost-fix", "pct"),
+           ("res_nudged", "res-nudged", "pct"), ("unres_halted", "unres-halted", "pct"),
+           ("steps_saved", "steps-saved", "pct"), ("loops", "loops", "int"),
+           ("recall", "recall", "pct"), ("prec", "prec", "pct"),
+           ("med_delay", "med-delay", "num")]
+
+
+def table(rows, markdown):
+    """rows: [(label, metrics)]."""
+    def cell(m, key, kind):
+        v = m.get(key)
+        if v is None:
+            return "-"
+        if kind == "pct":
+            return "%.1f%%" % (100 * v)
+        if kind == "num":
+            return ("%d" % v) if float(v).is_integer() else ("%.1f" % v)
+        return str(v)
+
+    head = ["group"] + [c[1] for c in COLUMNS]
+    body = [[label] + [cell(m, k, kind) for k, _, kind in COLUMNS] for label, m in rows]
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * len(COLUMNS) + "|"]
+        return "\n".join(lines + ["| " + " | ".join(b) + " |" for b in body])
+    widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
+                               enumerate(zip(r, widths))) for r in [head] + body)
+
+
+def by_agent(corpus, per):
+    rows = [("all", corpus.metrics(per))]
+    rows += [(a, corpus.metrics(per, corpus.ids_of([a]))) for a in corpus.agents]
+    return rows
+
+
+def choice_key(m):
+    """How a variant ranks on the runs it is chosen on: every target held first (lost-fix,
+    resolved nudged, recall), then the steps saved; a variant that misses a target ranks
+    by how little fix it loses."""
+    feasible = (m["lost_fix"] or 0) <= TARGET["lost_fix"] and \
+        (m["res_nudged"] or 0) <= TARGET["res_nudged"] and \
+        (m["recall"] or 0) >= TARGET["recall"]
+    return (feasible, -(m["lost_fix"] or 0), m["steps_saved"] or 0)
+
+
+def leave_one_agent_out(corpus, binary, workdir, markdown):
+    pers = {name: corpus.decide(binary, text, workdir, name) for name, text in GRID.items()}
+    chosen, pooled = {}, {}
+    for agent in corpus.agents:
+        others = corpus.ids_of([a for a in corpus.agents if a != agent])
+        best = max(GRID, key=lambda n: choice_key(corpus.metrics(pers[n], others)))
+        chosen[agent] = best
+        for rid in corpus.ids_of([agent]):
+            if rid in pers[best]:
+                pooled[rid] = pers[best][rid]
+    rows = [("all (held out)", corpus.metrics(pooled))]
+    rows += [(f"{a} ({chosen[a]})", corpus.metrics(pooled, corpus.ids_of([a])))
+             for a in corpus.agents]
+    print("\nLeave one agent out (variant chosen on the other two agents):")
+    print(table(rows, markdown))
+    print("\nEvery variant, all runs:")
+    print(table([(n, corpus.metrics(p)) for n, p in pers.items()], markdown))
+
+
+# Renamed tools: what another agent with the same habits would send.
+RENAMES = {
+    "bash": "exec", "execute_bash": "run_command", "open": "view_file", "goto": "jump_to",
+    "scroll_down": "page_down", "scroll_up": "page_up", "search_dir": "grep_dir",
+    "search_file": "grep_file", "find_file": "locate_file", "create": "new_file",
+    "edit": "replace_lines", "submit": "done", "finish": "complete",
+}
+EDITOR = {"view": "read", "create": "write", "str_replace": "edit", "insert": "insert_text",
+          "undo_edit": "undo"}
+REKEY = {"path": "file", "old_str": "oldText", "new_str": "newText", "file_text": "content",
+         "view_range": "lines", "insert_line": "at_line", "command": "cmd",
+         "replacement_text": "replacement", "search_term": "query", "file_name": "name"}
+
+
+def renamed_call(fn):
+    args = fn.get("arguments") or "{}"
+    try:
+        a = json.loads(args)
+    except ValueError:
+        a = None
+    name = fn.get("name", "")
+    if name == "str_replace_editor" and isinstance(a, dict):
+        name = EDITOR.get(a.pop("command", ""), "editor")
+    else:
+        name = RENAMES.get(name, name)
+    if isinstance(a, dict):
+        a = {REKEY.get(k, k): v for k, v in a.items()}
+        args = json.dumps(a)
+    return {"name": name, "arguments": args}
+
+
+def rename_file(src, dst):
+    with open(src) as f, open(dst, "w") as out:
+        for line in f:
+            r = json.loads(line)
+            for m in r["messages"]:
+                for tc in m.get("tool_calls") or []:
+                    tc["function"] = renamed_call(tc["function"])
+            out.write(json.dumps(r) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target", "eval", "loopwarden"))
+    ap.add_argument("--data", default=os.path.join(SHARED, "data", "trajectories"))
+    ap.add_argument("--loao", action="store_true", help="leave-one-agent-out over GRID")
+    ap.add_argument("--renamed", action="store_true", help="also replay with tools renamed")
+    ap.add_argument("--gate", action="store_true", help="fail below the CI gate")
+    ap.add_argument("--markdown", action="store_true")
+    a = ap.parse_args()
+
+    score = load_scorer()
+    corpus = Corpus(score, a.data, FILES)
+    with tempfile.TemporaryDirectory() as work:
+        per = corpus.decide(a.binary, "", work, "shipped")
+        print("Shipped config, dev + dev2:")
+        print(table(by_agent(corpus, per), a.markdown))
+        if a.renamed:
+            names = []
+            for f in FILES:
+                dst = os.path.join(work, f)
+                os.makedirs(dst, exist_ok=True)
+                rename_file(os.path.join(a.data, f + ".jsonl"), os.path.join(dst, f + ".jsonl"))
+                for suffix in ("_labels.jsonl",):
+                    os.symlink(os.path.join(a.data, f + suffix), os.path.join(dst, f + suffix))
+                names.append(dst)
+            renamed = Corpus(score, work, [os.path.join(f, f) for f in FILES])
+            rper = renamed.decide(a.binary, "", work, "renamed")
+            print("\nThe same runs, every tool renamed and its arguments re-keyed:")
+            print(table(by_agent(corpus, rper), a.markdown))
+            same = sum(1 for r in corpus.runs if per.get(r) == rper.get(r))
+            print(f"runs with the same decisions: {same} of {len(corpus.runs)}")
+        if a.loao:
+            leave_one_agent_out(corpus, a.binary, work, a.markdown)
+        if a.gate:
+            m = corpus.metrics(per)
+            ok = (m["lost_fix"] or 0) <= GATE_LOST_FIX and (m["recall"] or 0) >= GATE_RECALL
+            print(f"\ngate: lost-fix {100 * (m['lost_fix'] or 0):.1f}% (at most "
+                  f"{100 * GATE_LOST_FIX:.0f}%), labelled-loop recall "
+                  f"{100 * (m['recall'] or 0):.1f}% (at least {100 * GATE_RECALL:.0f}%): "
+                  + ("passed" if ok else "FAILED"))
+            if not ok:
+                sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
