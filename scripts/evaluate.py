@@ -35,12 +35,12 @@ TARGET = {"lost_fix": 0.01, "res_nudged": 0.10, "recall": 0.85, "prec": 0.85, "s
 # The settings grid for leave-one-agent-out: [detect] tables layered on the shipped config.
 GRID = {
     "shipped": "",
+    "quiet2": "[escalation]\nstop_after_quiet = 2\n",
+    "quiet4": "[escalation]\nstop_after_quiet = 4\n",
+    "quiet8": "[escalation]\nstop_after_quiet = 8\n",
     "gap3": "[escalation]\nescalation_gap = 3\n",
-    "gap1": "[escalation]\nescalation_gap = 1\n",
     "streak4": "[thresholds]\nstagnation_streak = 4\n",
     "dead_end6": "[thresholds]\ndead_end_steps = 6\n",
-    "dead_end4": "[thresholds]\ndead_end_steps = 4\n",
-    "nudge0.7": "[escalation]\nnudge_score = 0.7\n",
     "pileup8": "[thresholds]\npileup_errors = 8\n",
 }
 

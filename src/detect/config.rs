@@ -74,6 +74,11 @@ pub struct EscalationConfig {
     pub corroborate: bool,
     /// Steps of quiet for a pattern after a human dismissed its alert.
     pub dismiss_quiet: usize,
+    /// A run is stopped (halt, pause, block) only once this many steps have passed since it
+    /// last brought a source file to a new state: an agent still changing its code is
+    /// struggling forward, and stopping it would lose the fix it is working towards.
+    /// 0 = no such wait. A spent hard budget stops regardless.
+    pub stop_after_quiet: usize,
 }
 
 impl Default for EscalationConfig {
@@ -88,6 +93,7 @@ impl Default for EscalationConfig {
             replan_step: true,
             corroborate: true,
             dismiss_quiet: 10,
+            stop_after_quiet: 6,
         }
     }
 }

@@ -161,10 +161,20 @@ impl EngineState {
         let Some(detector) = self.loop_detector else {
             return false;
         };
-        self.level >= Level::Nudged
+        self.level >= self.block_level(config)
             && self.level < Level::Stopped
             && !self.loop_keys.is_empty()
             && config.policy(detector).response == Response::Halt
+    }
+
+    /// The level a run must have reached for a response to be blocked: like a halt, a
+    /// block comes after the whole ladder (a nudge, and a replan where there is one).
+    fn block_level(&self, config: &DetectConfig) -> Level {
+        if config.escalation.replan_step {
+            Level::Replanned
+        } else {
+            Level::Nudged
+        }
     }
 
     /// The folded facts (for inspection and custom detectors' tests).
@@ -639,6 +649,11 @@ impl Engine {
         let Some(action) = action else {
             return observe(findings);
         };
+        if action.stops() && !may_stop(&st.facts, ev, esc.stop_after_quiet) {
+            // Still changing its code, or only fumbling the scaffold's format before it has
+            // any fix: the stop waits (the pattern's next occasion asks again).
+            return observe(findings);
+        }
         st.level = match action {
             Action::Halt | Action::Pause | Action::Block => Level::Stopped,
             Action::Replan => st.level.max(Level::Replanned),
@@ -674,7 +689,7 @@ impl Engine {
         let Some(detector) = state.loop_detector else {
             return Decision::observe();
         };
-        if state.level < Level::Nudged || state.loop_keys.is_empty() {
+        if state.level < state.block_level(&self.config) || state.loop_keys.is_empty() {
             return Decision::observe();
         }
         let pol = self.config.policy(detector);
@@ -682,7 +697,16 @@ impl Engine {
             .patterns
             .get(detector)
             .is_some_and(|p| p.ema > self.config.escalation.escalate_ema);
-        if pol.response != Response::Halt || !chronic {
+        let learning = state.facts.history.last().is_some_and(|s| s.new_info);
+        if pol.response != Response::Halt
+            || !chronic
+            || learning
+            || !quiet_for(
+                &state.facts,
+                state.facts.steps,
+                self.config.escalation.stop_after_quiet,
+            )
+        {
             return Decision::observe();
         }
         let ctx = CallContext {
@@ -713,6 +737,25 @@ impl Engine {
 /// would silently mean "above 0.8".
 fn reaches(score: f64, threshold: f64) -> bool {
     score + 1e-9 >= threshold
+}
+
+/// Whether the run may be stopped after step `ev`. A stop is the one decision that can
+/// cost a success, so it waits while the run shows signs of working forward:
+/// - it changed its code lately ([`quiet_for`]): an agent whose check prints the same
+///   thing while every edit is new is struggling, not stuck;
+/// - the step returned something the agent had never seen: it is learning;
+/// - the step is a turn the scaffold rejected (no tool call, a format error) and the code
+///   holds no verified fix: the scaffold already tells the model what is wrong, and a stop
+///   there keeps nothing. Once a check has passed on the changed code, a run that keeps
+///   failing to call a tool is a fine place for a stop that keeps the tree.
+fn may_stop(facts: &Facts, ev: &StepEvents, quiet: usize) -> bool {
+    quiet_for(facts, ev.index, quiet) && !ev.new_info && (!ev.rejected || facts.fix_verified)
+}
+
+/// Whether `steps` steps have passed, at step `index`, since the run last brought a source
+/// file to a new state (see `EscalationConfig::stop_after_quiet`).
+fn quiet_for(facts: &Facts, index: usize, steps: usize) -> bool {
+    facts.last_new_source.is_none_or(|at| index >= at + steps)
 }
 
 fn stop_action(response: Response) -> Action {

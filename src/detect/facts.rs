@@ -91,6 +91,8 @@ pub struct FileFacts {
     pub reads: HashMap<String, u32>,
     /// Step of the last change.
     pub changed_at: Option<usize>,
+    /// Changes the call did not spell out (`sed -i` expressions, line edits), by digest.
+    pub opaque: Vec<u64>,
 }
 
 /// Per-check-command knowledge.
@@ -192,6 +194,12 @@ pub struct Facts {
     pub tokens: u64,
     /// Raw hash of the last step's calls and how many steps in a row issued them.
     pub last_calls: (u64, u32),
+    /// The last step that brought a source file (not a scratch script) to a state it never
+    /// had: the agent is still working on the code, whatever its checks print.
+    pub last_new_source: Option<usize>,
+    /// The code holds a change that a check has passed since: the last check run after the
+    /// last new source state did not fail.
+    pub fix_verified: bool,
 }
 
 /// Bounded windows: enough for every detector's look-back.
@@ -374,6 +382,7 @@ impl Facts {
             let (mut check_streak, mut check_streak_failing) = (0, false);
             if let (Some(key), true) = (&action.check, has_result) {
                 let failing = is_error || normalize::shows_failure(&result_text);
+                self.fix_verified = !failing && self.last_new_source.is_some();
                 let changes = self.changes;
                 let cf = self.checks.entry(key.clone()).or_default();
                 let edited = cf.runs == 0 || cf.changes_at_last_run != changes;
@@ -664,6 +673,8 @@ impl Facts {
         let key = actions::norm_path(ch.path());
         let f = self.files.entry(key).or_default();
         let before = f.returns;
+        // Whether the file reaches a state it never had (an undo or a redo does not).
+        let mut new_state = false;
         let changed = match ch {
             Change::Write { hash, size, .. } => {
                 let current = f.states.last().copied();
@@ -672,6 +683,8 @@ impl Facts {
                 } else {
                     if f.states.contains(hash) {
                         f.returns += 1;
+                    } else {
+                        new_state = true;
                     }
                     f.states.push(*hash);
                     f.sizes.push(*size as i64);
@@ -687,16 +700,49 @@ impl Facts {
                     if undo {
                         f.returns += 1;
                     }
+                    new_state = !undo && !f.edits.contains(&(*old, *new));
                     f.edits.push((*old, *new));
                     true
                 }
             }
-            Change::Opaque { .. } => true,
+            Change::Opaque { detail, .. } => {
+                new_state = !f.opaque.contains(detail);
+                if new_state {
+                    f.opaque.push(*detail);
+                }
+                true
+            }
         };
         if changed {
             f.reads.clear();
             f.changed_at = Some(index);
         }
+        if new_state && !is_scratch(ch.path()) {
+            self.last_new_source = Some(index);
+            self.fix_verified = false;
+        }
         (changed, if f.returns > before { f.returns } else { 0 })
     }
+}
+
+/// Files an agent writes to try things out rather than to fix anything: reproduction,
+/// debug and check scripts, and anything under `/tmp`. Their edits are no progress on the
+/// code.
+pub fn is_scratch(path: &str) -> bool {
+    let path = path.trim_matches(|c| c == '\'' || c == '"');
+    let name = path.rsplit('/').next().unwrap_or(path).to_ascii_lowercase();
+    path.starts_with("/tmp/")
+        || [
+            "reproduce",
+            "repro",
+            "debug",
+            "test_",
+            "check_",
+            "verify",
+            "tmp",
+            "temp",
+            "scratch",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p))
 }
