@@ -14,6 +14,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::actions::ToolCatalog;
 use crate::detect::{Action, DetectConfig, Engine, StoreFacts};
 use crate::dialect::{Dialect, ResponseTurn};
 use crate::transcript::{Item, Transcript};
@@ -44,6 +45,21 @@ struct Run<'a> {
     resolved: Option<bool>,
     #[serde(borrow)]
     messages: Vec<&'a RawValue>,
+    /// The tool definitions the run's requests carried (Chat Completions `tools`), if
+    /// recorded: a tool no profile knows is read through them.
+    #[serde(default)]
+    tools: Option<serde_json::Value>,
+}
+
+impl Run<'_> {
+    /// A fresh engine state for the run, reading its calls with its tool definitions.
+    fn start(&self, engine: &Engine, transcript: &Transcript) -> crate::detect::EngineState {
+        let mut state = engine.start(transcript);
+        if let Some(tools) = &self.tools {
+            state.use_tools(std::sync::Arc::new(ToolCatalog::from_definitions(tools)));
+        }
+        state
+    }
 }
 
 /// One intervention, as printed.
@@ -112,7 +128,7 @@ pub fn replay_line(engine: &Engine, line: &str) -> anyhow::Result<RunResult> {
     let store = StoreFacts::default();
     // Request k carries steps 0..k-1: fold them one by one (the same fold the proxy's
     // cached state continues), then judge turn k's own calls on the response side.
-    let mut state = engine.start(&full);
+    let mut state = run.start(engine, &full);
     for k in 0..steps {
         let d = state.decision();
         if d.action != Action::Observe {
@@ -172,8 +188,8 @@ pub fn explain_line(
         items.extend(Dialect::OpenAiChat.parse_message(raw.get()));
     }
     let full = Transcript::from_items(items);
-    let mut state = engine.start(&full);
-    let mut facts = crate::detect::Facts::with_task(full.goal());
+    let mut state = run.start(engine, &full);
+    let mut facts = state.facts().clone();
     for step in &full.steps {
         let ev = facts.fold(step, &engine.config);
         for c in &ev.calls {

@@ -1,7 +1,7 @@
 //! Each detector fires on a realistic loop and stays quiet on the healthy version of the
 //! same work, with the tool shapes of at least two clients (CLIENTS.md §4.3-4.4).
 
-use loopwarden::detect::{Action, Engine, StoreFacts};
+use loopwarden::detect::{Action, DetectConfig, Engine, StoreFacts};
 use loopwarden::transcript::{CallWithResult, Step, ToolCall, ToolResult, Transcript};
 use serde_json::{json, Value};
 
@@ -831,7 +831,12 @@ fn repeat_fires_on_the_same_change_issued_again_and_again() {
 fn a_reproduced_failure_escalates_one_run_before_an_output_that_merely_repeats() {
     // OpenHands repro scripts exit 0 whether they print a failure or plain values; the
     // same failure after every edit is firmer evidence than the same values (which may be
-    // the agent re-verifying a fix), so its ladder starts one rung higher.
+    // the agent re-verifying a fix), so its ladder starts one rung higher. (Every edit here
+    // is new, so the shipped engine waits to stop while they come: the ladder is compared
+    // without that wait, `an_agent_still_changing_its_code_is_nudged_but_not_stopped`.)
+    let mut cfg = DetectConfig::default();
+    cfg.escalation.stop_after_quiet = 0;
+    let engine = Engine::new(cfg);
     let ladder = |out: &'static str| {
         let mut steps = vec![vec![mini_bash("python reproduce.py", out, 0)]];
         for i in 1..9 {
@@ -842,7 +847,7 @@ fn a_reproduced_failure_escalates_one_run_before_an_output_that_merely_repeats()
             )]);
             steps.push(vec![mini_bash("python reproduce.py", out, 0)]);
         }
-        Engine::default()
+        engine
             .decisions(&transcript(steps), &StoreFacts::default())
             .into_iter()
             .map(|(_, d)| d.action)

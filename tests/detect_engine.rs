@@ -553,3 +553,127 @@ fn a_step_fingerprint_changes_with_every_field_and_not_with_key_order() {
         assert_ne!(step_fingerprint(&s), fp, "{what}");
     }
 }
+
+fn edit_file(path: &str, old: &str, new: &str) -> CallWithResult {
+    CallWithResult {
+        call: ToolCall {
+            id: String::new(),
+            name: "str_replace_editor".into(),
+            args: json!({"command": "str_replace", "path": path, "old_str": old, "new_str": new}),
+        },
+        result: Some(ToolResult {
+            call_id: String::new(),
+            name: String::new(),
+            text: format!("The file {path} has been edited."),
+            is_error: Some(false),
+        }),
+    }
+}
+
+fn step(index: usize, calls: Vec<CallWithResult>) -> Step {
+    Step {
+        index,
+        text: String::new(),
+        calls,
+        user_after: vec![],
+    }
+}
+
+/// edit → same failing check, over and over: with every edit new (`fresh`), the agent is
+/// still changing its code; with the same edit undone and redone, it is not.
+fn edit_check_cycles(cycles: usize, fresh: bool) -> Transcript {
+    let mut steps = Vec::new();
+    for i in 0..cycles {
+        let (old, new) = if fresh {
+            (format!("v{i}"), format!("v{}", i + 1))
+        } else if i % 2 == 0 {
+            ("a".to_string(), "b".to_string())
+        } else {
+            ("b".to_string(), "a".to_string())
+        };
+        steps.push(step(
+            steps.len(),
+            vec![edit_file("src/calc.py", &old, &new)],
+        ));
+        steps.push(step(
+            steps.len(),
+            vec![run_cmd("python reproduce.py", "AssertionError: 3 != 4")],
+        ));
+    }
+    Transcript {
+        system: vec![],
+        task: vec!["fix calc".into()],
+        steps,
+    }
+}
+
+#[test]
+fn an_agent_still_changing_its_code_is_nudged_but_not_stopped() {
+    let engine = Engine::default();
+    let a = actions(
+        &engine,
+        &edit_check_cycles(10, true),
+        &StoreFacts::default(),
+    );
+    assert!(
+        a.contains(&Action::Nudge),
+        "the stagnation is reported: {a:?}"
+    );
+    assert!(!a.iter().any(|x| x.stops()), "every edit was new: {a:?}");
+
+    // The same loop where the edits only go back and forth is stopped.
+    let a = actions(
+        &engine,
+        &edit_check_cycles(10, false),
+        &StoreFacts::default(),
+    );
+    assert!(a.iter().any(|x| x.stops()), "{a:?}");
+
+    // Without the wait, the first loop is stopped too: the wait is what keeps it going.
+    let mut cfg = DetectConfig::default();
+    cfg.escalation.stop_after_quiet = 0;
+    let a = actions(
+        &Engine::new(cfg),
+        &edit_check_cycles(10, true),
+        &StoreFacts::default(),
+    );
+    assert!(a.iter().any(|x| x.stops()), "{a:?}");
+}
+
+/// Turns without a tool call that the scaffold rejects: before any fix, nudged only;
+/// after a change that a check passed, a stop that keeps the tree.
+#[test]
+fn rejected_turns_stop_a_run_only_once_its_fix_has_passed_a_check() {
+    let rejected = |index| Step {
+        index,
+        text: "Done, the fix is in.".into(),
+        calls: vec![],
+        user_after: vec!["Please always provide EXACTLY ONE action in triple backticks.".into()],
+    };
+    let mut before_fix: Vec<Step> = vec![step(0, vec![run_code("ls", "calc.py", 0)])];
+    before_fix.extend((1..16).map(rejected));
+    let t = Transcript {
+        system: vec![],
+        task: vec!["fix calc".into()],
+        steps: before_fix,
+    };
+    let a = actions(&Engine::default(), &t, &StoreFacts::default());
+    assert!(a.contains(&Action::Nudge), "{a:?}");
+    assert!(!a.iter().any(|x| x.stops()), "no fix to keep yet: {a:?}");
+
+    let mut after_fix = vec![
+        step(0, vec![edit_file("src/calc.py", "a - b", "a + b")]),
+        step(
+            1,
+            vec![run_code("python -m pytest test_calc.py", "1 passed", 0)],
+        ),
+    ];
+    after_fix.extend((2..24).map(rejected));
+    let t = Transcript {
+        system: vec![],
+        task: vec!["fix calc".into()],
+        steps: after_fix,
+    };
+    let a = actions(&Engine::default(), &t, &StoreFacts::default());
+    assert!(a.iter().any(|x| x.stops()), "a verified fix is kept: {a:?}");
+}

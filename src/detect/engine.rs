@@ -177,6 +177,12 @@ impl EngineState {
         }
     }
 
+    /// Reads the calls of the steps folded from now on with the tool definitions the
+    /// conversation's requests carry (a tool no profile knows is read through them).
+    pub fn use_tools(&mut self, tools: Arc<crate::actions::ToolCatalog>) {
+        self.facts.tools = (!tools.is_empty()).then_some(tools);
+    }
+
     /// The folded facts (for inspection and custom detectors' tests).
     pub fn facts(&self) -> &Facts {
         &self.facts
