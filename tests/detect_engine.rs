@@ -586,7 +586,7 @@ fn edit_check_cycles(cycles: usize, fresh: bool) -> Transcript {
     for i in 0..cycles {
         let (old, new) = if fresh {
             (format!("v{i}"), format!("v{}", i + 1))
-        } else if i % 2 == 0 {
+        } else if i.is_multiple_of(2) {
             ("a".to_string(), "b".to_string())
         } else {
             ("b".to_string(), "a".to_string())

@@ -83,7 +83,7 @@ async fn an_unknown_agent_changing_its_code_is_nudged_but_not_stopped() {
     let setup = Setup::start(looping_script(Dialect::OpenAiChat), |_| {}).await;
     // Edit, test, edit, test...: every edit new, the test failing the same way.
     let call = |i: usize| {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             (
                 "edit",
                 json!({"path": "src/calc.py", "oldText": format!("return {}", i), "newText": format!("return {}", i + 2)}),
@@ -96,7 +96,7 @@ async fn an_unknown_agent_changing_its_code_is_nudged_but_not_stopped() {
         }
     };
     let result = |i: usize| {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             "Successfully replaced text in src/calc.py.".to_string()
         } else {
             FAILURE.to_string()
