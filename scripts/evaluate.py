@@ -32,16 +32,16 @@ GATE_LOST_FIX = 0.01
 GATE_RECALL = 0.80
 TARGET = {"lost_fix": 0.01, "res_nudged": 0.10, "recall": 0.85, "prec": 0.85, "steps_saved": 0.12}
 
-# The settings grid for leave-one-agent-out: [detect] tables layered on the shipped config.
+# The settings grid for leave-one-agent-out: config files layered on the shipped defaults.
 GRID = {
     "shipped": "",
-    "quiet2": "[escalation]\nstop_after_quiet = 2\n",
-    "quiet4": "[escalation]\nstop_after_quiet = 4\n",
-    "quiet8": "[escalation]\nstop_after_quiet = 8\n",
-    "gap3": "[escalation]\nescalation_gap = 3\n",
-    "streak4": "[thresholds]\nstagnation_streak = 4\n",
-    "dead_end6": "[thresholds]\ndead_end_steps = 6\n",
-    "pileup8": "[thresholds]\npileup_errors = 8\n",
+    "quiet2": "[detect.escalation]\nstop_after_quiet = 2\n",
+    "quiet4": "[detect.escalation]\nstop_after_quiet = 4\n",
+    "quiet8": "[detect.escalation]\nstop_after_quiet = 8\n",
+    "gap3": "[detect.escalation]\nescalation_gap = 3\n",
+    "streak4": "[detect.thresholds]\nstagnation_streak = 4\n",
+    "dead_end6": "[detect.thresholds]\ndead_end_steps = 6\n",
+    "pileup8": "[detect.thresholds]\npileup_errors = 8\n",
 }
 
 
@@ -52,20 +52,11 @@ def load_scorer():
     return score
 
 
-def replay(binary, trajectories, config_text, out_path):
-    """Replays one file with a [detect] table; decisions go to out_path."""
-    args = [binary, "replay", trajectories]
-    cfg = None
-    if config_text:
-        cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
-        cfg.write("".join(f"[detect.{line[1:]}" if line.startswith("[") else line
-                          for line in config_text.splitlines(keepends=True)))
-        cfg.close()
-        args += ["--config", cfg.name]
+def replay(binary, trajectories, config_path, out_path):
+    """Replays one file (with a config file, if any); decisions go to out_path."""
+    args = [binary, "replay", trajectories] + (["--config", config_path] if config_path else [])
     with open(out_path, "w") as out:
         subprocess.run(args, stdout=out, check=True)
-    if cfg:
-        os.unlink(cfg.name)
 
 
 class Corpus:
@@ -80,12 +71,18 @@ class Corpus:
             self.labels.update(score.load_labels(os.path.join(data, name + "_labels.jsonl")))
         self.agents = sorted({r["agent"] for r in self.runs.values()})
 
-    def decide(self, binary, config_text, workdir, tag):
-        """Replays every file; the effective decisions per run."""
+    def decide(self, binary, config_text, workdir, tag, files=None):
+        """Replays every file (or `files`, the same runs rewritten) with a config; the
+        effective decisions per run."""
+        config_path = None
+        if config_text:
+            config_path = os.path.join(workdir, tag + ".toml")
+            with open(config_path, "w") as f:
+                f.write(config_text)
         decisions = []
-        for path in self.files:
-            out = os.path.join(workdir, f"{tag}-{os.path.basename(path)}")
-            replay(binary, path, config_text, out)
+        for i, path in enumerate(files or self.files):
+            out = os.path.join(workdir, f"{tag}-{i}.jsonl")
+            replay(binary, path, config_path, out)
             decisions += self.score.load_jsonl(out)
         per, _ = self.score.effective(decisions, self.runs)
         return per
@@ -221,16 +218,12 @@ def main():
         print("Shipped config, dev + dev2:")
         print(table(by_agent(corpus, per), a.markdown))
         if a.renamed:
-            names = []
-            for f in FILES:
-                dst = os.path.join(work, f)
-                os.makedirs(dst, exist_ok=True)
-                rename_file(os.path.join(a.data, f + ".jsonl"), os.path.join(dst, f + ".jsonl"))
-                for suffix in ("_labels.jsonl",):
-                    os.symlink(os.path.join(a.data, f + suffix), os.path.join(dst, f + suffix))
-                names.append(dst)
-            renamed = Corpus(score, work, [os.path.join(f, f) for f in FILES])
-            rper = renamed.decide(a.binary, "", work, "renamed")
+            renamed = []
+            for path in corpus.files:
+                dst = os.path.join(work, "renamed-" + os.path.basename(path))
+                rename_file(path, dst)
+                renamed.append(dst)
+            rper = corpus.decide(a.binary, "", work, "renamed", renamed)
             print("\nThe same runs, every tool renamed and its arguments re-keyed:")
             print(table(by_agent(corpus, rper), a.markdown))
             same = sum(1 for r in corpus.runs if per.get(r) == rper.get(r))

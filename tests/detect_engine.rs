@@ -570,6 +570,15 @@ fn edit_file(path: &str, old: &str, new: &str) -> CallWithResult {
     }
 }
 
+/// The conversation of the task "fix calc" with these steps.
+fn fix_calc(steps: Vec<Step>) -> Transcript {
+    Transcript {
+        system: vec![],
+        task: vec!["fix calc".into()],
+        steps,
+    }
+}
+
 fn step(index: usize, calls: Vec<CallWithResult>) -> Step {
     Step {
         index,
@@ -600,11 +609,7 @@ fn edit_check_cycles(cycles: usize, fresh: bool) -> Transcript {
             vec![run_cmd("python reproduce.py", "AssertionError: 3 != 4")],
         ));
     }
-    Transcript {
-        system: vec![],
-        task: vec!["fix calc".into()],
-        steps,
-    }
+    fix_calc(steps)
 }
 
 #[test]
@@ -652,12 +657,11 @@ fn rejected_turns_stop_a_run_only_once_its_fix_has_passed_a_check() {
     };
     let mut before_fix: Vec<Step> = vec![step(0, vec![run_code("ls", "calc.py", 0)])];
     before_fix.extend((1..16).map(rejected));
-    let t = Transcript {
-        system: vec![],
-        task: vec!["fix calc".into()],
-        steps: before_fix,
-    };
-    let a = actions(&Engine::default(), &t, &StoreFacts::default());
+    let a = actions(
+        &Engine::default(),
+        &fix_calc(before_fix),
+        &StoreFacts::default(),
+    );
     assert!(a.contains(&Action::Nudge), "{a:?}");
     assert!(!a.iter().any(|x| x.stops()), "no fix to keep yet: {a:?}");
 
@@ -669,11 +673,10 @@ fn rejected_turns_stop_a_run_only_once_its_fix_has_passed_a_check() {
         ),
     ];
     after_fix.extend((2..24).map(rejected));
-    let t = Transcript {
-        system: vec![],
-        task: vec!["fix calc".into()],
-        steps: after_fix,
-    };
-    let a = actions(&Engine::default(), &t, &StoreFacts::default());
+    let a = actions(
+        &Engine::default(),
+        &fix_calc(after_fix),
+        &StoreFacts::default(),
+    );
     assert!(a.iter().any(|x| x.stops()), "a verified fix is kept: {a:?}");
 }

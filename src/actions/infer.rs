@@ -14,7 +14,8 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::{
-    edit, patch_action, read, shell, simple, write, ActionKind, CallContext, Change, ToolAction,
+    edit, opaque_edit, patch_action, read, shell, simple, write, ActionKind, CallContext, Change,
+    ToolAction,
 };
 use crate::normalize::hash64;
 use crate::transcript::ToolCall;
@@ -424,16 +425,6 @@ fn renames_or_deletes(name: &str) -> bool {
         .any(|w| n.contains(w))
 }
 
-/// A change the call does not spell out, to `path`.
-fn opaque_edit(call: &ToolCall, path: &str) -> ToolAction {
-    let mut a = simple(call, ActionKind::Edit, Some(path));
-    a.changes.push(Change::Opaque {
-        path: path.to_string(),
-        detail: hash64(call.canonical_args().as_bytes()),
-    });
-    a
-}
-
 /// An editor subcommand on `path`.
 fn editor(args: &Args<'_>, path: &str, verb: &str) -> ToolAction {
     let call = args.call;
@@ -462,24 +453,10 @@ fn patched(call: &ToolCall, patch: &str, path: Option<&str>) -> ToolAction {
     if let (Some((old, new)), Some(path)) = (search_replace_blocks(patch), path) {
         return edit(call, path, &old, &new);
     }
-    let mut a = patch_action(call, patch);
-    if a.changes.is_empty() {
-        if let Some(path) = path {
-            return opaque_edit(call, path);
-        }
-    }
-    a.kind = a.kind.max_rank(ActionKind::Edit);
-    a
-}
-
-impl ActionKind {
-    /// The more telling of two kinds (see `rank`).
-    fn max_rank(self, other: ActionKind) -> ActionKind {
-        if other.rank() > self.rank() {
-            other
-        } else {
-            self
-        }
+    let a = patch_action(call, patch);
+    match path {
+        Some(path) if a.changes.is_empty() => opaque_edit(call, path),
+        _ => a,
     }
 }
 
@@ -494,7 +471,7 @@ pub struct ToolCatalog {
     tools: BTreeMap<String, ToolRoles>,
 }
 
-/// Words of a description and the part or kind they stand for, checked in order.
+/// Words of an argument's description and the part they stand for, checked in order.
 const DESCRIBED_ROLES: &[(&[&str], Role)] = &[
     (
         &[
@@ -574,24 +551,27 @@ const DESCRIBED_ROLES: &[(&[&str], Role)] = &[
 ];
 
 /// Words of a tool's description that make it a shell tool.
-const DESCRIBED_SHELL: &[(&[&str], ())] = &[(
-    &[
-        "shell",
-        "terminal",
-        "execute a command",
-        "run a command",
-        "executes a command",
-        "runs a command",
-    ],
-    (),
-)];
+const DESCRIBED_SHELL: &[&str] = &[
+    "shell",
+    "terminal",
+    "execute a command",
+    "run a command",
+    "executes a command",
+    "runs a command",
+];
 
-fn described<T: Copy>(text: &str, table: &[(&[&str], T)]) -> Option<T> {
+/// Whether a description holds any of `words` (lowercase).
+fn mentions(text: &str, words: &[&str]) -> bool {
     let t = text.to_lowercase();
-    table
+    words.iter().any(|w| t.contains(w))
+}
+
+/// The part the first entry whose words a description holds stands for.
+fn described_role(text: &str) -> Option<Role> {
+    DESCRIBED_ROLES
         .iter()
-        .find(|(words, _)| words.iter().any(|w| t.contains(w)))
-        .map(|(_, v)| *v)
+        .find(|(words, _)| mentions(text, words))
+        .map(|(_, role)| *role)
 }
 
 impl ToolCatalog {
@@ -632,7 +612,7 @@ impl ToolCatalog {
                 let by_description = || {
                     prop.get("description")
                         .and_then(Value::as_str)
-                        .and_then(|d| described(d, DESCRIBED_ROLES))
+                        .and_then(described_role)
                 };
                 match role_by_name(arg).or_else(by_description) {
                     Some(role) => {
@@ -648,8 +628,7 @@ impl ToolCatalog {
         let shell_tool = def
             .get("description")
             .and_then(Value::as_str)
-            .and_then(|d| described(d, DESCRIBED_SHELL))
-            .is_some();
+            .is_some_and(|d| mentions(d, DESCRIBED_SHELL));
         if let ([only], true) = (texts.as_slice(), shell_tool && roles.is_empty()) {
             roles.insert(only.clone(), Role::Command);
         }

@@ -245,14 +245,7 @@ fn builtin(call: &ToolCall, ctx: &CallContext<'_>) -> Option<ToolAction> {
                     arg(call, "old_str").unwrap_or(""),
                     arg(call, "new_str").unwrap_or(""),
                 )),
-                "insert" => {
-                    let mut a = simple(call, ActionKind::Edit, Some(path));
-                    a.changes.push(Change::Opaque {
-                        path: path.to_string(),
-                        detail: hash64(call.canonical_args().as_bytes()),
-                    });
-                    Some(a)
-                }
+                "insert" => Some(opaque_edit(call, path)),
                 "undo_edit" => {
                     let mut a = simple(call, ActionKind::Edit, Some(path));
                     a.changes.push(Change::Opaque {
@@ -387,6 +380,17 @@ fn edit(call: &ToolCall, path: &str, old: &str, new: &str) -> ToolAction {
     });
     a.key = format!("edit:{}:{o:x}:{n:x}", norm_path(path));
     a.key_hash = hash64(a.key.as_bytes());
+    a
+}
+
+/// A change to `path` that the call does not spell out (an insertion, a fragment, a
+/// delete): known by the call's arguments.
+fn opaque_edit(call: &ToolCall, path: &str) -> ToolAction {
+    let mut a = simple(call, ActionKind::Edit, Some(path));
+    a.changes.push(Change::Opaque {
+        path: path.to_string(),
+        detail: hash64(call.canonical_args().as_bytes()),
+    });
     a
 }
 

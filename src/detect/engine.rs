@@ -655,7 +655,7 @@ impl Engine {
         let Some(action) = action else {
             return observe(findings);
         };
-        if action.stops() && !may_stop(&st.facts, ev, esc.stop_after_quiet) {
+        if action.stops() && !may_stop(&st.facts, esc.stop_after_quiet) {
             // Still changing its code, or only fumbling the scaffold's format before it has
             // any fix: the stop waits (the pattern's next occasion asks again).
             return observe(findings);
@@ -703,15 +703,9 @@ impl Engine {
             .patterns
             .get(detector)
             .is_some_and(|p| p.ema > self.config.escalation.escalate_ema);
-        let learning = state.facts.history.last().is_some_and(|s| s.new_info);
         if pol.response != Response::Halt
             || !chronic
-            || learning
-            || !quiet_for(
-                &state.facts,
-                state.facts.steps,
-                self.config.escalation.stop_after_quiet,
-            )
+            || !may_stop(&state.facts, self.config.escalation.stop_after_quiet)
         {
             return Decision::observe();
         }
@@ -745,23 +739,23 @@ fn reaches(score: f64, threshold: f64) -> bool {
     score + 1e-9 >= threshold
 }
 
-/// Whether the run may be stopped after step `ev`. A stop is the one decision that can
-/// cost a success, so it waits while the run shows signs of working forward:
-/// - it changed its code lately ([`quiet_for`]): an agent whose check prints the same
-///   thing while every edit is new is struggling, not stuck;
-/// - the step returned something the agent had never seen: it is learning;
-/// - the step is a turn the scaffold rejected (no tool call, a format error) and the code
-///   holds no verified fix: the scaffold already tells the model what is wrong, and a stop
-///   there keeps nothing. Once a check has passed on the changed code, a run that keeps
-///   failing to call a tool is a fine place for a stop that keeps the tree.
-fn may_stop(facts: &Facts, ev: &StepEvents, quiet: usize) -> bool {
-    quiet_for(facts, ev.index, quiet) && !ev.new_info && (!ev.rejected || facts.fix_verified)
-}
-
-/// Whether `steps` steps have passed, at step `index`, since the run last brought a source
-/// file to a new state (see `EscalationConfig::stop_after_quiet`).
-fn quiet_for(facts: &Facts, index: usize, steps: usize) -> bool {
-    facts.last_new_source.is_none_or(|at| index >= at + steps)
+/// Whether the run may be stopped after its last folded step: the one rule for a halt or
+/// pause on the request side and a block on the response side. A stop is the one decision
+/// that can cost a success, so it waits while the run shows signs of working forward:
+/// - it brought a source file to a new state within the last `quiet` steps: an agent whose
+///   check prints the same thing while every edit is new is struggling, not stuck;
+/// - the last step returned something the agent had never seen: it is learning;
+/// - the last step is a turn the scaffold rejected (no tool call, a format error) and the
+///   code holds no verified fix: the scaffold already tells the model what is wrong, and a
+///   stop there keeps nothing. Once a check has passed on the changed code, a run that
+///   keeps failing to call a tool is a fine place for a stop that keeps the tree.
+fn may_stop(facts: &Facts, quiet: usize) -> bool {
+    let Some(last) = facts.history.last() else {
+        return true;
+    };
+    let index = facts.steps - 1;
+    let quiet_since_source = facts.last_new_source.is_none_or(|at| index >= at + quiet);
+    quiet_since_source && !last.new_info && (!last.rejected || facts.fix_verified)
 }
 
 fn stop_action(response: Response) -> Action {

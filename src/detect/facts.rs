@@ -132,6 +132,8 @@ pub struct StepDigest {
     pub errors: u8,
     pub changed: bool,
     pub new_info: bool,
+    /// A turn without a call that the scaffold rejected.
+    pub rejected: bool,
     pub text_hash: u64,
     pub text_len: u32,
 }
@@ -617,6 +619,7 @@ impl Facts {
             errors: ev.calls.iter().filter(|c| c.is_error).count().min(255) as u8,
             changed: ev.changed,
             new_info: ev.new_info,
+            rejected: ev.rejected,
             text_hash,
             text_len: text_norm.len().min(u32::MAX as usize) as u32,
         });
@@ -733,15 +736,7 @@ pub fn is_scratch(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path).to_ascii_lowercase();
     path.starts_with("/tmp/")
         || [
-            "reproduce",
-            "repro",
-            "debug",
-            "test_",
-            "check_",
-            "verify",
-            "tmp",
-            "temp",
-            "scratch",
+            "repro", "debug", "test_", "check_", "verify", "tmp", "temp", "scratch",
         ]
         .iter()
         .any(|p| name.starts_with(p))
