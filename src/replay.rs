@@ -30,7 +30,8 @@ pub struct ReplayArgs {
     /// Also print harm and savings figures (needs `resolved` labels in the input).
     #[arg(long)]
     pub summary: bool,
-    /// Print, for the run with this id, what the engine saw at each step (to stderr).
+    /// Print, for the run with this id (`*`: every run), what the engine saw at each step
+    /// (to stderr).
     #[arg(long)]
     pub explain: Option<String>,
 }
@@ -171,6 +172,9 @@ pub fn replay_line(engine: &Engine, line: &str) -> anyhow::Result<RunResult> {
     })
 }
 
+/// The `--explain` argument that explains every run of the file.
+pub const EXPLAIN_ALL: &str = "*";
+
 /// Writes, step by step, what the engine saw in one run: each call's meaning, result,
 /// the facts it changed, the findings and the decision for the next request.
 pub fn explain_line(
@@ -180,9 +184,10 @@ pub fn explain_line(
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let run: Run = serde_json::from_str(line).context("not a run object with id and messages")?;
-    if run.id != id {
+    if id != EXPLAIN_ALL && run.id != id {
         return Ok(());
     }
+    writeln!(out, "# {}", run.id)?;
     let mut items: Vec<Item> = Vec::new();
     for raw in &run.messages {
         items.extend(Dialect::OpenAiChat.parse_message(raw.get()));
@@ -326,7 +331,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
             continue;
         }
         if let Some(id) = &args.explain {
-            if line.contains(id.as_str()) {
+            if id == EXPLAIN_ALL || line.contains(id.as_str()) {
                 explain_line(&engine, &line, id, &mut std::io::stderr().lock())?;
             }
         }

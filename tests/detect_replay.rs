@@ -136,3 +136,32 @@ fn replay_uses_the_detect_table_of_a_config_file_and_rejects_bad_input() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("line 1"));
 }
+
+#[test]
+fn explain_writes_each_step_of_one_run_or_of_every_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("runs.jsonl");
+    std::fs::write(
+        &file,
+        [
+            run_line("loop-1", "mini-swe-agent", false, true),
+            run_line("ok-1", "openhands", true, false),
+        ]
+        .join("\n")
+            + "\n",
+    )
+    .unwrap();
+    let one = String::from_utf8(replay(&file, &["--explain", "loop-1"]).stderr).unwrap();
+    assert!(one.starts_with("# loop-1\n"), "{one}");
+    assert!(!one.contains("# ok-1"), "only the named run: {one}");
+    assert!(one.contains("  0 Exec sh:pytest test_calc.py"), "{one}");
+    assert!(
+        one.contains("==> request"),
+        "the decisions are shown: {one}"
+    );
+
+    let all = String::from_utf8(replay(&file, &["--explain", "*"]).stderr).unwrap();
+    let headers: Vec<&str> = all.lines().filter(|l| l.starts_with("# ")).collect();
+    assert_eq!(headers, ["# loop-1", "# ok-1"]);
+    assert!(all.contains("Read sh:cat part13.py"), "{all}");
+}
