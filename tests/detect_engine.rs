@@ -414,12 +414,12 @@ fn a_shared_fold_is_read_without_a_copy_when_the_history_is_the_same_and_advance
     let (d8, s8) = engine.decide_with(&t8, &store, None);
     let shared = Arc::new(s8);
     // The same history again (a retry, many clients sending one conversation).
-    let (again, state, moved) = engine.decide_shared(&t8, &store, Some(shared.clone()), None);
+    let (again, state, moved) = engine.decide_shared(&t8, &store, Some(shared.clone()), None, None);
     assert!(!moved && Arc::ptr_eq(&state, &shared));
     assert_eq!(again.action, d8.action);
     // Two more steps: the fold advances, and decides what a fold from scratch decides.
     let t10 = looping(10);
-    let (next, state, moved) = engine.decide_shared(&t10, &store, Some(shared.clone()), None);
+    let (next, state, moved) = engine.decide_shared(&t10, &store, Some(shared.clone()), None, None);
     assert!(moved && !Arc::ptr_eq(&state, &shared));
     assert_eq!(state.steps(), 10);
     assert_eq!(next.action, engine.decide(&t10).action);
@@ -428,7 +428,7 @@ fn a_shared_fold_is_read_without_a_copy_when_the_history_is_the_same_and_advance
         task: vec!["another task".into()],
         ..looping(8)
     };
-    let (_, state, moved) = engine.decide_shared(&other, &store, Some(shared), None);
+    let (_, state, moved) = engine.decide_shared(&other, &store, Some(shared), None, None);
     assert!(moved);
     assert_eq!(state.steps(), 8);
 }
@@ -444,13 +444,14 @@ fn a_fold_its_caller_vouches_for_is_continued_without_checking_its_steps() {
         steps: full.steps[..8].to_vec(),
         ..full.clone()
     };
-    let (_, s8, _) = engine.decide_shared(&t8, &store, None, None);
+    let (_, s8, _) = engine.decide_shared(&t8, &store, None, None, None);
     let vouched = s8.folded();
     assert_eq!(vouched.steps, 8);
     // The chain hashes the folded steps: it tells a continued fold from one started over.
     let chain_of = |t: &Transcript| engine.decide_with(t, &store, None).1.chain();
     let advanced = |known: Option<Folded>, t: &Transcript| {
-        let (decision, state, moved) = engine.decide_shared(t, &store, Some(s8.clone()), known);
+        let (decision, state, moved) =
+            engine.decide_shared(t, &store, Some(s8.clone()), known, None);
         assert!(moved && state.steps() == 10);
         (decision, state)
     };
@@ -488,7 +489,8 @@ fn a_fold_its_caller_vouches_for_is_continued_without_checking_its_steps() {
         );
     }
     // The same history again is read from the shared fold either way.
-    let (_, state, moved) = engine.decide_shared(&t8, &store, Some(s8.clone()), Some(vouched));
+    let (_, state, moved) =
+        engine.decide_shared(&t8, &store, Some(s8.clone()), Some(vouched), None);
     assert!(!moved && Arc::ptr_eq(&state, &s8));
 }
 

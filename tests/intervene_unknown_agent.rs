@@ -1,7 +1,8 @@
 //! An agent loopwarden has no profile for, through the proxy: its tools (`exec`, `read`,
 //! `edit {path, oldText, newText}`, `write`) are read from their calls, so an agent that
 //! keeps changing its code is nudged but never stopped, and one that re-runs the same
-//! failing command with nothing changed is stopped.
+//! failing command with nothing changed is stopped. A tool whose arguments say nothing
+//! of what it does is read through the definitions the requests carry.
 
 mod intervene_support;
 
@@ -36,6 +37,14 @@ fn tools() -> Value {
             "Write a file.",
             json!({"path": {"type": "string"}, "content": {"type": "string"}})
         ),
+        // Its argument names say nothing; their descriptions do.
+        def(
+            "change",
+            "Change a file.",
+            json!({"target": {"type": "string", "description": "Path of the file to modify."},
+            "before": {"type": "string", "description": "The exact text to replace."},
+            "after": {"type": "string", "description": "The replacement text."}})
+        ),
     ])
 }
 
@@ -61,6 +70,17 @@ fn body(
     json!({"model": "glm-test", "messages": m, "tools": tools()})
 }
 
+/// [`body`] of a client that sends no tool definitions.
+fn body_without_tools(
+    turns: usize,
+    call: impl Fn(usize) -> (&'static str, Value),
+    result: impl Fn(usize) -> String,
+) -> Value {
+    let mut b = body(turns, call, result);
+    b.as_object_mut().unwrap().remove("tools");
+    b
+}
+
 /// The decision the proxy states for each request of a growing conversation.
 async fn decisions(
     setup: &Setup,
@@ -78,40 +98,73 @@ async fn decisions(
     out
 }
 
+/// Edit, test, edit, test...: every edit new (made with `edit(i)`), the test failing the
+/// same way.
+fn edit_test_call(i: usize, edit: fn(usize) -> (&'static str, Value)) -> (&'static str, Value) {
+    if i.is_multiple_of(2) {
+        edit(i)
+    } else {
+        (
+            "exec",
+            json!({"command": "python -m pytest -q tests/test_calc.py"}),
+        )
+    }
+}
+
+fn edit_test_result(i: usize) -> String {
+    if i.is_multiple_of(2) {
+        "Successfully replaced text in src/calc.py.".to_string()
+    } else {
+        FAILURE.to_string()
+    }
+}
+
+fn stops(decisions: &[String]) -> bool {
+    decisions
+        .iter()
+        .any(|d| d == "halt" || d == "pause" || d == "block")
+}
+
 #[tokio::test]
 async fn an_unknown_agent_changing_its_code_is_nudged_but_not_stopped() {
     let setup = Setup::start(looping_script(Dialect::OpenAiChat), |_| {}).await;
-    // Edit, test, edit, test...: every edit new, the test failing the same way.
-    let call = |i: usize| {
-        if i.is_multiple_of(2) {
-            (
-                "edit",
-                json!({"path": "src/calc.py", "oldText": format!("return {}", i), "newText": format!("return {}", i + 2)}),
-            )
-        } else {
-            (
-                "exec",
-                json!({"command": "python -m pytest -q tests/test_calc.py"}),
-            )
-        }
+    let edit = |i: usize| {
+        (
+            "edit",
+            json!({"path": "src/calc.py", "oldText": format!("return {}", i), "newText": format!("return {}", i + 2)}),
+        )
     };
-    let result = |i: usize| {
-        if i.is_multiple_of(2) {
-            "Successfully replaced text in src/calc.py.".to_string()
-        } else {
-            FAILURE.to_string()
-        }
-    };
-    let got = decisions(&setup, "forward", 24, |k| body(k, call, result)).await;
+    let call = |i| edit_test_call(i, edit);
+    let got = decisions(&setup, "forward", 24, |k| body(k, call, edit_test_result)).await;
     assert!(
         got.iter().any(|d| d == "nudge"),
         "the stagnation is reported: {got:?}"
     );
+    assert!(!stops(&got), "every edit was new: {got:?}");
+}
+
+#[tokio::test]
+async fn a_tool_is_read_through_the_definitions_the_requests_carry() {
+    let setup = Setup::start(looping_script(Dialect::OpenAiChat), |_| {}).await;
+    let change = |i: usize| {
+        (
+            "change",
+            json!({"target": "src/calc.py", "before": format!("return {}", i), "after": format!("return {}", i + 2)}),
+        )
+    };
+    let call = |i| edit_test_call(i, change);
+    let with = decisions(&setup, "defined", 24, |k| body(k, call, edit_test_result)).await;
     assert!(
-        !got.iter()
-            .any(|d| d == "halt" || d == "pause" || d == "block"),
-        "every edit was new: {got:?}"
+        !stops(&with),
+        "the definitions say `change` edits, and every edit was new: {with:?}"
     );
+    // The same calls from a client that sends no definitions: `change` is not known to
+    // change anything, so the same failure after it is a loop.
+    let without = decisions(&setup, "undefined", 24, |k| {
+        body_without_tools(k, call, edit_test_result)
+    })
+    .await;
+    assert!(stops(&without), "{without:?}");
 }
 
 #[tokio::test]

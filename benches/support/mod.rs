@@ -440,6 +440,7 @@ impl Proxy {
             transcript,
             head,
             folded,
+            tools,
             request: mut keep,
             preamble,
             ..
@@ -463,9 +464,13 @@ impl Proxy {
         let cached = self
             .conversations
             .engine(&identity.id, transcript.steps.len());
-        let (decision, state, advanced) =
-            self.engine
-                .decide_shared(&transcript, &StoreFacts::default(), cached, folded);
+        let (decision, state, advanced) = self.engine.decide_shared(
+            &transcript,
+            &StoreFacts::default(),
+            cached,
+            folded,
+            tools.as_ref(),
+        );
         let folded = state.folded();
         if advanced {
             self.conversations.put_engine(&identity.id, state);

@@ -381,12 +381,15 @@ impl Engine {
     /// (and so is worth caching).
     ///
     /// `known`: what the caller knows of the transcript's steps ([`Folded`]), if anything.
+    /// `tools`: the catalog of the request's tool definitions, which reads the calls of the
+    /// steps folded from now on ([`EngineState::use_tools`]).
     pub fn decide_shared(
         &self,
         transcript: &Transcript,
         store: &StoreFacts,
         cache: Option<Arc<EngineState>>,
         known: Option<Folded>,
+        tools: Option<&Arc<crate::actions::ToolCatalog>>,
     ) -> (Decision, Arc<EngineState>, bool) {
         match cache {
             Some(state)
@@ -398,6 +401,9 @@ impl Engine {
             }
             cache => {
                 let mut state = cache.map(Arc::unwrap_or_clone).unwrap_or_default();
+                if let Some(tools) = tools {
+                    state.use_tools(tools.clone());
+                }
                 self.advance_known(&mut state, transcript, store, known);
                 (state.decision(), Arc::new(state), true)
             }
@@ -421,8 +427,11 @@ impl Engine {
     ) {
         let store_fp = store.fingerprint();
         if !self.continues(state, transcript, known) || state.store_fp != store_fp {
+            // The tool definitions belong to the requests, not to the folded steps.
+            let tools = state.facts.tools.take();
             *state = self.start(transcript);
             state.store_fp = store_fp;
+            state.facts.tools = tools;
         }
         let from = state.facts.steps;
         for step in &transcript.steps[from..] {

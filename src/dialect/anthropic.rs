@@ -15,7 +15,7 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
-    answer_json, args_from_raw, content_text, insert_after, offers_tools, preamble_of,
+    answer_json, args_from_raw, content_text, insert_after, offered_tools, preamble_of,
     push_into_array, push_line, random_id, replace_span, span_of, system_preamble, Content,
     ContentText, Dialect, EarlierPreamble, HaltToolCall, ParseError, RequestView, ResponseTurn,
     StreamEventKind, TextPart, TopLevel, UpstreamFailure,
@@ -30,7 +30,7 @@ pub(super) fn view<'a>(
     Ok(RequestView {
         model: top.field("model")?,
         stream: top.field("stream")?.unwrap_or(false),
-        has_tools: offers_tools(top.raw("tools")),
+        tools: offered_tools(top.raw("tools")),
         preamble: preamble_of(system, earlier, |raw| {
             system_preamble(content_text(Some(raw)))
         }),

@@ -16,7 +16,7 @@ use serde_json::json;
 
 use super::framing::{write_sse, Frame};
 use super::{
-    answer_json, args_from_raw, insert_after, offers_tools, preamble_of, push_into_array,
+    answer_json, args_from_raw, insert_after, offered_tools, preamble_of, push_into_array,
     random_id, system_preamble, value_text, Dialect, EarlierPreamble, HaltToolCall, ParseError,
     RequestView, ResponseTurn, StreamEventKind, TopLevel, UpstreamFailure,
 };
@@ -33,7 +33,7 @@ pub(super) fn view<'a>(
     Ok(RequestView {
         model: top.field("model")?,
         stream: stream_path,
-        has_tools: offers_tools(top.raw("tools")),
+        tools: offered_tools(top.raw("tools")),
         preamble: preamble_of(system, earlier, |raw| system_preamble(content_text(raw))),
         preamble_source: system,
         messages: top.messages()?,

@@ -121,8 +121,9 @@ pub struct RequestView<'a> {
     /// The client asked for a streamed answer (`"stream": true`, or Gemini's
     /// `:streamGenerateContent` path, which the caller signals to `view`).
     pub stream: bool,
-    /// The request offers tools (a request without tools is a side call: title, router...).
-    pub has_tools: bool,
+    /// The raw tool definitions the request offers, if it offers any (a request without
+    /// tools is a side call: title, router...). A tool no profile knows is read through them.
+    pub tools: Option<&'a str>,
     /// Items that come from top-level fields (`system`, `instructions`, `systemInstruction`).
     pub preamble: Vec<Item>,
     /// The raw top-level member the preamble was read from, if the request has one.
@@ -381,7 +382,7 @@ impl Dialect {
         Ok(ParsedRequest {
             model: view.model,
             stream: view.stream,
-            has_tools: view.has_tools,
+            has_tools: view.tools.is_some(),
             transcript: Transcript::from_items(items),
         })
     }
@@ -674,12 +675,10 @@ fn args_from_raw(raw: Option<&RawValue>) -> serde_json::Value {
     }
 }
 
-/// Whether a `tools` field offers at least one tool (absent, `null` and `[]` do not).
-fn offers_tools(raw: Option<&str>) -> bool {
-    match raw {
-        Some(s) => s != "null" && s.trim_start_matches('[').trim_start() != "]",
-        None => false,
-    }
+/// A `tools` field's raw JSON when it offers at least one tool (absent, `null` and `[]`
+/// do not).
+fn offered_tools(raw: Option<&str>) -> Option<&str> {
+    raw.filter(|s| *s != "null" && s.trim_start_matches('[').trim_start() != "]")
 }
 
 /// A random id of the kind the APIs mint (`msg_…`, `chatcmpl-…`, `toolu_…`): letters and

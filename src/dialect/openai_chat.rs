@@ -15,7 +15,7 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
-    answer_json, args_from_text, insert_after, offers_tools, random_id, unix_now, Content,
+    answer_json, args_from_text, insert_after, offered_tools, random_id, unix_now, Content,
     ContentText, Dialect, HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind,
     TextPart, TopLevel, UpstreamFailure,
 };
@@ -26,7 +26,7 @@ pub(super) fn view<'a>(top: &TopLevel<'a>) -> Result<RequestView<'a>, ParseError
         model: top.field("model")?,
         stream: top.field("stream")?.unwrap_or(false),
         // `functions`: the pre-tools function calling API
-        has_tools: offers_tools(top.raw("tools")) || offers_tools(top.raw("functions")),
+        tools: offered_tools(top.raw("tools")).or_else(|| offered_tools(top.raw("functions"))),
         preamble: Vec::new(),
         preamble_source: None,
         messages: top.messages()?,

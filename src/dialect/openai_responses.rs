@@ -17,7 +17,7 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
-    answer_json, args_from_raw, args_from_text, content_text, offers_tools, preamble_of,
+    answer_json, args_from_raw, args_from_text, content_text, offered_tools, preamble_of,
     push_into_array, random_id, replace_span, span_of, system_preamble, unix_now, Content,
     ContentText, Dialect, EarlierPreamble, HaltToolCall, ParseError, RawMessage, RequestView,
     ResponseTurn, StreamEventKind, TextPart, TopLevel,
@@ -37,7 +37,7 @@ pub(super) fn view<'a>(
     Ok(RequestView {
         model: top.field("model")?,
         stream: top.field("stream")?.unwrap_or(false),
-        has_tools: offers_tools(top.raw("tools")),
+        tools: offered_tools(top.raw("tools")),
         preamble: preamble_of(instructions, earlier, |raw| {
             system_preamble(content_text(Some(raw)))
         }),

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::identity::Identity;
+use crate::actions::ToolCatalog;
 use crate::detect::Folded;
 use crate::dialect::{Dialect, ParseError, RawMessage, RequestBytes, Scanned, SharedPrefix};
 use crate::transcript::{Item, Transcript};
@@ -192,6 +193,7 @@ impl MessageCache {
             }
             Err(e) => return Err(e),
         };
+        let tools = ToolsRead::of(view.tools, read_after);
         let unchanged = scanned.as_ref().map_or(0, Scanned::unchanged);
         let messages = self.items(dialect, &view.messages, read_after, unchanged);
         let continued = previous
@@ -215,7 +217,8 @@ impl MessageCache {
             transcript,
             head,
             folded,
-            request: Previous::new(dialect, body, &view.messages, messages, scanned),
+            tools: tools.as_ref().map(|t| t.catalog.clone()),
+            request: Previous::new(dialect, body, &view.messages, messages, scanned, tools),
             preamble: view.preamble,
             model: view.model,
             stream: view.stream,
@@ -238,6 +241,9 @@ pub struct History {
     /// What the fold that decided the continued request knows of this transcript, for
     /// `Engine::decide_shared`.
     pub folded: Option<Folded>,
+    /// What the request's tool definitions say of its tools, for the engine to read calls
+    /// of tools no profile knows.
+    pub tools: Option<Arc<ToolCatalog>>,
     /// This request, to keep as its conversation's last one (with the transcript, through
     /// [`Previous::keep_transcript`], once the request is done with it).
     pub request: Previous,
@@ -300,6 +306,37 @@ struct Read {
     scanned: Option<Scanned>,
     spans: Vec<Option<Range<usize>>>,
     items: ItemList,
+    tools: Option<ToolsRead>,
+}
+
+/// A request's tool definitions, read into a catalog.
+#[derive(Clone)]
+pub struct ToolsRead {
+    /// xxh3 of the definitions' raw bytes.
+    fingerprint: u64,
+    catalog: Arc<ToolCatalog>,
+}
+
+impl ToolsRead {
+    /// Reads `raw`, the definitions a request offers, unless they are the same bytes as
+    /// `previous`'s (as in most requests of a conversation): then its catalog is shared,
+    /// and the cost is one hash of the definitions, not a parse.
+    fn of(raw: Option<&str>, previous: Option<&Previous>) -> Option<ToolsRead> {
+        let raw = raw?;
+        let fingerprint = xxhash_rust::xxh3::xxh3_64(raw.as_bytes());
+        if let Some(kept) = previous.and_then(|p| p.read.tools.as_ref()) {
+            if kept.fingerprint == fingerprint {
+                return Some(kept.clone());
+            }
+        }
+        // Definitions that are not JSON read as no definitions: calls are then read from
+        // their arguments alone.
+        let value: serde_json::Value = serde_json::from_str(raw).ok()?;
+        Some(ToolsRead {
+            fingerprint,
+            catalog: Arc::new(ToolCatalog::from_definitions(&value)),
+        })
+    }
 }
 
 impl Previous {
@@ -311,6 +348,7 @@ impl Previous {
         messages: &[RawMessage],
         items: ItemList,
         scanned: Option<Scanned>,
+        tools: Option<ToolsRead>,
     ) -> Previous {
         let spans = messages
             .iter()
@@ -325,6 +363,7 @@ impl Previous {
                 scanned,
                 spans,
                 items,
+                tools,
             }),
             transcript: None,
         }
@@ -587,6 +626,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
+    use crate::actions::Role;
     use serde_json::value::RawValue;
 
     fn raws(texts: &[&str]) -> Vec<Box<RawValue>> {
@@ -693,7 +733,14 @@ mod tests {
             .unwrap();
         let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
         let items = cache.items(Dialect::OpenAiChat, &view.messages, None, 0);
-        let mut last = Previous::new(Dialect::OpenAiChat, &body, &view.messages, items, scanned);
+        let mut last = Previous::new(
+            Dialect::OpenAiChat,
+            &body,
+            &view.messages,
+            items,
+            scanned,
+            None,
+        );
         last.keep_transcript(Vec::new(), Transcript::default(), None, None);
         let first = last.lend();
         let second = last.lend();
@@ -703,6 +750,50 @@ mod tests {
         }
         assert!(first.transcript.is_some() && second.transcript.is_none());
         assert!(Arc::ptr_eq(&first.read, &second.read), "shared, not copied");
+    }
+
+    #[test]
+    fn tool_definitions_are_read_once_while_their_bytes_stay_the_same() {
+        let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
+        let def = |name: &str| {
+            format!(
+                r#"[{{"type":"function","function":{{"name":"{name}","parameters":{{"properties":{{"command":{{"type":"string"}}}}}}}}}}]"#
+            )
+        };
+        let body = |tools: &str, turns: usize| {
+            let mut messages = vec![r#"{"role":"user","content":"task"}"#.to_string()];
+            messages
+                .extend((0..turns).map(|i| format!(r#"{{"role":"assistant","content":"{i}"}}"#)));
+            RequestBytes::from(Bytes::from(format!(
+                r#"{{"messages":[{}],"tools":{tools}}}"#,
+                messages.join(",")
+            )))
+        };
+        let read = |body: &RequestBytes, previous: Option<Previous>| {
+            cache
+                .read_history(Dialect::OpenAiChat, body, false, previous, None)
+                .unwrap()
+        };
+        let first = read(&body(&def("run"), 0), None);
+        let catalog = first.tools.clone().expect("definitions read");
+        assert_eq!(catalog.roles("run").unwrap()["command"], Role::Command);
+        // The next request, the same definitions: the same catalog, not read again.
+        let second = read(&body(&def("run"), 1), Some(first.request));
+        assert!(Arc::ptr_eq(second.tools.as_ref().unwrap(), &catalog));
+        // Definitions that changed are read anew.
+        let third = read(&body(&def("exec"), 2), Some(second.request));
+        assert_eq!(
+            third.tools.unwrap().roles("exec").unwrap()["command"],
+            Role::Command
+        );
+        // No tools offered, or definitions that are not JSON: nothing to read.
+        assert!(read(&body("[]", 0), None).tools.is_none());
+        let broken = RequestBytes::from(Bytes::from_static(
+            br#"{"messages":[{"role":"user","content":"t"}],"tools":[{"name":"x","parameters":[}]}"#,
+        ));
+        assert!(cache
+            .read_history(Dialect::OpenAiChat, &broken, false, None, None)
+            .map_or(true, |h| h.tools.is_none()));
     }
 
     #[test]
@@ -961,6 +1052,7 @@ mod tests {
             &first_msgs,
             items.clone(),
             None,
+            None,
         );
         let parsed_before = cache.size().0;
 
@@ -980,6 +1072,7 @@ mod tests {
             &RequestBytes::from(Bytes::from_static(b"x")),
             &first_msgs,
             items.clone(),
+            None,
             None,
         );
         assert!(foreign

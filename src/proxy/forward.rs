@@ -130,6 +130,7 @@ fn analyse(
         transcript,
         head,
         folded,
+        tools,
         request,
         preamble,
         model,
@@ -157,7 +158,7 @@ fn analyse(
     let cached = cached.filter(|_| !before.refold);
     let (decision, state, advanced) =
         app.engine
-            .decide_shared(&transcript, &before.facts, cached, folded);
+            .decide_shared(&transcript, &before.facts, cached, folded, tools.as_ref());
     Analysis {
         identity,
         dialect: Some(dialect),
