@@ -133,7 +133,7 @@ def main():
           "jitter, which is most of the first token's spread. Steal is the share of the "
           "machine's CPU time the host gave to others during each peer's windows (median): "
           "a few percent of it raises every phase of a request, more so for the proxy that "
-          "works more on the path (BENCHMARKS.md, \"Session 18\"), so a cell whose peers "
+          "works more on the path (BENCHMARKS.md, \"Method\"), so a cell whose peers "
           "took different steal compares the host as much as the proxies.")
         P("")
         P(f"| stream load | TTFT p50 direct | TTFT p50 nginx | TTFT p50 loopwarden | loopwarden − nginx ms (≤ {TTFT_TARGET_MS:g}) | | first bytes: loopwarden − nginx ms | steal % nginx / loopwarden |")

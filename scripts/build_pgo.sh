@@ -7,8 +7,8 @@
 # Why: at low concurrency the proxy's own code runs cold (the agent, the model API and the
 # kernel have run on its CPU since its last request), at about one instruction every two
 # cycles, spread thin over hyper, tokio, the handler and the allocator (BENCHMARKS.md,
-# "Session 22"). PGO puts the code a request runs together and the rest aside, which is
-# what cold code pays for ("Session 23": 12–27 % less CPU per 8.8 KB request at c1).
+# "Where it stands"). PGO puts the code a request runs together and the rest aside, which
+# is what cold code pays for (12–27 % less CPU per 8.8 KB request at c1).
 #
 # Steps:
 #   1. an instrumented release build (-Cprofile-generate) into $PGO_TARGET_DIR/gen;

@@ -1,10 +1,9 @@
 # shellcheck shell=bash
 # What the benchmark scripts share about the side-by-side harness (../shared/bench): where it
-# is, and its mock upstream, load driver and payloads for the scripts that drive the proxy
-# without the harness's run.sh (scripts/cpu_per_thread.sh, scripts/build_pgo.sh,
-# scripts/callgrind_proxy.sh), with the paths of the four APIs and loopwarden's own mock for
-# the two the harness's does not speak. Sourced; expects ROOT (this checkout) and, for
-# harness_tools and start_mock, BENCH_WORK.
+# is, and its mock upstream, load driver and payloads for scripts that drive the proxy
+# without the harness's run.sh (scripts/build_pgo.sh), with the paths of the four APIs and
+# loopwarden's own mock for the two the harness's does not speak. Sourced; expects ROOT
+# (this checkout) and, for harness_tools and start_mock, BENCH_WORK.
 
 # Sets BENCH_HARNESS, unless given, to the harness next to the repo (or /work/shared/bench);
 # exits when there is none.
