@@ -525,7 +525,7 @@ pub(super) fn append_reminder(body: &[u8], text: &str) -> Result<Vec<u8>, ParseE
     let last = view
         .messages
         .last()
-        .ok_or_else(|| ParseError("no messages to append a reminder to".into()))?;
+        .ok_or(ParseError::EmptyHistory("messages"))?;
     let msg: RawMessage =
         serde_json::from_str(last.get()).map_err(|e| ParseError::json(Dialect::Anthropic, e))?;
     let block = json!({"type": "text", "text": text}).to_string();

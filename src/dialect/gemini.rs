@@ -509,7 +509,7 @@ pub(super) fn append_reminder(body: &[u8], text: &str) -> Result<Vec<u8>, ParseE
     let last = view
         .messages
         .last()
-        .ok_or_else(|| ParseError("no contents to append a reminder to".into()))?;
+        .ok_or(ParseError::EmptyHistory("contents"))?;
     let content: ContentSpan =
         serde_json::from_str(last.get()).map_err(|e| ParseError::json(Dialect::Gemini, e))?;
     let part = json!({"text": text}).to_string();

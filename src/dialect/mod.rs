@@ -89,28 +89,39 @@ impl Dialect {
     }
 }
 
-/// Why a body could not be read as a conversation. The body is then forwarded untouched.
+/// Why a body could not be read as a conversation (the body is then forwarded untouched),
+/// or rewritten (the request is then forwarded as it came).
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ParseError(pub String);
-
-/// [`ParseError::needs_whole`]'s message.
-const NEEDS_WHOLE: &str = "internal: a body in two pieces is read only after its head's request";
+pub enum ParseError {
+    /// Not JSON, or not of the dialect's shape.
+    #[error("not a {} request body: {detail}", dialect.as_str())]
+    Body { dialect: Dialect, detail: String },
+    /// A top-level field of the wrong type.
+    #[error("{} request: field {field}: {detail}", dialect.as_str())]
+    Field {
+        dialect: Dialect,
+        field: String,
+        detail: String,
+    },
+    /// The history (the dialect's `messages`, `input` or `contents`) is empty: there is
+    /// no message to append a reminder to.
+    #[error("no {0} to append a reminder to")]
+    EmptyHistory(&'static str),
+    /// A body in two pieces ([`RequestBytes`]) could not be read after the request its head
+    /// was taken from: it must be read joined, from its start.
+    #[error("internal: a body in two pieces is read only after its head's request")]
+    NeedsWhole,
+    /// A splice was asked at a place that is not what it should be (a bug, not the body).
+    #[error("internal: {0}")]
+    Splice(&'static str),
+}
 
 impl ParseError {
     fn json(dialect: Dialect, e: serde_json::Error) -> ParseError {
-        ParseError(format!("not a {} request body: {e}", dialect.as_str()))
-    }
-
-    /// A body in two pieces ([`RequestBytes`]) could not be read after the request its
-    /// head was taken from: it must be read joined, from its start.
-    fn needs_whole() -> ParseError {
-        ParseError(NEEDS_WHOLE.into())
-    }
-
-    /// Whether this is [`ParseError::needs_whole`].
-    pub fn is_needs_whole(&self) -> bool {
-        self.0 == NEEDS_WHOLE
+        ParseError::Body {
+            dialect,
+            detail: e.to_string(),
+        }
     }
 }
 
@@ -230,7 +241,7 @@ impl Dialect {
     /// Also returns this body's scan, to read the conversation's next request after.
     ///
     /// A body in two pieces is read only after the request its head was taken from; any
-    /// other is an error ([`ParseError::needs_whole`]): the caller reads the body joined.
+    /// other is an error ([`ParseError::NeedsWhole`]): the caller reads the body joined.
     pub fn view_after<'b>(
         self,
         body: &'b RequestBytes,
@@ -413,16 +424,15 @@ impl<'a> TopLevel<'a> {
         }
         match body.whole() {
             Some(whole) => TopLevel::read(dialect, whole),
-            None => Err(ParseError::needs_whole()),
+            None => Err(ParseError::NeedsWhole),
         }
     }
 
     /// The top level of `body`, read from its start.
     fn read(dialect: Dialect, body: &'a [u8]) -> Result<TopLevel<'a>, ParseError> {
-        let text = utf8(body)
-            .map_err(|e| ParseError(format!("not a {} request body: {e}", dialect.as_str())))?;
-        let object = scan::Object::parse(text)
-            .map_err(|e| ParseError(format!("not a {} request body: {}", dialect.as_str(), e.0)))?;
+        let body_error = |detail: String| ParseError::Body { dialect, detail };
+        let text = utf8(body).map_err(|e| body_error(e.to_string()))?;
+        let object = scan::Object::parse(text).map_err(|e| body_error(e.0.to_string()))?;
         Ok(TopLevel { dialect, object })
     }
 
@@ -434,11 +444,10 @@ impl<'a> TopLevel<'a> {
     /// A small member parsed (`model`, `stream`); absent and `null` are `None`.
     fn field<T: Deserialize<'a>>(&self, key: &str) -> Result<Option<T>, ParseError> {
         match self.raw(key) {
-            Some(raw) => serde_json::from_str(raw).map_err(|e| {
-                ParseError(format!(
-                    "{} request: field {key}: {e}",
-                    self.dialect.as_str()
-                ))
+            Some(raw) => serde_json::from_str(raw).map_err(|e| ParseError::Field {
+                dialect: self.dialect,
+                field: key.to_string(),
+                detail: e.to_string(),
             }),
             None => Ok(None),
         }
@@ -447,11 +456,9 @@ impl<'a> TopLevel<'a> {
     /// The history: a required array member, split into raw messages.
     fn messages(&self) -> Result<Vec<RawMessage<'a>>, ParseError> {
         let key = self.dialect.history_key();
-        let elements = self.object.elements(key).ok_or_else(|| {
-            ParseError(format!(
-                "not a {} request body: no {key} array",
-                self.dialect.as_str()
-            ))
+        let elements = self.object.elements(key).ok_or_else(|| ParseError::Body {
+            dialect: self.dialect,
+            detail: format!("no {key} array"),
         })?;
         Ok(elements.map(RawMessage).collect())
     }
@@ -712,7 +719,7 @@ fn span_of(body: &[u8], part: &str) -> Result<std::ops::Range<usize>, ParseError
     if start <= body.len() && end <= body.len() && start <= end {
         Ok(start..end)
     } else {
-        Err(ParseError("internal: slice is not part of the body".into()))
+        Err(ParseError::Splice("slice is not part of the body"))
     }
 }
 
@@ -737,7 +744,7 @@ fn push_into_array(body: &[u8], array: &str, element: &str) -> Result<Vec<u8>, P
     let inner = array
         .strip_prefix('[')
         .and_then(|a| a.strip_suffix(']'))
-        .ok_or_else(|| ParseError("expected a JSON array".into()))?;
+        .ok_or(ParseError::Splice("expected a JSON array"))?;
     // Right after the last element (before any whitespace), so the bytes that follow
     // it stay as they were.
     let last_element_end = span.start + 1 + inner.trim_end().len();

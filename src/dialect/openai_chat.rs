@@ -407,7 +407,7 @@ pub(super) fn append_reminder(body: &[u8], text: &str) -> Result<Vec<u8>, ParseE
     let last = view
         .messages
         .last()
-        .ok_or_else(|| ParseError("no messages to append a reminder to".into()))?;
+        .ok_or(ParseError::EmptyHistory("messages"))?;
     let message = json!({"role": "system", "content": text});
     insert_after(body, last.get(), &format!(",{message}"))
 }

@@ -568,9 +568,7 @@ fn zero_usage() -> serde_json::Value {
 /// user message it was, then the reminder).
 pub(super) fn append_reminder(body: &[u8], text: &str) -> Result<Vec<u8>, ParseError> {
     let top = TopLevel::read(Dialect::OpenAiResponses, body)?;
-    let input = top
-        .raw("input")
-        .ok_or_else(|| ParseError("no input to append a reminder to".into()))?;
+    let input = top.raw("input").ok_or(ParseError::EmptyHistory("input"))?;
     let reminder = json!({"type": "message", "role": "developer",
                           "content": [{"type": "input_text", "text": text}]});
     if input.starts_with('"') {

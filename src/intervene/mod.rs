@@ -1,12 +1,13 @@
 //! Interventions: from a detection decision to what happens to the request.
 //!
-//! The proxy calls [`Intervener::plan`] once per parsed request with the engine's decision,
-//! and gets back what to do: forward the client's bytes, forward a rewritten body (a nudge
-//! or replan reminder appended, or looping turns rolled back), answer with a halt reply
-//! without calling the upstream, or hold the request for a human ([`pause`]). On the way
-//! back, [`block`] replaces a response whose tool call would complete a loop the policy
-//! halts on. [`controls`] keeps halted conversations halted until a human speaks or an
-//! operator resumes them, across restarts.
+//! Per parsed request, [`ruling`] says what happens (from the engine's decision, the
+//! conversation's standing and the switches below) and [`Intervener::carry_out`] builds
+//! it: forward the client's bytes, forward a rewritten body (a nudge or replan reminder
+//! appended, or looping turns rolled back), answer with a halt reply without calling the
+//! upstream, or hold the request for a human ([`pause`]). On the way back, [`block`]
+//! replaces a response whose tool call would complete a loop the policy halts on.
+//! [`controls`] keeps halted conversations halted until a human speaks or an operator
+//! resumes them, across restarts; [`service`] holds that state and logs every intervention.
 //!
 //! Protocol facts this relies on (see CLIENTS.md): a halt is an ordinary assistant reply in
 //! the mode the client asked for (an SSE answer to a streaming request, never JSON, or some
@@ -18,16 +19,20 @@ pub mod controls;
 pub mod pause;
 pub mod profile;
 pub mod rollback;
+pub mod ruling;
 pub mod service;
 pub mod text;
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
-use crate::detect::{Action, Decision};
+use crate::detect::Decision;
 use crate::dialect::{Dialect, HaltOptions, HaltReply, RequestBytes};
 use crate::transcript::Transcript;
 
 pub use profile::AgentProfile;
+pub use ruling::{rule, rule_verdict, Act, Reminder, Ruling, Source, Standing};
 
 /// The `[intervene]` table of the config file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -131,9 +136,12 @@ impl Default for InterveneConfig {
     }
 }
 
-/// What the intervener sees of one request.
+/// The request an intervention acts on. Borrowed from the request path while it is
+/// ruled on; owned ([`RequestInfo::to_owned`]) by what outlives it (a held request, the
+/// response-side block check).
+#[derive(Debug, Clone)]
 pub struct RequestInfo<'a> {
-    pub conversation: &'a str,
+    pub conversation: Cow<'a, str>,
     pub dialect: Dialect,
     /// The path asks for a stream (Gemini `:streamGenerateContent`).
     pub stream_path: bool,
@@ -142,16 +150,33 @@ pub struct RequestInfo<'a> {
     /// The stream it asked for is one JSON array, not SSE (Gemini
     /// `:streamGenerateContent` without `alt=sse`).
     pub json_array: bool,
-    pub model: Option<&'a str>,
-    pub user_agent: &'a str,
+    pub model: Option<Cow<'a, str>>,
+    pub user_agent: Cow<'a, str>,
     /// The body exactly as the client sent it.
-    pub body: &'a RequestBytes,
-    pub transcript: &'a Transcript,
+    pub body: Cow<'a, RequestBytes>,
+    pub transcript: Cow<'a, Transcript>,
 }
 
-/// What to do with a request.
+impl RequestInfo<'_> {
+    /// The request, owned: its transcript is copied (O(the conversation)), its body shared.
+    pub fn to_owned(&self) -> RequestInfo<'static> {
+        RequestInfo {
+            conversation: Cow::Owned(self.conversation.to_string()),
+            dialect: self.dialect,
+            stream_path: self.stream_path,
+            stream: self.stream,
+            json_array: self.json_array,
+            model: self.model.as_deref().map(|m| Cow::Owned(m.to_string())),
+            user_agent: Cow::Owned(self.user_agent.to_string()),
+            body: Cow::Owned(self.body.clone().into_owned()),
+            transcript: Cow::Owned(self.transcript.clone().into_owned()),
+        }
+    }
+}
+
+/// A ruling carried out: what the proxy sends.
 #[derive(Debug)]
-pub enum Act {
+pub enum Effect {
     /// Forward the client's bytes untouched.
     Forward,
     /// Forward these bytes instead.
@@ -162,16 +187,46 @@ pub enum Act {
     Hold,
 }
 
-/// A decision turned into an act, with what was done, for the log and the header.
+/// What was done about a request (`requests.applied`, `decisions.applied`,
+/// `interventions.applied`): one vocabulary for every row that says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    Forwarded,
+    Nudged,
+    Replanned,
+    RolledBack,
+    Halted,
+    Held,
+    /// The response's tool call was replaced by the halt.
+    Blocked,
+    /// A halted conversation was let go (an operator, or a human who spoke).
+    Resumed,
+    /// The intervention could not be built: the request was forwarded untouched, never
+    /// broken.
+    FailedOpen,
+}
+
+impl Applied {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Applied::Forwarded => "forwarded",
+            Applied::Nudged => "nudged",
+            Applied::Replanned => "replanned",
+            Applied::RolledBack => "rolled_back",
+            Applied::Halted => "halted",
+            Applied::Held => "held",
+            Applied::Blocked => "blocked",
+            Applied::Resumed => "resumed",
+            Applied::FailedOpen => "failed_open",
+        }
+    }
+}
+
+/// A ruling carried out, and what that came to.
 #[derive(Debug)]
-pub struct Planned {
-    /// The decision that was acted on (a sticky halt overrides the engine's).
-    pub decision: Decision,
-    pub act: Act,
-    /// What was done: `forwarded`, `nudged`, `replanned`, `rolled_back`, `halted`,
-    /// `held`, or `failed_open` when an intervention could not be built (the request is
-    /// then forwarded untouched, never broken).
-    pub applied: &'static str,
+pub struct Carried {
+    pub effect: Effect,
+    pub applied: Applied,
 }
 
 /// Builds the acts. Stateless apart from its config; the stateful parts (sticky halts,
@@ -186,83 +241,57 @@ impl Intervener {
         Intervener { config }
     }
 
-    /// Turns a decision into an act. Never fails: when a rewrite cannot be built the
-    /// request is forwarded as it is (`failed_open`).
-    pub fn plan(&self, decision: Decision, req: &RequestInfo<'_>) -> Planned {
-        if !self.config.enabled {
-            return Planned {
-                decision,
-                act: Act::Forward,
-                applied: "forwarded",
-            };
-        }
-        let mut decision = decision;
-        if self.config.on_stop == StopMode::Pause
-            && matches!(decision.action, Action::Halt | Action::Block)
-        {
-            decision.action = Action::Pause;
-        }
-        if decision.action == Action::Rollback && !self.config.rollback {
-            decision.action = Action::Replan;
-        }
-        let (act, applied) = match decision.action {
-            Action::Observe => (Act::Forward, "forwarded"),
-            Action::Nudge => self.remind(&self.config.nudge_text, &decision, req, "nudged"),
-            Action::Replan => self.remind(&self.config.replan_text, &decision, req, "replanned"),
-            Action::Rollback => match self.roll_back(&decision, req) {
-                Some(body) => (Act::ForwardModified(body), "rolled_back"),
-                None => self.remind(&self.config.replan_text, &decision, req, "replanned"),
+    /// Builds what a ruling says. Never fails: when a rewrite cannot be built the request
+    /// is forwarded as it is ([`Applied::FailedOpen`]); a rollback that cannot be cut is a
+    /// replan.
+    pub fn carry_out(&self, ruling: &Ruling, req: &RequestInfo<'_>) -> Carried {
+        let decision = &ruling.decision;
+        let (effect, applied) = match ruling.act {
+            Act::Forward => (Effect::Forward, Applied::Forwarded),
+            Act::Remind(reminder) => self.remind(reminder, decision, req),
+            Act::RollBack => match self.roll_back(decision, req) {
+                Some(body) => (Effect::ForwardModified(body), Applied::RolledBack),
+                None => self.remind(Reminder::Replan, decision, req),
             },
-            Action::Pause => (Act::Hold, "held"),
-            Action::Halt | Action::Block => {
-                (Act::Answer(self.halt_reply(&decision, req)), "halted")
-            }
+            Act::Hold => (Effect::Hold, Applied::Held),
+            Act::Halt => (
+                Effect::Answer(self.halt_reply(decision, req)),
+                Applied::Halted,
+            ),
         };
-        Planned {
-            decision,
-            act,
-            applied,
-        }
-    }
-
-    /// The act a human's verdict (or the timeout) chooses for a held request.
-    pub fn after_verdict(
-        &self,
-        verdict: Verdict,
-        decision: &Decision,
-        req: &RequestInfo<'_>,
-    ) -> (Act, &'static str) {
-        match verdict {
-            Verdict::Continue => (Act::Forward, "forwarded"),
-            Verdict::Nudge => self.remind(&self.config.nudge_text, decision, req, "nudged"),
-            Verdict::Halt => (Act::Answer(self.halt_reply(decision, req)), "halted"),
-        }
+        Carried { effect, applied }
     }
 
     fn remind(
         &self,
-        template: &str,
+        reminder: Reminder,
         decision: &Decision,
         req: &RequestInfo<'_>,
-        applied: &'static str,
-    ) -> (Act, &'static str) {
-        let goal = text::goal_line(req.transcript);
-        let reminder = text::render(template, &text::Fill::of(decision, &goal, req.conversation));
+    ) -> (Effect, Applied) {
+        let (template, applied) = match reminder {
+            Reminder::Nudge => (&self.config.nudge_text, Applied::Nudged),
+            Reminder::Replan => (&self.config.replan_text, Applied::Replanned),
+        };
+        let goal = text::goal_line(&req.transcript);
+        let reminder = text::render(
+            template,
+            &text::Fill::of(decision, &goal, &req.conversation),
+        );
         match req.dialect.append_reminder(&req.body.to_whole(), &reminder) {
-            Ok(body) => (Act::ForwardModified(body), applied),
+            Ok(body) => (Effect::ForwardModified(body), applied),
             Err(e) => {
-                tracing::warn!(conversation = req.conversation, error = %e, "cannot append the reminder; forwarded untouched");
-                (Act::Forward, "failed_open")
+                tracing::warn!(conversation = %req.conversation, error = %e, "cannot append the reminder; forwarded untouched");
+                (Effect::Forward, Applied::FailedOpen)
             }
         }
     }
 
     /// The halt text for a decision about this request.
     pub fn halt_text(&self, decision: &Decision, req: &RequestInfo<'_>) -> String {
-        let goal = text::goal_line(req.transcript);
+        let goal = text::goal_line(&req.transcript);
         text::render(
             &self.config.halt_text,
-            &text::Fill::of(decision, &goal, req.conversation),
+            &text::Fill::of(decision, &goal, &req.conversation),
         )
     }
 
@@ -272,8 +301,8 @@ impl Intervener {
         let text = self.halt_text(decision, req);
         let body = req.body.to_whole();
         let seen = profile::Seen {
-            user_agent: req.user_agent,
-            conversation: req.conversation,
+            user_agent: &req.user_agent,
+            conversation: &req.conversation,
             dialect: req.dialect,
             body: &body,
         };
@@ -281,7 +310,7 @@ impl Intervener {
             profile::matching(&self.config.profiles, &seen).and_then(|p| p.halt_call(&text));
         let mut reply = req.dialect.halt_reply(
             &HaltOptions {
-                model: req.model.map(str::to_string),
+                model: req.model.as_deref().map(str::to_string),
                 stream: req.stream && !req.json_array,
                 tool_call,
             },
@@ -303,9 +332,9 @@ impl Intervener {
         let lead = decision.findings.first()?;
         let first = *lead.steps.iter().min()?;
         let last = *lead.steps.iter().max()?;
-        let goal = text::goal_line(req.transcript);
-        let tried = rollback::tried(req.transcript, first, last, 8);
-        let mut fill = text::Fill::of(decision, &goal, req.conversation);
+        let goal = text::goal_line(&req.transcript);
+        let tried = rollback::tried(&req.transcript, first, last, 8);
+        let mut fill = text::Fill::of(decision, &goal, &req.conversation);
         fill.count = last + 1 - first;
         fill.tried = &tried;
         let note = text::render(&self.config.rollback_note, &fill);

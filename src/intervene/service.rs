@@ -1,18 +1,20 @@
 //! The stateful side of interventions, as the proxy holds it: sticky halts
 //! ([`Controls`]), held requests ([`Pending`]), the webhook client and the log. The proxy
 //! calls, per request: [`Interventions::before_decide`] (what the engine must know from
-//! the store), [`Interventions::plan`] (the act), and for a held request
-//! [`Interventions::hold`] then [`Interventions::after_verdict`]; per response,
-//! [`Interventions::armed`] and [`Interventions::check_response`] (block).
+//! the store), [`Interventions::plan`] (the ruling, carried out, logged), and for a held
+//! request [`Interventions::hold`] then [`Interventions::after_verdict`]; per response,
+//! [`Interventions::armed`] and [`Interventions::check_response`] (block). What happens
+//! is ruled in one place, [`super::ruling`]; this file keeps the state and the log.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::controls::{human_messages, Control, Controls, Standing};
 use super::pause::{DecidedBy, FindingInfo, HeldInfo, Pending, Ticket};
-use super::{Act, InterveneConfig, Intervener, Planned, RequestInfo, Verdict};
+use super::ruling::{self, Ruling, Source};
+use super::{Applied, Carried, InterveneConfig, Intervener, RequestInfo, Verdict};
 use crate::detect::{Action, Decision, DetectConfig, Engine, EngineState, StoreFacts};
-use crate::dialect::{Dialect, RequestBytes, ResponseTurn};
+use crate::dialect::ResponseTurn;
 use crate::store::{now_ms, InterventionRow, Record, Store};
 use crate::transcript::Transcript;
 
@@ -39,48 +41,12 @@ pub struct Before {
     pub refold: bool,
 }
 
-/// A request, owned, for acts decided later (a held request).
-#[derive(Debug, Clone)]
-pub struct OwnedRequest {
-    pub conversation: String,
-    pub dialect: Dialect,
-    pub stream_path: bool,
-    pub stream: bool,
-    pub json_array: bool,
-    pub model: Option<String>,
-    pub user_agent: String,
-    pub body: RequestBytes,
-    pub transcript: Transcript,
-}
-
-impl OwnedRequest {
-    pub fn of(req: &RequestInfo<'_>) -> OwnedRequest {
-        OwnedRequest {
-            conversation: req.conversation.to_string(),
-            dialect: req.dialect,
-            stream_path: req.stream_path,
-            stream: req.stream,
-            json_array: req.json_array,
-            model: req.model.map(str::to_string),
-            user_agent: req.user_agent.to_string(),
-            body: req.body.clone(),
-            transcript: req.transcript.clone(),
-        }
-    }
-
-    pub fn info(&self) -> RequestInfo<'_> {
-        RequestInfo {
-            conversation: &self.conversation,
-            dialect: self.dialect,
-            stream_path: self.stream_path,
-            stream: self.stream,
-            json_array: self.json_array,
-            model: self.model.as_deref(),
-            user_agent: &self.user_agent,
-            body: &self.body,
-            transcript: &self.transcript,
-        }
-    }
+/// A request ruled on and carried out.
+#[derive(Debug)]
+pub struct Planned {
+    /// The decision acted on (a sticky halt replaces the engine's).
+    pub decision: Decision,
+    pub carried: Carried,
 }
 
 impl Interventions {
@@ -150,8 +116,8 @@ impl Interventions {
                 conversation,
                 None,
                 "resume",
-                "resumed",
-                "human",
+                Applied::Resumed,
+                Source::Human,
                 "",
                 "a human wrote a new message after the halt",
                 "",
@@ -171,8 +137,9 @@ impl Interventions {
         }
     }
 
-    /// The act for a request: the engine's decision, or the halt again for a conversation
-    /// that is halted. Logs the intervention and makes a halt sticky.
+    /// What happens to a request: the ruling on the engine's decision (the halt again for
+    /// a conversation that is halted), carried out. Logs the intervention and makes a
+    /// halt sticky.
     pub fn plan(
         &self,
         decision: Decision,
@@ -180,42 +147,26 @@ impl Interventions {
         req: &RequestInfo<'_>,
         request_id: i64,
     ) -> Planned {
-        let (decision, source) = match &before.standing {
-            Standing::Halted { reason } if self.config().enabled => {
-                let mut d = decision;
-                d.action = Action::Halt;
-                d.reason = reason.clone();
-                (d, "sticky")
-            }
-            _ => (decision, "policy"),
+        let standing = match &before.standing {
+            Standing::Halted { reason } => ruling::Standing::Halted(reason),
+            Standing::Free { .. } => ruling::Standing::Free,
         };
-        let planned = if source == "sticky" {
-            // Halted already (perhaps by a human's verdict): answer, never hold again.
-            Planned {
-                act: Act::Answer(self.intervener.halt_reply(&decision, req)),
-                decision,
-                applied: "halted",
-            }
-        } else {
-            self.intervener.plan(decision, req)
-        };
-        if planned.applied != "forwarded" {
-            self.log_decision(
-                &planned.decision,
-                req.conversation,
-                Some(request_id),
-                planned.applied,
-                source,
-            );
+        let ruling = ruling::rule(decision, standing, self.config());
+        let carried = self.intervener.carry_out(&ruling, req);
+        if carried.applied != Applied::Forwarded {
+            self.log_ruling(&ruling, req, Some(request_id), carried.applied);
         }
-        if planned.applied == "halted" && source == "policy" {
+        if carried.applied == Applied::Halted && ruling.source == Source::Policy {
             self.controls.halt_by_policy(
-                req.conversation,
-                &planned.decision.reason,
-                self.humans(req.transcript),
+                &req.conversation,
+                &ruling.decision.reason,
+                self.humans(&req.transcript),
             );
         }
-        planned
+        Planned {
+            decision: ruling.decision,
+            carried,
+        }
     }
 
     /// Holds a request for a human: lists it, tells the webhooks, logs it.
@@ -254,8 +205,8 @@ impl Interventions {
             .await
     }
 
-    /// The act a verdict chooses, logged; a halt becomes sticky, a continue or nudge lets
-    /// the next request restart escalation.
+    /// What a verdict on a held request chooses, carried out and logged; a halt becomes
+    /// sticky, a continue or nudge lets the next request restart escalation.
     pub fn after_verdict(
         &self,
         verdict: Verdict,
@@ -263,30 +214,19 @@ impl Interventions {
         decision: &Decision,
         req: &RequestInfo<'_>,
         request_id: i64,
-    ) -> (Act, &'static str) {
-        let (act, applied) = self.intervener.after_verdict(verdict, decision, req);
-        let mut logged = decision.clone();
-        logged.action = match verdict {
-            Verdict::Continue => Action::Observe,
-            Verdict::Nudge => Action::Nudge,
-            Verdict::Halt => Action::Halt,
-        };
-        self.log_decision(
-            &logged,
-            req.conversation,
-            Some(request_id),
-            applied,
-            by.as_str(),
-        );
+    ) -> Carried {
+        let ruling = ruling::rule_verdict(verdict, by, decision);
+        let carried = self.intervener.carry_out(&ruling, req);
+        self.log_ruling(&ruling, req, Some(request_id), carried.applied);
         match verdict {
             Verdict::Halt => self.controls.halt_by_policy(
-                req.conversation,
+                &req.conversation,
                 &decision.reason,
-                self.humans(req.transcript),
+                self.humans(&req.transcript),
             ),
-            Verdict::Continue | Verdict::Nudge => self.controls.release(req.conversation),
+            Verdict::Continue | Verdict::Nudge => self.controls.release(&req.conversation),
         }
-        (act, applied)
+        carried
     }
 
     /// Whether a response to this request could be blocked, so that only those responses
@@ -310,18 +250,18 @@ impl Interventions {
             return None;
         }
         let text = self.intervener.halt_text(&decision, req);
-        self.log_decision(
-            &decision,
-            req.conversation,
-            Some(request_id),
-            "blocked",
-            "policy",
-        );
+        let ruling = Ruling {
+            decision,
+            act: ruling::Act::Halt,
+            source: Source::Policy,
+        };
+        self.log_ruling(&ruling, req, Some(request_id), Applied::Blocked);
         self.controls.halt_by_policy(
-            req.conversation,
-            &decision.reason,
-            self.humans(req.transcript),
+            &req.conversation,
+            &ruling.decision.reason,
+            self.humans(&req.transcript),
         );
+        let decision = ruling.decision;
         Some((decision, text))
     }
 
@@ -336,8 +276,8 @@ impl Interventions {
             conversation,
             None,
             "halt",
-            "halted",
-            "operator",
+            Applied::Halted,
+            Source::Operator,
             "",
             reason,
             "",
@@ -352,8 +292,8 @@ impl Interventions {
             conversation,
             None,
             "resume",
-            "resumed",
-            "operator",
+            Applied::Resumed,
+            Source::Operator,
             "",
             "resumed by an operator",
             "",
@@ -361,21 +301,21 @@ impl Interventions {
         Ok(c)
     }
 
-    fn log_decision(
+    fn log_ruling(
         &self,
-        d: &Decision,
-        conversation: &str,
+        ruling: &Ruling,
+        req: &RequestInfo<'_>,
         request_id: Option<i64>,
-        applied: &str,
-        source: &str,
+        applied: Applied,
     ) {
+        let d = &ruling.decision;
         let finding = d.findings.first().map(|f| f.summary.as_str()).unwrap_or("");
         self.log(
-            conversation,
+            &req.conversation,
             request_id,
             d.action.as_str(),
             applied,
-            source,
+            ruling.source,
             &d.detector,
             &d.reason,
             finding,
@@ -388,12 +328,13 @@ impl Interventions {
         conversation: &str,
         request_id: Option<i64>,
         action: &str,
-        applied: &str,
-        source: &str,
+        applied: Applied,
+        source: Source,
         detector: &str,
         reason: &str,
         finding: &str,
     ) {
+        let (applied, source) = (applied.as_str(), source.as_str());
         tracing::info!(
             conversation,
             action,

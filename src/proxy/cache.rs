@@ -184,7 +184,7 @@ impl MessageCache {
         let joined;
         let (body, (view, scanned)) = match dialect.view_after(body, stream_path, after, prefix) {
             Ok(read) => (body, read),
-            Err(e) if e.is_needs_whole() => {
+            Err(ParseError::NeedsWhole) => {
                 joined = RequestBytes::from(body.to_whole());
                 (
                     &joined,
@@ -809,7 +809,7 @@ mod tests {
         };
         let named = |id: &str| Identity {
             id: id.into(),
-            source: "head_hash",
+            source: crate::proxy::identity::IdSource::HeadHash,
         };
         // Reads `next` after `last` (kept with `head`): the head identity it carries on.
         let carried = |last: &RequestBytes, head: Identity, next: &RequestBytes| {
@@ -847,7 +847,7 @@ mod tests {
         let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
         let head = Identity {
             id: "conv".into(),
-            source: "head_hash",
+            source: crate::proxy::identity::IdSource::HeadHash,
         };
         let body = |messages: &[String]| {
             RequestBytes::from(Bytes::from(format!(

@@ -19,8 +19,8 @@ use http_body_util::{BodyExt, Full, Limited};
 use super::body::{read_body, Earlier, Found};
 use super::cache::{History, Previous};
 use super::identity::{self, Identity};
-use super::intervention::{self, Guard, Plan};
-use super::record::{Capture, Finished};
+use super::intervention::{self, Guard, Held, Planned};
+use super::record::{Capture, Finished, Outcome, ParseStatus};
 use super::route::{self, Route, Upstream};
 use super::tee::{Pending, TeeBody};
 use super::upstream::Outgoing;
@@ -28,7 +28,7 @@ use super::{errors, upstream, App};
 use crate::detect::{Decision, EngineState};
 use crate::dialect::{Dialect, RequestBytes, UpstreamFailure};
 use crate::intervene::service::Before;
-use crate::intervene::RequestInfo;
+use crate::intervene::{Applied, Effect, RequestInfo};
 use crate::store::redact::summary;
 use crate::store::{next_request_id, now_ms, ConversationSeen, Label, RequestRow};
 use crate::transcript::{Item, Transcript};
@@ -41,8 +41,7 @@ struct Analysis {
     dialect: Option<Dialect>,
     model: Option<String>,
     stream: bool,
-    /// `parsed`, `unparsed` or `not_conversation` (`requests.parse`).
-    parse: &'static str,
+    parse: ParseStatus,
     parse_error: Option<String>,
     parsed: Option<Parsed>,
 }
@@ -88,7 +87,7 @@ fn analyse(
             dialect: None,
             model: None,
             stream: false,
-            parse: "not_conversation",
+            parse: ParseStatus::NotConversation,
             parse_error: None,
             parsed: None,
         };
@@ -113,14 +112,14 @@ fn analyse(
         Ok(history) => history,
         Err(e) => {
             // Forwarded untouched all the same; the log says why it was not read.
-            let reason = summary(&e.0, 200);
+            let reason = summary(&e.to_string(), 200);
             tracing::warn!(path = route.path, dialect = dialect.as_str(), error = %reason, "request body not parsed; forwarded untouched");
             return Analysis {
                 identity: stated.unwrap_or_else(fallback),
                 dialect: Some(dialect),
                 model: None,
                 stream: stream_path,
-                parse: "unparsed",
+                parse: ParseStatus::Unparsed,
                 parse_error: Some(reason),
                 parsed: None,
             };
@@ -164,7 +163,7 @@ fn analyse(
         dialect: Some(dialect),
         model: model.or_else(|| Dialect::model_from_path(route.path).map(str::to_string)),
         stream,
-        parse: "parsed",
+        parse: ParseStatus::Parsed,
         parse_error: None,
         parsed: Some(Parsed {
             dialect,
@@ -234,35 +233,42 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let planned = match analysis.parsed.as_mut() {
         Some(p) => {
             let req = RequestInfo {
-                conversation: &analysis.identity.id,
+                conversation: (&*analysis.identity.id).into(),
                 dialect: p.dialect,
                 stream_path: p.stream_path,
                 stream,
                 json_array,
-                model: analysis.model.as_deref(),
-                user_agent,
-                body: &body,
-                transcript: &p.transcript,
+                model: analysis.model.as_deref().map(Into::into),
+                user_agent: user_agent.into(),
+                body: std::borrow::Cow::Borrowed(&body),
+                transcript: std::borrow::Cow::Borrowed(&p.transcript),
             };
             let decision = std::mem::replace(&mut p.decision, Decision::observe());
-            let planned = intervention::plan(&app, decision, &p.before, &p.state, &req, request_id);
+            let mut planned =
+                intervention::plan(&app, decision, &p.before, &p.state, &req, request_id);
             if p.advanced {
                 app.conversations
                     .put_engine(&analysis.identity.id, p.state.clone());
             }
             // The decision acted on is the one logged.
-            p.decision = planned.decision;
-            Some((planned.plan, planned.guard))
+            p.decision = std::mem::replace(&mut planned.decision, Decision::observe());
+            Some(planned)
         }
         None => None,
     };
-    let (plan, applied, guard) = match planned {
-        Some((plan, guard)) => {
-            let applied = plan.applied();
-            (plan, applied, guard)
-        }
-        None => (Plan::Forward, "forwarded", None),
-    };
+    let Planned {
+        effect,
+        applied,
+        held,
+        guard,
+        ..
+    } = planned.unwrap_or(Planned {
+        effect: Effect::Forward,
+        applied: Applied::Forwarded,
+        decision: Decision::observe(),
+        held: None,
+        guard: None,
+    });
 
     // Responses are decoded for the log only when the request itself was read.
     let capture_dialect = analysis.parsed.as_ref().map(|p| p.dialect);
@@ -287,32 +293,32 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         capture_dialect,
         stamp,
     };
-    match plan {
-        Plan::Hold(held) if stream && !json_array => {
+    match held {
+        Some(held) if stream && !json_array => {
             // The client asked for a stream: keep it alive with SSE comments while a human
             // decides; the answer then follows in the same stream.
             let mut response = intervention::held_stream(&app, async move {
-                let (plan, applied) = intervention::decide_held(&next.app, *held).await;
-                finished.row.applied = applied.into();
-                next.dispatch(plan, finished, None).await
+                let (effect, applied) = intervention::decide_held(&next.app, *held).await;
+                finished.row.applied = applied.as_str().into();
+                next.dispatch(effect, finished, None).await
             });
             held_stamp.apply(&mut response);
             response
         }
         // Rare, and its future is large: boxed, so that every request's future (which axum
         // boxes and moves) does not carry room for it.
-        Plan::Hold(held) => {
-            Box::pin(async move {
-                let (plan, applied) = intervention::decide_held(&app, *held).await;
-                finished.row.applied = applied.into();
-                next.dispatch(plan, finished, None).await
-            })
-            .await
-        }
+        Some(held) => Box::pin(answer_held(app, next, finished, *held)).await,
         // Boxed: axum boxes this handler's future and moves it (two copies of its size per
         // request); with the dispatch inline that was ~9 KB each time.
-        plan => Box::pin(next.dispatch(plan, finished, guard)).await,
+        None => Box::pin(next.dispatch(effect, finished, guard)).await,
     }
+}
+
+/// A held request of a client that asked for no stream: answered once it is decided.
+async fn answer_held(app: Arc<App>, next: Next, mut finished: Finished, held: Held) -> Response {
+    let (effect, applied) = intervention::decide_held(&app, held).await;
+    finished.row.applied = applied.as_str().into();
+    next.dispatch(effect, finished, None).await
 }
 
 /// Response headers every answer of a request carries.
@@ -345,9 +351,15 @@ struct Next {
 }
 
 impl Next {
-    /// Carries out a plan: answer, or forward (the original or a rewritten body) and stream
-    /// the upstream's answer back through the tee (and the block check when `guard`).
-    async fn dispatch(self, plan: Plan, mut finished: Finished, guard: Option<Guard>) -> Response {
+    /// Sends what a ruling came to: answer, or forward (the original or a rewritten body)
+    /// and stream the upstream's answer back through the tee (and the block check when
+    /// `guard`).
+    async fn dispatch(
+        self,
+        effect: Effect,
+        mut finished: Finished,
+        guard: Option<Guard>,
+    ) -> Response {
         let Next {
             app,
             mut parts,
@@ -357,12 +369,14 @@ impl Next {
             stamp,
         } = self;
         let route = route::route(&parts.uri, &parts.headers);
-        let forward_body = match plan {
-            Plan::Forward | Plan::Hold(_) => body,
-            Plan::ForwardModified(modified) => RequestBytes::from(modified),
-            Plan::Answer(mut response) => {
+        let forward_body = match effect {
+            // A held request is dispatched only once decided: `Hold` does not reach here.
+            Effect::Forward | Effect::Hold => body,
+            Effect::ForwardModified(modified) => RequestBytes::from(Bytes::from(modified)),
+            Effect::Answer(reply) => {
+                let mut response = intervention::answer(reply);
                 finished.row.status = response.status().as_u16() as i64;
-                finished.row.outcome = "answered".into();
+                finished.row.outcome = Outcome::Answered.as_str().into();
                 finished.row.proxy_overhead_us = started.elapsed().as_micros() as i64;
                 app.store.log_deferred(Box::new(finished));
                 stamp.apply(&mut response);
@@ -427,7 +441,7 @@ impl Next {
                             UpstreamFailure::Timeout,
                             &message,
                         ),
-                        outcome: "upstream_timeout",
+                        outcome: Outcome::UpstreamTimeout,
                     },
                     started,
                     Some(sent),
@@ -483,7 +497,7 @@ impl Next {
                     Err(e) => {
                         tracing::warn!(error = %e, "upstream answer broke off while checked for a block");
                         let failure = Failure {
-                            outcome: "upstream_broken",
+                            outcome: Outcome::UpstreamBroken,
                             ..Failure::unreachable(
                                 route.upstream,
                                 "loopwarden: the upstream answer broke off",
@@ -494,7 +508,7 @@ impl Next {
                 };
                 let whole = match guard.json(&app, &whole) {
                     Some((decision, reply)) => {
-                        finished.row.applied = "blocked".into();
+                        finished.row.applied = Applied::Blocked.as_str().into();
                         finished.row.decision = Some(decision.action.as_str().into());
                         finished.decision = Some(decision);
                         let headers = response.headers_mut();
@@ -530,7 +544,7 @@ fn new_record(
     route: &Route<'_>,
     body: &RequestBytes,
     analysis: Analysis,
-    applied: &'static str,
+    applied: Applied,
     started_ms: i64,
 ) -> Finished {
     let Analysis {
@@ -571,11 +585,11 @@ fn new_record(
         dialect: dialect.map(|d| d.as_str().into()),
         model: model.clone(),
         stream,
-        parse: parse.into(),
+        parse: parse.as_str().into(),
         parse_error,
         steps,
         decision: decision.as_ref().map(|d| d.action.as_str().into()),
-        applied: applied.into(),
+        applied: applied.as_str().into(),
         status: 0,
         outcome: "".into(),
         request_bytes: body.len() as i64,
@@ -592,7 +606,7 @@ fn new_record(
         row,
         conversation: ConversationSeen {
             id: identity.id,
-            id_source: identity.source,
+            id_source: identity.source.as_str(),
             client: identity::client_name(&parts.headers),
             dialect: dialect.map(Dialect::as_str),
             model,
@@ -625,8 +639,7 @@ fn method_label(method: &http::Method) -> Label {
 /// An answer the proxy gives in place of the upstream's, and how the log names it.
 struct Failure {
     response: Response,
-    /// `requests.outcome`
-    outcome: &'static str,
+    outcome: Outcome,
 }
 
 impl Failure {
@@ -634,7 +647,7 @@ impl Failure {
     fn unreachable(upstream: Upstream, message: &str) -> Failure {
         Failure {
             response: errors::upstream_failure(upstream, UpstreamFailure::Unreachable, message),
-            outcome: "upstream_unreachable",
+            outcome: Outcome::UpstreamUnreachable,
         }
     }
 }
@@ -654,7 +667,7 @@ fn fail(
     } = failure;
     let waited = sent.map(|s| s.elapsed()).unwrap_or_default();
     finished.row.status = i64::from(response.status().as_u16());
-    finished.row.outcome = outcome.into();
+    finished.row.outcome = outcome.as_str().into();
     finished.row.upstream_latency_us = sent.map(|_| waited.as_micros() as i64);
     finished.row.proxy_overhead_us = started.elapsed().saturating_sub(waited).as_micros() as i64;
     app.store.log_deferred(Box::new(finished));

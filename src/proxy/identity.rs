@@ -10,12 +10,36 @@ use http::HeaderMap;
 
 use crate::transcript::Transcript;
 
-/// A conversation id and where it came from (stored as `conversations.id_source`).
+/// A conversation id and where it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     /// Safe to echo in a header: printable ASCII without spaces, at most [`MAX_ID_LEN`].
     pub id: String,
-    pub source: &'static str,
+    pub source: IdSource,
+}
+
+/// Where a conversation id came from (`conversations.id_source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdSource {
+    /// A header the client sent (one of [`ID_HEADERS`]), named as the log shows it.
+    Header(&'static str),
+    /// A `/c/{id}` path prefix.
+    Path,
+    /// A hash of the history's stable head.
+    HeadHash,
+    /// Nothing to go by: one bucket per client and endpoint.
+    Fallback,
+}
+
+impl IdSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdSource::Header(name) => name,
+            IdSource::Path => "path",
+            IdSource::HeadHash => "head_hash",
+            IdSource::Fallback => "fallback",
+        }
+    }
 }
 
 pub const HEADER: &str = "x-loopwarden-conversation";
@@ -50,23 +74,26 @@ pub fn stated(headers: &HeaderMap, path_id: Option<&str>) -> Option<Identity> {
             .filter(|v| !v.is_empty())
     };
     if let Some(id) = header(HEADER) {
-        return Some(make(id, HEADER));
+        return Some(make(id, IdSource::Header(HEADER)));
     }
     if let Some(id) = path_id.filter(|id| !id.is_empty()) {
-        return Some(make(id, "path"));
+        return Some(make(id, IdSource::Path));
     }
     if let Some(session) = header("x-claude-code-session-id") {
         // Sub-agents share the session id; their own history makes them a conversation
         // of their own.
         return Some(match header("x-claude-code-agent-id") {
-            Some(agent) => make(&format!("{session}:{agent}"), "x-claude-code-session-id"),
-            None => make(session, "x-claude-code-session-id"),
+            Some(agent) => make(
+                &format!("{session}:{agent}"),
+                IdSource::Header("x-claude-code-session-id"),
+            ),
+            None => make(session, IdSource::Header("x-claude-code-session-id")),
         });
     }
     // Codex sends one value as thread-id and session-id; the thread survives `resume`.
     for name in ["thread-id", "session-id", "x-session-id"] {
         if let Some(id) = header(name) {
-            return Some(make(id, name));
+            return Some(make(id, IdSource::Header(name)));
         }
     }
     None
@@ -85,7 +112,7 @@ pub fn from_head(transcript: &Transcript) -> Option<Identity> {
     h.update(task.as_bytes());
     Some(Identity {
         id: format!("h-{}", &h.finalize().to_hex()[..16]),
-        source: "head_hash",
+        source: IdSource::HeadHash,
     })
 }
 
@@ -102,13 +129,13 @@ pub fn fallback(headers: &HeaderMap, path: &str) -> Identity {
     h.update(path.as_bytes());
     Identity {
         id: format!("anon-{}", &h.finalize().to_hex()[..16]),
-        source: "fallback",
+        source: IdSource::Fallback,
     }
 }
 
 /// Keeps a client's id as it is when it is a plain token (so users can find it in the
 /// log), else replaces it by a hash (so it is always safe in a header and a URL).
-fn make(raw: &str, source: &'static str) -> Identity {
+fn make(raw: &str, source: IdSource) -> Identity {
     let plain = raw.len() <= MAX_ID_LEN
         && raw
             .bytes()
@@ -160,13 +187,16 @@ mod tests {
             stated(&sub, Some("p")).unwrap(),
             Identity {
                 id: "p".into(),
-                source: "path"
+                source: IdSource::Path
             }
         );
         let ours = headers(&[(HEADER, "mine"), ("thread-id", "t")]);
         assert_eq!(stated(&ours, Some("p")).unwrap().id, "mine");
         let codex = headers(&[("session-id", "t1"), ("thread-id", "t1")]);
-        assert_eq!(stated(&codex, None).unwrap().source, "thread-id");
+        assert_eq!(
+            stated(&codex, None).unwrap().source,
+            IdSource::Header("thread-id")
+        );
         let opencode = headers(&[("x-session-id", "ses_1")]);
         assert_eq!(stated(&opencode, None).unwrap().id, "ses_1");
         assert_eq!(stated(&headers(&[]), None), None);
@@ -189,7 +219,10 @@ mod tests {
             "x-claude-code-session-id",
             http::HeaderValue::from_bytes(b"\xff").unwrap(),
         );
-        assert_eq!(stated(&h, None).unwrap().source, "thread-id");
+        assert_eq!(
+            stated(&h, None).unwrap().source,
+            IdSource::Header("thread-id")
+        );
     }
 
     #[test]
@@ -197,7 +230,7 @@ mod tests {
         let odd = headers(&[(HEADER, "a b/c")]);
         let id = stated(&odd, None).unwrap().id;
         assert!(id.starts_with("x-") && !id.contains(' '), "{id}");
-        assert_eq!(make(&"a".repeat(200), "path").id.len(), 18);
+        assert_eq!(make(&"a".repeat(200), IdSource::Path).id.len(), 18);
     }
 
     #[test]

@@ -1,12 +1,12 @@
-//! The one place where a detection decision becomes what the proxy does with a request,
-//! and where a response may be blocked on its way back. The logic lives in
-//! [`crate::intervene`]; this file only translates its acts into HTTP.
+//! Interventions in HTTP terms: a request's ruling carried out ([`plan`]), a held request
+//! kept alive and decided ([`held_stream`], [`decide_held`]), a halt reply as a response,
+//! and the response-side block check ([`Guard`]). What happens is ruled in
+//! [`crate::intervene::ruling`]; this file only turns it into HTTP.
 
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::response::Response;
-use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::StatusCode;
 
@@ -15,52 +15,31 @@ use crate::detect::{Decision, EngineState};
 use crate::dialect::{HaltReply, ResponseTurn};
 use crate::intervene::block::{BlockBody, Check};
 use crate::intervene::pause::Ticket;
-use crate::intervene::service::{Before, OwnedRequest};
-use crate::intervene::{Act, RequestInfo};
-
-/// What the proxy does with one request.
-pub enum Plan {
-    /// Forward the client's bytes untouched.
-    Forward,
-    /// Forward these bytes instead (e.g. the request with a reminder appended).
-    ForwardModified(Bytes),
-    /// Do not call the upstream: answer the client with this response.
-    Answer(Response),
-    /// Hold the request until a human (or the timeout) decides.
-    Hold(Box<Held>),
-}
-
-impl Plan {
-    /// How the log names what the proxy did (`requests.applied`, `decisions.applied`);
-    /// the intervention log (`interventions.applied`) says what the intervention was.
-    pub fn applied(&self) -> &'static str {
-        match self {
-            Plan::Forward => "forwarded",
-            Plan::ForwardModified(_) => "forwarded_modified",
-            Plan::Answer(_) => "answered",
-            Plan::Hold(_) => "held",
-        }
-    }
-}
+use crate::intervene::service::Before;
+use crate::intervene::{Applied, Effect, RequestInfo};
 
 /// A request held for a human.
 pub struct Held {
     pub ticket: Ticket,
     pub decision: Decision,
-    pub request: OwnedRequest,
+    pub request: RequestInfo<'static>,
     pub request_id: i64,
 }
 
-/// The decision and plan for one request, and what the response side needs.
+/// A request's ruling carried out, and what the proxy needs to send it.
 pub struct Planned {
-    pub plan: Plan,
+    /// What to send (never [`Effect::Hold`]: that is `held`).
+    pub effect: Effect,
+    pub applied: Applied,
     /// The decision acted on (a sticky halt replaces the engine's).
     pub decision: Decision,
+    /// Set when the request is held for a human.
+    pub held: Option<Box<Held>>,
     /// Set when the response must be checked for a call to block.
     pub guard: Option<Guard>,
 }
 
-/// Turns a decision into a plan. Only called for requests whose history was parsed.
+/// A request's ruling, carried out. Only called for requests whose history was parsed.
 pub fn plan(
     app: &App,
     decision: Decision,
@@ -70,33 +49,33 @@ pub fn plan(
     request_id: i64,
 ) -> Planned {
     let planned = app.interventions.plan(decision, before, req, request_id);
-    let plan = match planned.act {
-        Act::Forward => Plan::Forward,
-        Act::ForwardModified(bytes) => Plan::ForwardModified(Bytes::from(bytes)),
-        Act::Answer(reply) => Plan::Answer(answer(reply)),
-        Act::Hold => Plan::Hold(Box::new(Held {
+    let effect = planned.carried.effect;
+    let held = matches!(effect, Effect::Hold).then(|| {
+        Box::new(Held {
             ticket: app.interventions.hold(&planned.decision, req),
             decision: planned.decision.clone(),
-            request: OwnedRequest::of(req),
+            request: req.to_owned(),
             request_id,
-        })),
-    };
-    let forwards = matches!(plan, Plan::Forward | Plan::ForwardModified(_));
+        })
+    });
+    let forwards = matches!(effect, Effect::Forward | Effect::ForwardModified(_));
     // The state is copied only for the rare response that may complete a loop.
     let guard = (forwards && app.interventions.armed(&app.engine, state)).then(|| Guard {
         state: state.clone(),
-        request: OwnedRequest::of(req),
+        request: req.to_owned(),
         request_id,
     });
     Planned {
-        plan,
+        effect,
+        applied: planned.carried.applied,
         decision: planned.decision,
+        held,
         guard,
     }
 }
 
-/// Waits for the verdict on a held request and returns the plan it chooses.
-pub async fn decide_held(app: &App, held: Held) -> (Plan, &'static str) {
+/// Waits for the verdict on a held request; what it chooses, carried out.
+pub async fn decide_held(app: &App, held: Held) -> (Effect, Applied) {
     let Held {
         ticket,
         decision,
@@ -104,16 +83,10 @@ pub async fn decide_held(app: &App, held: Held) -> (Plan, &'static str) {
         request_id,
     } = held;
     let (verdict, by) = app.interventions.verdict(ticket).await;
-    let (act, _) =
-        app.interventions
-            .after_verdict(verdict, by, &decision, &request.info(), request_id);
-    let plan = match act {
-        Act::Forward | Act::Hold => Plan::Forward,
-        Act::ForwardModified(bytes) => Plan::ForwardModified(Bytes::from(bytes)),
-        Act::Answer(reply) => Plan::Answer(answer(reply)),
-    };
-    let applied = plan.applied();
-    (plan, applied)
+    let carried = app
+        .interventions
+        .after_verdict(verdict, by, &decision, &request, request_id);
+    (carried.effect, carried.applied)
 }
 
 /// A held streaming request is answered at once with an SSE stream of `: keep-alive`
@@ -137,7 +110,7 @@ where
 }
 
 /// A halt reply as an HTTP response: 200, the reply's content type, no caching.
-fn answer(reply: HaltReply) -> Response {
+pub fn answer(reply: HaltReply) -> Response {
     let mut response = Response::new(Body::from(reply.body));
     *response.status_mut() = StatusCode::OK;
     response.headers_mut().insert(
@@ -153,7 +126,7 @@ fn answer(reply: HaltReply) -> Response {
 /// What the response side needs to block a call that completes a loop.
 pub struct Guard {
     state: EngineState,
-    request: OwnedRequest,
+    request: RequestInfo<'static>,
     request_id: i64,
 }
 
@@ -177,7 +150,7 @@ impl Guard {
                     &app.engine,
                     &self.state,
                     &turn,
-                    &self.request.info(),
+                    &self.request,
                     self.request_id,
                 )
                 .map(|(decision, text)| {
@@ -195,15 +168,17 @@ impl Guard {
         if turn.calls.is_empty() {
             return None;
         }
-        let req = self.request.info();
         let (decision, _) = app.interventions.check_response(
             &app.engine,
             &self.state,
             &turn,
-            &req,
+            &self.request,
             self.request_id,
         )?;
-        let reply = app.interventions.intervener.halt_reply(&decision, &req);
+        let reply = app
+            .interventions
+            .intervener
+            .halt_reply(&decision, &self.request);
         Some((decision, reply))
     }
 }

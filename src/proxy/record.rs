@@ -20,6 +20,56 @@ use crate::store::{
 };
 use crate::transcript::{Step, ToolCall, ToolResult};
 
+/// How a request ended (`requests.outcome`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The upstream's answer reached the client whole.
+    Complete,
+    /// The client went away before the answer ended.
+    ClientDisconnected,
+    /// The upstream's answer broke off (the client saw the same break).
+    UpstreamBroken,
+    /// The upstream could not be reached (502).
+    UpstreamUnreachable,
+    /// The upstream did not answer in time (504).
+    UpstreamTimeout,
+    /// loopwarden answered (a halt); the upstream was not called.
+    Answered,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Complete => "complete",
+            Outcome::ClientDisconnected => "client_disconnected",
+            Outcome::UpstreamBroken => "upstream_broken",
+            Outcome::UpstreamUnreachable => "upstream_unreachable",
+            Outcome::UpstreamTimeout => "upstream_timeout",
+            Outcome::Answered => "answered",
+        }
+    }
+}
+
+/// Whether a request's body was read as a conversation (`requests.parse`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParseStatus {
+    Parsed,
+    /// A conversation endpoint whose body could not be read: forwarded untouched.
+    Unparsed,
+    /// Not a conversation endpoint (models list, token counting...).
+    NotConversation,
+}
+
+impl ParseStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ParseStatus::Parsed => "parsed",
+            ParseStatus::Unparsed => "unparsed",
+            ParseStatus::NotConversation => "not_conversation",
+        }
+    }
+}
+
 /// Longest call and result summaries kept in the log (characters).
 const CALL_SUMMARY_CHARS: usize = 160;
 const RESULT_SUMMARY_CHARS: usize = 120;

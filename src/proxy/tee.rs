@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use super::record::{Capture, Finished};
+use super::record::{Capture, Finished, Outcome};
 use crate::store::Store;
 
 /// Responses larger than this are forwarded whole but not decoded for the log.
@@ -88,7 +88,7 @@ impl<B: Body> TeeBody<B> {
         }
     }
 
-    fn finish(&mut self, outcome: &'static str) {
+    fn finish(&mut self, outcome: Outcome) {
         let Some(p) = self.pending.take() else {
             return;
         };
@@ -103,15 +103,15 @@ impl<B: Body> TeeBody<B> {
         } = *p;
         if let Some(decision) = blocked.as_ref().and_then(|b| b.get()) {
             finished.row.decision = Some(decision.action.as_str().into());
-            finished.row.applied = "blocked".into();
+            finished.row.applied = crate::intervene::Applied::Blocked.as_str().into();
             finished.decision = Some(decision.clone());
         }
-        finished.row.outcome = outcome.into();
+        finished.row.outcome = outcome.as_str().into();
         finished.row.response_bytes = response_bytes as i64;
         finished.row.upstream_total_us = Some(sent.elapsed().as_micros() as i64);
         // Only a response that arrived whole can be decoded meaningfully.
         finished.response = capture
-            .filter(|_| outcome == "complete")
+            .filter(|_| outcome == Outcome::Complete)
             .map(Capture::finish);
         store.log_deferred(Box::new(finished));
     }
@@ -136,8 +136,8 @@ where
                     this.observe(data);
                 }
             }
-            Poll::Ready(Some(Err(_))) => this.finish("upstream_broken"),
-            Poll::Ready(None) => this.finish("complete"),
+            Poll::Ready(Some(Err(_))) => this.finish(Outcome::UpstreamBroken),
+            Poll::Ready(None) => this.finish(Outcome::Complete),
             Poll::Pending => {}
         }
         polled
@@ -156,9 +156,9 @@ impl<B: Body> Drop for TeeBody<B> {
     fn drop(&mut self) {
         // The server may drop a body it knows is complete without polling its end.
         let outcome = if self.inner.is_end_stream() {
-            "complete"
+            Outcome::Complete
         } else {
-            "client_disconnected"
+            Outcome::ClientDisconnected
         };
         self.finish(outcome);
     }

@@ -594,6 +594,93 @@ mod tests {
         assert_eq!(mean("quiet"), Some(None), "no requests, no mean");
     }
 
+    #[tokio::test]
+    async fn a_log_from_before_the_one_vocabulary_says_what_was_applied_in_it() {
+        // A log as migrations 1-4 left it: requests and decisions said how the request
+        // went, the intervention log what was done.
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("old-migrations");
+        std::fs::create_dir(&old).unwrap();
+        let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        for name in [
+            "0001_log.sql",
+            "0002_interventions.sql",
+            "0003_body_read.sql",
+            "0004_conversation_overhead.sql",
+        ] {
+            std::fs::copy(here.join(name), old.join(name)).unwrap();
+        }
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let options = SqliteConnectOptions::from_str(&url)
+            .unwrap()
+            .create_if_missing(true);
+        let pool = SqlitePool::connect_with(options).await.unwrap();
+        sqlx::migrate::Migrator::new(old.as_path())
+            .await
+            .unwrap()
+            .run(&pool)
+            .await
+            .unwrap();
+        // 1 forwarded, 2 nudged, 3 halted, 4 held then nudged by a human, 5 an answer the
+        // intervention log does not name.
+        for (id, applied) in [
+            (1, "forwarded"),
+            (2, "forwarded_modified"),
+            (3, "answered"),
+            (4, "forwarded_modified"),
+            (5, "answered"),
+        ] {
+            sqlx::query(
+                "INSERT INTO requests (id, conversation_id, started_ms, method, path, upstream,
+                   stream, parse, applied, status, outcome, request_bytes, response_bytes,
+                   proxy_overhead_us)
+                 VALUES (?1, 'c', ?1, 'POST', '/v1/messages', 'anthropic', 0, 'parsed',
+                   ?2, 200, 'complete', 1, 1, 0)",
+            )
+            .bind(id)
+            .bind(applied)
+            .execute(&pool)
+            .await
+            .unwrap();
+            if id > 1 {
+                sqlx::query(
+                    "INSERT INTO decisions (request_id, conversation_id, created_ms, action,
+                       applied, step, reason) VALUES (?1, 'c', ?1, 'x', ?2, 1, '')",
+                )
+                .bind(id)
+                .bind(applied)
+                .execute(&pool)
+                .await
+                .unwrap();
+            }
+        }
+        for (request, applied) in [(2, "nudged"), (3, "halted"), (4, "held"), (4, "nudged")] {
+            sqlx::query(
+                "INSERT INTO interventions (conversation_id, request_id, created_ms, action,
+                   applied, source, detector, reason, finding)
+                 VALUES ('c', ?1, 0, 'x', ?2, 'policy', '', '', '')",
+            )
+            .bind(request)
+            .bind(applied)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        pool.close().await;
+
+        let store = open(&dir, 64, Duration::from_millis(10)).await;
+        let column = |table: &str| {
+            let sql = match table {
+                "requests" => "SELECT applied FROM requests ORDER BY id",
+                _ => "SELECT applied FROM decisions ORDER BY request_id",
+            };
+            sqlx::query_scalar::<_, String>(sql).fetch_all(store.pool())
+        };
+        let want = ["forwarded", "nudged", "halted", "nudged", "halted"];
+        assert_eq!(column("requests").await.unwrap(), want);
+        assert_eq!(column("decisions").await.unwrap(), want[1..]);
+    }
+
     /// `records` written by two logs: in one batch (the writer gathers until the flush),
     /// and one by one (a flush after each). The directories hold the two databases.
     async fn one_batch_and_one_by_one(
@@ -789,7 +876,7 @@ mod tests {
                 conversation_id: "c2".into(),
                 created_ms: 1020,
                 action: "nudge".into(),
-                applied: "forwarded_modified".into(),
+                applied: "nudged".into(),
                 step: Some(3),
                 reason: "repeat".into(),
             })),

@@ -1,0 +1,259 @@
+//! The one place where a decision becomes what happens to a request.
+//!
+//! The engine says what the conversation needs (observe, nudge, replan, rollback, pause,
+//! halt, block; `pause` is its answer for a pattern whose policy is to ask a human). What
+//! the proxy then does also depends on the conversation's standing (a halted conversation
+//! stays halted: the halt is answered again) and on the `[intervene]` switches
+//! (interventions off, `on_stop = "pause"`, rollback off); for a held request, on the
+//! human's verdict or the timeout's. [`rule`] and [`rule_verdict`] are that mapping, and
+//! nothing else makes it: pure functions of their inputs, with no bytes, HTTP or store.
+//! Carrying a ruling out (appending a reminder, building a halt reply) is
+//! [`super::Intervener::carry_out`]'s; logging it and making a halt sticky,
+//! [`super::service::Interventions`]'.
+
+use crate::detect::{Action, Decision};
+
+use super::pause::DecidedBy;
+use super::{InterveneConfig, StopMode, Verdict};
+
+/// What happens to a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Act {
+    /// Forward the client's bytes untouched.
+    Forward,
+    /// Forward the request with a reminder appended.
+    Remind(Reminder),
+    /// Forward the request with the looping turns cut out (a replan reminder instead when
+    /// they cannot be cut).
+    RollBack,
+    /// Answer with a halt reply; the upstream is not called.
+    Halt,
+    /// Hold the request until a human (or the timeout) decides.
+    Hold,
+}
+
+/// Which reminder a request gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reminder {
+    Nudge,
+    /// The stronger reminder, after a nudge did not help.
+    Replan,
+}
+
+/// Who made a ruling (`interventions.source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Detection, under the configured policy.
+    Policy,
+    /// The conversation was halted before: the halt is answered again.
+    Sticky,
+    /// An operator, through the admin API.
+    Operator,
+    /// A human: a verdict on a held request, or a message after a halt.
+    Human,
+    /// Nobody decided on a held request in time: the configured default.
+    Timeout,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Policy => "policy",
+            Source::Sticky => "sticky",
+            Source::Operator => "operator",
+            Source::Human => "human",
+            Source::Timeout => "timeout",
+        }
+    }
+}
+
+impl From<DecidedBy> for Source {
+    fn from(by: DecidedBy) -> Source {
+        match by {
+            DecidedBy::Human => Source::Human,
+            DecidedBy::Timeout => Source::Timeout,
+        }
+    }
+}
+
+/// What a conversation is subject to before its request is ruled on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing<'a> {
+    Free,
+    /// Halted (by policy, an operator or a verdict) for this reason.
+    Halted(&'a str),
+}
+
+/// A decision and what is done about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ruling {
+    /// The decision acted on: the engine's, as the switches turned it (a pause where the
+    /// policy stops by asking, a replan where rollback is off), or the sticky halt.
+    pub decision: Decision,
+    pub act: Act,
+    pub source: Source,
+}
+
+/// What happens to a request, from the engine's decision, the conversation's standing and
+/// the `[intervene]` switches.
+pub fn rule(decision: Decision, standing: Standing<'_>, config: &InterveneConfig) -> Ruling {
+    let mut decision = decision;
+    if !config.enabled {
+        return Ruling {
+            decision,
+            act: Act::Forward,
+            source: Source::Policy,
+        };
+    }
+    if let Standing::Halted(reason) = standing {
+        // Halted already (perhaps by a human's verdict): answered again, never held again.
+        decision.action = Action::Halt;
+        decision.reason = reason.to_string();
+        return Ruling {
+            decision,
+            act: Act::Halt,
+            source: Source::Sticky,
+        };
+    }
+    if config.on_stop == StopMode::Pause && matches!(decision.action, Action::Halt | Action::Block)
+    {
+        decision.action = Action::Pause;
+    }
+    if decision.action == Action::Rollback && !config.rollback {
+        decision.action = Action::Replan;
+    }
+    let act = match decision.action {
+        Action::Observe => Act::Forward,
+        Action::Nudge => Act::Remind(Reminder::Nudge),
+        Action::Replan => Act::Remind(Reminder::Replan),
+        Action::Rollback => Act::RollBack,
+        Action::Pause => Act::Hold,
+        Action::Halt | Action::Block => Act::Halt,
+    };
+    Ruling {
+        decision,
+        act,
+        source: Source::Policy,
+    }
+}
+
+/// What happens to a held request once `by` gave `verdict` on `decision` (the one it was
+/// held for). The ruling's decision is the verdict's action, for the log.
+pub fn rule_verdict(verdict: Verdict, by: DecidedBy, decision: &Decision) -> Ruling {
+    let (action, act) = match verdict {
+        Verdict::Continue => (Action::Observe, Act::Forward),
+        Verdict::Nudge => (Action::Nudge, Act::Remind(Reminder::Nudge)),
+        Verdict::Halt => (Action::Halt, Act::Halt),
+    };
+    let mut decision = decision.clone();
+    decision.action = action;
+    Ruling {
+        decision,
+        act,
+        source: by.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decided(action: Action) -> Decision {
+        Decision {
+            action,
+            reason: "ran `pytest` 3 times with the same failure".into(),
+            detector: "fail_loop".into(),
+            findings: Vec::new(),
+        }
+    }
+
+    fn config(enabled: bool, on_stop: StopMode, rollback: bool) -> InterveneConfig {
+        InterveneConfig {
+            enabled,
+            on_stop,
+            rollback,
+            ..InterveneConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_engines_decision_under_every_switch_and_standing() {
+        use Action::*;
+        use StopMode::{Halt as H, Pause as P};
+        let on = |on_stop, rollback| config(true, on_stop, rollback);
+        let nudge = Act::Remind(Reminder::Nudge);
+        let replan = Act::Remind(Reminder::Replan);
+        // (engine's action, switches, standing) → (action acted on, act, source)
+        #[rustfmt::skip]
+        let table: Vec<(Action, InterveneConfig, Standing, Action, Act, Source)> = vec![
+            (Observe,  on(H, false), Standing::Free, Observe, Act::Forward, Source::Policy),
+            (Nudge,    on(H, false), Standing::Free, Nudge,   nudge,        Source::Policy),
+            (Replan,   on(H, false), Standing::Free, Replan,  replan,       Source::Policy),
+            (Rollback, on(H, false), Standing::Free, Replan,  replan,       Source::Policy),
+            (Rollback, on(H, true),  Standing::Free, Rollback, Act::RollBack, Source::Policy),
+            (Pause,    on(H, false), Standing::Free, Pause,   Act::Hold,    Source::Policy),
+            (Halt,     on(H, false), Standing::Free, Halt,    Act::Halt,    Source::Policy),
+            (Block,    on(H, false), Standing::Free, Block,   Act::Halt,    Source::Policy),
+            (Halt,     on(P, false), Standing::Free, Pause,   Act::Hold,    Source::Policy),
+            (Block,    on(P, false), Standing::Free, Pause,   Act::Hold,    Source::Policy),
+            (Nudge,    on(P, false), Standing::Free, Nudge,   nudge,        Source::Policy),
+            // A halted conversation is answered with its halt, whatever the engine says,
+            // and never held again.
+            (Observe,  on(H, false), Standing::Halted("earlier"), Halt, Act::Halt, Source::Sticky),
+            (Nudge,    on(P, false), Standing::Halted("earlier"), Halt, Act::Halt, Source::Sticky),
+            // Interventions off: everything is forwarded, the decision logged as it was.
+            (Halt,     config(false, H, true), Standing::Free, Halt, Act::Forward, Source::Policy),
+            (Nudge,    config(false, H, true), Standing::Halted("earlier"), Nudge, Act::Forward, Source::Policy),
+        ];
+        for (action, config, standing, acted, act, source) in table {
+            let r = rule(decided(action), standing, &config);
+            assert_eq!(
+                (r.decision.action, r.act, r.source),
+                (acted, act, source),
+                "{action:?} under {:?}/{:?}/rollback {} when {standing:?}",
+                config.enabled,
+                config.on_stop,
+                config.rollback
+            );
+            let reason = match standing {
+                Standing::Halted(reason) if config.enabled => reason,
+                _ => "ran `pytest` 3 times with the same failure",
+            };
+            assert_eq!(r.decision.reason, reason);
+            assert_eq!(r.decision.detector, "fail_loop");
+        }
+    }
+
+    #[test]
+    fn a_verdict_rules_a_held_request() {
+        let held = decided(Action::Pause);
+        let table = [
+            (
+                Verdict::Continue,
+                DecidedBy::Human,
+                Action::Observe,
+                Act::Forward,
+                Source::Human,
+            ),
+            (
+                Verdict::Nudge,
+                DecidedBy::Human,
+                Action::Nudge,
+                Act::Remind(Reminder::Nudge),
+                Source::Human,
+            ),
+            (
+                Verdict::Halt,
+                DecidedBy::Timeout,
+                Action::Halt,
+                Act::Halt,
+                Source::Timeout,
+            ),
+        ];
+        for (verdict, by, action, act, source) in table {
+            let r = rule_verdict(verdict, by, &held);
+            assert_eq!((r.decision.action, r.act, r.source), (action, act, source));
+            assert_eq!(r.decision.reason, held.reason);
+        }
+    }
+}
