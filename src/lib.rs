@@ -15,5 +15,6 @@ pub mod mock;
 pub mod normalize;
 pub mod proxy;
 pub mod replay;
+pub mod spawn;
 pub mod store;
 pub mod transcript;

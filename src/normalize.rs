@@ -36,9 +36,10 @@ pub fn hash64(bytes: &[u8]) -> u64 {
     u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
 }
 
-fn re(pattern: &str) -> Regex {
-    // The patterns are literals of this file; a bad one is a programming error caught by
-    // the unit tests, never by input.
+/// A regex of the code's own (a literal): a bad one is a programming error that the unit
+/// tests reach, never input.
+#[allow(clippy::panic, reason = "a literal pattern, checked by every test run")]
+pub(crate) fn re(pattern: &str) -> Regex {
     Regex::new(pattern).unwrap_or_else(|e| panic!("bad built-in regex {pattern}: {e}"))
 }
 

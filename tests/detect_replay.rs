@@ -1,5 +1,12 @@
 //! `loopwarden replay`: the binary over a JSONL file, its output format, determinism,
 //! and bad input.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods,
+    reason = "tests and benches stop where they fail"
+)]
 
 use std::process::Command;
 

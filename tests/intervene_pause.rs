@@ -1,6 +1,13 @@
 //! Pause for a human, through the real proxy: the request is held, listed, announced to a
 //! webhook (a loopback server), and decided by `continue`, `nudge`, `halt` or the timeout;
 //! a held streaming request is kept alive with SSE comments.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods,
+    reason = "tests and benches stop where they fail"
+)]
 
 mod intervene_support;
 

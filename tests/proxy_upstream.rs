@@ -3,6 +3,13 @@
 //! connections are reused, never shared while a response is still streaming, never reused
 //! once closed, closed when idle too long, bounded; a request a closed pooled connection
 //! gave back is resent once, and one that reached the upstream never is.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods,
+    reason = "tests and benches stop where they fail"
+)]
 
 mod proxy_support;
 

@@ -229,23 +229,18 @@ fn found_nothing(kind: ActionKind, normalized: &str, empty: bool, is_error: bool
 /// The headline of a search that found nothing (SWE-agent's `find_file`/`search_dir`, ripgrep
 /// wrappers, Claude Code's Grep and Glob).
 static NOTHING_FOUND: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
-    regex::Regex::new(
+    normalize::re(
         r"(?i)^(no (matches|results|files?) (found|for)|found 0 |did not find|nothing found)",
     )
-    .unwrap_or_else(|e| panic!("{e}"))
 });
 /// An error saying that the path looked at does not exist.
 static NO_SUCH_PATH: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
-    regex::Regex::new(r"(?i)(not found|no such file or directory|does not exist)")
-        .unwrap_or_else(|e| panic!("{e}"))
+    normalize::re(r"(?i)(not found|no such file or directory|does not exist)")
 });
-static OPEN_FILE: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
-    regex::Regex::new(r"\(Open file: ([^)\n]+)\)").unwrap_or_else(|e| panic!("{e}"))
-});
-static LINES_TOTAL: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
-    regex::Regex::new(r"^\[File: ([^\n]+) \((\d+) lines total\)\]")
-        .unwrap_or_else(|e| panic!("{e}"))
-});
+static OPEN_FILE: std::sync::LazyLock<regex::Regex> =
+    std::sync::LazyLock::new(|| normalize::re(r"\(Open file: ([^)\n]+)\)"));
+static LINES_TOTAL: std::sync::LazyLock<regex::Regex> =
+    std::sync::LazyLock::new(|| normalize::re(r"^\[File: ([^\n]+) \((\d+) lines total\)\]"));
 
 /// Word tokens of a text, hashed, deduplicated, capped.
 pub fn tokens(text: &str, cap: usize) -> Vec<u64> {

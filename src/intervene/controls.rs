@@ -255,7 +255,7 @@ impl Controls {
             return;
         }
         let this = self.clone();
-        tokio::spawn(async move {
+        crate::spawn::task("halt state write", async move {
             if let Err(e) = this.write(&c).await {
                 tracing::warn!(conversation = %c.conversation_id, error = %e, "cannot store the halt state");
             }

@@ -172,7 +172,7 @@ pub fn notify(client: &reqwest::Client, config: &PauseConfig, info: &HeldInfo) {
             .header("content-type", "application/json")
             .body(body.clone());
         let url = url.clone();
-        tokio::spawn(async move {
+        crate::spawn::task("pause webhook", async move {
             match request.send().await {
                 Ok(r) if r.status().is_success() => {}
                 Ok(r) => {
@@ -196,7 +196,7 @@ where
     F: Future<Output = axum::body::Body> + Send + 'static,
 {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, axum::Error>>(16);
-    tokio::spawn(async move {
+    crate::spawn::task("held request keep-alive", async move {
         let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
         tokio::pin!(then);
         let body = loop {

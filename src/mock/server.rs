@@ -98,7 +98,7 @@ impl MockServer {
             requests: Mutex::new(Vec::new()),
             capture,
         });
-        let accept = tokio::spawn(accept_loop(listener, shared.clone()));
+        let accept = crate::spawn::task("mock accept", accept_loop(listener, shared.clone()));
         Ok(MockServer {
             addr,
             shared,

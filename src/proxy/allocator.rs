@@ -24,6 +24,7 @@ const TRIM_THRESHOLD: i32 = 16 << 20;
 /// ([`set_by_user`]). Called once, before the serving threads start. Returns whether the
 /// settings were applied.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code, reason = "mallopt is a C call")]
 pub fn keep_large_blocks() -> bool {
     let tunables = std::env::var("GLIBC_TUNABLES").ok();
     let names = std::env::vars_os().map(|(name, _)| name.to_string_lossy().into_owned());

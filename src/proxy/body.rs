@@ -42,6 +42,10 @@ const LARGE_MIN: usize = 1 << 20;
 /// once it differs, so tails are kept short.
 const TAIL_SHARE_MAX: usize = 16;
 
+/// Bytes found equal to the conversation's last body lie within it: `Earlier` compares no
+/// further than its end. Were that ever broken, the request fails rather than panics.
+const PAST_THE_LAST_BODY: &str = "internal: shared bytes past the last body";
+
 /// The request body, read as it arrives.
 ///
 /// While the body repeats its conversation's last body byte for byte (a history, most of
@@ -95,7 +99,7 @@ pub async fn read_body(
             let from = head.len();
             joined.reserve(capacity.saturating_sub(from).max(upto + data.len() - from));
             if from <= upto {
-                let (a, b) = old.slices(from..upto).expect("within the last body");
+                let (a, b) = old.slices(from..upto).ok_or(PAST_THE_LAST_BODY)?;
                 joined.append(a);
                 joined.append(b);
                 joined.append(&data);
@@ -133,7 +137,7 @@ pub async fn read_body(
             return Ok(old);
         }
         // A body that stops short of the last one (not JSON): its own copy.
-        let (a, b) = old.slices(0..upto).expect("within the last body");
+        let (a, b) = old.slices(0..upto).ok_or(PAST_THE_LAST_BODY)?;
         return Ok(RequestBytes::from(Bytes::from([a, b].concat())));
     }
     Ok(match single {

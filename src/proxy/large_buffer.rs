@@ -14,6 +14,11 @@
 //! but its memory is already on 4 KiB pages, and a hint given after the first touch changes
 //! nothing until the kernel's background scan, much later, merges the pages.
 
+#![allow(
+    unsafe_code,
+    reason = "a mapping of its own, handed to `Bytes` as its owner: each block says why it holds"
+)]
+
 use std::ptr::NonNull;
 use std::sync::{Mutex, PoisonError};
 

@@ -189,13 +189,16 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .fallback(forward::handle)
         .with_state(app.clone());
     let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(serve(
-        Incoming::Listener(listener),
-        0,
-        app.clone(),
-        router.clone(),
-        stopped,
-    ));
+    let server = crate::spawn::task(
+        "serve",
+        serve(
+            Incoming::Listener(listener),
+            0,
+            app.clone(),
+            router.clone(),
+            stopped,
+        ),
+    );
     let mut shutdown = vec![stop];
     let mut others = Vec::new();
     for (i, handed) in handed.into_iter().enumerate() {
@@ -203,12 +206,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         let (done, finished) = oneshot::channel();
         let router = router.clone();
         let app = app.clone();
-        std::thread::Builder::new()
-            .name(format!("loopwarden-serve-{}", i + 1))
-            .spawn(move || {
-                let served = serve_thread(Incoming::Handed(handed), i + 1, app, router, stopped);
-                let _ = done.send(served);
-            })?;
+        crate::spawn::thread(format!("loopwarden-serve-{}", i + 1), move || {
+            let served = serve_thread(Incoming::Handed(handed), i + 1, app, router, stopped);
+            let _ = done.send(served);
+        })?;
         shutdown.push(stop);
         others.push(finished);
     }
@@ -332,7 +333,7 @@ async fn serve(
             .into_owned();
         let connection = graceful.watch(connection);
         let app = app.clone();
-        tokio::spawn(async move {
+        crate::spawn::task("client connection", async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
@@ -367,7 +368,7 @@ fn serve_thread(
 /// Drops idle cache entries now and then; ends with the proxy.
 fn spawn_sweeper(app: std::sync::Weak<App>, idle: Duration) {
     let period = (idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
-    tokio::spawn(async move {
+    crate::spawn::task("cache sweep", async move {
         let mut tick = tokio::time::interval(period);
         tick.tick().await;
         loop {
@@ -437,6 +438,7 @@ async fn shutdown_signal() {
 /// Page faults taken by the calling thread so far: what the tests of the allocator's
 /// settings and of the large buffers count.
 #[cfg(all(test, target_os = "linux"))]
+#[allow(unsafe_code, reason = "getrusage is a C call")]
 fn minor_faults() -> i64 {
     // SAFETY: getrusage fills the struct it is given.
     unsafe {

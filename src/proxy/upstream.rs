@@ -320,7 +320,7 @@ impl Shared {
             }
         };
         let (sender, connection) = hyper::client::conn::http1::handshake(io).await?;
-        tokio::spawn(async move {
+        crate::spawn::task("upstream connection", async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
             }

@@ -442,8 +442,11 @@ mod tests {
         }
         // From several threads at once: no id twice.
         let threads: Vec<_> = (0..4)
-            .map(|_| {
-                std::thread::spawn(|| (0..1000).map(|_| next_request_id()).collect::<Vec<_>>())
+            .map(|i| {
+                crate::spawn::thread(format!("ids-{i}"), || {
+                    (0..1000).map(|_| next_request_id()).collect::<Vec<_>>()
+                })
+                .unwrap()
             })
             .collect();
         let mut all: Vec<i64> = threads

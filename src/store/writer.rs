@@ -165,9 +165,7 @@ pub(super) fn start(
         window,
     });
     let writer_queue = queue.clone();
-    std::thread::Builder::new()
-        .name("loopwarden-log".into())
-        .spawn(move || run(conn, &writer_queue))?;
+    crate::spawn::thread("loopwarden-log".into(), move || run(conn, &writer_queue))?;
     Ok(Handle { queue })
 }
 
