@@ -14,12 +14,14 @@ use bytes::Bytes;
 use http::HeaderMap;
 use serde_json::{json, Value};
 
-use loopwarden::detect::{Decision, Engine, StoreFacts};
+use loopwarden::detect::{Decision, Engine};
 use loopwarden::dialect::{Dialect, RequestBytes};
-use loopwarden::proxy::body;
-use loopwarden::proxy::cache::{History, MessageCache};
+use loopwarden::intervene::service::Before;
+use loopwarden::proxy::analysis::{Analyser, Arrival};
+use loopwarden::proxy::body::Earlier;
+use loopwarden::proxy::cache::MessageCache;
 use loopwarden::proxy::conversations::Conversations;
-use loopwarden::proxy::identity;
+use loopwarden::proxy::{identity, route};
 
 /// Which wire format to render.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -409,76 +411,54 @@ pub fn payload(shape: Shape, target: usize) -> Bytes {
     render(shape, &turns, false)
 }
 
-/// The proxy's analysis state: the message cache and each conversation's engine state.
+/// The proxy's analysis ([`Analyser`]), as `proxy::forward` runs it for a body that
+/// arrived in one frame, with no sticky halts or resumes.
 pub struct Proxy {
-    engine: Engine,
-    cache: MessageCache,
-    conversations: Conversations,
+    analyser: Analyser,
 }
 
 impl Proxy {
     pub fn new() -> Proxy {
         Proxy {
-            engine: Engine::default(),
-            cache: MessageCache::new(1 << 30, Duration::from_secs(3600)),
-            conversations: Conversations::new(Duration::from_secs(3600)),
+            analyser: Analyser {
+                engine: Engine::default(),
+                cache: MessageCache::new(1 << 30, Duration::from_secs(3600)),
+                conversations: Conversations::new(Duration::from_secs(3600)),
+            },
         }
     }
 
-    /// The per-request work of `proxy::forward` before the bytes go upstream (its
-    /// `analyse` and `new_record`): identity, the conversation's last request, view
-    /// (resumed after that request's bytes), cached parse, transcript, the decision from the cached fold, the steps new to the
-    /// log, keeping this request for the next one.
+    /// The per-request work of `proxy::forward` before the bytes go upstream and once
+    /// the log entry is made: [`Analyser::analyse`] (identity, the conversation's last
+    /// request, the view resumed after it, the cached parse, the transcript, the decision
+    /// from the cached fold) and [`Analyser::keep`] (the steps new to the log, this request
+    /// kept for the next one).
     pub fn analyse(&mut self, dialect: Dialect, headers: &HeaderMap, body: &Bytes) -> Decision {
+        let uri = http::Uri::from_static(match dialect {
+            Dialect::OpenAiChat => "/v1/chat/completions",
+            Dialect::OpenAiResponses => "/v1/responses",
+            Dialect::Anthropic => "/v1/messages",
+            Dialect::Gemini => "/v1beta/models/gemini-2.5-pro:generateContent",
+        });
+        let route = route::route(&uri, headers);
         let stated = identity::stated(headers, None);
-        let key = match &stated {
-            Some(s) => s.id.clone(),
-            None => body::head_key(dialect, body),
-        };
-        let previous = self.conversations.previous(&key);
-        let History {
-            transcript,
-            head,
-            folded,
-            tools,
-            request: mut keep,
-            preamble,
-            ..
-        } = self
-            .cache
-            .read_history(
-                dialect,
-                &RequestBytes::from(body.clone()),
-                false,
-                previous,
-                None,
-            )
-            .expect("bench payloads parse");
-        let head = match stated {
-            Some(_) => None,
-            None => head.or_else(|| identity::from_head(&transcript)),
-        };
-        let identity = stated
-            .or_else(|| head.clone())
-            .unwrap_or_else(|| identity::fallback(headers, "/v1/chat/completions"));
-        let cached = self
-            .conversations
-            .engine(&identity.id, transcript.steps.len());
-        let (decision, state, advanced) = self.engine.decide_shared(
-            &transcript,
-            &StoreFacts::default(),
-            cached,
-            folded,
-            tools.as_ref(),
+        let earlier = Earlier::new(
+            &self.analyser.conversations,
+            Some(dialect),
+            stated.as_ref().map(|s| &*s.id),
         );
-        let folded = state.folded();
-        if advanced {
-            self.conversations.put_engine(&identity.id, state);
-        }
-        let from = self.conversations.steps_to_log(&identity.id, &transcript);
-        black_box(transcript.steps[from..].to_vec());
-        keep.keep_transcript(preamble, transcript, head, Some(folded));
-        self.conversations.put_previous(&key, keep);
+        let body = RequestBytes::from(body.clone());
+        let arrival = Arrival {
+            route: &route,
+            headers,
+            body: &body,
+            stated,
+            earlier,
+        };
+        let analysis = self.analyser.analyse(arrival, |_, _| Before::free());
+        let parsed = analysis.parsed.expect("bench payloads parse");
+        let (logged, decision) = self.analyser.keep(&analysis.identity.id, parsed);
+        black_box(logged.history);
         decision
     }
 }

@@ -41,6 +41,21 @@ pub struct Before {
     pub refold: bool,
 }
 
+impl Before {
+    /// A conversation with no halt and no resume: what most requests are subject to.
+    pub fn free() -> Before {
+        Before {
+            standing: Standing::Free {
+                resumed_at: Vec::new(),
+                human_resumed: false,
+                resumed_now: false,
+            },
+            facts: StoreFacts::default(),
+            refold: false,
+        }
+    }
+}
+
 /// A request ruled on and carried out.
 #[derive(Debug)]
 pub struct Planned {
@@ -86,15 +101,7 @@ impl Interventions {
     /// Where a request stands (sticky halt, operator resumes) and what the engine needs.
     pub fn before_decide(&self, conversation: &str, transcript: &Transcript) -> Before {
         if !self.controls.contains(conversation) {
-            return Before {
-                standing: Standing::Free {
-                    resumed_at: Vec::new(),
-                    human_resumed: false,
-                    resumed_now: false,
-                },
-                facts: StoreFacts::default(),
-                refold: false,
-            };
+            return Before::free();
         }
         let humans = self.humans(transcript);
         let standing = self

@@ -187,14 +187,14 @@ fn bad_request(message: &str) -> Response {
 pub async fn stats(State(app): State<Arc<App>>) -> Response {
     match query::overhead(app.store.pool(), 1000).await {
         Ok(overhead) => {
-            let (cached_messages, cached_bytes) = app.cache.size();
+            let (cached_messages, cached_bytes) = app.analyser.cache.size();
             Json(serde_json::json!({
                 "proxy_overhead_us": overhead,
                 "log": app.store.health(),
                 "cache": { "messages": cached_messages, "bytes": cached_bytes },
                 // Conversations whose state (engine fold, last request) is held in memory;
                 // idle ones are dropped, so this falls back to 0 when agents stop.
-                "live_conversations": app.conversations.len(),
+                "live_conversations": app.analyser.conversations.len(),
                 // Open client connections on each serving thread (see `proxy::spread`).
                 "connections": app.spread.open(),
             }))

@@ -1,6 +1,6 @@
-//! The request path: read the body once, let the dialect and the detection engine read the
-//! conversation, let [`intervention::plan`] say what to do, forward the original bytes to
-//! the configured upstream, and stream the answer back through the tee.
+//! The request path: read the body once, let [`super::analysis`] read the conversation and
+//! decide, let [`intervention::plan`] carry out the ruling on it, forward the original (or
+//! rewritten) bytes to the configured upstream, and stream the answer back through the tee.
 //!
 //! Everything the log needs travels with the response body ([`tee::Pending`]) and is
 //! handed to the log ([`super::record`]) when the body ends; nothing on this path waits for it.
@@ -16,167 +16,21 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 use http_body_util::{BodyExt, Full, Limited};
 
-use super::body::{read_body, Earlier, Found};
-use super::cache::{History, Previous};
-use super::identity::{self, Identity};
+use super::analysis::{Analysis, Arrival, Logged};
+use super::body::{read_body, Earlier};
+use super::identity;
 use super::intervention::{self, Guard, Held, Planned};
-use super::record::{Capture, Finished, Outcome, ParseStatus};
+use super::record::{Capture, Finished, Outcome};
 use super::route::{self, Route, Upstream};
 use super::tee::{Pending, TeeBody};
 use super::upstream::Outgoing;
 use super::{errors, upstream, App};
-use crate::detect::{Decision, EngineState};
+use crate::detect::Decision;
 use crate::dialect::{Dialect, RequestBytes, UpstreamFailure};
-use crate::intervene::service::Before;
 use crate::intervene::{Applied, Effect, RequestInfo};
-use crate::store::redact::summary;
 use crate::store::{next_request_id, now_ms, ConversationSeen, Label, RequestRow};
-use crate::transcript::{Item, Transcript};
 
 pub const DECISION_HEADER: &str = "x-loopwarden-decision";
-
-/// What the dialect and the engine made of a request.
-struct Analysis {
-    identity: Identity,
-    dialect: Option<Dialect>,
-    model: Option<String>,
-    stream: bool,
-    parse: ParseStatus,
-    parse_error: Option<String>,
-    parsed: Option<Parsed>,
-}
-
-struct Parsed {
-    dialect: Dialect,
-    stream_path: bool,
-    transcript: Transcript,
-    decision: Decision,
-    /// The engine's state after the transcript, for the response-side block check.
-    state: Arc<EngineState>,
-    /// The state moved past the conversation's cached fold: cache it.
-    advanced: bool,
-    /// Sticky halts and operator resumes that apply to this request.
-    before: Before,
-    /// This request, to keep as its conversation's last one.
-    keep: Keep,
-}
-
-/// A request to keep as its conversation's last one, under `key`, once the transcript is
-/// no longer needed by the request.
-struct Keep {
-    key: String,
-    previous: Previous,
-    preamble: Vec<Item>,
-    /// The identity the transcript's head names, when it was worked out.
-    head: Option<Identity>,
-}
-
-/// Reads the conversation in a request: parse (cached per message), identify, decide.
-fn analyse(
-    app: &App,
-    route: &Route<'_>,
-    headers: &HeaderMap,
-    body: &RequestBytes,
-    stated: Option<Identity>,
-    earlier: Earlier<'_>,
-) -> Analysis {
-    let fallback = || identity::fallback(headers, route.path);
-    let (Some((dialect, stream_path)), Some(found)) = (route.dialect, earlier.finish(body)) else {
-        return Analysis {
-            identity: stated.unwrap_or_else(fallback),
-            dialect: None,
-            model: None,
-            stream: false,
-            parse: ParseStatus::NotConversation,
-            parse_error: None,
-            parsed: None,
-        };
-    };
-    // The conversation's last request (found while the body arrived: `super::body`): the
-    // scan of this body resumes after the bytes it shares with it, and its unchanged
-    // messages are recognised without hashing. Found under the stated id, or for clients
-    // that state none under their first messages' bytes (a guess that is only ever a
-    // speed-up: the byte comparison decides).
-    let Found {
-        key: previous_key,
-        previous,
-        compared,
-    } = found;
-    let history = match app.cache.read_history(
-        dialect,
-        body,
-        stream_path,
-        previous,
-        compared.as_ref(),
-    ) {
-        Ok(history) => history,
-        Err(e) => {
-            // Forwarded untouched all the same; the log says why it was not read.
-            let reason = summary(&e.to_string(), 200);
-            tracing::warn!(path = route.path, dialect = dialect.as_str(), error = %reason, "request body not parsed; forwarded untouched");
-            return Analysis {
-                identity: stated.unwrap_or_else(fallback),
-                dialect: Some(dialect),
-                model: None,
-                stream: stream_path,
-                parse: ParseStatus::Unparsed,
-                parse_error: Some(reason),
-                parsed: None,
-            };
-        }
-    };
-    let History {
-        transcript,
-        head,
-        folded,
-        tools,
-        request,
-        preamble,
-        model,
-        stream,
-    } = history;
-    // Hashed once per conversation head, not per request (the last request kept it).
-    let head = match stated {
-        Some(_) => None,
-        None => head.or_else(|| identity::from_head(&transcript)),
-    };
-    let identity = stated.or_else(|| head.clone()).unwrap_or_else(fallback);
-    // Put back (with the transcript) once the request is done reading it: `new_record`.
-    let keep = Keep {
-        key: previous_key,
-        previous: request,
-        preamble,
-        head,
-    };
-    let before = app.interventions.before_decide(&identity.id, &transcript);
-    // Continue the conversation's cached fold: only the new steps are analysed.
-    let cached = app
-        .conversations
-        .engine(&identity.id, transcript.steps.len());
-    // An operator's resume changes the store facts: the cached fold is stale.
-    let cached = cached.filter(|_| !before.refold);
-    let (decision, state, advanced) =
-        app.engine
-            .decide_shared(&transcript, &before.facts, cached, folded, tools.as_ref());
-    Analysis {
-        identity,
-        dialect: Some(dialect),
-        model: model.or_else(|| Dialect::model_from_path(route.path).map(str::to_string)),
-        stream,
-        parse: ParseStatus::Parsed,
-        parse_error: None,
-        parsed: Some(Parsed {
-            dialect,
-            stream_path,
-            transcript,
-            decision,
-            state,
-            advanced,
-            before,
-            keep,
-        }),
-    }
-}
 
 /// The proxy handler: every request that is not the admin API or `/healthz`.
 pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
@@ -187,7 +41,11 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
 
     let stated = identity::stated(&parts.headers, route.conversation);
     let dialect = route.dialect.map(|(dialect, _)| dialect);
-    let mut earlier = Earlier::new(&app.conversations, dialect, stated.as_ref().map(|s| &*s.id));
+    let mut earlier = Earlier::new(
+        &app.analyser.conversations,
+        dialect,
+        stated.as_ref().map(|s| &*s.id),
+    );
     let body = match read_body(body, app.config.server.max_body_bytes, &mut earlier).await {
         Ok(body) => body,
         Err(e) => {
@@ -213,7 +71,16 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     // own work can be told from it.
     let body_read = started.elapsed();
 
-    let mut analysis = analyse(&app, &route, &parts.headers, &body, stated, earlier);
+    let arrival = Arrival {
+        route: &route,
+        headers: &parts.headers,
+        body: &body,
+        stated,
+        earlier,
+    };
+    let mut analysis = app.analyser.analyse(arrival, |conversation, transcript| {
+        app.interventions.before_decide(conversation, transcript)
+    });
     let request_id = next_request_id();
     let user_agent = parts
         .headers
@@ -246,10 +113,6 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
             let decision = std::mem::replace(&mut p.decision, Decision::observe());
             let mut planned =
                 intervention::plan(&app, decision, &p.before, &p.state, &req, request_id);
-            if p.advanced {
-                app.conversations
-                    .put_engine(&analysis.identity.id, p.state.clone());
-            }
             // The decision acted on is the one logged.
             p.decision = std::mem::replace(&mut planned.decision, Decision::observe());
             Some(planned)
@@ -558,20 +421,9 @@ fn new_record(
     } = analysis;
     let (steps, decision, history, next_step) = match parsed {
         Some(p) => {
-            let next_step = p.transcript.steps.len();
-            let from = app.conversations.steps_to_log(&identity.id, &p.transcript);
-            // Only the new steps are copied for the log; the transcript is kept for the
-            // conversation's next request.
-            let history = p.transcript.steps[from..].to_vec();
-            let Keep {
-                key,
-                mut previous,
-                preamble,
-                head,
-            } = p.keep;
-            previous.keep_transcript(preamble, p.transcript, head, Some(p.state.folded()));
-            app.conversations.put_previous(&key, previous);
-            (Some(next_step as i64), Some(p.decision), history, next_step)
+            let (logged, decision) = app.analyser.keep(&identity.id, p);
+            let Logged { next_step, history } = logged;
+            (Some(next_step as i64), Some(decision), history, next_step)
         }
         None => (None, None, Vec::new(), 0),
     };

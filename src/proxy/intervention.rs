@@ -60,7 +60,7 @@ pub fn plan(
     });
     let forwards = matches!(effect, Effect::Forward | Effect::ForwardModified(_));
     // The state is copied only for the rare response that may complete a loop.
-    let guard = (forwards && app.interventions.armed(&app.engine, state)).then(|| Guard {
+    let guard = (forwards && app.interventions.armed(&app.analyser.engine, state)).then(|| Guard {
         state: state.clone(),
         request: req.to_owned(),
         request_id,
@@ -147,7 +147,7 @@ impl Guard {
             };
             app.interventions
                 .check_response(
-                    &app.engine,
+                    &app.analyser.engine,
                     &self.state,
                     &turn,
                     &self.request,
@@ -169,7 +169,7 @@ impl Guard {
             return None;
         }
         let (decision, _) = app.interventions.check_response(
-            &app.engine,
+            &app.analyser.engine,
             &self.state,
             &turn,
             &self.request,

@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod allocator;
+pub mod analysis;
 pub mod body;
 pub mod cache;
 pub mod conversations;
@@ -62,9 +63,8 @@ pub struct App {
     /// The upstream client of the thread that called [`start`] (the others have their own:
     /// [`upstream::use_thread_client`]).
     pub client: upstream::Client,
-    pub engine: Engine,
-    pub cache: cache::MessageCache,
-    pub conversations: conversations::Conversations,
+    /// The message cache, each conversation's fold and last request, and the engine.
+    pub analyser: analysis::Analyser,
     pub store: Store,
     /// Sticky halts, held requests and the intervention log (`crate::intervene`).
     pub interventions: crate::intervene::service::Interventions,
@@ -153,9 +153,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let app = Arc::new(App {
         interventions,
         client: upstream::Client::new(&config.upstream),
-        engine: Engine::new(config.detect.clone()),
-        cache: cache::MessageCache::new(config.cache.max_bytes, idle),
-        conversations: conversations::Conversations::new(idle),
+        analyser: analysis::Analyser {
+            engine: Engine::new(config.detect.clone()),
+            cache: cache::MessageCache::new(config.cache.max_bytes, idle),
+            conversations: conversations::Conversations::new(idle),
+        },
         store,
         config,
         spread,
@@ -374,8 +376,8 @@ fn spawn_sweeper(app: std::sync::Weak<App>, idle: Duration) {
         loop {
             tick.tick().await;
             let Some(app) = app.upgrade() else { return };
-            app.cache.sweep();
-            app.conversations.sweep();
+            app.analyser.cache.sweep();
+            app.analyser.conversations.sweep();
         }
     });
 }

@@ -1,0 +1,227 @@
+//! The analysis of one request: the one sequence the proxy ([`super::forward`]) and the
+//! benchmarks (`benches/support`) run, so that what is measured is what serves. In order:
+//!
+//! 1. bytes → dialect: the body's top level is read, resumed after the conversation's last
+//!    request ([`super::body::Earlier`] found it while the body arrived);
+//! 2. dialect → transcript: each message parsed once ([`MessageCache`]), the last
+//!    request's transcript continued with the new ones;
+//! 3. transcript → identity: the one the request states, else its head's hash, else a
+//!    fallback per client and endpoint;
+//! 4. identity → standing: sticky halts and operator resumes, as store facts for the engine;
+//! 5. transcript → actions → detectors → engine: the conversation's cached fold continued
+//!    with the new steps only, and its [`Decision`].
+//!
+//! Then the request is ruled on (`crate::intervene::ruling`) and forwarded; when its log
+//! entry is made, [`Analyser::keep`] hands over the steps new to the log and keeps the
+//! request as its conversation's last one. A body that is not read (not a conversation
+//! endpoint, or not parseable) gets no decision and is forwarded untouched.
+
+use std::sync::Arc;
+
+use http::HeaderMap;
+
+use super::body::{Earlier, Found};
+use super::cache::{History, MessageCache, Previous};
+use super::conversations::Conversations;
+use super::identity::{self, Identity};
+use super::record::ParseStatus;
+use super::route::Route;
+use crate::detect::{Decision, Engine, EngineState};
+use crate::dialect::{Dialect, RequestBytes};
+use crate::intervene::service::Before;
+use crate::store::redact::summary;
+use crate::transcript::{Item, Step, Transcript};
+
+/// What the analysis keeps between requests, so that each costs work for its new messages
+/// and steps only.
+pub struct Analyser {
+    pub engine: Engine,
+    pub cache: MessageCache,
+    pub conversations: Conversations,
+}
+
+/// A request as it reaches the analysis: its route, headers and body, the identity it
+/// states, and what [`Earlier`] found while the body arrived.
+pub struct Arrival<'a> {
+    pub route: &'a Route<'a>,
+    pub headers: &'a HeaderMap,
+    pub body: &'a RequestBytes,
+    pub stated: Option<Identity>,
+    pub earlier: Earlier<'a>,
+}
+
+/// What the analysis made of a request.
+pub struct Analysis {
+    pub identity: Identity,
+    pub dialect: Option<Dialect>,
+    pub model: Option<String>,
+    pub stream: bool,
+    pub parse: ParseStatus,
+    pub parse_error: Option<String>,
+    pub parsed: Option<Parsed>,
+}
+
+/// A request whose history was read.
+pub struct Parsed {
+    pub dialect: Dialect,
+    pub stream_path: bool,
+    pub transcript: Transcript,
+    pub decision: Decision,
+    /// The engine's state after the transcript, for the response-side block check.
+    pub state: Arc<EngineState>,
+    /// Sticky halts and operator resumes that apply to this request.
+    pub before: Before,
+    /// This request, to keep as its conversation's last one.
+    last: LastRequest,
+}
+
+/// A request to keep as its conversation's last one, under `key`, once the transcript is
+/// no longer needed by the request.
+struct LastRequest {
+    key: String,
+    request: Previous,
+    preamble: Vec<Item>,
+    /// The identity the transcript's head names, when it was worked out.
+    head: Option<Identity>,
+}
+
+/// What the log needs of a parsed request, once the request is done with its transcript.
+pub struct Logged {
+    /// Steps in the history: the index the response's assistant turn gets.
+    pub next_step: usize,
+    /// The history steps not yet logged (with their results).
+    pub history: Vec<Step>,
+}
+
+impl Analyser {
+    /// Reads the conversation in a request and decides on it. `standing` says what the
+    /// conversation is subject to (sticky halts, resumes): the interventions' state.
+    pub fn analyse(
+        &self,
+        arrival: Arrival<'_>,
+        standing: impl FnOnce(&str, &Transcript) -> Before,
+    ) -> Analysis {
+        let Arrival {
+            route,
+            headers,
+            body,
+            stated,
+            earlier,
+        } = arrival;
+        let fallback = || identity::fallback(headers, route.path);
+        let unread = |stated: Option<Identity>, dialect, parse, parse_error| Analysis {
+            identity: stated.unwrap_or_else(fallback),
+            dialect,
+            model: None,
+            stream: route.dialect.is_some_and(|(_, stream_path)| stream_path),
+            parse,
+            parse_error,
+            parsed: None,
+        };
+        let (Some((dialect, stream_path)), Some(found)) = (route.dialect, earlier.finish(body))
+        else {
+            return Analysis {
+                stream: false,
+                ..unread(stated, None, ParseStatus::NotConversation, None)
+            };
+        };
+        let Found {
+            key,
+            previous,
+            compared,
+        } = found;
+        // Its unchanged messages are recognised without hashing, and the scan resumes
+        // after the bytes it shares with the conversation's last request.
+        let history = match self.cache.read_history(
+            dialect,
+            body,
+            stream_path,
+            previous,
+            compared.as_ref(),
+        ) {
+            Ok(history) => history,
+            Err(e) => {
+                // Forwarded untouched all the same; the log says why it was not read.
+                let reason = summary(&e.to_string(), 200);
+                tracing::warn!(path = route.path, dialect = dialect.as_str(), error = %reason, "request body not parsed; forwarded untouched");
+                return unread(stated, Some(dialect), ParseStatus::Unparsed, Some(reason));
+            }
+        };
+        let History {
+            transcript,
+            head,
+            folded,
+            tools,
+            request,
+            preamble,
+            model,
+            stream,
+        } = history;
+        // Hashed once per conversation head, not per request (the last request kept it).
+        let head = match stated {
+            Some(_) => None,
+            None => head.or_else(|| identity::from_head(&transcript)),
+        };
+        let identity = stated.or_else(|| head.clone()).unwrap_or_else(fallback);
+        let before = standing(&identity.id, &transcript);
+        // An operator's resume changes the store facts: the cached fold is stale.
+        let cached = self
+            .conversations
+            .engine(&identity.id, transcript.steps.len())
+            .filter(|_| !before.refold);
+        let (decision, state, advanced) =
+            self.engine
+                .decide_shared(&transcript, &before.facts, cached, folded, tools.as_ref());
+        if advanced {
+            self.conversations.put_engine(&identity.id, state.clone());
+        }
+        Analysis {
+            model: model.or_else(|| Dialect::model_from_path(route.path).map(str::to_string)),
+            stream,
+            dialect: Some(dialect),
+            parse: ParseStatus::Parsed,
+            parse_error: None,
+            parsed: Some(Parsed {
+                dialect,
+                stream_path,
+                transcript,
+                decision,
+                state,
+                before,
+                last: LastRequest {
+                    key,
+                    request,
+                    preamble,
+                    head,
+                },
+            }),
+            identity,
+        }
+    }
+
+    /// Keeps a parsed request as its conversation's last one (with its transcript, which
+    /// the next request continues) and hands over what the log needs of it.
+    pub fn keep(&self, conversation: &str, parsed: Parsed) -> (Logged, Decision) {
+        let Parsed {
+            transcript,
+            decision,
+            state,
+            last,
+            ..
+        } = parsed;
+        let next_step = transcript.steps.len();
+        let from = self.conversations.steps_to_log(conversation, &transcript);
+        // Only the new steps are copied for the log; the transcript is kept for the
+        // conversation's next request.
+        let history = transcript.steps[from..].to_vec();
+        let LastRequest {
+            key,
+            mut request,
+            preamble,
+            head,
+        } = last;
+        request.keep_transcript(preamble, transcript, head, Some(state.folded()));
+        self.conversations.put_previous(&key, request);
+        (Logged { next_step, history }, decision)
+    }
+}
