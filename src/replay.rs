@@ -1,11 +1,12 @@
-//! `loopwarden replay`: the detection engine over recorded conversations.
+//! `loopwarden replay`: the proxy's analysis over recorded conversations.
 //!
 //! Each input line is one run: `id` and `messages` in OpenAI Chat Completions format
-//! (plus optional `agent` and `resolved` labels). For each run the engine plays the
-//! requests the agent sent — request k holds the messages before the k-th assistant
-//! message — and the response side of each turn, exactly as the proxy would, and one JSON
-//! line is printed per intervention. A run stops at its first halt, pause or block, as
-//! the agent would have.
+//! (plus optional `agent`, `resolved` and `tools`). For each run, the requests the agent
+//! sent (request k holds the messages before the k-th assistant message, and the run's
+//! tool definitions) go through the proxy's own analysis ([`Analyser`], with its caches),
+//! and each turn through the response-side check: what the proxy would have decided, and
+//! one JSON line is printed per intervention. A run stops at its first halt, pause or
+//! block, as the agent would have.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -16,7 +17,14 @@ use serde_json::value::RawValue;
 
 use crate::actions::ToolCatalog;
 use crate::detect::{Action, DetectConfig, Engine, StoreFacts};
-use crate::dialect::{Dialect, ResponseTurn};
+use crate::dialect::{Dialect, RequestBytes, ResponseTurn};
+use crate::intervene::service::Before;
+use crate::proxy::analysis::{Analyser, Arrival};
+use crate::proxy::body::Earlier;
+use crate::proxy::cache::MessageCache;
+use crate::proxy::conversations::Conversations;
+use crate::proxy::identity;
+use crate::proxy::route::{Route, Upstream};
 use crate::transcript::{Item, Transcript};
 
 /// Options of `loopwarden replay`.
@@ -116,8 +124,18 @@ pub fn load_config(path: &std::path::Path) -> anyhow::Result<DetectConfig> {
     }
 }
 
+/// The analysis a replay runs its requests through: the proxy's, with its caches.
+pub fn analyser(engine: Engine) -> Analyser {
+    let idle = std::time::Duration::from_secs(3600);
+    Analyser {
+        engine,
+        cache: MessageCache::new(256 << 20, idle),
+        conversations: Conversations::new(idle),
+    }
+}
+
 /// Replays one run (one JSONL line).
-pub fn replay_line(engine: &Engine, line: &str) -> anyhow::Result<RunResult> {
+pub fn replay_line(analyser: &Analyser, line: &str) -> anyhow::Result<RunResult> {
     let run: Run = serde_json::from_str(line).context("not a run object with id and messages")?;
     let mut items: Vec<Item> = Vec::new();
     for raw in &run.messages {
@@ -125,22 +143,16 @@ pub fn replay_line(engine: &Engine, line: &str) -> anyhow::Result<RunResult> {
     }
     let full = Transcript::from_items(items);
     let steps = full.steps.len();
+    let requests = Requests::of(&run)?;
     let mut out = Vec::new();
-    let store = StoreFacts::default();
-    // Request k carries steps 0..k-1: fold them one by one (the same fold the proxy's
-    // cached state continues), then judge turn k's own calls on the response side.
-    let mut state = run.start(engine, &full);
     for k in 0..steps {
-        let d = state.decision();
-        if d.action != Action::Observe {
-            out.push(Intervention {
-                id: run.id.clone(),
-                step: k,
-                action: d.action.as_str().to_string(),
-                detector: d.detector.clone(),
-                reason: d.reason.clone(),
-            });
-            if d.action.stops() {
+        let Some(body) = requests.body(k) else {
+            break;
+        };
+        let (decision, state) = requests.analyse(analyser, &body)?;
+        if decision.action != Action::Observe {
+            out.push(Intervention::of(&run.id, k, &decision));
+            if decision.action.stops() {
                 break;
             }
         }
@@ -150,19 +162,13 @@ pub fn replay_line(engine: &Engine, line: &str) -> anyhow::Result<RunResult> {
             calls: step.calls.iter().map(|c| c.call.clone()).collect(),
             ..ResponseTurn::default()
         };
-        let r = engine.decide_response_with(&state, &turn);
+        let r = analyser.engine.decide_response_with(&state, &turn);
         if r.action == Action::Block {
-            out.push(Intervention {
-                id: run.id.clone(),
-                step: k,
-                action: r.action.as_str().to_string(),
-                detector: r.detector.clone(),
-                reason: r.reason.clone(),
-            });
+            out.push(Intervention::of(&run.id, k, &r));
             break;
         }
-        engine.fold(&mut state, step, &store);
     }
+    analyser.conversations.forget(&requests.conversation.id);
     Ok(RunResult {
         id: run.id,
         agent: run.agent.unwrap_or_else(|| "?".to_string()),
@@ -170,6 +176,123 @@ pub fn replay_line(engine: &Engine, line: &str) -> anyhow::Result<RunResult> {
         steps,
         interventions: out,
     })
+}
+
+/// The requests of a recorded run, as its agent sent them.
+struct Requests<'a> {
+    id: &'a str,
+    messages: &'a [&'a RawValue],
+    /// Where each assistant message is: request k holds the messages before the k-th.
+    assistants: Vec<usize>,
+    /// `"tools":[...],` when the run recorded its tool definitions.
+    tools: String,
+    route: Route<'a>,
+    headers: http::HeaderMap,
+    /// The run's id, as the proxy names a conversation with a `/c/{id}` path.
+    conversation: identity::Identity,
+}
+
+impl<'a> Requests<'a> {
+    fn of(run: &'a Run<'a>) -> anyhow::Result<Requests<'a>> {
+        #[derive(Deserialize)]
+        struct Role<'r> {
+            #[serde(borrow, default)]
+            role: Option<&'r str>,
+        }
+        let mut assistants = Vec::new();
+        for (i, raw) in run.messages.iter().enumerate() {
+            let role: Role = serde_json::from_str(raw.get()).context("a message")?;
+            if role.role == Some("assistant") {
+                assistants.push(i);
+            }
+        }
+        let tools = match &run.tools {
+            Some(tools) => format!(r#""tools":{tools},"#),
+            None => String::new(),
+        };
+        let headers = http::HeaderMap::new();
+        let conversation =
+            identity::stated(&headers, Some(&run.id)).context("a run without an id")?;
+        Ok(Requests {
+            conversation,
+            id: &run.id,
+            messages: &run.messages,
+            assistants,
+            tools,
+            route: Route {
+                upstream: Upstream::OpenAi,
+                path: "/v1/chat/completions",
+                query: None,
+                conversation: Some(&run.id),
+                dialect: Some((Dialect::OpenAiChat, false)),
+            },
+            headers,
+        })
+    }
+
+    /// The body of request k.
+    fn body(&self, k: usize) -> Option<RequestBytes> {
+        let end = *self.assistants.get(k)?;
+        let mut body = String::with_capacity(64 + self.tools.len());
+        body.push_str(r#"{"model":"replay","#);
+        body.push_str(&self.tools);
+        body.push_str(r#""messages":["#);
+        for (i, m) in self.messages[..end].iter().enumerate() {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str(m.get());
+        }
+        body.push_str("]}");
+        Some(RequestBytes::from(bytes::Bytes::from(body)))
+    }
+
+    /// A request through the proxy's analysis, kept as the conversation's last: its
+    /// decision and the engine's state after it.
+    fn analyse(
+        &self,
+        analyser: &Analyser,
+        body: &RequestBytes,
+    ) -> anyhow::Result<(
+        crate::detect::Decision,
+        std::sync::Arc<crate::detect::EngineState>,
+    )> {
+        let earlier = Earlier::new(
+            &analyser.conversations,
+            Some(Dialect::OpenAiChat),
+            Some(&self.conversation.id),
+        );
+        let arrival = Arrival {
+            route: &self.route,
+            headers: &self.headers,
+            body,
+            stated: Some(self.conversation.clone()),
+            earlier,
+        };
+        let analysis = analyser.analyse(arrival, |_, _| Before::free());
+        let Some(parsed) = analysis.parsed else {
+            anyhow::bail!(
+                "{}: a request was not read: {}",
+                self.id,
+                analysis.parse_error.unwrap_or_default()
+            );
+        };
+        let state = parsed.state.clone();
+        let (_, decision) = analyser.keep(&analysis.identity.id, parsed);
+        Ok((decision, state))
+    }
+}
+
+impl Intervention {
+    fn of(id: &str, step: usize, d: &crate::detect::Decision) -> Intervention {
+        Intervention {
+            id: id.to_string(),
+            step,
+            action: d.action.as_str().to_string(),
+            detector: d.detector.clone(),
+            reason: d.reason.clone(),
+        }
+    }
 }
 
 /// The `--explain` argument that explains every run of the file.
@@ -318,7 +441,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         Some(p) => load_config(p)?,
         None => DetectConfig::default(),
     };
-    let engine = Engine::new(config);
+    let analyser = analyser(Engine::new(config));
+    let engine = &analyser.engine;
     let file = std::fs::File::open(&args.file)
         .with_context(|| format!("opening {}", args.file.display()))?;
     let reader = std::io::BufReader::new(file);
@@ -332,10 +456,10 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         }
         if let Some(id) = &args.explain {
             if id == EXPLAIN_ALL || line.contains(id.as_str()) {
-                explain_line(&engine, &line, id, &mut std::io::stderr().lock())?;
+                explain_line(engine, &line, id, &mut std::io::stderr().lock())?;
             }
         }
-        let result = replay_line(&engine, &line)
+        let result = replay_line(&analyser, &line)
             .with_context(|| format!("{}: line {}", args.file.display(), n + 1))?;
         for i in &result.interventions {
             serde_json::to_writer(&mut out, i)?;

@@ -116,6 +116,11 @@ impl Conversations {
         })
     }
 
+    /// Forgets a conversation that has ended (a replayed run).
+    pub fn forget(&self, conversation: &str) {
+        self.lock().remove(conversation);
+    }
+
     /// Conversations held (the admin API shows it: idle ones must not stay).
     pub fn len(&self) -> usize {
         self.lock().len()
