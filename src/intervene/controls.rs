@@ -11,29 +11,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use serde::Serialize;
-use sqlx::SqlitePool;
-
+use crate::store::{self, Store};
 use crate::transcript::Transcript;
 
-/// The stored state of one conversation.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
-pub struct Control {
-    pub conversation_id: String,
-    pub halted: bool,
-    /// Why it was halted (shown again in every repeated halt).
-    pub reason: String,
-    /// `policy` or `operator`.
-    pub source: String,
-    /// Human messages the conversation held when it was halted; a later request with more
-    /// has a human speaking. `None` until the first request after an operator's halt.
-    pub humans_at_halt: Option<i64>,
-    /// An operator resumed it; the next request records where.
-    pub resume_pending: bool,
-    /// JSON array of the request indexes (steps carried) at which it was resumed.
-    pub resumed_at: String,
-    pub updated_ms: i64,
-}
+pub use crate::store::Control;
 
 /// What a request of a conversation is subject to.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,7 +36,8 @@ pub enum Standing {
 #[derive(Clone)]
 pub struct Controls {
     map: Arc<Mutex<HashMap<String, Control>>>,
-    pool: Option<SqlitePool>,
+    /// Where the state is kept across restarts (none: in memory only).
+    store: Option<Store>,
 }
 
 impl std::fmt::Debug for Controls {
@@ -88,22 +70,20 @@ impl Controls {
     pub fn in_memory() -> Controls {
         Controls {
             map: Arc::default(),
-            pool: None,
+            store: None,
         }
     }
 
     /// Loads the stored state (the table is small: one row per conversation ever halted).
-    pub async fn load(pool: SqlitePool) -> Result<Controls, sqlx::Error> {
-        let rows: Vec<Control> = sqlx::query_as("SELECT * FROM conversation_controls")
-            .fetch_all(&pool)
-            .await?;
+    pub async fn load(store: Store) -> Result<Controls, store::Error> {
+        let rows = store.controls().await?;
         let map = rows
             .into_iter()
             .map(|c| (c.conversation_id.clone(), c))
             .collect();
         Ok(Controls {
             map: Arc::new(Mutex::new(map)),
-            pool: Some(pool),
+            store: Some(store),
         })
     }
 
@@ -196,7 +176,7 @@ impl Controls {
         &self,
         conversation: &str,
         reason: &str,
-    ) -> Result<Control, sqlx::Error> {
+    ) -> Result<Control, store::Error> {
         let c = self.set_halted(conversation, reason, "operator", None);
         self.write(&c).await?;
         Ok(c)
@@ -222,7 +202,7 @@ impl Controls {
 
     /// An operator releases a conversation (halted or paused); returns once it is stored.
     /// The next request records where, for the engine.
-    pub async fn resume(&self, conversation: &str) -> Result<Control, sqlx::Error> {
+    pub async fn resume(&self, conversation: &str) -> Result<Control, store::Error> {
         let c = {
             let mut map = self.lock();
             let c = entry(&mut map, conversation);
@@ -251,7 +231,7 @@ impl Controls {
     }
 
     fn write_behind(&self, c: Control) {
-        if self.pool.is_none() {
+        if self.store.is_none() {
             return;
         }
         let this = self.clone();
@@ -262,30 +242,11 @@ impl Controls {
         });
     }
 
-    async fn write(&self, c: &Control) -> Result<(), sqlx::Error> {
-        let Some(pool) = &self.pool else {
-            return Ok(());
-        };
-        sqlx::query(
-            "INSERT INTO conversation_controls (conversation_id, halted, reason, source, humans_at_halt, resume_pending, resumed_at, updated_ms)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-             ON CONFLICT(conversation_id) DO UPDATE SET halted = excluded.halted, reason = excluded.reason,
-               source = excluded.source, humans_at_halt = excluded.humans_at_halt,
-               resume_pending = excluded.resume_pending, resumed_at = excluded.resumed_at,
-               updated_ms = excluded.updated_ms
-             WHERE excluded.updated_ms >= conversation_controls.updated_ms",
-        )
-        .bind(&c.conversation_id)
-        .bind(c.halted)
-        .bind(&c.reason)
-        .bind(&c.source)
-        .bind(c.humans_at_halt)
-        .bind(c.resume_pending)
-        .bind(&c.resumed_at)
-        .bind(c.updated_ms)
-        .execute(pool)
-        .await?;
-        Ok(())
+    async fn write(&self, c: &Control) -> Result<(), store::Error> {
+        match &self.store {
+            Some(store) => store.save_control(c).await,
+            None => Ok(()),
+        }
     }
 }
 

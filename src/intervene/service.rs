@@ -71,7 +71,7 @@ impl Interventions {
         detect: &DetectConfig,
         store: Store,
     ) -> anyhow::Result<Interventions> {
-        let controls = Controls::load(store.pool().clone())
+        let controls = Controls::load(store.clone())
             .await
             .map_err(|e| anyhow::anyhow!("cannot read conversation_controls: {e}"))?;
         let webhooks = reqwest::Client::builder()
@@ -277,7 +277,7 @@ impl Interventions {
         &self,
         conversation: &str,
         reason: &str,
-    ) -> Result<Control, sqlx::Error> {
+    ) -> Result<Control, crate::store::Error> {
         let c = self.controls.halt_by_operator(conversation, reason).await?;
         self.log(
             conversation,
@@ -293,7 +293,10 @@ impl Interventions {
     }
 
     /// An operator resumes a conversation.
-    pub async fn operator_resume(&self, conversation: &str) -> Result<Control, sqlx::Error> {
+    pub async fn operator_resume(
+        &self,
+        conversation: &str,
+    ) -> Result<Control, crate::store::Error> {
         let c = self.controls.resume(conversation).await?;
         self.log(
             conversation,

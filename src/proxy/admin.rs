@@ -14,7 +14,6 @@ use http::{header, HeaderMap, StatusCode};
 use serde::Deserialize;
 
 use super::App;
-use crate::store::query;
 
 /// Whether a caller may use the admin API.
 pub fn allowed(token: &str, headers: &HeaderMap, peer: SocketAddr) -> bool {
@@ -60,7 +59,7 @@ pub async fn require_access(
     next.run(request).await
 }
 
-fn internal(e: sqlx::Error) -> Response {
+fn internal(e: crate::store::Error) -> Response {
     tracing::warn!(error = %e, "admin query failed");
     (
         StatusCode::INTERNAL_SERVER_ERROR,
@@ -80,7 +79,7 @@ pub async fn conversations(
     Query(params): Query<ListParams>,
 ) -> Response {
     let limit = params.limit.unwrap_or(100).clamp(1, 10_000);
-    match query::conversations(app.store.pool(), limit).await {
+    match app.store.conversations(limit).await {
         Ok(list) => Json(serde_json::json!({ "conversations": list })).into_response(),
         Err(e) => internal(e),
     }
@@ -88,7 +87,7 @@ pub async fn conversations(
 
 /// `GET /admin/api/conversations/{id}`: the timeline.
 pub async fn conversation(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
-    match query::timeline(app.store.pool(), &id).await {
+    match app.store.timeline(&id).await {
         Ok(Some(timeline)) => Json(timeline).into_response(),
         Ok(None) => (
             StatusCode::NOT_FOUND,
@@ -185,7 +184,7 @@ fn bad_request(message: &str) -> Response {
 
 /// `GET /admin/api/stats`: the proxy's own overhead and the log's health.
 pub async fn stats(State(app): State<Arc<App>>) -> Response {
-    match query::overhead(app.store.pool(), 1000).await {
+    match app.store.overhead(1000).await {
         Ok(overhead) => {
             let (cached_messages, cached_bytes) = app.analyser.cache.size();
             Json(serde_json::json!({

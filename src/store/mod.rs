@@ -1,29 +1,32 @@
-//! The log: SQLite, written by one thread of its own ([`writer`]), read through sqlx.
+//! The log, behind one interface: [`Store`]. Everything else in loopwarden writes and reads
+//! through it, never through a database library; where the log lives is its backend's
+//! business (SQLite, [`sqlite`], is the only one; another database is a second [`Backend`]
+//! variant, not a second path through the proxy).
 //!
 //! The request path only calls [`Store::log`] (or [`Store::log_deferred`]), which puts an
 //! entry on a bounded queue and returns at once. When the queue is full the entry is
 //! dropped and counted: a slow or failed disk must never delay or fail a proxied request.
-//! The writer drains the queue in batches, one transaction per batch. [`Store::flush`]
-//! waits until everything queued before it is written (used at shutdown and by tests).
+//! The writer thread ([`writer`]) drains the queue in batches, one transaction per batch.
+//! [`Store::flush`] waits until everything queued before it is written (used at shutdown
+//! and by tests). The admin API reads ([`query`]'s views) and the conversations' controls
+//! (sticky halts) go through the same handle.
 //!
-//! Schema: `migrations/` (embedded, applied at open through sqlx). Reads for the admin API
-//! live in [`query`].
+//! Schema: `migrations/` (embedded, applied at open).
 
 pub mod query;
 pub mod redact;
+mod sqlite;
 mod writer;
 
 use std::borrow::Cow;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::SqlitePool;
 use tokio::sync::oneshot;
 
+pub use query::{ConversationSummary, OverheadStats, Timeline};
 pub use writer::Deferred;
 use writer::Entry;
 
@@ -209,7 +212,38 @@ struct Counters {
 #[derive(Clone)]
 pub struct Store {
     writer: Arc<writer::Handle>,
-    pool: SqlitePool,
+    backend: Backend,
+}
+
+/// Where the log lives.
+#[derive(Clone)]
+enum Backend {
+    Sqlite(sqlite::Sqlite),
+}
+
+/// A read or a write of the log that failed (the database's error, as it said it).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Error(#[from] sqlx::Error);
+
+/// The stored state of one conversation (`conversation_controls`: see
+/// `crate::intervene::controls`).
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct Control {
+    pub conversation_id: String,
+    pub halted: bool,
+    /// Why it was halted (shown again in every repeated halt).
+    pub reason: String,
+    /// `policy`, `operator` or `human`.
+    pub source: String,
+    /// Human messages the conversation held when it was halted; a later request with more
+    /// has a human speaking. `None` until the first request after an operator's halt.
+    pub humans_at_halt: Option<i64>,
+    /// An operator resumed it; the next request records where.
+    pub resume_pending: bool,
+    /// JSON array of the request indexes (steps carried) at which it was resumed.
+    pub resumed_at: String,
+    pub updated_ms: i64,
 }
 
 /// Write-side settings (the `[store]` config table).
@@ -237,35 +271,13 @@ pub struct StoreHealth {
 }
 
 impl Store {
-    /// Opens (creating if missing) and migrates the database, and starts the writer task.
-    /// Must be called inside a tokio runtime.
+    /// Opens the log at `url` (a `sqlite://` URL: created if missing) and migrates it, and
+    /// starts the writer thread. Must be called inside a tokio runtime.
     pub async fn open(url: &str, options: StoreOptions) -> anyhow::Result<Store> {
-        let connect = SqliteConnectOptions::from_str(url)
-            .map_err(|e| anyhow::anyhow!("database URL {url:?}: {e}"))?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            // WAL + NORMAL: durable across process crashes, fast enough for batched writes.
-            .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(connect.clone())
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot open database {url:?}: {e}"))?;
-        sqlx::migrate!("./migrations")
-            .run(&pool)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot migrate database {url:?}: {e}"))?;
-        let writer = writer::start(
-            connect.get_filename(),
-            options.queue_capacity,
-            options.batch_size,
-            options.batch_window,
-        )
-        .map_err(|e| anyhow::anyhow!("cannot open database {url:?} for writing: {e}"))?;
+        let (sqlite, writer) = sqlite::open(url, options).await?;
         Ok(Store {
             writer: Arc::new(writer),
-            pool,
+            backend: Backend::Sqlite(sqlite),
         })
     }
 
@@ -307,9 +319,47 @@ impl Store {
         }
     }
 
-    /// The read side, for the admin API.
-    pub fn pool(&self) -> &SqlitePool {
-        &self.pool
+    /// Conversations, most recently active first.
+    pub async fn conversations(&self, limit: i64) -> Result<Vec<ConversationSummary>, Error> {
+        match &self.backend {
+            Backend::Sqlite(db) => Ok(sqlite::read::conversations(&db.pool, limit).await?),
+        }
+    }
+
+    /// One conversation's timeline, or `None` when the id is unknown.
+    pub async fn timeline(&self, id: &str) -> Result<Option<Timeline>, Error> {
+        match &self.backend {
+            Backend::Sqlite(db) => Ok(sqlite::read::timeline(&db.pool, id).await?),
+        }
+    }
+
+    /// The proxy's own overhead over the `last` requests logged.
+    pub async fn overhead(&self, last: i64) -> Result<OverheadStats, Error> {
+        match &self.backend {
+            Backend::Sqlite(db) => Ok(sqlite::read::overhead(&db.pool, last).await?),
+        }
+    }
+
+    /// Every conversation's stored control.
+    pub async fn controls(&self) -> Result<Vec<Control>, Error> {
+        match &self.backend {
+            Backend::Sqlite(db) => Ok(db.controls().await?),
+        }
+    }
+
+    /// Stores a conversation's control, unless a newer one is stored already.
+    pub async fn save_control(&self, control: &Control) -> Result<(), Error> {
+        match &self.backend {
+            Backend::Sqlite(db) => Ok(db.save_control(control).await?),
+        }
+    }
+
+    /// The SQLite pool, for the store's own tests.
+    #[cfg(test)]
+    fn pool(&self) -> &sqlx::SqlitePool {
+        match &self.backend {
+            Backend::Sqlite(db) => &db.pool,
+        }
     }
 }
 
@@ -344,6 +394,11 @@ pub fn now_ms() -> i64 {
 
 #[cfg(test)]
 mod tests {
+    use std::str::FromStr;
+
+    use sqlx::sqlite::SqliteConnectOptions;
+    use sqlx::SqlitePool;
+
     use super::*;
 
     fn request(id: i64) -> Record {
@@ -532,7 +587,7 @@ mod tests {
             sum(one_batch.pool()).await.unwrap(),
             (20 + 10 + 30 + 25 + 40 + 35) * 10
         );
-        let listed = query::conversations(one_batch.pool(), 10).await.unwrap();
+        let listed = one_batch.conversations(10).await.unwrap();
         assert_eq!(listed[0].mean_proxy_overhead_us, Some(1600.0 / 6.0));
     }
 
@@ -586,7 +641,7 @@ mod tests {
         pool.close().await;
 
         let store = open(&dir, 64, Duration::from_millis(10)).await;
-        let listed = query::conversations(store.pool(), 10).await.unwrap();
+        let listed = store.conversations(10).await.unwrap();
         let mean = |id: &str| {
             listed
                 .iter()
@@ -913,18 +968,20 @@ mod tests {
             store.log(Record::Request(r));
         }
         store.flush().await;
-        let stats = query::overhead(store.pool(), 3).await.unwrap();
+        let stats = store.overhead(3).await.unwrap();
         assert_eq!(stats.requests, 3);
         assert_eq!(stats.overhead.p50_us, Some(90));
         assert_eq!(stats.overhead.max_us, Some(100));
         assert_eq!(stats.after_body_read.max_us, Some(90));
         // The plan walks the rowid B-tree from its end: no sort of the whole table.
-        let plan: Vec<(i64, i64, i64, String)> =
-            sqlx::query_as(&format!("EXPLAIN QUERY PLAN {}", query::OVERHEAD_SQL))
-                .bind(3)
-                .fetch_all(store.pool())
-                .await
-                .unwrap();
+        let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(&format!(
+            "EXPLAIN QUERY PLAN {}",
+            sqlite::read::OVERHEAD_SQL
+        ))
+        .bind(3)
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
         let plan: Vec<&str> = plan.iter().map(|(.., detail)| detail.as_str()).collect();
         assert!(
             plan.iter().all(|step| !step.contains("TEMP B-TREE")),

@@ -47,7 +47,11 @@ impl TestProxy {
     /// Rows of a query, as JSON objects, once everything finished so far is written.
     pub async fn rows(&self, sql: &str) -> Vec<Value> {
         self.running.flush_log().await;
-        query_json(self.running.store().pool(), sql).await
+        let url = format!("sqlite://{}", self.db_path().display());
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        let rows = query_json(&pool, sql).await;
+        pool.close().await;
+        rows
     }
 }
 

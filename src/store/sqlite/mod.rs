@@ -1,0 +1,87 @@
+//! The log in SQLite: one database file, created and migrated at open (sqlx, `migrations/`),
+//! read through a small sqlx pool ([`read`], the conversations' controls), and written by
+//! the log's writer thread on a rusqlite connection of its own ([`write`]).
+
+pub(crate) mod read;
+pub(crate) mod write;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::SqlitePool;
+
+use super::writer::{self, Handle};
+use super::{Control, StoreOptions};
+
+/// The read side of a SQLite log.
+#[derive(Clone)]
+pub(crate) struct Sqlite {
+    pub(crate) pool: SqlitePool,
+}
+
+/// Opens (creating if missing) and migrates the database at `url`, and starts the writer
+/// thread on a connection of its own.
+pub(crate) async fn open(url: &str, options: StoreOptions) -> anyhow::Result<(Sqlite, Handle)> {
+    let connect = SqliteConnectOptions::from_str(url)
+        .map_err(|e| anyhow::anyhow!("database URL {url:?}: {e}"))?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        // WAL + NORMAL: durable across process crashes, fast enough for batched writes.
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(Duration::from_secs(5));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(connect.clone())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open database {url:?}: {e}"))?;
+    sqlx::migrate!("./migrations")
+        .run(&pool)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot migrate database {url:?}: {e}"))?;
+    let cannot_write = |e: &dyn std::fmt::Display| {
+        anyhow::anyhow!("cannot open database {url:?} for writing: {e}")
+    };
+    let conn = write::open(connect.get_filename()).map_err(|e| cannot_write(&e))?;
+    let handle = writer::start(
+        options.queue_capacity,
+        options.batch_size,
+        options.batch_window,
+        move |queue| write::run(conn, queue),
+    )
+    .map_err(|e| cannot_write(&e))?;
+    Ok((Sqlite { pool }, handle))
+}
+
+impl Sqlite {
+    /// Every conversation's stored control (one row per conversation ever halted).
+    pub(crate) async fn controls(&self) -> Result<Vec<Control>, sqlx::Error> {
+        sqlx::query_as("SELECT * FROM conversation_controls")
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    /// Stores a control, unless a newer one of the conversation is stored already.
+    pub(crate) async fn save_control(&self, c: &Control) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO conversation_controls (conversation_id, halted, reason, source, humans_at_halt, resume_pending, resumed_at, updated_ms)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT(conversation_id) DO UPDATE SET halted = excluded.halted, reason = excluded.reason,
+               source = excluded.source, humans_at_halt = excluded.humans_at_halt,
+               resume_pending = excluded.resume_pending, resumed_at = excluded.resumed_at,
+               updated_ms = excluded.updated_ms
+             WHERE excluded.updated_ms >= conversation_controls.updated_ms",
+        )
+        .bind(&c.conversation_id)
+        .bind(c.halted)
+        .bind(&c.reason)
+        .bind(&c.source)
+        .bind(c.humans_at_halt)
+        .bind(c.resume_pending)
+        .bind(&c.resumed_at)
+        .bind(c.updated_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}

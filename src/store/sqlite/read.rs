@@ -1,0 +1,101 @@
+//! The admin API's reads, on the pool's reader connections (WAL lets them run beside the
+//! writer).
+
+use sqlx::SqlitePool;
+
+use crate::store::query::{ConversationSummary, OverheadStats, Timeline};
+
+const SUMMARY_SELECT: &str = "
+    SELECT c.id, c.id_source, c.client, c.dialect, c.model, c.first_seen_ms, c.last_seen_ms,
+           c.requests,
+           (SELECT count(*) FROM tool_calls t WHERE t.conversation_id = c.id) AS tool_calls,
+           (SELECT count(*) FROM findings f WHERE f.conversation_id = c.id) AS findings,
+           (SELECT count(*) FROM decisions d WHERE d.conversation_id = c.id) AS interventions,
+           (SELECT r.decision FROM requests r WHERE r.conversation_id = c.id
+             ORDER BY r.started_ms DESC LIMIT 1) AS last_decision,
+           CASE WHEN c.requests > 0
+             THEN CAST(c.proxy_overhead_us_sum AS REAL) / c.requests END
+             AS mean_proxy_overhead_us
+    FROM conversations c";
+
+/// Conversations, most recently active first.
+pub(crate) async fn conversations(
+    pool: &SqlitePool,
+    limit: i64,
+) -> Result<Vec<ConversationSummary>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "{SUMMARY_SELECT} ORDER BY c.last_seen_ms DESC LIMIT ?1"
+    ))
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// One conversation's timeline, or `None` when the id is unknown.
+pub(crate) async fn timeline(pool: &SqlitePool, id: &str) -> Result<Option<Timeline>, sqlx::Error> {
+    let Some(conversation) =
+        sqlx::query_as::<_, ConversationSummary>(&format!("{SUMMARY_SELECT} WHERE c.id = ?1"))
+            .bind(id)
+            .fetch_optional(pool)
+            .await?
+    else {
+        return Ok(None);
+    };
+    let requests =
+        sqlx::query_as("SELECT * FROM requests WHERE conversation_id = ?1 ORDER BY started_ms, id")
+            .bind(id)
+            .fetch_all(pool)
+            .await?;
+    let tool_calls = sqlx::query_as(
+        "SELECT * FROM tool_calls WHERE conversation_id = ?1 ORDER BY step, call_index",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    let findings = sqlx::query_as(
+        "SELECT request_id, conversation_id, created_ms, detector, confidence, step, steps,
+                summary, suggestion
+         FROM findings WHERE conversation_id = ?1 ORDER BY created_ms, id",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    let decisions = sqlx::query_as(
+        "SELECT * FROM decisions WHERE conversation_id = ?1 ORDER BY created_ms, request_id",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    let interventions = sqlx::query_as(
+        "SELECT conversation_id, request_id, created_ms, action, applied, source, detector,
+                reason, finding
+         FROM interventions WHERE conversation_id = ?1 ORDER BY created_ms, id",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    Ok(Some(Timeline {
+        conversation,
+        requests,
+        tool_calls,
+        findings,
+        decisions,
+        interventions,
+    }))
+}
+
+/// The SQL of [`overhead`]. The latest requests by id, which increases in the order
+/// requests start (`crate::store::next_request_id`): the id is the table's rowid, so SQLite reads
+/// the last `?1` rows of its B-tree. By `started_ms`, which has no index of its own, every
+/// call read and sorted the whole table, and pulled it through the connection's page cache.
+pub(crate) const OVERHEAD_SQL: &str =
+    "SELECT proxy_overhead_us, body_read_us FROM requests ORDER BY id DESC LIMIT ?1";
+
+/// The proxy's own overhead over the `last` requests logged.
+pub(crate) async fn overhead(pool: &SqlitePool, last: i64) -> Result<OverheadStats, sqlx::Error> {
+    let rows: Vec<(i64, Option<i64>)> = sqlx::query_as(OVERHEAD_SQL)
+        .bind(last)
+        .fetch_all(pool)
+        .await?;
+    Ok(OverheadStats::of(&rows))
+}

@@ -1,0 +1,468 @@
+//! The SQLite batch writer: the statements the log's writer thread runs on its own
+//! connection (rusqlite), prepared once each, and how a batch's records become rows.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OpenFlags, Statement, ToSql};
+
+use crate::store::writer::{self, Queue};
+use crate::store::{ConversationSeen, FindingRow, Record, RequestRow, ToolCallRow};
+
+/// The writer thread's body: batch after batch on its own connection (from [`open`]), with
+/// statements prepared once on it.
+pub(crate) fn run(conn: Connection, queue: &Queue) {
+    let mut statements = Statements::new(&conn);
+    writer::run(queue, &mut |records| {
+        write_batch(&conn, &mut statements, records).map_err(Into::into)
+    });
+}
+
+/// The writer's connection: the database was created and migrated by the read side.
+pub(crate) fn open(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    // The read side's connections (sqlx) may hold the write lock for a moment.
+    conn.busy_timeout(Duration::from_secs(5))?;
+    // WAL (set at open, persistent) + NORMAL: durable across process crashes.
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    Ok(conn)
+}
+
+/// The statements the writer runs, each prepared once and kept for the connection's life.
+///
+/// `prepare_cached` found each statement by hashing its SQL text and, when the statement
+/// was handed back, cleared its bindings and reinserted it in the cache: about 3,400
+/// instructions per statement run, nearly a tenth of the log thread's work per request
+/// (BENCHMARKS.md, "The log thread (session 4)"). A kept statement survives schema
+/// changes: SQLite prepares it again when the schema it was prepared against changes.
+struct Statements<'c> {
+    conn: &'c Connection,
+    prepared: [Option<Statement<'c>>; Sql::COUNT],
+    /// `requests[k]` inserts 2^k request rows ([`write_chunked`]).
+    requests: Chunks<'c>,
+    /// `findings[k]` inserts 2^k findings.
+    findings: Chunks<'c>,
+}
+
+/// The rows that are many per batch go in by INSERTs of up to 2^(CHUNKS - 1) rows each (a
+/// batch of 13: 8 + 4 + 1): a statement run cost about 5,500 instructions beyond binding its
+/// row (the program started and halted, a statement journal opened and closed), more than
+/// inserting the row. For findings, whose ids are AUTOINCREMENT, each run also reads and
+/// rewrites the table's `sqlite_sequence` entry, ~4,500 more. Larger inserts gained little
+/// more and cost more in binding: their bound strings outgrow SQLite's per-connection
+/// lookaside memory and go to malloc. The values are the same as one row at a time.
+const CHUNKS: usize = 4;
+
+/// A table's multi-row inserts, by the power of two of their rows.
+type Chunks<'c> = [Option<Statement<'c>>; CHUNKS];
+
+/// A row that goes in by [`write_chunked`]'s multi-row INSERTs.
+trait ChunkedRow {
+    /// Where the table's inserts are kept.
+    fn chunks<'s, 'c>(statements: &'s mut Statements<'c>) -> &'s mut Chunks<'c>;
+    const COLUMNS: usize;
+    /// The INSERT up to `VALUES`, naming the columns in [`ChunkedRow::bind`]'s order.
+    const INSERT: &'static str;
+    /// Binds the row to the insert's parameters from `first` (1-based) on.
+    fn bind(&self, stmt: &mut Statement<'_>, first: usize) -> rusqlite::Result<()>;
+}
+
+/// A row whose id is already in (also earlier in the same statement) replaces it, as it
+/// did one by one.
+impl ChunkedRow for RequestRow {
+    const COLUMNS: usize = 25;
+    const INSERT: &'static str = "INSERT OR REPLACE INTO requests
+           (id, conversation_id, started_ms, method, path, upstream, dialect, model,
+            stream, parse, parse_error, steps, decision, applied, status, outcome,
+            request_bytes, response_bytes, upstream_latency_us, upstream_total_us,
+            proxy_overhead_us, body_read_us, input_tokens, output_tokens, stop_reason)";
+
+    fn chunks<'s, 'c>(statements: &'s mut Statements<'c>) -> &'s mut Chunks<'c> {
+        &mut statements.requests
+    }
+
+    fn bind(&self, stmt: &mut Statement<'_>, first: usize) -> rusqlite::Result<()> {
+        let r = self;
+        let values: [&dyn ToSql; Self::COLUMNS] = [
+            &r.id,
+            &r.conversation_id,
+            &r.started_ms,
+            &r.method,
+            &r.path,
+            &r.upstream,
+            &r.dialect,
+            &r.model,
+            &r.stream,
+            &r.parse,
+            &r.parse_error,
+            &r.steps,
+            &r.decision,
+            &r.applied,
+            &r.status,
+            &r.outcome,
+            &r.request_bytes,
+            &r.response_bytes,
+            &r.upstream_latency_us,
+            &r.upstream_total_us,
+            &r.proxy_overhead_us,
+            &r.body_read_us,
+            &r.input_tokens,
+            &r.output_tokens,
+            &r.stop_reason,
+        ];
+        bind_all(stmt, first, values)
+    }
+}
+
+/// Ids follow the rows' order, as one by one.
+impl ChunkedRow for FindingRow {
+    const COLUMNS: usize = 9;
+    const INSERT: &'static str = "INSERT INTO findings
+           (request_id, conversation_id, created_ms, detector, confidence, step, steps,
+            summary, suggestion)";
+
+    fn chunks<'s, 'c>(statements: &'s mut Statements<'c>) -> &'s mut Chunks<'c> {
+        &mut statements.findings
+    }
+
+    fn bind(&self, stmt: &mut Statement<'_>, first: usize) -> rusqlite::Result<()> {
+        let f = self;
+        let values: [&dyn ToSql; Self::COLUMNS] = [
+            &f.request_id,
+            &f.conversation_id,
+            &f.created_ms,
+            &f.detector,
+            &f.confidence,
+            &f.step,
+            &f.steps,
+            &f.summary,
+            &f.suggestion,
+        ];
+        bind_all(stmt, first, values)
+    }
+}
+
+fn bind_all<const N: usize>(
+    stmt: &mut Statement<'_>,
+    first: usize,
+    values: [&dyn ToSql; N],
+) -> rusqlite::Result<()> {
+    for (i, value) in values.into_iter().enumerate() {
+        stmt.raw_bind_parameter(first + i, value)?;
+    }
+    Ok(())
+}
+
+/// `INSERT ... VALUES (?, ...), ...` for `rows` rows of `R`.
+fn insert_chunk<R: ChunkedRow>(rows: usize) -> String {
+    let one = format!("({})", vec!["?"; R::COLUMNS].join(", "));
+    format!("{} VALUES {}", R::INSERT, vec![one; rows].join(", "))
+}
+
+/// Writes the rows in their order, in as few statements as [`CHUNKS`] allows.
+fn write_chunked<R: ChunkedRow>(
+    statements: &mut Statements<'_>,
+    rows: &[&R],
+) -> rusqlite::Result<()> {
+    let mut rest = rows;
+    while !rest.is_empty() {
+        let k = rest.len().ilog2().min(CHUNKS as u32 - 1) as usize;
+        let (chunk, tail) = rest.split_at(1 << k);
+        let stmt = statements.chunk::<R>(k)?;
+        for (i, r) in chunk.iter().enumerate() {
+            r.bind(stmt, i * R::COLUMNS + 1)?;
+        }
+        let done = stmt.raw_execute();
+        // Bound strings are copies that would stay allocated until the next batch.
+        stmt.clear_bindings();
+        done?;
+        rest = tail;
+    }
+    Ok(())
+}
+
+/// The writer's statements, by what they write.
+#[derive(Clone, Copy)]
+enum Sql {
+    Conversation,
+    ToolCall,
+    Decision,
+    Intervention,
+}
+
+impl Sql {
+    const COUNT: usize = 4;
+
+    fn text(self) -> &'static str {
+        match self {
+            Sql::Conversation => {
+                "INSERT INTO conversations
+                   (id, id_source, client, dialect, model, first_seen_ms, last_seen_ms, requests,
+                    proxy_overhead_us_sum)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                 ON CONFLICT (id) DO UPDATE SET
+                   last_seen_ms = max(last_seen_ms, excluded.last_seen_ms),
+                   requests = requests + excluded.requests,
+                   proxy_overhead_us_sum = proxy_overhead_us_sum + excluded.proxy_overhead_us_sum,
+                   client = coalesce(client, excluded.client),
+                   dialect = coalesce(excluded.dialect, dialect),
+                   model = coalesce(excluded.model, model)"
+            }
+            // A result, once known, is never erased by a later sighting without one.
+            Sql::ToolCall => {
+                "INSERT INTO tool_calls
+                   (conversation_id, step, call_index, call_id, name, args_hash, summary,
+                    result_hash, result_summary, is_error, request_id, seen_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                 ON CONFLICT (conversation_id, step, call_index) DO UPDATE SET
+                   call_id = excluded.call_id,
+                   name = excluded.name,
+                   args_hash = excluded.args_hash,
+                   summary = excluded.summary,
+                   result_hash = coalesce(excluded.result_hash, result_hash),
+                   result_summary = coalesce(excluded.result_summary, result_summary),
+                   is_error = coalesce(excluded.is_error, is_error),
+                   request_id = excluded.request_id,
+                   seen_ms = excluded.seen_ms"
+            }
+            Sql::Decision => {
+                "INSERT OR REPLACE INTO decisions
+                   (request_id, conversation_id, created_ms, action, applied, step, reason)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+            }
+            Sql::Intervention => {
+                "INSERT INTO interventions (conversation_id, request_id, created_ms, action,
+                   applied, source, detector, reason, finding)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+            }
+        }
+    }
+}
+
+impl<'c> Statements<'c> {
+    fn new(conn: &'c Connection) -> Self {
+        Statements {
+            conn,
+            prepared: Default::default(),
+            requests: Default::default(),
+            findings: Default::default(),
+        }
+    }
+
+    /// The insert of 2^k rows of `R`, prepared on first use.
+    fn chunk<R: ChunkedRow>(&mut self, k: usize) -> rusqlite::Result<&mut Statement<'c>> {
+        let conn = self.conn;
+        prepared_once(conn, &mut R::chunks(self)[k], || insert_chunk::<R>(1 << k))
+    }
+
+    /// The statement, prepared on first use.
+    fn get(&mut self, sql: Sql) -> rusqlite::Result<&mut Statement<'c>> {
+        prepared_once(self.conn, &mut self.prepared[sql as usize], || sql.text())
+    }
+}
+
+/// The statement kept in `slot`, prepared from `sql` when the slot is empty (a statement
+/// that failed to prepare, say because its table is missing, is tried again next time).
+fn prepared_once<'c, 's, S: AsRef<str>>(
+    conn: &'c Connection,
+    slot: &'s mut Option<Statement<'c>>,
+    sql: impl FnOnce() -> S,
+) -> rusqlite::Result<&'s mut Statement<'c>> {
+    if slot.is_none() {
+        *slot = Some(conn.prepare(sql().as_ref())?);
+    }
+    // Just filled when it was empty.
+    slot.as_mut().ok_or(rusqlite::Error::InvalidQuery)
+}
+
+fn write_batch(
+    conn: &Connection,
+    statements: &mut Statements<'_>,
+    records: &[Record],
+) -> rusqlite::Result<()> {
+    let tx = conn.unchecked_transaction()?;
+    // Batch-local maps of at most a batch's entries: a fast hasher (foldhash) is safe here.
+    let mut sightings: HashMap<&str, Sightings<'_>, foldhash::fast::RandomState> =
+        HashMap::default();
+    let mut calls: HashMap<(&str, i64, i64), CallUpdates<'_>, foldhash::fast::RandomState> =
+        HashMap::default();
+    let mut requests = Vec::new();
+    let mut findings = Vec::new();
+    for record in records {
+        match record {
+            Record::Conversation(seen) => match sightings.get_mut(seen.id.as_str()) {
+                Some(merged) => merged.add(seen),
+                None => {
+                    sightings.insert(&seen.id, Sightings::new(seen));
+                }
+            },
+            Record::ToolCall(t) => {
+                match calls.get_mut(&(t.conversation_id.as_str(), t.step, t.call_index)) {
+                    Some(merged) => merged.add(t),
+                    None => {
+                        calls.insert(
+                            (&t.conversation_id, t.step, t.call_index),
+                            CallUpdates::new(t),
+                        );
+                    }
+                }
+            }
+            Record::Request(r) => requests.push(&**r),
+            Record::Finding(f) => findings.push(&**f),
+            other => write_one(statements, other)?,
+        }
+    }
+    write_chunked(statements, &requests)?;
+    write_chunked(statements, &findings)?;
+    for merged in sightings.values() {
+        merged.write(statements)?;
+    }
+    for merged in calls.values() {
+        merged.write(statements)?;
+    }
+    tx.commit()
+}
+
+/// A batch's sightings of one conversation, written as one upsert: each upsert rewrites
+/// the row and moves its `conversations_by_last_seen` entry, and a conversation that makes
+/// many requests in one batch window (parallel calls, a load test) would do that per
+/// request. The merged row is what the sightings one by one would have left.
+struct Sightings<'a> {
+    /// Its id, id source and time are a new row's (`first_seen_ms`).
+    first: &'a ConversationSeen,
+    /// The first sighting's with one, as `coalesce(client, excluded.client)` keeps.
+    client: Option<&'a str>,
+    /// The last sighting's with one, as `coalesce(excluded.dialect, dialect)` keeps.
+    dialect: Option<&'static str>,
+    model: Option<&'a str>,
+    last_ms: i64,
+    requests: i64,
+    overhead_us: i64,
+}
+
+impl<'a> Sightings<'a> {
+    fn new(seen: &'a ConversationSeen) -> Self {
+        Sightings {
+            first: seen,
+            client: seen.client.as_deref(),
+            dialect: seen.dialect,
+            model: seen.model.as_deref(),
+            last_ms: seen.at_ms,
+            requests: 1,
+            overhead_us: seen.overhead_us,
+        }
+    }
+
+    fn add(&mut self, seen: &'a ConversationSeen) {
+        self.client = self.client.or(seen.client.as_deref());
+        self.dialect = seen.dialect.or(self.dialect);
+        self.model = seen.model.as_deref().or(self.model);
+        self.last_ms = self.last_ms.max(seen.at_ms);
+        self.requests += 1;
+        self.overhead_us += seen.overhead_us;
+    }
+
+    fn write(&self, statements: &mut Statements<'_>) -> rusqlite::Result<()> {
+        statements.get(Sql::Conversation)?.execute(params![
+            self.first.id,
+            self.first.id_source,
+            self.client,
+            self.dialect,
+            self.model,
+            self.first.at_ms,
+            self.last_ms,
+            self.requests,
+            self.overhead_us
+        ])?;
+        Ok(())
+    }
+}
+
+/// A batch's rows for one tool call (conversation, step, position), written as one upsert.
+/// The same call is logged again by every request that carries the same step (a retried
+/// or repeated request, parallel requests of one conversation, a load test), and each
+/// upsert rewrote the row. The merged row is what the upserts one by one would have left:
+/// the last row's columns, and for each result column the last value that was not NULL
+/// (the upsert's `coalesce(excluded.x, x)`).
+struct CallUpdates<'a> {
+    last: &'a ToolCallRow,
+    result_hash: Option<&'a str>,
+    result_summary: Option<&'a str>,
+    is_error: Option<bool>,
+}
+
+impl<'a> CallUpdates<'a> {
+    fn new(row: &'a ToolCallRow) -> Self {
+        CallUpdates {
+            last: row,
+            result_hash: row.result_hash.as_deref(),
+            result_summary: row.result_summary.as_deref(),
+            is_error: row.is_error,
+        }
+    }
+
+    fn add(&mut self, row: &'a ToolCallRow) {
+        self.last = row;
+        self.result_hash = row.result_hash.as_deref().or(self.result_hash);
+        self.result_summary = row.result_summary.as_deref().or(self.result_summary);
+        self.is_error = row.is_error.or(self.is_error);
+    }
+
+    fn write(&self, statements: &mut Statements<'_>) -> rusqlite::Result<()> {
+        let t = self.last;
+        statements.get(Sql::ToolCall)?.execute(params![
+            t.conversation_id,
+            t.step,
+            t.call_index,
+            t.call_id,
+            t.name,
+            t.args_hash,
+            t.summary,
+            self.result_hash,
+            self.result_summary,
+            self.is_error,
+            t.request_id,
+            t.seen_ms
+        ])?;
+        Ok(())
+    }
+}
+
+fn write_one(statements: &mut Statements<'_>, record: &Record) -> rusqlite::Result<()> {
+    match record {
+        // Merged or gathered per batch by `write_batch`.
+        Record::Conversation(seen) => Sightings::new(seen).write(statements)?,
+        Record::ToolCall(t) => CallUpdates::new(t).write(statements)?,
+        Record::Request(r) => write_chunked(statements, &[&**r])?,
+        Record::Finding(f) => write_chunked(statements, &[&**f])?,
+        Record::Decision(d) => {
+            statements.get(Sql::Decision)?.execute(params![
+                d.request_id,
+                d.conversation_id,
+                d.created_ms,
+                d.action,
+                d.applied,
+                d.step,
+                d.reason
+            ])?;
+        }
+        Record::Intervention(i) => {
+            statements.get(Sql::Intervention)?.execute(params![
+                i.conversation_id,
+                i.request_id,
+                i.created_ms,
+                i.action,
+                i.applied,
+                i.source,
+                i.detector,
+                i.reason,
+                i.finding
+            ])?;
+        }
+    }
+    Ok(())
+}
