@@ -18,9 +18,9 @@ use serde_json::value::RawValue;
 use crate::actions::ToolCatalog;
 use crate::detect::{Action, DetectConfig, Engine, StoreFacts};
 use crate::dialect::{Dialect, RequestBytes, ResponseTurn};
-use crate::intervene::service::Before;
+use crate::intervene::service::ConversationState;
 use crate::proxy::analysis::{Analyser, Arrival};
-use crate::proxy::body::Earlier;
+use crate::proxy::body::BodyComparison;
 use crate::proxy::cache::MessageCache;
 use crate::proxy::conversations::Conversations;
 use crate::proxy::identity;
@@ -257,7 +257,7 @@ impl<'a> Requests<'a> {
         crate::detect::Decision,
         std::sync::Arc<crate::detect::EngineState>,
     )> {
-        let earlier = Earlier::new(
+        let earlier = BodyComparison::new(
             &analyser.conversations,
             Some(Dialect::OpenAiChat),
             Some(&self.conversation.id),
@@ -269,7 +269,7 @@ impl<'a> Requests<'a> {
             stated: Some(self.conversation.clone()),
             earlier,
         };
-        let analysis = analyser.analyse(arrival, |_, _| Before::free());
+        let analysis = analyser.analyse(arrival, |_, _| ConversationState::free());
         let Some(parsed) = analysis.parsed else {
             anyhow::bail!(
                 "{}: a request was not read: {}",

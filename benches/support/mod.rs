@@ -16,9 +16,9 @@ use serde_json::{json, Value};
 
 use loopwarden::detect::{Decision, Engine};
 use loopwarden::dialect::{Dialect, RequestBytes};
-use loopwarden::intervene::service::Before;
+use loopwarden::intervene::service::ConversationState;
 use loopwarden::proxy::analysis::{Analyser, Arrival};
-use loopwarden::proxy::body::Earlier;
+use loopwarden::proxy::body::BodyComparison;
 use loopwarden::proxy::cache::MessageCache;
 use loopwarden::proxy::conversations::Conversations;
 use loopwarden::proxy::{identity, route};
@@ -55,7 +55,7 @@ pub const SIZES: [(&str, usize); 3] = [
 
 const SYSTEM: &str = "You are an autonomous software engineering agent working inside a sandboxed \
 repository. You can read and edit files, run shell commands and search the code base using the \
-tools provided.\n\n# Operating rules\n- Before editing a file, read the relevant region of it.\n- \
+tools provided.\n\n# Operating rules\n- ConversationState editing a file, read the relevant region of it.\n- \
 Prefer small, reviewable edits. After each edit, run the narrowest test that covers it.\n- When a \
 command fails, read the error output and fix the root cause; do not retry the same command \
 unchanged.\n- Do not touch files outside the repository root.\n\n# Conventions\n- Rust 2021, \
@@ -442,7 +442,7 @@ impl Proxy {
         });
         let route = route::route(&uri, headers);
         let stated = identity::stated(headers, None);
-        let earlier = Earlier::new(
+        let earlier = BodyComparison::new(
             &self.analyser.conversations,
             Some(dialect),
             stated.as_ref().map(|s| &*s.id),
@@ -455,7 +455,9 @@ impl Proxy {
             stated,
             earlier,
         };
-        let analysis = self.analyser.analyse(arrival, |_, _| Before::free());
+        let analysis = self
+            .analyser
+            .analyse(arrival, |_, _| ConversationState::free());
         let parsed = analysis.parsed.expect("bench payloads parse");
         let (logged, decision) = self.analyser.keep(&analysis.identity.id, parsed);
         black_box(logged.history);

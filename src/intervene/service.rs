@@ -32,7 +32,7 @@ pub struct Interventions {
 
 /// What a request is subject to before the engine decides.
 #[derive(Debug, Clone)]
-pub struct Before {
+pub struct ConversationState {
     pub standing: Standing,
     /// Facts for [`Engine::decide_with`].
     pub facts: StoreFacts,
@@ -41,10 +41,10 @@ pub struct Before {
     pub refold: bool,
 }
 
-impl Before {
+impl ConversationState {
     /// A conversation with no halt and no resume: what most requests are subject to.
-    pub fn free() -> Before {
-        Before {
+    pub fn free() -> ConversationState {
+        ConversationState {
             standing: Standing::Free {
                 resumed_at: Vec::new(),
                 human_resumed: false,
@@ -99,9 +99,9 @@ impl Interventions {
     }
 
     /// Where a request stands (sticky halt, operator resumes) and what the engine needs.
-    pub fn before_decide(&self, conversation: &str, transcript: &Transcript) -> Before {
+    pub fn before_decide(&self, conversation: &str, transcript: &Transcript) -> ConversationState {
         if !self.controls.contains(conversation) {
-            return Before::free();
+            return ConversationState::free();
         }
         let humans = self.humans(transcript);
         let standing = self
@@ -137,7 +137,7 @@ impl Interventions {
                 ..
             }
         );
-        Before {
+        ConversationState {
             standing,
             facts,
             refold,
@@ -150,7 +150,7 @@ impl Interventions {
     pub fn plan(
         &self,
         decision: Decision,
-        before: &Before,
+        before: &ConversationState,
         req: &RequestInfo<'_>,
         request_id: i64,
     ) -> Planned {

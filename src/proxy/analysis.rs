@@ -2,7 +2,7 @@
 //! benchmarks (`benches/support`) run, so that what is measured is what serves. In order:
 //!
 //! 1. bytes → dialect: the body's top level is read, resumed after the conversation's last
-//!    request ([`super::body::Earlier`] found it while the body arrived);
+//!    request ([`super::body::BodyComparison`] found it while the body arrived);
 //! 2. dialect → transcript: each message parsed once ([`MessageCache`]), the last
 //!    request's transcript continued with the new ones;
 //! 3. transcript → identity: the one the request states, else its head's hash, else a
@@ -20,15 +20,15 @@ use std::sync::Arc;
 
 use http::HeaderMap;
 
-use super::body::{Earlier, Found};
-use super::cache::{History, MessageCache, Previous};
+use super::body::{BodyComparison, Predecessor};
+use super::cache::{History, LastRequest, MessageCache};
 use super::conversations::Conversations;
 use super::identity::{self, Identity};
 use super::record::ParseStatus;
 use super::route::Route;
 use crate::detect::{Decision, Engine, EngineState};
 use crate::dialect::{Dialect, RequestBytes};
-use crate::intervene::service::Before;
+use crate::intervene::service::ConversationState;
 use crate::store::redact::summary;
 use crate::transcript::{Item, Step, Transcript};
 
@@ -41,13 +41,13 @@ pub struct Analyser {
 }
 
 /// A request as it reaches the analysis: its route, headers and body, the identity it
-/// states, and what [`Earlier`] found while the body arrived.
+/// states, and what [`BodyComparison`] found while the body arrived.
 pub struct Arrival<'a> {
     pub route: &'a Route<'a>,
     pub headers: &'a HeaderMap,
     pub body: &'a RequestBytes,
     pub stated: Option<Identity>,
-    pub earlier: Earlier<'a>,
+    pub earlier: BodyComparison<'a>,
 }
 
 /// What the analysis made of a request.
@@ -70,16 +70,16 @@ pub struct Parsed {
     /// The engine's state after the transcript, for the response-side block check.
     pub state: Arc<EngineState>,
     /// Sticky halts and operator resumes that apply to this request.
-    pub before: Before,
+    pub before: ConversationState,
     /// This request, to keep as its conversation's last one.
-    last: LastRequest,
+    last: ThisRequest,
 }
 
 /// A request to keep as its conversation's last one, under `key`, once the transcript is
 /// no longer needed by the request.
-struct LastRequest {
+struct ThisRequest {
     key: String,
-    request: Previous,
+    request: LastRequest,
     preamble: Vec<Item>,
     /// The identity the transcript's head names, when it was worked out.
     head: Option<Identity>,
@@ -99,7 +99,7 @@ impl Analyser {
     pub fn analyse(
         &self,
         arrival: Arrival<'_>,
-        standing: impl FnOnce(&str, &Transcript) -> Before,
+        standing: impl FnOnce(&str, &Transcript) -> ConversationState,
     ) -> Analysis {
         let Arrival {
             route,
@@ -125,7 +125,7 @@ impl Analyser {
                 ..unread(stated, None, ParseStatus::NotConversation, None)
             };
         };
-        let Found {
+        let Predecessor {
             key,
             previous,
             compared,
@@ -188,7 +188,7 @@ impl Analyser {
                 decision,
                 state,
                 before,
-                last: LastRequest {
+                last: ThisRequest {
                     key,
                     request,
                     preamble,
@@ -214,7 +214,7 @@ impl Analyser {
         // Only the new steps are copied for the log; the transcript is kept for the
         // conversation's next request.
         let history = transcript.steps[from..].to_vec();
-        let LastRequest {
+        let ThisRequest {
             key,
             mut request,
             preamble,

@@ -15,7 +15,7 @@ use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Limited};
 
-use super::cache::{Compared, Previous};
+use super::cache::{Compared, LastRequest};
 use super::conversations::Conversations;
 use super::large_buffer::LargeBuffer;
 use crate::dialect::{Dialect, RequestBytes, SharedPrefix};
@@ -42,14 +42,14 @@ const LARGE_MIN: usize = 1 << 20;
 /// once it differs, so tails are kept short.
 const TAIL_SHARE_MAX: usize = 16;
 
-/// Bytes found equal to the conversation's last body lie within it: `Earlier` compares no
+/// Bytes found equal to the conversation's last body lie within it: `BodyComparison` compares no
 /// further than its end. Were that ever broken, the request fails rather than panics.
 const PAST_THE_LAST_BODY: &str = "internal: shared bytes past the last body";
 
 /// The request body, read as it arrives.
 ///
 /// While the body repeats its conversation's last body byte for byte (a history, most of
-/// a long request), its frames are only compared with it ([`Earlier`]), not copied: the
+/// a long request), its frames are only compared with it ([`BodyComparison`]), not copied: the
 /// body's head is that body's bytes ([`RequestBytes`]). From the first difference on, the
 /// frames are copied into a buffer of the body's own (sized from the announced length),
 /// which starts at the last history message the two share
@@ -63,7 +63,7 @@ const PAST_THE_LAST_BODY: &str = "internal: shared bytes past the last body";
 pub async fn read_body(
     body: Body,
     limit: usize,
-    earlier: &mut Earlier<'_>,
+    earlier: &mut BodyComparison<'_>,
 ) -> Result<RequestBytes, axum::BoxError> {
     let announced = http_body::Body::size_hint(&body).exact();
     let capacity = announced.map_or(0, |n| (n as usize).min(limit).min(PRESIZE_MAX));
@@ -217,7 +217,7 @@ impl Own {
 
 /// The conversation's last request, looked up while the body arrives, and how much of the
 /// body repeats its bytes.
-pub struct Earlier<'a> {
+pub struct BodyComparison<'a> {
     conversations: &'a Conversations,
     /// `None` on routes that carry no conversation: nothing to look up.
     dialect: Option<Dialect>,
@@ -229,27 +229,27 @@ pub struct Earlier<'a> {
     tried_at: usize,
 }
 
-/// What [`Earlier`] found once the body is whole.
-pub struct Found {
+/// What [`BodyComparison`] found once the body is whole.
+pub struct Predecessor {
     /// Where this request is kept as its conversation's last one.
     pub key: String,
     /// The conversation's last request once the body is whole (its transcript lent to
     /// this request).
-    pub previous: Option<Previous>,
+    pub previous: Option<LastRequest>,
     /// What the body was compared with while it arrived: the last request as it was then,
     /// which a request of the conversation that finished meanwhile may have replaced.
     pub compared: Option<Compared>,
 }
 
-impl<'a> Earlier<'a> {
+impl<'a> BodyComparison<'a> {
     /// `stated`: the conversation id the request's headers name, if any; the last request
     /// is then looked up at once.
     pub fn new(
         conversations: &'a Conversations,
         dialect: Option<Dialect>,
         stated: Option<&str>,
-    ) -> Earlier<'a> {
-        let mut earlier = Earlier {
+    ) -> BodyComparison<'a> {
+        let mut earlier = BodyComparison {
             conversations,
             dialect,
             key: None,
@@ -263,7 +263,7 @@ impl<'a> Earlier<'a> {
     }
 
     /// Starts comparing with the last request kept under `key`. Its transcript stays
-    /// where it is until the body is whole ([`Earlier::finish`]): taken now, it would be
+    /// where it is until the body is whole ([`BodyComparison::finish`]): taken now, it would be
     /// gone for every other request of the conversation read meanwhile (64 × 209 KB of one
     /// conversation: ~50 % more CPU per request, each rebuilding its transcript).
     fn look_up(&mut self, key: String) {
@@ -335,13 +335,13 @@ impl<'a> Earlier<'a> {
     /// Once the body is whole: the conversation's last request (by the body's first
     /// messages if they were not found on the way), and what the body was compared with.
     /// `None` on routes that carry no conversation.
-    pub fn finish(self, body: &RequestBytes) -> Option<Found> {
+    pub fn finish(self, body: &RequestBytes) -> Option<Predecessor> {
         let dialect = self.dialect?;
         // Without a key nothing was compared, so the body is one buffer.
         let key = self
             .key
             .unwrap_or_else(|| head_key(dialect, &body.to_whole()));
-        Some(Found {
+        Some(Predecessor {
             previous: self.conversations.previous(&key),
             key,
             compared: self.compared,
@@ -443,13 +443,13 @@ mod tests {
             &["{", "\"b\"", ":", "[1,2]", "}"][..],
         ] {
             let frames = parts.iter().map(|p| Bytes::from_static(p.as_bytes()));
-            let mut earlier = Earlier::new(&conversations, None, None);
+            let mut earlier = BodyComparison::new(&conversations, None, None);
             let body = read_body(framed(frames.collect()), 1024, &mut earlier)
                 .await
                 .unwrap();
             assert_eq!(body.to_whole(), parts.concat().as_bytes(), "{parts:?}");
         }
-        let mut earlier = Earlier::new(&conversations, None, None);
+        let mut earlier = BodyComparison::new(&conversations, None, None);
         let refused = read_body(framed(pieces("01234567890123456789", 10)), 15, &mut earlier).await;
         let error = refused.expect_err("over the limit");
         assert!(error.is::<http_body_util::LengthLimitError>(), "{error}");
@@ -468,7 +468,8 @@ mod tests {
         assert!(next.len() > LARGE_MIN);
         let conversations = Conversations::new(Duration::from_secs(60));
         keep_last(&conversations, "conv-big", &last);
-        let mut earlier = Earlier::new(&conversations, Some(Dialect::OpenAiChat), Some("conv-big"));
+        let mut earlier =
+            BodyComparison::new(&conversations, Some(Dialect::OpenAiChat), Some("conv-big"));
         let read = read_body(announced(pieces(&next, 65_537)), 8 << 20, &mut earlier)
             .await
             .unwrap();
@@ -482,7 +483,8 @@ mod tests {
 
         // With nothing to compare it with, it is copied whole into a large buffer (mapped
         // on a huge page's boundary), past the caches.
-        let mut earlier = Earlier::new(&conversations, Some(Dialect::OpenAiChat), Some("other"));
+        let mut earlier =
+            BodyComparison::new(&conversations, Some(Dialect::OpenAiChat), Some("other"));
         let read = read_body(announced(pieces(&next, 65_537)), 8 << 20, &mut earlier)
             .await
             .unwrap();
@@ -502,7 +504,8 @@ mod tests {
         let send = |text: String| {
             let (conversations, cache) = (&conversations, &cache);
             async move {
-                let mut earlier = Earlier::new(conversations, Some(Dialect::OpenAiChat), Some("c"));
+                let mut earlier =
+                    BodyComparison::new(conversations, Some(Dialect::OpenAiChat), Some("c"));
                 let read = read_body(announced(pieces(&text, 4096)), 1 << 20, &mut earlier)
                     .await
                     .unwrap();
@@ -577,8 +580,8 @@ mod tests {
         stated: Option<&str>,
         body: &str,
         size: usize,
-    ) -> Found {
-        let mut earlier = Earlier::new(conversations, Some(Dialect::OpenAiChat), stated);
+    ) -> Predecessor {
+        let mut earlier = BodyComparison::new(conversations, Some(Dialect::OpenAiChat), stated);
         let read = read_body(framed(pieces(body, size)), 1 << 20, &mut earlier)
             .await
             .unwrap();
@@ -631,7 +634,7 @@ mod tests {
         assert_eq!(found.key, head_key(Dialect::OpenAiChat, other.as_bytes()));
 
         // A route without a conversation looks nothing up.
-        let earlier = Earlier::new(&conversations, None, Some("conv-1"));
+        let earlier = BodyComparison::new(&conversations, None, Some("conv-1"));
         assert!(earlier.finish(&whole(&last)).is_none());
     }
 
@@ -640,7 +643,7 @@ mod tests {
         let conversations = Conversations::new(Duration::from_secs(60));
         let last = chat(&["sys", "task", "turn 1"]);
         let next = chat(&["sys", "task", "turn 1", "turn 2"]);
-        let scanned_body = |p: &Previous| {
+        let scanned_body = |p: &LastRequest| {
             p.scanned(Dialect::OpenAiChat)
                 .unwrap()
                 .body()
@@ -650,7 +653,8 @@ mod tests {
         keep_last(&conversations, "conv-1", &last);
         let kept = scanned_body(&conversations.peek_previous("conv-1").unwrap());
 
-        let mut earlier = Earlier::new(&conversations, Some(Dialect::OpenAiChat), Some("conv-1"));
+        let mut earlier =
+            BodyComparison::new(&conversations, Some(Dialect::OpenAiChat), Some("conv-1"));
         let (a, _) = next.as_bytes().split_at(30);
         earlier.arrived(a, a);
         // Another request of the conversation finishes meanwhile: it is the last one now.

@@ -58,14 +58,14 @@ impl MessageCache {
     /// position with the same bytes are recognised by comparing bytes, which is several
     /// times cheaper than hashing them, or without even that for the first `unchanged`
     /// ones, which the scan of the body already found to be `previous`'s own
-    /// ([`Scanned::unchanged`] of a body read after [`Previous::scanned`]); the others are
+    /// ([`Scanned::unchanged`] of a body read after [`LastRequest::scanned`]); the others are
     /// looked up by hash. The lock is held only for lookups and inserts, never while
     /// parsing.
     pub fn items(
         &self,
         dialect: Dialect,
         messages: &[RawMessage],
-        previous: Option<&Previous>,
+        previous: Option<&LastRequest>,
         unchanged: usize,
     ) -> ItemList {
         let mut out = previous
@@ -175,7 +175,7 @@ impl MessageCache {
         dialect: Dialect,
         body: &RequestBytes,
         stream_path: bool,
-        mut previous: Option<Previous>,
+        mut previous: Option<LastRequest>,
         compared: Option<&Compared>,
     ) -> Result<History, ParseError> {
         let read_after = compared.map(|c| &c.request).or(previous.as_ref());
@@ -218,7 +218,7 @@ impl MessageCache {
             head,
             folded,
             tools: tools.as_ref().map(|t| t.catalog.clone()),
-            request: Previous::new(dialect, body, &view.messages, messages, scanned, tools),
+            request: LastRequest::new(dialect, body, &view.messages, messages, scanned, tools),
             preamble: view.preamble,
             model: view.model,
             stream: view.stream,
@@ -245,8 +245,8 @@ pub struct History {
     /// of tools no profile knows.
     pub tools: Option<Arc<ToolCatalog>>,
     /// This request, to keep as its conversation's last one (with the transcript, through
-    /// [`Previous::keep_transcript`], once the request is done with it).
-    pub request: Previous,
+    /// [`LastRequest::keep_transcript`], once the request is done with it).
+    pub request: LastRequest,
     /// Items from top-level fields, which the transcript starts with.
     pub preamble: Vec<Item>,
     pub model: Option<String>,
@@ -262,23 +262,23 @@ pub struct History {
 /// after the body's last byte (2 MB: ~270 k instructions on the request's way upstream),
 /// which is what comparing while the body arrives is for.
 pub struct Compared {
-    pub request: Previous,
+    pub request: LastRequest,
     pub prefix: SharedPrefix,
 }
 
 /// A conversation's last request: what was read in it, shared by every request that reads
-/// after it (concurrent requests of one conversation all do: see [`Previous::lend`]), and
+/// after it (concurrent requests of one conversation all do: see [`LastRequest::lend`]), and
 /// its transcript, which goes to one of them.
-pub struct Previous {
+pub struct LastRequest {
     read: Arc<Read>,
     /// The transcript the request was read into (once the request is done with it): the
     /// next request extends it with its new messages instead of copying every cached item
     /// into a fresh one.
-    transcript: Option<Kept>,
+    transcript: Option<KeptTranscript>,
 }
 
 /// A request's transcript, kept for the conversation's next request.
-struct Kept {
+struct KeptTranscript {
     /// The items the transcript started with.
     preamble: Vec<Item>,
     transcript: Transcript,
@@ -322,7 +322,7 @@ impl ToolsRead {
     /// `previous`'s (as in most requests of a conversation): then its catalog is shared,
     /// and the cost is one comparison of the definitions (a few hundred instructions for
     /// a coding agent's 4 KB of them; a hash was several times that), not a parse.
-    fn of(raw: Option<&str>, previous: Option<&Previous>) -> Option<ToolsRead> {
+    fn of(raw: Option<&str>, previous: Option<&LastRequest>) -> Option<ToolsRead> {
         let raw = raw?;
         if let Some(kept) = previous.and_then(|p| p.read.tools.as_ref()) {
             if *kept.raw == *raw {
@@ -339,7 +339,7 @@ impl ToolsRead {
     }
 }
 
-impl Previous {
+impl LastRequest {
     /// `messages` are slices of `body` (as the dialect's view hands them out), `scanned`
     /// the scan of `body` when [`Dialect::view_after`] read it.
     pub fn new(
@@ -349,14 +349,14 @@ impl Previous {
         items: ItemList,
         scanned: Option<Scanned>,
         tools: Option<ToolsRead>,
-    ) -> Previous {
+    ) -> LastRequest {
         let spans = messages
             .iter()
             .map(|m| body.offset_of(m.get().as_bytes()))
             .collect();
         // A scan of another body would describe bytes this one may not have.
         let scanned = scanned.filter(|s| s.body().same_buffers(body));
-        Previous {
+        LastRequest {
             read: Arc::new(Read {
                 dialect,
                 body: body.clone(),
@@ -371,8 +371,8 @@ impl Previous {
 
     /// This request for a next one to read after: what was read is shared (a concurrent
     /// request of the conversation may read after it too), the transcript is handed over.
-    pub fn lend(&mut self) -> Previous {
-        Previous {
+    pub fn lend(&mut self) -> LastRequest {
+        LastRequest {
             read: self.read.clone(),
             transcript: self.transcript.take(),
         }
@@ -380,9 +380,9 @@ impl Previous {
 
     /// What was read, without the transcript: to compare a request's bytes with while it
     /// arrives, leaving the transcript to whichever request of the conversation is read
-    /// first ([`Previous::lend`]).
-    pub fn share(&self) -> Previous {
-        Previous {
+    /// first ([`LastRequest::lend`]).
+    pub fn share(&self) -> LastRequest {
+        LastRequest {
             read: self.read.clone(),
             transcript: None,
         }
@@ -395,7 +395,7 @@ impl Previous {
     }
 
     /// Keeps the transcript this request's messages (the `items` given to
-    /// [`Previous::new`]) were read into, after `preamble`, the identity its head names if
+    /// [`LastRequest::new`]) were read into, after `preamble`, the identity its head names if
     /// the request computed it, and the fold that decided the request
     /// (`EngineState::folded`) if one did.
     pub fn keep_transcript(
@@ -405,7 +405,7 @@ impl Previous {
         head: Option<Identity>,
         folded: Option<Folded>,
     ) {
-        self.transcript = Some(Kept {
+        self.transcript = Some(KeptTranscript {
             preamble,
             transcript,
             head,
@@ -429,7 +429,7 @@ impl Previous {
         if !continues {
             return None;
         }
-        let Kept {
+        let KeptTranscript {
             mut transcript,
             head,
             folded,
@@ -733,7 +733,7 @@ mod tests {
             .unwrap();
         let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
         let items = cache.items(Dialect::OpenAiChat, &view.messages, None, 0);
-        let mut last = Previous::new(
+        let mut last = LastRequest::new(
             Dialect::OpenAiChat,
             &body,
             &view.messages,
@@ -769,7 +769,7 @@ mod tests {
                 messages.join(",")
             )))
         };
-        let read = |body: &RequestBytes, previous: Option<Previous>| {
+        let read = |body: &RequestBytes, previous: Option<LastRequest>| {
             cache
                 .read_history(Dialect::OpenAiChat, body, false, previous, None)
                 .unwrap()
@@ -856,7 +856,7 @@ mod tests {
             )))
         };
         let mut messages = vec![r#"{"role":"user","content":"the task"}"#.to_string()];
-        let mut last: Option<Previous> = None;
+        let mut last: Option<LastRequest> = None;
         // Three times as many requests as a list keeps parts: several joins happen.
         for turn in 0..3 * MAX_PARTS {
             if turn == 2 * MAX_PARTS {
@@ -1046,7 +1046,7 @@ mod tests {
             .map(RawMessage::new)
             .collect();
         let items = cache.items(Dialect::OpenAiChat, &first_msgs, None, 0);
-        let previous = Previous::new(
+        let previous = LastRequest::new(
             Dialect::OpenAiChat,
             &RequestBytes::from(first.clone()),
             &first_msgs,
@@ -1067,7 +1067,7 @@ mod tests {
         assert_eq!(cache.size().0, parsed_before + 1);
 
         // Slices that are not part of the previous body are never taken for it.
-        let foreign = Previous::new(
+        let foreign = LastRequest::new(
             Dialect::OpenAiChat,
             &RequestBytes::from(Bytes::from_static(b"x")),
             &first_msgs,

@@ -3,7 +3,7 @@
 //! - the detection engine's fold of the steps seen so far ([`EngineState`]), which
 //!   `Engine::decide_with` continues with the new steps (and rebuilds, with the same
 //!   result, when the history is not a continuation: the cache never changes a decision);
-//! - the last request's body and parsed messages ([`Previous`]), so unchanged messages
+//! - the last request's body and parsed messages ([`LastRequest`]), so unchanged messages
 //!   are recognised by comparing bytes;
 //! - how far the conversation's tool calls are in the log, so each request logs only the
 //!   steps that are new or that gained results.
@@ -14,7 +14,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::cache::Previous;
+use super::cache::LastRequest;
 use crate::detect::EngineState;
 use crate::transcript::Transcript;
 
@@ -33,7 +33,7 @@ struct State {
     /// The engine's fold after the latest request that decided.
     engine: Option<Arc<EngineState>>,
     /// The last request's messages, to recognise the unchanged ones by their bytes.
-    previous: Option<Previous>,
+    previous: Option<LastRequest>,
     last_used: Instant,
 }
 
@@ -71,25 +71,25 @@ impl Conversations {
         with_entry(&mut self.lock(), conversation, |s| s.engine = Some(state));
     }
 
-    /// The conversation's last request, to read the next one after ([`Previous::lend`]:
+    /// The conversation's last request, to read the next one after ([`LastRequest::lend`]:
     /// concurrent requests all get what it read; its transcript goes to the first).
-    pub fn previous(&self, conversation: &str) -> Option<Previous> {
+    pub fn previous(&self, conversation: &str) -> Option<LastRequest> {
         self.lock()
             .get_mut(conversation)
             .and_then(|s| s.previous.as_mut())
-            .map(Previous::lend)
+            .map(LastRequest::lend)
     }
 
     /// The conversation's last request, leaving its transcript where it is
-    /// ([`Previous::share`]).
-    pub fn peek_previous(&self, conversation: &str) -> Option<Previous> {
+    /// ([`LastRequest::share`]).
+    pub fn peek_previous(&self, conversation: &str) -> Option<LastRequest> {
         self.lock()
             .get(conversation)
             .and_then(|s| s.previous.as_ref())
-            .map(Previous::share)
+            .map(LastRequest::share)
     }
 
-    pub fn put_previous(&self, conversation: &str, previous: Previous) {
+    pub fn put_previous(&self, conversation: &str, previous: LastRequest) {
         with_entry(&mut self.lock(), conversation, |s| {
             s.previous = Some(previous)
         });

@@ -17,7 +17,7 @@ use http::StatusCode;
 use http_body_util::{BodyExt, Full, Limited};
 
 use super::analysis::{Analysis, Arrival, Logged};
-use super::body::{read_body, Earlier};
+use super::body::{read_body, BodyComparison};
 use super::identity;
 use super::intervention::{self, Guard, Held, Planned};
 use super::record::{Capture, Finished, Outcome};
@@ -26,7 +26,7 @@ use super::tee::{Pending, TeeBody};
 use super::upstream::Outgoing;
 use super::{errors, upstream, App};
 use crate::detect::Decision;
-use crate::dialect::{Dialect, RequestBytes, UpstreamFailure};
+use crate::dialect::{Dialect, HaltReply, RequestBytes, UpstreamFailure};
 use crate::intervene::{Applied, Effect, RequestInfo};
 use crate::store::{next_request_id, now_ms, ConversationSeen, Label, RequestRow};
 
@@ -41,7 +41,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
 
     let stated = identity::stated(&parts.headers, route.conversation);
     let dialect = route.dialect.map(|(dialect, _)| dialect);
-    let mut earlier = Earlier::new(
+    let mut earlier = BodyComparison::new(
         &app.analyser.conversations,
         dialect,
         stated.as_ref().map(|s| &*s.id),
@@ -148,7 +148,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
             .and_then(|d| HeaderValue::from_str(d).ok()),
     };
     let held_stamp = stamp.clone();
-    let next = Next {
+    let dispatch = Dispatch {
         app: app.clone(),
         parts,
         body,
@@ -161,27 +161,32 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
             // The client asked for a stream: keep it alive with SSE comments while a human
             // decides; the answer then follows in the same stream.
             let mut response = intervention::held_stream(&app, async move {
-                let (effect, applied) = intervention::decide_held(&next.app, *held).await;
+                let (effect, applied) = intervention::decide_held(&dispatch.app, *held).await;
                 finished.row.applied = applied.as_str().into();
-                next.dispatch(effect, finished, None).await
+                dispatch.send(effect, finished, None).await
             });
             held_stamp.apply(&mut response);
             response
         }
         // Rare, and its future is large: boxed, so that every request's future (which axum
         // boxes and moves) does not carry room for it.
-        Some(held) => Box::pin(answer_held(app, next, finished, *held)).await,
+        Some(held) => Box::pin(answer_held(app, dispatch, finished, *held)).await,
         // Boxed: axum boxes this handler's future and moves it (two copies of its size per
         // request); with the dispatch inline that was ~9 KB each time.
-        None => Box::pin(next.dispatch(effect, finished, guard)).await,
+        None => Box::pin(dispatch.send(effect, finished, guard)).await,
     }
 }
 
 /// A held request of a client that asked for no stream: answered once it is decided.
-async fn answer_held(app: Arc<App>, next: Next, mut finished: Finished, held: Held) -> Response {
+async fn answer_held(
+    app: Arc<App>,
+    dispatch: Dispatch,
+    mut finished: Finished,
+    held: Held,
+) -> Response {
     let (effect, applied) = intervention::decide_held(&app, held).await;
     finished.row.applied = applied.as_str().into();
-    next.dispatch(effect, finished, None).await
+    dispatch.send(effect, finished, None).await
 }
 
 /// Response headers every answer of a request carries.
@@ -203,8 +208,9 @@ impl Stamp {
     }
 }
 
-/// What carrying out a plan needs: the request, and how to stamp and log its answer.
-struct Next {
+/// What sending a request's answer needs: the request, and how to stamp and log the
+/// answer.
+struct Dispatch {
     app: Arc<App>,
     parts: http::request::Parts,
     body: RequestBytes,
@@ -213,119 +219,122 @@ struct Next {
     stamp: Stamp,
 }
 
-impl Next {
-    /// Sends what a ruling came to: answer, or forward (the original or a rewritten body)
-    /// and stream the upstream's answer back through the tee (and the block check when
-    /// `guard`).
-    async fn dispatch(
-        self,
-        effect: Effect,
-        mut finished: Finished,
-        guard: Option<Guard>,
-    ) -> Response {
-        let Next {
-            app,
-            mut parts,
-            body,
-            started,
-            capture_dialect,
-            stamp,
-        } = self;
-        let route = route::route(&parts.uri, &parts.headers);
-        let forward_body = match effect {
-            // A held request is dispatched only once decided: `Hold` does not reach here.
-            Effect::Forward | Effect::Hold => body,
-            Effect::ForwardModified(modified) => RequestBytes::from(Bytes::from(modified)),
-            Effect::Answer(reply) => {
-                let mut response = intervention::answer(reply);
-                finished.row.status = response.status().as_u16() as i64;
-                finished.row.outcome = Outcome::Answered.as_str().into();
-                finished.row.proxy_overhead_us = started.elapsed().as_micros() as i64;
-                app.store.log_deferred(Box::new(finished));
-                stamp.apply(&mut response);
-                return response;
-            }
-        };
+/// The upstream's answer head, as it arrived.
+struct Answered {
+    response: http::Response<upstream::ResponseBody>,
+    sent: Instant,
+    headers_at: Instant,
+}
 
-        let client = upstream::thread_client(&app.client);
+impl Dispatch {
+    /// Sends what a ruling came to: loopwarden's own answer, or the upstream's to the
+    /// original or a rewritten body, streamed back through the tee (and the block check
+    /// when `guard`).
+    async fn send(mut self, effect: Effect, finished: Finished, guard: Option<Guard>) -> Response {
+        let body = match effect {
+            // A held request is sent only once decided: `Hold` does not reach here.
+            Effect::Forward | Effect::Hold => std::mem::take(&mut self.body),
+            Effect::ForwardModified(modified) => RequestBytes::from(Bytes::from(modified)),
+            Effect::Answer(reply) => return self.answer(reply, finished),
+        };
+        match self.call_upstream(body).await {
+            Ok(answered) => self.relay(answered, finished, guard).await,
+            Err((failure, sent)) => self.fail(finished, failure, sent),
+        }
+    }
+
+    /// Answers with loopwarden's own reply (a halt); the upstream is not called.
+    fn answer(self, reply: HaltReply, mut finished: Finished) -> Response {
+        let mut response = intervention::answer(reply);
+        finished.row.status = response.status().as_u16() as i64;
+        finished.row.outcome = Outcome::Answered.as_str().into();
+        finished.row.proxy_overhead_us = self.started.elapsed().as_micros() as i64;
+        self.app.store.log_deferred(Box::new(finished));
+        self.stamp.apply(&mut response);
+        response
+    }
+
+    /// Sends `body` upstream and waits for the answer's head (at most the configured
+    /// response timeout); on failure, what to answer instead and when the request was sent.
+    async fn call_upstream(
+        &mut self,
+        body: RequestBytes,
+    ) -> Result<Answered, (Failure, Option<Instant>)> {
+        let route = route::route(&self.parts.uri, &self.parts.headers);
+        let upstream = route.upstream;
+        let client = upstream::thread_client(&self.app.client);
         // The client's headers are not needed past this point: moved, not copied.
-        let headers = std::mem::take(&mut parts.headers);
-        let Some(upstream_request) =
-            upstream_request(&client, &parts.method, headers, &route, forward_body)
+        let headers = std::mem::take(&mut self.parts.headers);
+        let Some(request) = upstream_request(&client, &self.parts.method, headers, &route, body)
         else {
             // Unreachable in practice: the base URL was validated and the path came from a
             // valid URI. Answer like an unreachable upstream rather than panic.
-            return fail(
-                &app,
-                finished,
-                Failure::unreachable(route.upstream, "loopwarden: cannot build the upstream URL"),
-                started,
-                None,
-                &stamp,
-            );
+            let message = "loopwarden: cannot build the upstream URL";
+            return Err((Failure::unreachable(upstream, message), None));
         };
-
         let sent = Instant::now();
-        let timeout = Duration::from_secs(app.config.upstream.response_timeout_secs);
-        let sending = client.send(route.upstream, upstream_request);
-        let upstream_response = match tokio::time::timeout(timeout, sending).await {
-            Ok(Ok(response)) => response,
+        let timeout = Duration::from_secs(self.app.config.upstream.response_timeout_secs);
+        match tokio::time::timeout(timeout, client.send(upstream, request)).await {
+            Ok(Ok(response)) => Ok(Answered {
+                response,
+                sent,
+                headers_at: Instant::now(),
+            }),
             Ok(Err(e)) => {
-                tracing::warn!(upstream = route.upstream.as_str(), error = %error_chain(&e), "upstream unreachable");
+                tracing::warn!(upstream = upstream.as_str(), error = %error_chain(&e), "upstream unreachable");
                 let message = format!(
                     "loopwarden: the {} upstream could not be reached",
-                    route.upstream.as_str()
+                    upstream.as_str()
                 );
-                return fail(
-                    &app,
-                    finished,
-                    Failure::unreachable(route.upstream, &message),
-                    started,
-                    Some(sent),
-                    &stamp,
-                );
+                Err((Failure::unreachable(upstream, &message), Some(sent)))
             }
             Err(_) => {
                 tracing::warn!(
-                    upstream = route.upstream.as_str(),
+                    upstream = upstream.as_str(),
                     timeout_secs = timeout.as_secs(),
                     "upstream timed out"
                 );
                 let message = format!(
                     "loopwarden: the {} upstream did not answer in time",
-                    route.upstream.as_str()
+                    upstream.as_str()
                 );
-                return fail(
-                    &app,
-                    finished,
-                    Failure {
-                        response: errors::upstream_failure(
-                            route.upstream,
-                            UpstreamFailure::Timeout,
-                            &message,
-                        ),
-                        outcome: Outcome::UpstreamTimeout,
-                    },
-                    started,
-                    Some(sent),
-                    &stamp,
-                );
+                let response =
+                    errors::upstream_failure(upstream, UpstreamFailure::Timeout, &message);
+                let failure = Failure {
+                    response,
+                    outcome: Outcome::UpstreamTimeout,
+                };
+                Err((failure, Some(sent)))
             }
-        };
-        let headers_at = Instant::now();
+        }
+    }
 
+    /// The upstream's answer to the client: its head at once, its body through the tee,
+    /// which completes the log entry when the body ends.
+    async fn relay(
+        self,
+        answered: Answered,
+        mut finished: Finished,
+        guard: Option<Guard>,
+    ) -> Response {
+        let Answered {
+            response: upstream_response,
+            sent,
+            headers_at,
+        } = answered;
         let (up_parts, up_body) = upstream_response.into_parts();
         let mut response = Response::new(Body::empty());
         *response.status_mut() = up_parts.status;
         copy_end_to_end_headers(&up_parts.headers, response.headers_mut());
-        stamp.apply(&mut response);
+        self.stamp.apply(&mut response);
 
         let event_stream = is_event_stream(&up_parts.headers);
         finished.row.status = up_parts.status.as_u16() as i64;
         finished.row.stream |= event_stream;
         finished.row.upstream_latency_us = Some((headers_at - sent).as_micros() as i64);
         // Decode only answers the dialect can read: successful and not content-encoded.
-        let capture = capture_dialect
+        let capture = self
+            .capture_dialect
             .filter(|_| {
                 up_parts.status.is_success()
                     && !up_parts.headers.contains_key(header::CONTENT_ENCODING)
@@ -336,68 +345,95 @@ impl Next {
                 chunks: Vec::new(),
             });
         finished.row.proxy_overhead_us =
-            ((sent - started) + headers_at.elapsed()).as_micros() as i64;
+            ((sent - self.started) + headers_at.elapsed()).as_micros() as i64;
         // The block check reads only answers it can decode, and only when a block is possible.
-        let guard = guard.filter(|_| capture.is_some());
-        let body = match guard {
-            None => {
-                let pending = Pending::new(finished, app.store.clone(), sent, capture);
-                Body::new(TeeBody::new(up_body, pending))
-            }
+        let store = self.app.store.clone();
+        let body = match guard.filter(|_| capture.is_some()) {
+            None => Body::new(TeeBody::new(
+                up_body,
+                Pending::new(finished, store, sent, capture),
+            )),
             Some(guard) if event_stream => {
-                let mut pending = Pending::new(finished, app.store.clone(), sent, capture);
+                let mut pending = Pending::new(finished, store, sent, capture);
                 let blocked = pending.blocked.insert(Default::default()).clone();
-                Body::new(TeeBody::new(guard.stream(&app, up_body, blocked), pending))
+                Body::new(TeeBody::new(
+                    guard.stream(&self.app, up_body, blocked),
+                    pending,
+                ))
             }
             Some(guard) => {
-                // A whole JSON answer: read it (the client waits for all of it anyway), and
-                // replace it by the halt when it carries the call that completes a loop.
-                let whole = match Limited::new(up_body, app.config.server.max_body_bytes)
-                    .collect()
-                    .await
-                {
-                    Ok(collected) => collected.to_bytes(),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "upstream answer broke off while checked for a block");
-                        let failure = Failure {
-                            outcome: Outcome::UpstreamBroken,
-                            ..Failure::unreachable(
-                                route.upstream,
-                                "loopwarden: the upstream answer broke off",
-                            )
-                        };
-                        return fail(&app, finished, failure, started, Some(sent), &stamp);
-                    }
+                let whole = match self.read_whole(up_body).await {
+                    Ok(whole) => whole,
+                    Err(failure) => return self.fail(finished, failure, Some(sent)),
                 };
-                let whole = match guard.json(&app, &whole) {
+                let whole = match guard.json(&self.app, &whole) {
                     Some((decision, reply)) => {
                         finished.row.applied = Applied::Blocked.as_str().into();
                         finished.row.decision = Some(decision.action.as_str().into());
                         finished.decision = Some(decision);
-                        let headers = response.headers_mut();
-                        headers.remove(header::CONTENT_LENGTH);
-                        headers.remove(header::CONTENT_ENCODING);
-                        headers.insert(
-                            header::CONTENT_TYPE,
-                            HeaderValue::from_static(reply.content_type),
-                        );
-                        headers.insert(
-                            HeaderName::from_static(DECISION_HEADER),
-                            HeaderValue::from_static("block"),
-                        );
+                        replace_by_block(response.headers_mut(), reply.content_type);
                         Bytes::from(reply.body)
                     }
                     None => whole,
                 };
-                let pending = Pending::new(finished, app.store.clone(), sent, capture);
                 let full =
                     Full::new(whole).map_err(|never: std::convert::Infallible| match never {});
-                Body::new(TeeBody::new(full, pending))
+                Body::new(TeeBody::new(
+                    full,
+                    Pending::new(finished, store, sent, capture),
+                ))
             }
         };
         *response.body_mut() = body;
         response
     }
+
+    /// A whole JSON answer, read for the block check (the client waits for all of it
+    /// anyway); the failure to answer when it broke off.
+    async fn read_whole(&self, body: upstream::ResponseBody) -> Result<Bytes, Failure> {
+        match Limited::new(body, self.app.config.server.max_body_bytes)
+            .collect()
+            .await
+        {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(e) => {
+                tracing::warn!(error = %e, "upstream answer broke off while checked for a block");
+                let upstream = route::route(&self.parts.uri, &self.parts.headers).upstream;
+                Err(Failure {
+                    outcome: Outcome::UpstreamBroken,
+                    ..Failure::unreachable(upstream, "loopwarden: the upstream answer broke off")
+                })
+            }
+        }
+    }
+
+    /// Answers with `failure` and logs the request, which ended before any upstream body.
+    fn fail(self, mut finished: Finished, failure: Failure, sent: Option<Instant>) -> Response {
+        let Failure {
+            mut response,
+            outcome,
+        } = failure;
+        let waited = sent.map(|s| s.elapsed()).unwrap_or_default();
+        finished.row.status = i64::from(response.status().as_u16());
+        finished.row.outcome = outcome.as_str().into();
+        finished.row.upstream_latency_us = sent.map(|_| waited.as_micros() as i64);
+        finished.row.proxy_overhead_us =
+            self.started.elapsed().saturating_sub(waited).as_micros() as i64;
+        self.app.store.log_deferred(Box::new(finished));
+        self.stamp.apply(&mut response);
+        response
+    }
+}
+
+/// The headers of an answer replaced by the halt reply of a block.
+fn replace_by_block(headers: &mut HeaderMap, content_type: &'static str) {
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::CONTENT_ENCODING);
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(
+        HeaderName::from_static(DECISION_HEADER),
+        HeaderValue::from_static("block"),
+    );
 }
 
 /// The log entry of a request, before its response is known.
@@ -502,29 +538,6 @@ impl Failure {
             outcome: Outcome::UpstreamUnreachable,
         }
     }
-}
-
-/// Answers with `failure` and logs the request, which ended before any upstream body.
-fn fail(
-    app: &App,
-    mut finished: Finished,
-    failure: Failure,
-    started: Instant,
-    sent: Option<Instant>,
-    stamp: &Stamp,
-) -> Response {
-    let Failure {
-        mut response,
-        outcome,
-    } = failure;
-    let waited = sent.map(|s| s.elapsed()).unwrap_or_default();
-    finished.row.status = i64::from(response.status().as_u16());
-    finished.row.outcome = outcome.as_str().into();
-    finished.row.upstream_latency_us = sent.map(|_| waited.as_micros() as i64);
-    finished.row.proxy_overhead_us = started.elapsed().saturating_sub(waited).as_micros() as i64;
-    app.store.log_deferred(Box::new(finished));
-    stamp.apply(&mut response);
-    response
 }
 
 /// The request to the upstream: configured base + forwarded path + original query, the

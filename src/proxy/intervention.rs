@@ -15,7 +15,7 @@ use crate::detect::{Decision, EngineState};
 use crate::dialect::{HaltReply, ResponseTurn};
 use crate::intervene::block::{BlockBody, Check};
 use crate::intervene::pause::Ticket;
-use crate::intervene::service::Before;
+use crate::intervene::service::ConversationState;
 use crate::intervene::{Applied, Effect, RequestInfo};
 
 /// A request held for a human.
@@ -43,7 +43,7 @@ pub struct Planned {
 pub fn plan(
     app: &App,
     decision: Decision,
-    before: &Before,
+    before: &ConversationState,
     state: &EngineState,
     req: &RequestInfo<'_>,
     request_id: i64,
