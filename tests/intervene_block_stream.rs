@@ -14,8 +14,8 @@ use futures_util::StreamExt;
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use loopwarden::dialect::{Dialect, StreamEventKind};
-use loopwarden::intervene::block::BlockBody;
 use loopwarden::mock::{MockServer, Script, ToolCall, Turn};
+use loopwarden::proxy::block::BlockBody;
 use serde_json::{json, Value};
 
 const TEXT: &str = "Running the tests again.";

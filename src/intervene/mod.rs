@@ -4,8 +4,10 @@
 //! conversation's standing and the switches below) and [`Intervener::carry_out`] builds
 //! it: forward the client's bytes, forward a rewritten body (a nudge or replan reminder
 //! appended, or looping turns rolled back), answer with a halt reply without calling the
-//! upstream, or hold the request for a human ([`pause`]). On the way back, [`block`]
-//! replaces a response whose tool call would complete a loop the policy halts on.
+//! upstream, or hold the request for a human ([`pause`]). On the way back, a response
+//! whose tool call would complete a loop the policy halts on is blocked (the engine's
+//! `decide_response`, [`service::Interventions::check_response`]; the HTTP side is
+//! `crate::proxy::block`). Nothing here speaks HTTP or SQL.
 //! [`controls`] keeps halted conversations halted until a human speaks or an operator
 //! resumes them, across restarts; [`service`] holds that state and logs every intervention.
 //!
@@ -14,7 +16,6 @@
 //! clients spin), never an HTTP error (clients retry errors for minutes); agents that reject
 //! a text-only reply get a tool-call halt from their [`profile`].
 
-pub mod block;
 pub mod controls;
 pub mod pause;
 pub mod profile;
@@ -354,9 +355,11 @@ impl InterveneConfig {
     /// Checks what serde cannot: `Err((key, problem))` names the key at fault.
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
         for url in &self.pause.webhooks {
-            if !(url.starts_with("http://") || url.starts_with("https://"))
-                || reqwest::Url::parse(url).is_err()
-            {
+            let parsed = url.parse::<http::Uri>().ok();
+            let web = parsed.as_ref().is_some_and(|u| {
+                matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some()
+            });
+            if !web {
                 return Err((
                     "intervene.pause.webhooks",
                     format!("{url:?} is not an http(s) URL"),

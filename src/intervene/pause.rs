@@ -2,21 +2,20 @@
 //! listed by `GET /admin/api/pending`, announced to the configured webhooks, and decided by
 //! `POST /admin/api/pending/{id}` (`continue`, `nudge` or `halt`); when nobody decides in
 //! time, the configured default applies. A held streaming request receives SSE comments
-//! (`: keep-alive`) meanwhile, so neither the client nor anything in between times out.
+//! (`: keep-alive`) meanwhile, so neither the client nor anything in between times out
+//! (the webhooks and the comments are the proxy's: `crate::proxy::held`).
 //!
 //! Held requests live in memory: a restart answers them (the client's connection is gone).
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::oneshot;
 
-use super::{PauseConfig, Verdict};
+use super::Verdict;
 
 /// What the admin API and the webhooks show of a held request.
 #[derive(Debug, Clone, Serialize)]
@@ -146,89 +145,4 @@ impl Pending {
         let info = held.info.clone();
         held.decide.send(verdict).ok().map(|_| info)
     }
-}
-
-/// Posts a held request to every webhook, each in its own task with its own timeout: a
-/// slow or failing hook never delays the request or the other hooks.
-pub fn notify(client: &reqwest::Client, config: &PauseConfig, info: &HeldInfo) {
-    if config.webhooks.is_empty() {
-        return;
-    }
-    let payload = serde_json::json!({
-        "event": "loopwarden.pause",
-        "pending": info,
-        "decide": {
-            "method": "POST",
-            "path": format!("/admin/api/pending/{}", info.id),
-            "body": {"decision": "continue | nudge | halt"},
-        },
-    });
-    let timeout = Duration::from_millis(config.webhook_timeout_ms);
-    let body = payload.to_string();
-    for url in &config.webhooks {
-        let request = client
-            .post(url)
-            .timeout(timeout)
-            .header("content-type", "application/json")
-            .body(body.clone());
-        let url = url.clone();
-        crate::spawn::task("pause webhook", async move {
-            match request.send().await {
-                Ok(r) if r.status().is_success() => {}
-                Ok(r) => {
-                    tracing::warn!(%url, status = r.status().as_u16(), "pause webhook refused")
-                }
-                Err(e) => tracing::warn!(%url, error = %e, "pause webhook failed"),
-            }
-        });
-    }
-}
-
-/// The comment a held streaming request receives now and then; every SSE client ignores it.
-pub const KEEPALIVE: &[u8] = b": keep-alive\n\n";
-
-/// A streaming body that sends `: keep-alive` comments every `interval` (the first one at
-/// once, so the client sees the answer begin) until `then` yields the real answer's body,
-/// whose frames follow. The first keep-alive goes out with the response head, so a client
-/// waiting for a first byte does not give up while a human decides.
-pub fn keepalive_body<F>(interval: Duration, then: F) -> axum::body::Body
-where
-    F: Future<Output = axum::body::Body> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, axum::Error>>(16);
-    crate::spawn::task("held request keep-alive", async move {
-        let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
-        tokio::pin!(then);
-        let body = loop {
-            tokio::select! {
-                body = &mut then => break body,
-                _ = tick.tick() => {
-                    if tx.send(Ok(Bytes::from_static(KEEPALIVE))).await.is_err() {
-                        return; // the client went away; dropping `then` withdraws the hold
-                    }
-                }
-            }
-        };
-        use http_body_util::BodyExt;
-        let mut body = body;
-        while let Some(frame) = body.frame().await {
-            match frame {
-                Ok(frame) => {
-                    if let Ok(data) = frame.into_data() {
-                        if tx.send(Ok(data)).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return;
-                }
-            }
-        }
-    });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
-    axum::body::Body::from_stream(stream)
 }

@@ -24,7 +24,6 @@ pub struct Interventions {
     pub intervener: Arc<Intervener>,
     pub controls: Controls,
     pub pending: Pending,
-    webhooks: reqwest::Client,
     store: Store,
     /// Tells a scaffold's own user messages from a human's (the detection config's list).
     detect: Arc<DetectConfig>,
@@ -74,15 +73,10 @@ impl Interventions {
         let controls = Controls::load(store.clone())
             .await
             .map_err(|e| anyhow::anyhow!("cannot read conversation_controls: {e}"))?;
-        let webhooks = reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .map_err(|e| anyhow::anyhow!("webhook client: {e}"))?;
         Ok(Interventions {
             intervener: Arc::new(Intervener::new(config)),
             controls,
             pending: Pending::default(),
-            webhooks,
             store,
             detect: Arc::new(detect.clone()),
         })
@@ -176,8 +170,9 @@ impl Interventions {
         }
     }
 
-    /// Holds a request for a human: lists it, tells the webhooks, logs it.
-    pub fn hold(&self, decision: &Decision, req: &RequestInfo<'_>) -> Ticket {
+    /// Holds a request for a human: lists it. What the admin API and the webhooks show of
+    /// it comes back with its ticket.
+    pub fn hold(&self, decision: &Decision, req: &RequestInfo<'_>) -> (Ticket, HeldInfo) {
         let pause = &self.config().pause;
         let now = now_ms();
         let info = HeldInfo {
@@ -199,9 +194,7 @@ impl Interventions {
                 .collect(),
             stream: req.stream,
         };
-        let (ticket, info) = self.pending.hold(info);
-        super::pause::notify(&self.webhooks, pause, &info);
-        ticket
+        self.pending.hold(info)
     }
 
     /// Waits for the verdict on a held request (or the timeout's default).

@@ -10,10 +10,10 @@ use axum::response::Response;
 use http::header::{self, HeaderValue};
 use http::StatusCode;
 
+use super::block::{BlockBody, Check};
 use super::App;
 use crate::detect::{Decision, EngineState};
 use crate::dialect::{HaltReply, ResponseTurn};
-use crate::intervene::block::{BlockBody, Check};
 use crate::intervene::pause::Ticket;
 use crate::intervene::service::ConversationState;
 use crate::intervene::{Applied, Effect, RequestInfo};
@@ -51,8 +51,11 @@ pub fn plan(
     let planned = app.interventions.plan(decision, before, req, request_id);
     let effect = planned.carried.effect;
     let held = matches!(effect, Effect::Hold).then(|| {
+        let (ticket, info) = app.interventions.hold(&planned.decision, req);
+        let client = super::upstream::thread_client(&app.client);
+        super::held::notify(&client, &app.interventions.config().pause, &info);
         Box::new(Held {
-            ticket: app.interventions.hold(&planned.decision, req),
+            ticket,
             decision: planned.decision.clone(),
             request: req.to_owned(),
             request_id,
@@ -96,8 +99,7 @@ where
     F: std::future::Future<Output = Response> + Send + 'static,
 {
     let interval = std::time::Duration::from_secs(app.interventions.config().pause.keepalive_secs);
-    let body =
-        crate::intervene::pause::keepalive_body(interval, async move { then.await.into_body() });
+    let body = super::held::keepalive_body(interval, async move { then.await.into_body() });
     let mut response = Response::new(body);
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -11,11 +11,13 @@
 pub mod admin;
 pub mod allocator;
 pub mod analysis;
+pub mod block;
 pub mod body;
 pub mod cache;
 pub mod conversations;
 pub mod errors;
 pub mod forward;
+pub mod held;
 pub mod identity;
 pub mod intervention;
 pub mod large_buffer;

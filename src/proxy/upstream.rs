@@ -103,6 +103,8 @@ pub struct Stats {
 pub enum Error {
     #[error("the upstream base URL is not a valid URL")]
     BadBase,
+    #[error("not an http(s) URL")]
+    BadUrl,
     #[error("cannot connect to {dial}")]
     Connect {
         dial: Uri,
@@ -121,6 +123,31 @@ impl Client {
             .with_webpki_roots()
             .with_no_client_auth();
         Client::with_tls(config, tls, MAX_IDLE_PER_ORIGIN)
+    }
+
+    /// Posts a JSON `body` to `url`, any http(s) URL (a webhook: rare, to a host that is not
+    /// an upstream), on a connection of its own that closes with the answer; the answer's
+    /// status. The caller bounds how long it waits.
+    pub async fn post_json(&self, url: &Uri, body: Bytes) -> Result<http::StatusCode, Error> {
+        let (Some(scheme), Some(authority)) = (url.scheme(), url.authority()) else {
+            return Err(Error::BadUrl);
+        };
+        let dial = Uri::builder()
+            .scheme(scheme.clone())
+            .authority(authority.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|_| Error::BadUrl)?;
+        let mut sender = self.shared.dial(&dial).await?;
+        let path = url.path_and_query().map_or("/", |p| p.as_str());
+        let request = http::Request::post(path)
+            .header(HOST, authority.as_str())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::CONNECTION, "close")
+            .body(Outgoing::new(RequestBytes::from(body)))
+            .map_err(|_| Error::BadUrl)?;
+        let response = sender.send_request(request).await?;
+        Ok(response.status())
     }
 
     /// [`Client::new`] trusting what `tls` trusts (its ALPN is set here), keeping at most
@@ -302,7 +329,14 @@ impl Shared {
     }
 
     async fn connect(&self, origin: usize) -> Result<Sender, Error> {
-        let dial = &self.origins[origin].dial;
+        let sender = self.dial(&self.origins[origin].dial).await?;
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        Ok(sender)
+    }
+
+    /// A new HTTP/1.1 connection to `dial` (`scheme://authority/`), driven by a task of its
+    /// own until it closes.
+    async fn dial(&self, dial: &Uri) -> Result<Sender, Error> {
         let connecting = tower::ServiceExt::oneshot(self.connector.clone(), dial.clone());
         let io = match tokio::time::timeout(self.connect_timeout, connecting).await {
             Ok(Ok(io)) => io,
@@ -325,7 +359,6 @@ impl Shared {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
             }
         });
-        self.opened.fetch_add(1, Ordering::Relaxed);
         Ok(sender)
     }
 
