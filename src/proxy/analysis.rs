@@ -70,7 +70,7 @@ pub struct Parsed {
     /// The engine's state after the transcript, for the response-side block check.
     pub state: Arc<EngineState>,
     /// Sticky halts and operator resumes that apply to this request.
-    pub before: ConversationState,
+    pub conversation: ConversationState,
     /// This request, to keep as its conversation's last one.
     last: ThisRequest,
 }
@@ -163,15 +163,19 @@ impl Analyser {
             None => head.or_else(|| identity::from_head(&transcript)),
         };
         let identity = stated.or_else(|| head.clone()).unwrap_or_else(fallback);
-        let before = standing(&identity.id, &transcript);
+        let conversation = standing(&identity.id, &transcript);
         // An operator's resume changes the store facts: the cached fold is stale.
         let cached = self
             .conversations
             .engine(&identity.id, transcript.steps.len())
-            .filter(|_| !before.refold);
-        let (decision, state, advanced) =
-            self.engine
-                .decide_shared(&transcript, &before.facts, cached, folded, tools.as_ref());
+            .filter(|_| !conversation.refold);
+        let (decision, state, advanced) = self.engine.decide_shared(
+            &transcript,
+            &conversation.facts,
+            cached,
+            folded,
+            tools.as_ref(),
+        );
         if advanced {
             self.conversations.put_engine(&identity.id, state.clone());
         }
@@ -187,7 +191,7 @@ impl Analyser {
                 transcript,
                 decision,
                 state,
-                before,
+                conversation,
                 last: ThisRequest {
                     key,
                     request,

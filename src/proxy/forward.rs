@@ -46,26 +46,10 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         dialect,
         stated.as_ref().map(|s| &*s.id),
     );
-    let body = match read_body(body, app.config.server.max_body_bytes, &mut earlier).await {
+    let max = app.config.server.max_body_bytes;
+    let body = match read_body(body, max, &mut earlier).await {
         Ok(body) => body,
-        Err(e) => {
-            let too_large = e.is::<http_body_util::LengthLimitError>();
-            let (status, message) = if too_large {
-                (
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!(
-                        "loopwarden: request body larger than server.max_body_bytes ({})",
-                        app.config.server.max_body_bytes
-                    ),
-                )
-            } else {
-                (
-                    StatusCode::BAD_REQUEST,
-                    "loopwarden: could not read the request body".to_string(),
-                )
-            };
-            return errors::refused(route.upstream, status, &message);
-        }
+        Err(e) => return refuse_body(&e, &route, max),
     };
     // The client's sending, which the overhead includes: logged apart so that the proxy's
     // own work can be told from it.
@@ -82,56 +66,27 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         app.interventions.before_decide(conversation, transcript)
     });
     let request_id = next_request_id();
-    let user_agent = parts
-        .headers
-        .get(header::USER_AGENT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
     let stream = analysis.stream;
     // Gemini streams a JSON array unless asked for SSE.
     let json_array = stream
-        && analysis
-            .parsed
-            .as_ref()
-            .is_some_and(|p| p.dialect == Dialect::Gemini)
+        && analysis.dialect == Some(Dialect::Gemini)
         && !route
             .query
             .is_some_and(|q| q.split('&').any(|kv| kv == "alt=sse"));
-    let planned = match analysis.parsed.as_mut() {
-        Some(p) => {
-            let req = RequestInfo {
-                conversation: (&*analysis.identity.id).into(),
-                dialect: p.dialect,
-                stream_path: p.stream_path,
-                stream,
-                json_array,
-                model: analysis.model.as_deref().map(Into::into),
-                user_agent: user_agent.into(),
-                body: std::borrow::Cow::Borrowed(&body),
-                transcript: std::borrow::Cow::Borrowed(&p.transcript),
-            };
-            let decision = std::mem::replace(&mut p.decision, Decision::observe());
-            let mut planned =
-                intervention::plan(&app, decision, &p.before, &p.state, &req, request_id);
-            // The decision acted on is the one logged.
-            p.decision = std::mem::replace(&mut planned.decision, Decision::observe());
-            Some(planned)
-        }
-        None => None,
-    };
     let Planned {
         effect,
         applied,
         held,
         guard,
         ..
-    } = planned.unwrap_or(Planned {
-        effect: Effect::Forward,
-        applied: Applied::Forwarded,
-        decision: Decision::observe(),
-        held: None,
-        guard: None,
-    });
+    } = plan(
+        &app,
+        &mut analysis,
+        &parts.headers,
+        &body,
+        json_array,
+        request_id,
+    );
 
     // Responses are decoded for the log only when the request itself was read.
     let capture_dialect = analysis.parsed.as_ref().map(|p| p.dialect);
@@ -175,6 +130,63 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         // request); with the dispatch inline that was ~9 KB each time.
         None => Box::pin(dispatch.send(effect, finished, guard)).await,
     }
+}
+
+/// Answers a body that could not be read: too large, or broken off.
+fn refuse_body(e: &axum::BoxError, route: &Route<'_>, max: usize) -> Response {
+    let (status, message) = if e.is::<http_body_util::LengthLimitError>() {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("loopwarden: request body larger than server.max_body_bytes ({max})"),
+        )
+    } else {
+        (
+            StatusCode::BAD_REQUEST,
+            "loopwarden: could not read the request body".to_string(),
+        )
+    };
+    errors::refused(route.upstream, status, &message)
+}
+
+/// The ruling on a request whose history was read, carried out (a request that was not
+/// read is forwarded as it came). The analysis keeps the decision acted on, for the log.
+fn plan(
+    app: &App,
+    analysis: &mut Analysis,
+    headers: &HeaderMap,
+    body: &RequestBytes,
+    json_array: bool,
+    request_id: i64,
+) -> Planned {
+    let Some(p) = analysis.parsed.as_mut() else {
+        return Planned {
+            effect: Effect::Forward,
+            applied: Applied::Forwarded,
+            decision: Decision::observe(),
+            held: None,
+            guard: None,
+        };
+    };
+    let user_agent = headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let req = RequestInfo {
+        conversation: (&*analysis.identity.id).into(),
+        dialect: p.dialect,
+        stream_path: p.stream_path,
+        stream: analysis.stream,
+        json_array,
+        model: analysis.model.as_deref().map(Into::into),
+        user_agent: user_agent.into(),
+        body: std::borrow::Cow::Borrowed(body),
+        transcript: std::borrow::Cow::Borrowed(&p.transcript),
+    };
+    let decision = std::mem::replace(&mut p.decision, Decision::observe());
+    let mut planned =
+        intervention::plan(app, decision, &p.conversation, &p.state, &req, request_id);
+    p.decision = std::mem::replace(&mut planned.decision, Decision::observe());
+    planned
 }
 
 /// A held request of a client that asked for no stream: answered once it is decided.
