@@ -1,9 +1,11 @@
 //! loopwarden: a reverse proxy that keeps LLM coding agents out of unproductive loops.
 //!
 //! Follow a request as data: bytes in → [`dialect`] parses a [`transcript::Transcript`] →
-//! detection ([`detect`]) classifies its tool calls, finds loops and decides → the
-//! intervention rewrites or answers → [`proxy`] forwards and tees the response → the
-//! store logs it.
+//! [`actions`] reads what each tool call does → detection ([`detect`]) folds the facts,
+//! finds loops and decides → [`intervene`] rules on the decision and rewrites or answers →
+//! [`proxy`] forwards and tees the response → [`store`] logs it. The steps from bytes to a
+//! decision are one call, `proxy::analysis::Analyser::analyse`, which the proxy, the
+//! benchmarks and `loopwarden replay` share.
 
 pub mod actions;
 pub mod config;

@@ -1,12 +1,13 @@
 //! The HTTP side: routing, forwarding, the streaming tee, conversation identity, admin API.
 //!
 //! A request's journey: [`route`] picks the upstream and wire format → [`forward::handle`]
-//! reads the body once → the dialect parses the history (through [`cache`], so only new
-//! messages are parsed) → [`identity`] names the conversation → the detection engine
-//! decides → [`intervention::plan`] turns the decision into forward / forward-modified /
-//! answer → the original bytes go upstream (over [`upstream`]'s pooled connections) → the
-//! answer streams back through [`tee`] → [`record`] logs it to the [`crate::store`] off the
-//! request path.
+//! reads the body once ([`body`]) → [`analysis`] reads the conversation and decides (the
+//! dialect, the transcript through [`cache`] so only new messages are parsed, [`identity`],
+//! the engine) → [`intervention::plan`] carries out the ruling on it (forward, forward
+//! rewritten, answer, hold) → the bytes go upstream (over [`upstream`]'s pooled
+//! connections) → the answer streams back through [`tee`] → [`record`] logs it to the
+//! [`crate::store`] off the request path. Nothing here decides what happens to a request:
+//! that is `crate::intervene::ruling`.
 
 pub mod admin;
 pub mod allocator;
