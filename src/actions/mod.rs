@@ -578,208 +578,222 @@ struct Simple {
 /// quoted text together and attaching heredoc bodies to their command. Not a full shell
 /// parser: enough to tell what a command reads, writes and checks.
 fn split_shell(cmd: &str) -> Vec<Simple> {
-    let mut out: Vec<Simple> = Vec::new();
-    let mut cur = Simple::default();
-    let mut word = String::new();
-    let mut in_word = false;
-    let mut pending_redirect = false;
-    let mut pending_heredoc: Option<String> = None; // delimiter
-    let mut heredoc_owner: Vec<(usize, String)> = Vec::new(); // (command index, delimiter)
-    let chars: Vec<char> = cmd.chars().collect();
-    let mut i = 0;
+    let mut s = ShellSplitter::new(cmd);
+    while s.i < s.chars.len() {
+        let c = s.chars[s.i];
+        match c {
+            '\'' | '"' => s.quoted(c),
+            '\\' => s.backslash(),
+            ' ' | '\t' => {
+                s.end_word();
+                s.i += 1;
+            }
+            '<' if s.chars.get(s.i + 1) == Some(&'<') => s.heredoc_operator(),
+            '>' => s.redirect(),
+            '&' | '|' | ';' | '\n' => s.separator(c),
+            '(' | ')' | '{' | '}' if !s.in_word => s.i += 1,
+            _ => {
+                s.in_word = true;
+                s.word.push(c);
+                s.i += 1;
+            }
+        }
+    }
+    s.end_word();
+    s.end_command();
+    s.out
+}
 
-    let push_word = |cur: &mut Simple,
-                     word: &mut String,
-                     in_word: &mut bool,
-                     pending_redirect: &mut bool,
-                     pending_heredoc: &mut Option<String>,
-                     heredocs: &mut Vec<(usize, String)>,
-                     index: usize| {
-        if !*in_word {
+/// The state of [`split_shell`] as it walks a line. Each step reads from `chars[i]` and
+/// leaves `i` at the first character it did not consume.
+struct ShellSplitter {
+    chars: Vec<char>,
+    i: usize,
+    /// The commands completed so far.
+    out: Vec<Simple>,
+    /// The command being read.
+    cur: Simple,
+    /// The word being read, and whether one is under way (`""` is a word).
+    word: String,
+    in_word: bool,
+    /// The next word is the target of a `>`.
+    pending_redirect: bool,
+    /// The next word is a heredoc delimiter.
+    pending_heredoc: bool,
+    /// Heredocs whose bodies start on the next line: (command index, delimiter).
+    heredoc_owner: Vec<(usize, String)>,
+}
+
+impl ShellSplitter {
+    fn new(cmd: &str) -> ShellSplitter {
+        ShellSplitter {
+            chars: cmd.chars().collect(),
+            i: 0,
+            out: Vec::new(),
+            cur: Simple::default(),
+            word: String::new(),
+            in_word: false,
+            pending_redirect: false,
+            pending_heredoc: false,
+            heredoc_owner: Vec::new(),
+        }
+    }
+
+    /// Ends the word under way: a redirect target, a heredoc delimiter (for the command
+    /// that `out` will hold next) or one of the command's words.
+    fn end_word(&mut self) {
+        if !self.in_word {
             return;
         }
-        let w = std::mem::take(word);
-        *in_word = false;
-        if *pending_redirect {
-            *pending_redirect = false;
+        let w = std::mem::take(&mut self.word);
+        self.in_word = false;
+        if self.pending_redirect {
+            self.pending_redirect = false;
             if w != "/dev/null" && !w.starts_with('&') {
-                cur.writes_to.push(w);
+                self.cur.writes_to.push(w);
             }
-        } else if pending_heredoc.take().is_some() {
-            heredocs.push((index, w.trim_matches(|c| c == '\'' || c == '"').to_string()));
+        } else if std::mem::take(&mut self.pending_heredoc) {
+            let delimiter = w.trim_matches(|c| c == '\'' || c == '"').to_string();
+            self.heredoc_owner.push((self.out.len(), delimiter));
         } else {
-            cur.words.push(w);
+            self.cur.words.push(w);
         }
-    };
+    }
 
-    while i < chars.len() {
-        let c = chars[i];
-        match c {
-            '\'' | '"' => {
-                let q = c;
-                in_word = true;
-                i += 1;
-                while i < chars.len() && chars[i] != q {
-                    if q == '"' && chars[i] == '\\' && i + 1 < chars.len() {
-                        i += 1;
-                    }
-                    word.push(chars[i]);
-                    i += 1;
-                }
+    /// Ends the command under way, unless it has neither words nor redirects.
+    fn end_command(&mut self) {
+        if !self.cur.words.is_empty() || !self.cur.writes_to.is_empty() {
+            self.out.push(std::mem::take(&mut self.cur));
+        }
+    }
+
+    /// Reads a quoted text (opened by `q`) into the word; in double quotes a backslash
+    /// escapes the next character.
+    fn quoted(&mut self, q: char) {
+        let chars = &self.chars;
+        self.in_word = true;
+        self.i += 1;
+        while self.i < chars.len() && chars[self.i] != q {
+            if q == '"' && chars[self.i] == '\\' && self.i + 1 < chars.len() {
+                self.i += 1;
             }
-            '\\' if i + 1 < chars.len() && chars[i + 1] != '\n' => {
-                in_word = true;
-                word.push(chars[i + 1]);
-                i += 1;
-            }
-            '\\' => {
-                i += 1; // line continuation
-            }
-            ' ' | '\t' => push_word(
-                &mut cur,
-                &mut word,
-                &mut in_word,
-                &mut pending_redirect,
-                &mut pending_heredoc,
-                &mut heredoc_owner,
-                out.len(),
-            ),
-            '<' if chars.get(i + 1) == Some(&'<') => {
-                push_word(
-                    &mut cur,
-                    &mut word,
-                    &mut in_word,
-                    &mut pending_redirect,
-                    &mut pending_heredoc,
-                    &mut heredoc_owner,
-                    out.len(),
-                );
-                i += 2;
-                if chars.get(i) == Some(&'-') {
-                    i += 1;
-                }
-                if chars.get(i) == Some(&'<') {
-                    // here-string `<<<`: its word is input, not a delimiter.
-                    i += 1;
-                    continue;
-                }
-                while chars.get(i) == Some(&' ') {
-                    i += 1;
-                }
-                pending_heredoc = Some(String::new());
-                continue;
-            }
-            '>' => {
-                push_word(
-                    &mut cur,
-                    &mut word,
-                    &mut in_word,
-                    &mut pending_redirect,
-                    &mut pending_heredoc,
-                    &mut heredoc_owner,
-                    out.len(),
-                );
-                // `2>&1`, `2>/dev/null`: a digit right before is a file descriptor.
-                if let Some(last) = cur.words.last() {
-                    if last.chars().all(|c| c.is_ascii_digit()) && !last.is_empty() {
-                        cur.words.pop();
-                    }
-                }
-                if chars.get(i + 1) == Some(&'>') {
-                    i += 1;
-                }
-                if chars.get(i + 1) == Some(&'&') {
-                    // `>&2`: a descriptor, no file.
-                    i += 2;
-                    while i < chars.len() && chars[i].is_ascii_digit() {
-                        i += 1;
-                    }
-                    continue;
-                }
-                pending_redirect = true;
-                while chars.get(i + 1) == Some(&' ') {
-                    i += 1;
-                }
-            }
-            '&' | '|' | ';' | '\n' => {
-                push_word(
-                    &mut cur,
-                    &mut word,
-                    &mut in_word,
-                    &mut pending_redirect,
-                    &mut pending_heredoc,
-                    &mut heredoc_owner,
-                    out.len(),
-                );
-                if c == '&' && chars.get(i + 1) != Some(&'&') {
-                    // background `&`: ends the command too.
-                }
-                if (c == '&' || c == '|') && chars.get(i + 1) == Some(&c) {
-                    i += 1;
-                }
-                if !cur.words.is_empty() || !cur.writes_to.is_empty() {
-                    out.push(std::mem::take(&mut cur));
-                }
-                if c == '\n' {
-                    // Heredoc bodies start on the next line.
-                    let owners: Vec<(usize, String)> = std::mem::take(&mut heredoc_owner);
-                    for (idx, delim) in owners {
-                        let mut body = String::new();
-                        i += 1;
-                        let start = i;
-                        let mut end_found = false;
-                        while i < chars.len() {
-                            let line_end = chars[i..]
-                                .iter()
-                                .position(|&ch| ch == '\n')
-                                .map(|p| i + p)
-                                .unwrap_or(chars.len());
-                            let line: String = chars[i..line_end].iter().collect();
-                            if line.trim() == delim {
-                                i = line_end;
-                                end_found = true;
-                                break;
-                            }
-                            body.push_str(&line);
-                            body.push('\n');
-                            i = line_end + 1;
-                        }
-                        if !end_found {
-                            i = chars.len();
-                        }
-                        let _ = start;
-                        if let Some(cmd) = out.get_mut(idx) {
-                            cmd.heredoc = Some(body);
-                        } else {
-                            cur.heredoc = Some(body);
-                        }
-                        if i >= chars.len() {
-                            break;
-                        }
-                    }
-                }
-            }
-            '(' | ')' | '{' | '}' if !in_word => {}
-            _ => {
-                in_word = true;
-                word.push(c);
+            self.word.push(chars[self.i]);
+            self.i += 1;
+        }
+        self.i += 1;
+    }
+
+    /// Reads a backslash and the character after it: that character as it is, or nothing
+    /// when it is a newline (a line continuation).
+    fn backslash(&mut self) {
+        if let Some(&c) = self.chars.get(self.i + 1).filter(|&&c| c != '\n') {
+            self.in_word = true;
+            self.word.push(c);
+        }
+        self.i += 2;
+    }
+
+    /// Reads `<<` or `<<-`: the next word is a heredoc delimiter. A here-string `<<<` is
+    /// skipped: its word is input, not a delimiter.
+    fn heredoc_operator(&mut self) {
+        self.end_word();
+        self.i += 2;
+        if self.chars.get(self.i) == Some(&'-') {
+            self.i += 1;
+        }
+        if self.chars.get(self.i) == Some(&'<') {
+            self.i += 1;
+            return;
+        }
+        while self.chars.get(self.i) == Some(&' ') {
+            self.i += 1;
+        }
+        self.pending_heredoc = true;
+    }
+
+    /// Reads `>` or `>>`: the next word is a file the command writes, unless the
+    /// redirect is to a file descriptor.
+    fn redirect(&mut self) {
+        self.end_word();
+        let chars = &self.chars;
+        // `2>&1`, `2>/dev/null`: a digit right before is a file descriptor.
+        if let Some(last) = self.cur.words.last() {
+            if last.chars().all(|c| c.is_ascii_digit()) && !last.is_empty() {
+                self.cur.words.pop();
             }
         }
-        i += 1;
+        if chars.get(self.i + 1) == Some(&'>') {
+            self.i += 1;
+        }
+        if chars.get(self.i + 1) == Some(&'&') {
+            // `>&2`: a descriptor, no file.
+            self.i += 2;
+            while self.i < chars.len() && chars[self.i].is_ascii_digit() {
+                self.i += 1;
+            }
+            return;
+        }
+        self.pending_redirect = true;
+        while chars.get(self.i + 1) == Some(&' ') {
+            self.i += 1;
+        }
+        self.i += 1;
     }
-    push_word(
-        &mut cur,
-        &mut word,
-        &mut in_word,
-        &mut pending_redirect,
-        &mut pending_heredoc,
-        &mut heredoc_owner,
-        out.len(),
-    );
-    if !cur.words.is_empty() || !cur.writes_to.is_empty() {
-        out.push(cur);
+
+    /// Reads `&&`, `||`, `;`, `|`, a background `&` or a newline (`c`): each ends the
+    /// command. After a newline come the bodies of the heredocs opened on its line.
+    fn separator(&mut self, c: char) {
+        self.end_word();
+        if (c == '&' || c == '|') && self.chars.get(self.i + 1) == Some(&c) {
+            self.i += 1;
+        }
+        self.end_command();
+        if c == '\n' {
+            self.heredoc_bodies();
+        }
+        self.i += 1;
     }
-    out
+
+    /// Reads the bodies of the pending heredocs, each up to its delimiter line, and gives
+    /// each to its command (the one under way when that has not ended yet). Starts on the
+    /// newline before the first body and ends on the newline after the last delimiter
+    /// (or past the line's end).
+    fn heredoc_bodies(&mut self) {
+        let chars = &self.chars;
+        let owners: Vec<(usize, String)> = std::mem::take(&mut self.heredoc_owner);
+        for (idx, delim) in owners {
+            let mut body = String::new();
+            self.i += 1;
+            let mut end_found = false;
+            while self.i < chars.len() {
+                let line_end = chars[self.i..]
+                    .iter()
+                    .position(|&ch| ch == '\n')
+                    .map(|p| self.i + p)
+                    .unwrap_or(chars.len());
+                let line: String = chars[self.i..line_end].iter().collect();
+                if line.trim() == delim {
+                    self.i = line_end;
+                    end_found = true;
+                    break;
+                }
+                body.push_str(&line);
+                body.push('\n');
+                self.i = line_end + 1;
+            }
+            if !end_found {
+                self.i = chars.len();
+            }
+            if let Some(cmd) = self.out.get_mut(idx) {
+                cmd.heredoc = Some(body);
+            } else {
+                self.cur.heredoc = Some(body);
+            }
+            if self.i >= chars.len() {
+                break;
+            }
+        }
+    }
 }
 
 const READERS: &[&str] = &[
