@@ -961,16 +961,43 @@ fn promote(kind: &mut ActionKind, new: ActionKind) -> bool {
 /// Reads a shell command line.
 pub fn shell(cmd: &str) -> ToolAction {
     let parts = split_shell(cmd);
-    let mut kind = ActionKind::Other;
-    let mut changes = Vec::new();
-    let mut mutating = false;
-    let mut check: Option<String> = None;
-    let mut path: Option<String> = None;
-    let mut region: Option<String> = None;
-    let mut search: Option<String> = None;
-    let mut key_parts: Vec<String> = Vec::new();
-
+    let mut reading = ShellReading::new();
     for p in &parts {
+        reading.read_command(p);
+    }
+    reading.into_action(cmd, &parts)
+}
+
+/// What a shell line does, gathered one simple command at a time; the most telling kind
+/// any of them has is the line's (`promote`).
+struct ShellReading {
+    kind: ActionKind,
+    changes: Vec<Change>,
+    mutating: bool,
+    check: Option<String>,
+    path: Option<String>,
+    region: Option<String>,
+    search: Option<String>,
+    /// The canonical form of each command that does something.
+    key_parts: Vec<String>,
+}
+
+impl ShellReading {
+    fn new() -> ShellReading {
+        ShellReading {
+            kind: ActionKind::Other,
+            changes: Vec::new(),
+            mutating: false,
+            check: None,
+            path: None,
+            region: None,
+            search: None,
+            key_parts: Vec::new(),
+        }
+    }
+
+    /// Reads one simple command of the line.
+    fn read_command(&mut self, p: &Simple) {
         let words = strip_wrappers(&p.words);
         let first = words.first().map(|w| base(w)).unwrap_or("");
         // `cd x && cmd`: the directory is where it runs, not what it does.
@@ -982,9 +1009,16 @@ pub fn shell(cmd: &str) -> ToolAction {
             || first == "set"
             || first == "export"
         {
-            continue;
+            return;
         }
-        key_parts.push(canon_simple(&p.words));
+        self.key_parts.push(canon_simple(&p.words));
+        self.note_redirects(p, words, first);
+        self.note_program(p, words, first);
+    }
+
+    /// Records the files a command writes through `>`: a write of known content when a
+    /// heredoc or `echo`/`printf` spells it out, an opaque change otherwise.
+    fn note_redirects(&mut self, p: &Simple, words: &[String], first: &str) {
         for target in &p.writes_to {
             let content = p.heredoc.as_deref().unwrap_or("");
             if p.heredoc.is_some() || matches!(first, "echo" | "printf") {
@@ -999,165 +1033,47 @@ pub fn shell(cmd: &str) -> ToolAction {
                         .collect::<Vec<_>>()
                         .join(" ")
                 };
-                changes.push(Change::Write {
+                self.changes.push(Change::Write {
                     path: target.clone(),
                     hash: hash64(body.as_bytes()),
                     size: body.len(),
                 });
             } else {
-                changes.push(Change::Opaque {
+                self.changes.push(Change::Opaque {
                     path: target.clone(),
                     detail: hash64(canon_simple(&p.words).as_bytes()),
                 });
             }
-            path.get_or_insert_with(|| target.clone());
-            promote(&mut kind, ActionKind::Write);
+            self.path.get_or_insert_with(|| target.clone());
+            promote(&mut self.kind, ActionKind::Write);
         }
+    }
+
+    /// Reads what a command does by its program (`first`, wrappers stripped). The order
+    /// of the arms matters: `sed -i` edits before `sed -n` reads, and a program named in
+    /// no list runs something.
+    fn note_program(&mut self, p: &Simple, words: &[String], first: &str) {
         match first {
             "sed" | "perl"
                 if words.iter().any(|w| {
                     w == "-i" || w.starts_with("-i") || w == "--in-place" || w == "-pi"
                 }) =>
             {
-                let file = words
-                    .iter()
-                    .skip(1)
-                    .rfind(|w| !w.starts_with('-'))
-                    .cloned()
-                    .unwrap_or_default();
-                let script: String = words
-                    .iter()
-                    .skip(1)
-                    .filter(|w| !w.starts_with('-'))
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                changes.push(Change::Opaque {
-                    path: file.clone(),
-                    detail: hash64(script.as_bytes()),
-                });
-                path.get_or_insert(file);
-                promote(&mut kind, ActionKind::Edit);
+                self.note_in_place_edit(words)
             }
-            "tee" => {
-                for f in words.iter().skip(1).filter(|w| !w.starts_with('-')) {
-                    let body = p.heredoc.clone().unwrap_or_default();
-                    changes.push(Change::Write {
-                        path: f.clone(),
-                        hash: hash64(body.as_bytes()),
-                        size: body.len(),
-                    });
-                    path.get_or_insert_with(|| f.clone());
-                }
-                promote(&mut kind, ActionKind::Write);
-            }
-            "git" => {
-                let sub = words.get(1).map(String::as_str).unwrap_or("");
-                match sub {
-                    "apply" | "checkout" | "restore" | "stash" | "reset" | "revert" | "am"
-                    | "cherry-pick" | "merge" | "rebase" | "commit" | "clean" | "rm" | "mv" => {
-                        mutating = true;
-                        changes.push(Change::Opaque {
-                            path: format!("git:{sub}"),
-                            detail: hash64(canon_simple(&p.words).as_bytes()),
-                        });
-                        promote(&mut kind, ActionKind::Edit);
-                    }
-                    "grep" => {
-                        promote(&mut kind, ActionKind::Search);
-                        search.get_or_insert_with(|| {
-                            words
-                                .iter()
-                                .skip(2)
-                                .find(|w| !w.starts_with('-'))
-                                .cloned()
-                                .unwrap_or_default()
-                        });
-                    }
-                    _ => {
-                        promote(&mut kind, ActionKind::Read);
-                    }
-                }
-            }
+            "tee" => self.note_tee(p, words),
+            "git" => self.note_git(p, words),
             "sed" | "awk" if words.iter().any(|w| w == "-n") || first == "awk" => {
-                let file = words
-                    .iter()
-                    .skip(1)
-                    .rfind(|w| !w.starts_with('-'))
-                    .cloned()
-                    .unwrap_or_default();
-                let script = words.iter().skip(1).find(|w| !w.starts_with('-')).cloned();
-                if promote(&mut kind, ActionKind::Read) {
-                    path = Some(file);
-                    region = script;
-                }
+                self.note_filtered_read(words)
             }
-            f if READERS.contains(&f) => {
-                if p.heredoc.is_some() && !p.writes_to.is_empty() {
-                    continue; // `cat <<EOF > f` is a write, handled above
-                }
-                let file = words.iter().skip(1).rfind(|w| !w.starts_with('-')).cloned();
-                let flags: Vec<&String> = words
-                    .iter()
-                    .skip(1)
-                    .filter(|w| w.starts_with('-') || w.chars().all(|c| c.is_ascii_digit()))
-                    .collect();
-                if promote(&mut kind, ActionKind::Read) {
-                    path = file;
-                    region = (!flags.is_empty()).then(|| {
-                        flags
-                            .iter()
-                            .map(|s| s.as_str())
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    });
-                }
-            }
-            f if SEARCHERS.contains(&f) => {
-                promote(&mut kind, ActionKind::Search);
-                search.get_or_insert_with(|| {
-                    words
-                        .iter()
-                        .skip(1)
-                        .find(|w| !w.starts_with('-'))
-                        .cloned()
-                        .unwrap_or_default()
-                });
-                if f == "find" && words.iter().any(|w| w == "-delete" || w == "-exec") {
-                    mutating = true;
-                }
-            }
-            f if MUTATORS.contains(&f) => {
-                mutating = true;
-                for w in words.iter().skip(1).filter(|w| !w.starts_with('-')) {
-                    changes.push(Change::Opaque {
-                        path: w.clone(),
-                        detail: hash64(format!("{f} {w}").as_bytes()),
-                    });
-                }
-                promote(&mut kind, ActionKind::Edit);
-            }
-            f if INSTALLERS.contains(&f) => {
-                let sub = words.get(1).map(String::as_str).unwrap_or("");
-                if matches!(
-                    sub,
-                    "install" | "uninstall" | "add" | "remove" | "update" | "upgrade" | "ci" | "i"
-                ) {
-                    mutating = true;
-                    promote(&mut kind, ActionKind::Exec);
-                    changes.push(Change::Opaque {
-                        path: format!("env:{f}"),
-                        detail: hash64(canon_simple(&p.words).as_bytes()),
-                    });
-                } else if f == "npm" && matches!(sub, "test" | "run") {
-                    promote(&mut kind, ActionKind::Exec);
-                    check.get_or_insert_with(|| canon_simple(&p.words));
-                }
-            }
+            f if READERS.contains(&f) => self.note_reader(p, words),
+            f if SEARCHERS.contains(&f) => self.note_searcher(words, f),
+            f if MUTATORS.contains(&f) => self.note_mutator(words, f),
+            f if INSTALLERS.contains(&f) => self.note_installer(p, words, f),
             f if LISTERS.contains(&f) => {
-                if promote(&mut kind, ActionKind::Read) {
-                    path = words.iter().skip(1).rfind(|w| !w.starts_with('-')).cloned();
-                    region = Some(f.to_string());
+                if promote(&mut self.kind, ActionKind::Read) {
+                    self.path = words.iter().skip(1).rfind(|w| !w.starts_with('-')).cloned();
+                    self.region = Some(f.to_string());
                 }
             }
             f if CHECKERS.contains(&f)
@@ -1166,66 +1082,231 @@ pub fn shell(cmd: &str) -> ToolAction {
                 || f.ends_with(".py")
                 || f.starts_with("test") =>
             {
-                let inline = words.iter().any(|w| w == "-c" || w == "-e" || w == "-");
-                let runs_code = !matches!(
-                    words.get(1).map(String::as_str),
-                    Some("--version" | "-V" | "--help")
-                );
-                if p.heredoc.is_some() || inline {
-                    // Inline programs: a check keyed by their text.
-                    let body = p.heredoc.clone().unwrap_or_default();
-                    let text = format!("{} {body}", canon_simple(&p.words));
-                    if text.contains(".write(")
-                        || text.contains("write_text(")
-                        || text.contains("os.remove")
-                    {
-                        mutating = true;
-                        changes.push(Change::Opaque {
-                            path: "inline-script".into(),
-                            detail: hash64(text.as_bytes()),
-                        });
-                        promote(&mut kind, ActionKind::Edit);
-                    } else {
-                        promote(&mut kind, ActionKind::Exec);
-                    }
-                    check.get_or_insert_with(|| format!("inline:{:x}", hash64(text.as_bytes())));
-                } else if runs_code {
-                    promote(&mut kind, ActionKind::Exec);
-                    check.get_or_insert_with(|| canon_simple(&p.words));
-                }
+                self.note_run(p, words)
             }
             _ => {
-                promote(&mut kind, ActionKind::Exec);
+                promote(&mut self.kind, ActionKind::Exec);
             }
         }
     }
-    if !changes.is_empty() {
-        mutating = true;
+
+    /// `sed -i` / `perl -pi`: an edit of the last file named, keyed by its script.
+    fn note_in_place_edit(&mut self, words: &[String]) {
+        let file = words
+            .iter()
+            .skip(1)
+            .rfind(|w| !w.starts_with('-'))
+            .cloned()
+            .unwrap_or_default();
+        let script: String = words
+            .iter()
+            .skip(1)
+            .filter(|w| !w.starts_with('-'))
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" ");
+        self.changes.push(Change::Opaque {
+            path: file.clone(),
+            detail: hash64(script.as_bytes()),
+        });
+        self.path.get_or_insert(file);
+        promote(&mut self.kind, ActionKind::Edit);
     }
-    let normalized = key_parts.join(" && ");
-    if kind == ActionKind::Read {
-        // A pipeline's filters (`nl -ba f | sed -n '10,40p'`) pick the region read: the
-        // whole command is the region, so paging through a file is not the same read.
-        region = Some(normalized.clone());
+
+    /// `tee`: a write of its input (the heredoc, when there is one) to every file named.
+    fn note_tee(&mut self, p: &Simple, words: &[String]) {
+        for f in words.iter().skip(1).filter(|w| !w.starts_with('-')) {
+            let body = p.heredoc.clone().unwrap_or_default();
+            self.changes.push(Change::Write {
+                path: f.clone(),
+                hash: hash64(body.as_bytes()),
+                size: body.len(),
+            });
+            self.path.get_or_insert_with(|| f.clone());
+        }
+        promote(&mut self.kind, ActionKind::Write);
     }
-    // The key includes heredoc bodies hashed: two writes of different content differ.
-    let mut key = format!("sh:{normalized}");
-    for p in &parts {
-        if let Some(h) = &p.heredoc {
-            key.push_str(&format!(":{:x}", hash64(h.as_bytes())));
+
+    /// `git`: subcommands that change the tree are edits, `git grep` a search, the rest reads.
+    fn note_git(&mut self, p: &Simple, words: &[String]) {
+        let sub = words.get(1).map(String::as_str).unwrap_or("");
+        match sub {
+            "apply" | "checkout" | "restore" | "stash" | "reset" | "revert" | "am"
+            | "cherry-pick" | "merge" | "rebase" | "commit" | "clean" | "rm" | "mv" => {
+                self.mutating = true;
+                self.changes.push(Change::Opaque {
+                    path: format!("git:{sub}"),
+                    detail: hash64(canon_simple(&p.words).as_bytes()),
+                });
+                promote(&mut self.kind, ActionKind::Edit);
+            }
+            "grep" => {
+                promote(&mut self.kind, ActionKind::Search);
+                self.search.get_or_insert_with(|| {
+                    words
+                        .iter()
+                        .skip(2)
+                        .find(|w| !w.starts_with('-'))
+                        .cloned()
+                        .unwrap_or_default()
+                });
+            }
+            _ => {
+                promote(&mut self.kind, ActionKind::Read);
+            }
         }
     }
-    ToolAction {
-        kind,
-        path,
-        region,
-        changes,
-        mutating,
-        check,
-        command: Some(cmd.trim().to_string()),
-        search,
-        key_hash: hash64(key.as_bytes()),
-        key,
+
+    /// `sed -n` / `awk`: a read of the last file named, its script the region.
+    fn note_filtered_read(&mut self, words: &[String]) {
+        let file = words
+            .iter()
+            .skip(1)
+            .rfind(|w| !w.starts_with('-'))
+            .cloned()
+            .unwrap_or_default();
+        let script = words.iter().skip(1).find(|w| !w.starts_with('-')).cloned();
+        if promote(&mut self.kind, ActionKind::Read) {
+            self.path = Some(file);
+            self.region = script;
+        }
+    }
+
+    /// `cat`, `head` and the like: a read of the last file named, its flags and counts
+    /// the region.
+    fn note_reader(&mut self, p: &Simple, words: &[String]) {
+        if p.heredoc.is_some() && !p.writes_to.is_empty() {
+            return; // `cat <<EOF > f` is a write, handled by `note_redirects`
+        }
+        let file = words.iter().skip(1).rfind(|w| !w.starts_with('-')).cloned();
+        let flags: Vec<&String> = words
+            .iter()
+            .skip(1)
+            .filter(|w| w.starts_with('-') || w.chars().all(|c| c.is_ascii_digit()))
+            .collect();
+        if promote(&mut self.kind, ActionKind::Read) {
+            self.path = file;
+            self.region = (!flags.is_empty()).then(|| {
+                flags
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            });
+        }
+    }
+
+    /// `grep`, `find` and the like: a search for the first word that is no flag
+    /// (`find -delete`/`-exec` also changes the world).
+    fn note_searcher(&mut self, words: &[String], f: &str) {
+        promote(&mut self.kind, ActionKind::Search);
+        self.search.get_or_insert_with(|| {
+            words
+                .iter()
+                .skip(1)
+                .find(|w| !w.starts_with('-'))
+                .cloned()
+                .unwrap_or_default()
+        });
+        if f == "find" && words.iter().any(|w| w == "-delete" || w == "-exec") {
+            self.mutating = true;
+        }
+    }
+
+    /// `rm`, `mv` and the like: an opaque change to every file named.
+    fn note_mutator(&mut self, words: &[String], f: &str) {
+        self.mutating = true;
+        for w in words.iter().skip(1).filter(|w| !w.starts_with('-')) {
+            self.changes.push(Change::Opaque {
+                path: w.clone(),
+                detail: hash64(format!("{f} {w}").as_bytes()),
+            });
+        }
+        promote(&mut self.kind, ActionKind::Edit);
+    }
+
+    /// A package manager: installing or removing changes the environment; `npm test` and
+    /// `npm run` are checks.
+    fn note_installer(&mut self, p: &Simple, words: &[String], f: &str) {
+        let sub = words.get(1).map(String::as_str).unwrap_or("");
+        if matches!(
+            sub,
+            "install" | "uninstall" | "add" | "remove" | "update" | "upgrade" | "ci" | "i"
+        ) {
+            self.mutating = true;
+            promote(&mut self.kind, ActionKind::Exec);
+            self.changes.push(Change::Opaque {
+                path: format!("env:{f}"),
+                detail: hash64(canon_simple(&p.words).as_bytes()),
+            });
+        } else if f == "npm" && matches!(sub, "test" | "run") {
+            promote(&mut self.kind, ActionKind::Exec);
+            self.check.get_or_insert_with(|| canon_simple(&p.words));
+        }
+    }
+
+    /// An interpreter, build tool or script: a check run, unless it only asks for its
+    /// version or help. An inline program that writes files is an edit as well.
+    fn note_run(&mut self, p: &Simple, words: &[String]) {
+        let inline = words.iter().any(|w| w == "-c" || w == "-e" || w == "-");
+        let runs_code = !matches!(
+            words.get(1).map(String::as_str),
+            Some("--version" | "-V" | "--help")
+        );
+        if p.heredoc.is_some() || inline {
+            // Inline programs: a check keyed by their text.
+            let body = p.heredoc.clone().unwrap_or_default();
+            let text = format!("{} {body}", canon_simple(&p.words));
+            if text.contains(".write(")
+                || text.contains("write_text(")
+                || text.contains("os.remove")
+            {
+                self.mutating = true;
+                self.changes.push(Change::Opaque {
+                    path: "inline-script".into(),
+                    detail: hash64(text.as_bytes()),
+                });
+                promote(&mut self.kind, ActionKind::Edit);
+            } else {
+                promote(&mut self.kind, ActionKind::Exec);
+            }
+            self.check
+                .get_or_insert_with(|| format!("inline:{:x}", hash64(text.as_bytes())));
+        } else if runs_code {
+            promote(&mut self.kind, ActionKind::Exec);
+            self.check.get_or_insert_with(|| canon_simple(&p.words));
+        }
+    }
+
+    /// The action the whole line amounts to (`parts`: its simple commands, `cmd`: the line).
+    fn into_action(self, cmd: &str, parts: &[Simple]) -> ToolAction {
+        let mutating = self.mutating || !self.changes.is_empty();
+        let normalized = self.key_parts.join(" && ");
+        let mut region = self.region;
+        if self.kind == ActionKind::Read {
+            // A pipeline's filters (`nl -ba f | sed -n '10,40p'`) pick the region read: the
+            // whole command is the region, so paging through a file is not the same read.
+            region = Some(normalized.clone());
+        }
+        // The key includes heredoc bodies hashed: two writes of different content differ.
+        let mut key = format!("sh:{normalized}");
+        for p in parts {
+            if let Some(h) = &p.heredoc {
+                key.push_str(&format!(":{:x}", hash64(h.as_bytes())));
+            }
+        }
+        ToolAction {
+            kind: self.kind,
+            path: self.path,
+            region,
+            changes: self.changes,
+            mutating,
+            check: self.check,
+            command: Some(cmd.trim().to_string()),
+            search: self.search,
+            key_hash: hash64(key.as_bytes()),
+            key,
+        }
     }
 }
 
