@@ -578,208 +578,222 @@ struct Simple {
 /// quoted text together and attaching heredoc bodies to their command. Not a full shell
 /// parser: enough to tell what a command reads, writes and checks.
 fn split_shell(cmd: &str) -> Vec<Simple> {
-    let mut out: Vec<Simple> = Vec::new();
-    let mut cur = Simple::default();
-    let mut word = String::new();
-    let mut in_word = false;
-    let mut pending_redirect = false;
-    let mut pending_heredoc: Option<String> = None; // delimiter
-    let mut heredoc_owner: Vec<(usize, String)> = Vec::new(); // (command index, delimiter)
-    let chars: Vec<char> = cmd.chars().collect();
-    let mut i = 0;
+    let mut s = ShellSplitter::new(cmd);
+    while s.i < s.chars.len() {
+        let c = s.chars[s.i];
+        match c {
+            '\'' | '"' => s.quoted(c),
+            '\\' => s.backslash(),
+            ' ' | '\t' => {
+                s.end_word();
+                s.i += 1;
+            }
+            '<' if s.chars.get(s.i + 1) == Some(&'<') => s.heredoc_operator(),
+            '>' => s.redirect(),
+            '&' | '|' | ';' | '\n' => s.separator(c),
+            '(' | ')' | '{' | '}' if !s.in_word => s.i += 1,
+            _ => {
+                s.in_word = true;
+                s.word.push(c);
+                s.i += 1;
+            }
+        }
+    }
+    s.end_word();
+    s.end_command();
+    s.out
+}
 
-    let push_word = |cur: &mut Simple,
-                     word: &mut String,
-                     in_word: &mut bool,
-                     pending_redirect: &mut bool,
-                     pending_heredoc: &mut Option<String>,
-                     heredocs: &mut Vec<(usize, String)>,
-                     index: usize| {
-        if !*in_word {
+/// The state of [`split_shell`] as it walks a line. Each step reads from `chars[i]` and
+/// leaves `i` at the first character it did not consume.
+struct ShellSplitter {
+    chars: Vec<char>,
+    i: usize,
+    /// The commands completed so far.
+    out: Vec<Simple>,
+    /// The command being read.
+    cur: Simple,
+    /// The word being read, and whether one is under way (`""` is a word).
+    word: String,
+    in_word: bool,
+    /// The next word is the target of a `>`.
+    pending_redirect: bool,
+    /// The next word is a heredoc delimiter.
+    pending_heredoc: bool,
+    /// Heredocs whose bodies start on the next line: (command index, delimiter).
+    heredoc_owner: Vec<(usize, String)>,
+}
+
+impl ShellSplitter {
+    fn new(cmd: &str) -> ShellSplitter {
+        ShellSplitter {
+            chars: cmd.chars().collect(),
+            i: 0,
+            out: Vec::new(),
+            cur: Simple::default(),
+            word: String::new(),
+            in_word: false,
+            pending_redirect: false,
+            pending_heredoc: false,
+            heredoc_owner: Vec::new(),
+        }
+    }
+
+    /// Ends the word under way: a redirect target, a heredoc delimiter (for the command
+    /// that `out` will hold next) or one of the command's words.
+    fn end_word(&mut self) {
+        if !self.in_word {
             return;
         }
-        let w = std::mem::take(word);
-        *in_word = false;
-        if *pending_redirect {
-            *pending_redirect = false;
+        let w = std::mem::take(&mut self.word);
+        self.in_word = false;
+        if self.pending_redirect {
+            self.pending_redirect = false;
             if w != "/dev/null" && !w.starts_with('&') {
-                cur.writes_to.push(w);
+                self.cur.writes_to.push(w);
             }
-        } else if pending_heredoc.take().is_some() {
-            heredocs.push((index, w.trim_matches(|c| c == '\'' || c == '"').to_string()));
+        } else if std::mem::take(&mut self.pending_heredoc) {
+            let delimiter = w.trim_matches(|c| c == '\'' || c == '"').to_string();
+            self.heredoc_owner.push((self.out.len(), delimiter));
         } else {
-            cur.words.push(w);
+            self.cur.words.push(w);
         }
-    };
+    }
 
-    while i < chars.len() {
-        let c = chars[i];
-        match c {
-            '\'' | '"' => {
-                let q = c;
-                in_word = true;
-                i += 1;
-                while i < chars.len() && chars[i] != q {
-                    if q == '"' && chars[i] == '\\' && i + 1 < chars.len() {
-                        i += 1;
-                    }
-                    word.push(chars[i]);
-                    i += 1;
-                }
+    /// Ends the command under way, unless it has neither words nor redirects.
+    fn end_command(&mut self) {
+        if !self.cur.words.is_empty() || !self.cur.writes_to.is_empty() {
+            self.out.push(std::mem::take(&mut self.cur));
+        }
+    }
+
+    /// Reads a quoted text (opened by `q`) into the word; in double quotes a backslash
+    /// escapes the next character.
+    fn quoted(&mut self, q: char) {
+        let chars = &self.chars;
+        self.in_word = true;
+        self.i += 1;
+        while self.i < chars.len() && chars[self.i] != q {
+            if q == '"' && chars[self.i] == '\\' && self.i + 1 < chars.len() {
+                self.i += 1;
             }
-            '\\' if i + 1 < chars.len() && chars[i + 1] != '\n' => {
-                in_word = true;
-                word.push(chars[i + 1]);
-                i += 1;
-            }
-            '\\' => {
-                i += 1; // line continuation
-            }
-            ' ' | '\t' => push_word(
-                &mut cur,
-                &mut word,
-                &mut in_word,
-                &mut pending_redirect,
-                &mut pending_heredoc,
-                &mut heredoc_owner,
-                out.len(),
-            ),
-            '<' if chars.get(i + 1) == Some(&'<') => {
-                push_word(
-                    &mut cur,
-                    &mut word,
-                    &mut in_word,
-                    &mut pending_redirect,
-                    &mut pending_heredoc,
-                    &mut heredoc_owner,
-                    out.len(),
-                );
-                i += 2;
-                if chars.get(i) == Some(&'-') {
-                    i += 1;
-                }
-                if chars.get(i) == Some(&'<') {
-                    // here-string `<<<`: its word is input, not a delimiter.
-                    i += 1;
-                    continue;
-                }
-                while chars.get(i) == Some(&' ') {
-                    i += 1;
-                }
-                pending_heredoc = Some(String::new());
-                continue;
-            }
-            '>' => {
-                push_word(
-                    &mut cur,
-                    &mut word,
-                    &mut in_word,
-                    &mut pending_redirect,
-                    &mut pending_heredoc,
-                    &mut heredoc_owner,
-                    out.len(),
-                );
-                // `2>&1`, `2>/dev/null`: a digit right before is a file descriptor.
-                if let Some(last) = cur.words.last() {
-                    if last.chars().all(|c| c.is_ascii_digit()) && !last.is_empty() {
-                        cur.words.pop();
-                    }
-                }
-                if chars.get(i + 1) == Some(&'>') {
-                    i += 1;
-                }
-                if chars.get(i + 1) == Some(&'&') {
-                    // `>&2`: a descriptor, no file.
-                    i += 2;
-                    while i < chars.len() && chars[i].is_ascii_digit() {
-                        i += 1;
-                    }
-                    continue;
-                }
-                pending_redirect = true;
-                while chars.get(i + 1) == Some(&' ') {
-                    i += 1;
-                }
-            }
-            '&' | '|' | ';' | '\n' => {
-                push_word(
-                    &mut cur,
-                    &mut word,
-                    &mut in_word,
-                    &mut pending_redirect,
-                    &mut pending_heredoc,
-                    &mut heredoc_owner,
-                    out.len(),
-                );
-                if c == '&' && chars.get(i + 1) != Some(&'&') {
-                    // background `&`: ends the command too.
-                }
-                if (c == '&' || c == '|') && chars.get(i + 1) == Some(&c) {
-                    i += 1;
-                }
-                if !cur.words.is_empty() || !cur.writes_to.is_empty() {
-                    out.push(std::mem::take(&mut cur));
-                }
-                if c == '\n' {
-                    // Heredoc bodies start on the next line.
-                    let owners: Vec<(usize, String)> = std::mem::take(&mut heredoc_owner);
-                    for (idx, delim) in owners {
-                        let mut body = String::new();
-                        i += 1;
-                        let start = i;
-                        let mut end_found = false;
-                        while i < chars.len() {
-                            let line_end = chars[i..]
-                                .iter()
-                                .position(|&ch| ch == '\n')
-                                .map(|p| i + p)
-                                .unwrap_or(chars.len());
-                            let line: String = chars[i..line_end].iter().collect();
-                            if line.trim() == delim {
-                                i = line_end;
-                                end_found = true;
-                                break;
-                            }
-                            body.push_str(&line);
-                            body.push('\n');
-                            i = line_end + 1;
-                        }
-                        if !end_found {
-                            i = chars.len();
-                        }
-                        let _ = start;
-                        if let Some(cmd) = out.get_mut(idx) {
-                            cmd.heredoc = Some(body);
-                        } else {
-                            cur.heredoc = Some(body);
-                        }
-                        if i >= chars.len() {
-                            break;
-                        }
-                    }
-                }
-            }
-            '(' | ')' | '{' | '}' if !in_word => {}
-            _ => {
-                in_word = true;
-                word.push(c);
+            self.word.push(chars[self.i]);
+            self.i += 1;
+        }
+        self.i += 1;
+    }
+
+    /// Reads a backslash and the character after it: that character as it is, or nothing
+    /// when it is a newline (a line continuation).
+    fn backslash(&mut self) {
+        if let Some(&c) = self.chars.get(self.i + 1).filter(|&&c| c != '\n') {
+            self.in_word = true;
+            self.word.push(c);
+        }
+        self.i += 2;
+    }
+
+    /// Reads `<<` or `<<-`: the next word is a heredoc delimiter. A here-string `<<<` is
+    /// skipped: its word is input, not a delimiter.
+    fn heredoc_operator(&mut self) {
+        self.end_word();
+        self.i += 2;
+        if self.chars.get(self.i) == Some(&'-') {
+            self.i += 1;
+        }
+        if self.chars.get(self.i) == Some(&'<') {
+            self.i += 1;
+            return;
+        }
+        while self.chars.get(self.i) == Some(&' ') {
+            self.i += 1;
+        }
+        self.pending_heredoc = true;
+    }
+
+    /// Reads `>` or `>>`: the next word is a file the command writes, unless the
+    /// redirect is to a file descriptor.
+    fn redirect(&mut self) {
+        self.end_word();
+        let chars = &self.chars;
+        // `2>&1`, `2>/dev/null`: a digit right before is a file descriptor.
+        if let Some(last) = self.cur.words.last() {
+            if last.chars().all(|c| c.is_ascii_digit()) && !last.is_empty() {
+                self.cur.words.pop();
             }
         }
-        i += 1;
+        if chars.get(self.i + 1) == Some(&'>') {
+            self.i += 1;
+        }
+        if chars.get(self.i + 1) == Some(&'&') {
+            // `>&2`: a descriptor, no file.
+            self.i += 2;
+            while self.i < chars.len() && chars[self.i].is_ascii_digit() {
+                self.i += 1;
+            }
+            return;
+        }
+        self.pending_redirect = true;
+        while chars.get(self.i + 1) == Some(&' ') {
+            self.i += 1;
+        }
+        self.i += 1;
     }
-    push_word(
-        &mut cur,
-        &mut word,
-        &mut in_word,
-        &mut pending_redirect,
-        &mut pending_heredoc,
-        &mut heredoc_owner,
-        out.len(),
-    );
-    if !cur.words.is_empty() || !cur.writes_to.is_empty() {
-        out.push(cur);
+
+    /// Reads `&&`, `||`, `;`, `|`, a background `&` or a newline (`c`): each ends the
+    /// command. After a newline come the bodies of the heredocs opened on its line.
+    fn separator(&mut self, c: char) {
+        self.end_word();
+        if (c == '&' || c == '|') && self.chars.get(self.i + 1) == Some(&c) {
+            self.i += 1;
+        }
+        self.end_command();
+        if c == '\n' {
+            self.heredoc_bodies();
+        }
+        self.i += 1;
     }
-    out
+
+    /// Reads the bodies of the pending heredocs, each up to its delimiter line, and gives
+    /// each to its command (the one under way when that has not ended yet). Starts on the
+    /// newline before the first body and ends on the newline after the last delimiter
+    /// (or past the line's end).
+    fn heredoc_bodies(&mut self) {
+        let chars = &self.chars;
+        let owners: Vec<(usize, String)> = std::mem::take(&mut self.heredoc_owner);
+        for (idx, delim) in owners {
+            let mut body = String::new();
+            self.i += 1;
+            let mut end_found = false;
+            while self.i < chars.len() {
+                let line_end = chars[self.i..]
+                    .iter()
+                    .position(|&ch| ch == '\n')
+                    .map(|p| self.i + p)
+                    .unwrap_or(chars.len());
+                let line: String = chars[self.i..line_end].iter().collect();
+                if line.trim() == delim {
+                    self.i = line_end;
+                    end_found = true;
+                    break;
+                }
+                body.push_str(&line);
+                body.push('\n');
+                self.i = line_end + 1;
+            }
+            if !end_found {
+                self.i = chars.len();
+            }
+            if let Some(cmd) = self.out.get_mut(idx) {
+                cmd.heredoc = Some(body);
+            } else {
+                self.cur.heredoc = Some(body);
+            }
+            if self.i >= chars.len() {
+                break;
+            }
+        }
+    }
 }
 
 const READERS: &[&str] = &[
@@ -947,16 +961,43 @@ fn promote(kind: &mut ActionKind, new: ActionKind) -> bool {
 /// Reads a shell command line.
 pub fn shell(cmd: &str) -> ToolAction {
     let parts = split_shell(cmd);
-    let mut kind = ActionKind::Other;
-    let mut changes = Vec::new();
-    let mut mutating = false;
-    let mut check: Option<String> = None;
-    let mut path: Option<String> = None;
-    let mut region: Option<String> = None;
-    let mut search: Option<String> = None;
-    let mut key_parts: Vec<String> = Vec::new();
-
+    let mut reading = ShellReading::new();
     for p in &parts {
+        reading.read_command(p);
+    }
+    reading.into_action(cmd, &parts)
+}
+
+/// What a shell line does, gathered one simple command at a time; the most telling kind
+/// any of them has is the line's (`promote`).
+struct ShellReading {
+    kind: ActionKind,
+    changes: Vec<Change>,
+    mutating: bool,
+    check: Option<String>,
+    path: Option<String>,
+    region: Option<String>,
+    search: Option<String>,
+    /// The canonical form of each command that does something.
+    key_parts: Vec<String>,
+}
+
+impl ShellReading {
+    fn new() -> ShellReading {
+        ShellReading {
+            kind: ActionKind::Other,
+            changes: Vec::new(),
+            mutating: false,
+            check: None,
+            path: None,
+            region: None,
+            search: None,
+            key_parts: Vec::new(),
+        }
+    }
+
+    /// Reads one simple command of the line.
+    fn read_command(&mut self, p: &Simple) {
         let words = strip_wrappers(&p.words);
         let first = words.first().map(|w| base(w)).unwrap_or("");
         // `cd x && cmd`: the directory is where it runs, not what it does.
@@ -968,9 +1009,16 @@ pub fn shell(cmd: &str) -> ToolAction {
             || first == "set"
             || first == "export"
         {
-            continue;
+            return;
         }
-        key_parts.push(canon_simple(&p.words));
+        self.key_parts.push(canon_simple(&p.words));
+        self.note_redirects(p, words, first);
+        self.note_program(p, words, first);
+    }
+
+    /// Records the files a command writes through `>`: a write of known content when a
+    /// heredoc or `echo`/`printf` spells it out, an opaque change otherwise.
+    fn note_redirects(&mut self, p: &Simple, words: &[String], first: &str) {
         for target in &p.writes_to {
             let content = p.heredoc.as_deref().unwrap_or("");
             if p.heredoc.is_some() || matches!(first, "echo" | "printf") {
@@ -985,165 +1033,47 @@ pub fn shell(cmd: &str) -> ToolAction {
                         .collect::<Vec<_>>()
                         .join(" ")
                 };
-                changes.push(Change::Write {
+                self.changes.push(Change::Write {
                     path: target.clone(),
                     hash: hash64(body.as_bytes()),
                     size: body.len(),
                 });
             } else {
-                changes.push(Change::Opaque {
+                self.changes.push(Change::Opaque {
                     path: target.clone(),
                     detail: hash64(canon_simple(&p.words).as_bytes()),
                 });
             }
-            path.get_or_insert_with(|| target.clone());
-            promote(&mut kind, ActionKind::Write);
+            self.path.get_or_insert_with(|| target.clone());
+            promote(&mut self.kind, ActionKind::Write);
         }
+    }
+
+    /// Reads what a command does by its program (`first`, wrappers stripped). The order
+    /// of the arms matters: `sed -i` edits before `sed -n` reads, and a program named in
+    /// no list runs something.
+    fn note_program(&mut self, p: &Simple, words: &[String], first: &str) {
         match first {
             "sed" | "perl"
                 if words.iter().any(|w| {
                     w == "-i" || w.starts_with("-i") || w == "--in-place" || w == "-pi"
                 }) =>
             {
-                let file = words
-                    .iter()
-                    .skip(1)
-                    .rfind(|w| !w.starts_with('-'))
-                    .cloned()
-                    .unwrap_or_default();
-                let script: String = words
-                    .iter()
-                    .skip(1)
-                    .filter(|w| !w.starts_with('-'))
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                changes.push(Change::Opaque {
-                    path: file.clone(),
-                    detail: hash64(script.as_bytes()),
-                });
-                path.get_or_insert(file);
-                promote(&mut kind, ActionKind::Edit);
+                self.note_in_place_edit(words)
             }
-            "tee" => {
-                for f in words.iter().skip(1).filter(|w| !w.starts_with('-')) {
-                    let body = p.heredoc.clone().unwrap_or_default();
-                    changes.push(Change::Write {
-                        path: f.clone(),
-                        hash: hash64(body.as_bytes()),
-                        size: body.len(),
-                    });
-                    path.get_or_insert_with(|| f.clone());
-                }
-                promote(&mut kind, ActionKind::Write);
-            }
-            "git" => {
-                let sub = words.get(1).map(String::as_str).unwrap_or("");
-                match sub {
-                    "apply" | "checkout" | "restore" | "stash" | "reset" | "revert" | "am"
-                    | "cherry-pick" | "merge" | "rebase" | "commit" | "clean" | "rm" | "mv" => {
-                        mutating = true;
-                        changes.push(Change::Opaque {
-                            path: format!("git:{sub}"),
-                            detail: hash64(canon_simple(&p.words).as_bytes()),
-                        });
-                        promote(&mut kind, ActionKind::Edit);
-                    }
-                    "grep" => {
-                        promote(&mut kind, ActionKind::Search);
-                        search.get_or_insert_with(|| {
-                            words
-                                .iter()
-                                .skip(2)
-                                .find(|w| !w.starts_with('-'))
-                                .cloned()
-                                .unwrap_or_default()
-                        });
-                    }
-                    _ => {
-                        promote(&mut kind, ActionKind::Read);
-                    }
-                }
-            }
+            "tee" => self.note_tee(p, words),
+            "git" => self.note_git(p, words),
             "sed" | "awk" if words.iter().any(|w| w == "-n") || first == "awk" => {
-                let file = words
-                    .iter()
-                    .skip(1)
-                    .rfind(|w| !w.starts_with('-'))
-                    .cloned()
-                    .unwrap_or_default();
-                let script = words.iter().skip(1).find(|w| !w.starts_with('-')).cloned();
-                if promote(&mut kind, ActionKind::Read) {
-                    path = Some(file);
-                    region = script;
-                }
+                self.note_filtered_read(words)
             }
-            f if READERS.contains(&f) => {
-                if p.heredoc.is_some() && !p.writes_to.is_empty() {
-                    continue; // `cat <<EOF > f` is a write, handled above
-                }
-                let file = words.iter().skip(1).rfind(|w| !w.starts_with('-')).cloned();
-                let flags: Vec<&String> = words
-                    .iter()
-                    .skip(1)
-                    .filter(|w| w.starts_with('-') || w.chars().all(|c| c.is_ascii_digit()))
-                    .collect();
-                if promote(&mut kind, ActionKind::Read) {
-                    path = file;
-                    region = (!flags.is_empty()).then(|| {
-                        flags
-                            .iter()
-                            .map(|s| s.as_str())
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    });
-                }
-            }
-            f if SEARCHERS.contains(&f) => {
-                promote(&mut kind, ActionKind::Search);
-                search.get_or_insert_with(|| {
-                    words
-                        .iter()
-                        .skip(1)
-                        .find(|w| !w.starts_with('-'))
-                        .cloned()
-                        .unwrap_or_default()
-                });
-                if f == "find" && words.iter().any(|w| w == "-delete" || w == "-exec") {
-                    mutating = true;
-                }
-            }
-            f if MUTATORS.contains(&f) => {
-                mutating = true;
-                for w in words.iter().skip(1).filter(|w| !w.starts_with('-')) {
-                    changes.push(Change::Opaque {
-                        path: w.clone(),
-                        detail: hash64(format!("{f} {w}").as_bytes()),
-                    });
-                }
-                promote(&mut kind, ActionKind::Edit);
-            }
-            f if INSTALLERS.contains(&f) => {
-                let sub = words.get(1).map(String::as_str).unwrap_or("");
-                if matches!(
-                    sub,
-                    "install" | "uninstall" | "add" | "remove" | "update" | "upgrade" | "ci" | "i"
-                ) {
-                    mutating = true;
-                    promote(&mut kind, ActionKind::Exec);
-                    changes.push(Change::Opaque {
-                        path: format!("env:{f}"),
-                        detail: hash64(canon_simple(&p.words).as_bytes()),
-                    });
-                } else if f == "npm" && matches!(sub, "test" | "run") {
-                    promote(&mut kind, ActionKind::Exec);
-                    check.get_or_insert_with(|| canon_simple(&p.words));
-                }
-            }
+            f if READERS.contains(&f) => self.note_reader(p, words),
+            f if SEARCHERS.contains(&f) => self.note_searcher(words, f),
+            f if MUTATORS.contains(&f) => self.note_mutator(words, f),
+            f if INSTALLERS.contains(&f) => self.note_installer(p, words, f),
             f if LISTERS.contains(&f) => {
-                if promote(&mut kind, ActionKind::Read) {
-                    path = words.iter().skip(1).rfind(|w| !w.starts_with('-')).cloned();
-                    region = Some(f.to_string());
+                if promote(&mut self.kind, ActionKind::Read) {
+                    self.path = words.iter().skip(1).rfind(|w| !w.starts_with('-')).cloned();
+                    self.region = Some(f.to_string());
                 }
             }
             f if CHECKERS.contains(&f)
@@ -1152,66 +1082,231 @@ pub fn shell(cmd: &str) -> ToolAction {
                 || f.ends_with(".py")
                 || f.starts_with("test") =>
             {
-                let inline = words.iter().any(|w| w == "-c" || w == "-e" || w == "-");
-                let runs_code = !matches!(
-                    words.get(1).map(String::as_str),
-                    Some("--version" | "-V" | "--help")
-                );
-                if p.heredoc.is_some() || inline {
-                    // Inline programs: a check keyed by their text.
-                    let body = p.heredoc.clone().unwrap_or_default();
-                    let text = format!("{} {body}", canon_simple(&p.words));
-                    if text.contains(".write(")
-                        || text.contains("write_text(")
-                        || text.contains("os.remove")
-                    {
-                        mutating = true;
-                        changes.push(Change::Opaque {
-                            path: "inline-script".into(),
-                            detail: hash64(text.as_bytes()),
-                        });
-                        promote(&mut kind, ActionKind::Edit);
-                    } else {
-                        promote(&mut kind, ActionKind::Exec);
-                    }
-                    check.get_or_insert_with(|| format!("inline:{:x}", hash64(text.as_bytes())));
-                } else if runs_code {
-                    promote(&mut kind, ActionKind::Exec);
-                    check.get_or_insert_with(|| canon_simple(&p.words));
-                }
+                self.note_run(p, words)
             }
             _ => {
-                promote(&mut kind, ActionKind::Exec);
+                promote(&mut self.kind, ActionKind::Exec);
             }
         }
     }
-    if !changes.is_empty() {
-        mutating = true;
+
+    /// `sed -i` / `perl -pi`: an edit of the last file named, keyed by its script.
+    fn note_in_place_edit(&mut self, words: &[String]) {
+        let file = words
+            .iter()
+            .skip(1)
+            .rfind(|w| !w.starts_with('-'))
+            .cloned()
+            .unwrap_or_default();
+        let script: String = words
+            .iter()
+            .skip(1)
+            .filter(|w| !w.starts_with('-'))
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" ");
+        self.changes.push(Change::Opaque {
+            path: file.clone(),
+            detail: hash64(script.as_bytes()),
+        });
+        self.path.get_or_insert(file);
+        promote(&mut self.kind, ActionKind::Edit);
     }
-    let normalized = key_parts.join(" && ");
-    if kind == ActionKind::Read {
-        // A pipeline's filters (`nl -ba f | sed -n '10,40p'`) pick the region read: the
-        // whole command is the region, so paging through a file is not the same read.
-        region = Some(normalized.clone());
+
+    /// `tee`: a write of its input (the heredoc, when there is one) to every file named.
+    fn note_tee(&mut self, p: &Simple, words: &[String]) {
+        for f in words.iter().skip(1).filter(|w| !w.starts_with('-')) {
+            let body = p.heredoc.clone().unwrap_or_default();
+            self.changes.push(Change::Write {
+                path: f.clone(),
+                hash: hash64(body.as_bytes()),
+                size: body.len(),
+            });
+            self.path.get_or_insert_with(|| f.clone());
+        }
+        promote(&mut self.kind, ActionKind::Write);
     }
-    // The key includes heredoc bodies hashed: two writes of different content differ.
-    let mut key = format!("sh:{normalized}");
-    for p in &parts {
-        if let Some(h) = &p.heredoc {
-            key.push_str(&format!(":{:x}", hash64(h.as_bytes())));
+
+    /// `git`: subcommands that change the tree are edits, `git grep` a search, the rest reads.
+    fn note_git(&mut self, p: &Simple, words: &[String]) {
+        let sub = words.get(1).map(String::as_str).unwrap_or("");
+        match sub {
+            "apply" | "checkout" | "restore" | "stash" | "reset" | "revert" | "am"
+            | "cherry-pick" | "merge" | "rebase" | "commit" | "clean" | "rm" | "mv" => {
+                self.mutating = true;
+                self.changes.push(Change::Opaque {
+                    path: format!("git:{sub}"),
+                    detail: hash64(canon_simple(&p.words).as_bytes()),
+                });
+                promote(&mut self.kind, ActionKind::Edit);
+            }
+            "grep" => {
+                promote(&mut self.kind, ActionKind::Search);
+                self.search.get_or_insert_with(|| {
+                    words
+                        .iter()
+                        .skip(2)
+                        .find(|w| !w.starts_with('-'))
+                        .cloned()
+                        .unwrap_or_default()
+                });
+            }
+            _ => {
+                promote(&mut self.kind, ActionKind::Read);
+            }
         }
     }
-    ToolAction {
-        kind,
-        path,
-        region,
-        changes,
-        mutating,
-        check,
-        command: Some(cmd.trim().to_string()),
-        search,
-        key_hash: hash64(key.as_bytes()),
-        key,
+
+    /// `sed -n` / `awk`: a read of the last file named, its script the region.
+    fn note_filtered_read(&mut self, words: &[String]) {
+        let file = words
+            .iter()
+            .skip(1)
+            .rfind(|w| !w.starts_with('-'))
+            .cloned()
+            .unwrap_or_default();
+        let script = words.iter().skip(1).find(|w| !w.starts_with('-')).cloned();
+        if promote(&mut self.kind, ActionKind::Read) {
+            self.path = Some(file);
+            self.region = script;
+        }
+    }
+
+    /// `cat`, `head` and the like: a read of the last file named, its flags and counts
+    /// the region.
+    fn note_reader(&mut self, p: &Simple, words: &[String]) {
+        if p.heredoc.is_some() && !p.writes_to.is_empty() {
+            return; // `cat <<EOF > f` is a write, handled by `note_redirects`
+        }
+        let file = words.iter().skip(1).rfind(|w| !w.starts_with('-')).cloned();
+        let flags: Vec<&String> = words
+            .iter()
+            .skip(1)
+            .filter(|w| w.starts_with('-') || w.chars().all(|c| c.is_ascii_digit()))
+            .collect();
+        if promote(&mut self.kind, ActionKind::Read) {
+            self.path = file;
+            self.region = (!flags.is_empty()).then(|| {
+                flags
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            });
+        }
+    }
+
+    /// `grep`, `find` and the like: a search for the first word that is no flag
+    /// (`find -delete`/`-exec` also changes the world).
+    fn note_searcher(&mut self, words: &[String], f: &str) {
+        promote(&mut self.kind, ActionKind::Search);
+        self.search.get_or_insert_with(|| {
+            words
+                .iter()
+                .skip(1)
+                .find(|w| !w.starts_with('-'))
+                .cloned()
+                .unwrap_or_default()
+        });
+        if f == "find" && words.iter().any(|w| w == "-delete" || w == "-exec") {
+            self.mutating = true;
+        }
+    }
+
+    /// `rm`, `mv` and the like: an opaque change to every file named.
+    fn note_mutator(&mut self, words: &[String], f: &str) {
+        self.mutating = true;
+        for w in words.iter().skip(1).filter(|w| !w.starts_with('-')) {
+            self.changes.push(Change::Opaque {
+                path: w.clone(),
+                detail: hash64(format!("{f} {w}").as_bytes()),
+            });
+        }
+        promote(&mut self.kind, ActionKind::Edit);
+    }
+
+    /// A package manager: installing or removing changes the environment; `npm test` and
+    /// `npm run` are checks.
+    fn note_installer(&mut self, p: &Simple, words: &[String], f: &str) {
+        let sub = words.get(1).map(String::as_str).unwrap_or("");
+        if matches!(
+            sub,
+            "install" | "uninstall" | "add" | "remove" | "update" | "upgrade" | "ci" | "i"
+        ) {
+            self.mutating = true;
+            promote(&mut self.kind, ActionKind::Exec);
+            self.changes.push(Change::Opaque {
+                path: format!("env:{f}"),
+                detail: hash64(canon_simple(&p.words).as_bytes()),
+            });
+        } else if f == "npm" && matches!(sub, "test" | "run") {
+            promote(&mut self.kind, ActionKind::Exec);
+            self.check.get_or_insert_with(|| canon_simple(&p.words));
+        }
+    }
+
+    /// An interpreter, build tool or script: a check run, unless it only asks for its
+    /// version or help. An inline program that writes files is an edit as well.
+    fn note_run(&mut self, p: &Simple, words: &[String]) {
+        let inline = words.iter().any(|w| w == "-c" || w == "-e" || w == "-");
+        let runs_code = !matches!(
+            words.get(1).map(String::as_str),
+            Some("--version" | "-V" | "--help")
+        );
+        if p.heredoc.is_some() || inline {
+            // Inline programs: a check keyed by their text.
+            let body = p.heredoc.clone().unwrap_or_default();
+            let text = format!("{} {body}", canon_simple(&p.words));
+            if text.contains(".write(")
+                || text.contains("write_text(")
+                || text.contains("os.remove")
+            {
+                self.mutating = true;
+                self.changes.push(Change::Opaque {
+                    path: "inline-script".into(),
+                    detail: hash64(text.as_bytes()),
+                });
+                promote(&mut self.kind, ActionKind::Edit);
+            } else {
+                promote(&mut self.kind, ActionKind::Exec);
+            }
+            self.check
+                .get_or_insert_with(|| format!("inline:{:x}", hash64(text.as_bytes())));
+        } else if runs_code {
+            promote(&mut self.kind, ActionKind::Exec);
+            self.check.get_or_insert_with(|| canon_simple(&p.words));
+        }
+    }
+
+    /// The action the whole line amounts to (`parts`: its simple commands, `cmd`: the line).
+    fn into_action(self, cmd: &str, parts: &[Simple]) -> ToolAction {
+        let mutating = self.mutating || !self.changes.is_empty();
+        let normalized = self.key_parts.join(" && ");
+        let mut region = self.region;
+        if self.kind == ActionKind::Read {
+            // A pipeline's filters (`nl -ba f | sed -n '10,40p'`) pick the region read: the
+            // whole command is the region, so paging through a file is not the same read.
+            region = Some(normalized.clone());
+        }
+        // The key includes heredoc bodies hashed: two writes of different content differ.
+        let mut key = format!("sh:{normalized}");
+        for p in parts {
+            if let Some(h) = &p.heredoc {
+                key.push_str(&format!(":{:x}", hash64(h.as_bytes())));
+            }
+        }
+        ToolAction {
+            kind: self.kind,
+            path: self.path,
+            region,
+            changes: self.changes,
+            mutating,
+            check: self.check,
+            command: Some(cmd.trim().to_string()),
+            search: self.search,
+            key_hash: hash64(key.as_bytes()),
+            key,
+        }
     }
 }
 

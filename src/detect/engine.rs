@@ -16,7 +16,7 @@ use crate::dialect::ResponseTurn;
 use crate::transcript::{Step, Transcript};
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::config::{DetectConfig, Response};
+use super::config::{DetectConfig, PatternPolicy, Response};
 use super::facts::{Facts, StepEvents};
 use super::{registry, verifier, Action, Decision, Detector, Finding};
 
@@ -186,6 +186,37 @@ impl EngineState {
     /// The folded facts (for inspection and custom detectors' tests).
     pub fn facts(&self) -> &Facts {
         &self.facts
+    }
+
+    /// Starts escalation over when a human spoke (not the scaffold) or an operator
+    /// released the run at `request`, and forgets the loop to block once the world changed.
+    fn start_over_if_released(&mut self, ev: &StepEvents, store: &StoreFacts, request: usize) {
+        if ev.human_spoke || store.resumed_at.contains(&request) {
+            self.level = Level::Quiet;
+            self.last_intervention = None;
+            self.last_lead = None;
+            self.loop_keys.clear();
+            self.loop_detector = None;
+        }
+        if ev.changed {
+            self.loop_keys.clear();
+            self.loop_detector = None;
+        }
+    }
+
+    /// Records an intervention the pattern `lead` led at `request`: the level it reached
+    /// (a level never goes down, short of a start over) and the pattern's cooldown.
+    fn note_intervention(&mut self, action: Action, lead: &'static str, request: usize) {
+        self.level = match action {
+            Action::Halt | Action::Pause | Action::Block => Level::Stopped,
+            Action::Replan => self.level.max(Level::Replanned),
+            _ => self.level.max(Level::Nudged),
+        };
+        self.last_intervention = Some(request);
+        self.last_lead = Some(lead);
+        if let Some(p) = self.patterns.get_mut(lead) {
+            p.last_led = Some(request);
+        }
     }
 }
 
@@ -529,10 +560,68 @@ impl Engine {
         findings: Vec<Finding>,
         store: &StoreFacts,
     ) -> Decision {
-        let cfg = &self.config;
-        let esc = &cfg.escalation;
         let request = ev.index + 1;
+        self.smooth_patterns(st, ev, &findings, store, request);
+        st.start_over_if_released(ev, store, request);
+        if st.level == Level::Stopped {
+            // A stopped run stays stopped until a human or an operator speaks.
+            let mut d = st.decision();
+            d.findings = findings;
+            return d;
+        }
+        if ev.human_spoke || verifier::rising(&st.facts, ev) {
+            // Real progress (or fresh instructions) outweighs any pattern this step.
+            return observe(findings);
+        }
+        if let Some(hard) = self.hard_finding(&findings) {
+            st.level = Level::Stopped;
+            st.last_intervention = Some(request);
+            let action = stop_action(self.config.policy(&hard.detector).response);
+            return Decision {
+                action,
+                reason: hard.summary.clone(),
+                detector: hard.detector.clone(),
+                findings,
+            };
+        }
+        let Some((lead, lead_name, score)) = self.lead(st, &findings, request) else {
+            return observe(findings);
+        };
+        let pol = self.config.policy(&lead.detector);
+        if pol.response >= Response::Ask {
+            // Remember the loop's calls so the response side can block its next repeat.
+            st.loop_keys = lead.action_keys.clone();
+            st.loop_detector = Some(lead_name);
+        }
+        let Some(action) = self.next_rung(st, lead_name, &pol, score, request) else {
+            return observe(findings);
+        };
+        if action.stops() && !may_stop(&st.facts, self.config.escalation.stop_after_quiet) {
+            // Still changing its code, or only fumbling the scaffold's format before it has
+            // any fix: the stop waits (the pattern's next occasion asks again).
+            return observe(findings);
+        }
+        st.note_intervention(action, lead_name, request);
+        Decision {
+            action,
+            reason: lead.summary.clone(),
+            detector: lead.detector.clone(),
+            findings,
+        }
+    }
 
+    /// Updates each pattern's EMA with whether it fired this step (a pattern that neither
+    /// fired nor applies keeps its EMA), and quiets the patterns a human dismissed an
+    /// alert of at or before `request`.
+    fn smooth_patterns(
+        &self,
+        st: &mut EngineState,
+        ev: &StepEvents,
+        findings: &[Finding],
+        store: &StoreFacts,
+        request: usize,
+    ) {
+        let esc = &self.config.escalation;
         for d in self.detectors.iter() {
             let fired = findings.iter().any(|f| f.detector == d.name());
             if !fired && !d.applies(ev) {
@@ -548,54 +637,30 @@ impl Engine {
                 }
             }
         }
-        // A human spoke (not the scaffold), or an operator released the run: start over.
-        if ev.human_spoke || store.resumed_at.contains(&request) {
-            st.level = Level::Quiet;
-            st.last_intervention = None;
-            st.last_lead = None;
-            st.loop_keys.clear();
-            st.loop_detector = None;
-        }
-        if ev.changed {
-            st.loop_keys.clear();
-            st.loop_detector = None;
-        }
-        if st.level == Level::Stopped {
-            // A stopped run stays stopped until a human or an operator speaks.
-            let mut d = st.decision();
-            d.findings = findings;
-            return d;
-        }
-        let observe = |findings: Vec<Finding>| Decision {
-            findings,
-            ..Decision::observe()
-        };
-        if ev.human_spoke || verifier::rising(&st.facts, ev) {
-            // Real progress (or fresh instructions) outweighs any pattern this step.
-            return observe(findings);
-        }
+    }
 
-        if let Some(hard) = findings
+    /// The first finding that spends a hard budget under a policy that may stop the run.
+    fn hard_finding<'f>(&self, findings: &'f [Finding]) -> Option<&'f Finding> {
+        findings
             .iter()
-            .find(|f| f.hard && cfg.policy(&f.detector).response >= Response::Ask)
-        {
-            st.level = Level::Stopped;
-            st.last_intervention = Some(request);
-            let action = stop_action(cfg.policy(&hard.detector).response);
-            return Decision {
-                action,
-                reason: hard.summary.clone(),
-                detector: hard.detector.clone(),
-                findings,
-            };
-        }
+            .find(|f| f.hard && self.config.policy(&f.detector).response >= Response::Ask)
+    }
 
-        // Active findings: patterns allowed to act and not quieted by a dismissal.
+    /// The finding that leads an intervention, with its detector's name and the score of
+    /// all active findings (patterns allowed to act and not quieted by a dismissal): the
+    /// weightiest one (the first among equals). None when no finding is active or the
+    /// score does not reach the nudge score.
+    fn lead<'f>(
+        &self,
+        st: &EngineState,
+        findings: &'f [Finding],
+        request: usize,
+    ) -> Option<(&'f Finding, &'static str, f64)> {
         let weighted: Vec<(usize, f64)> = findings
             .iter()
             .enumerate()
             .filter_map(|(i, f)| {
-                let pol = cfg.policy(&f.detector);
+                let pol = self.config.policy(&f.detector);
                 let quiet = st
                     .patterns
                     .get(f.detector.as_str())
@@ -605,85 +670,60 @@ impl Engine {
             })
             .collect();
         let score: f64 = weighted.iter().map(|(_, w)| w).sum();
-        let Some(&(lead_i, _)) = weighted.iter().max_by(|a, b| {
+        let &(lead_i, _) = weighted.iter().max_by(|a, b| {
             a.1.partial_cmp(&b.1)
                 .unwrap_or(std::cmp::Ordering::Equal)
                 .then(b.0.cmp(&a.0))
-        }) else {
-            return observe(findings);
-        };
-        if !reaches(score, esc.nudge_score) {
-            return observe(findings);
+        })?;
+        if !reaches(score, self.config.escalation.nudge_score) {
+            return None;
         }
-        let lead = &findings[lead_i];
-        let pol = cfg.policy(&lead.detector);
-        let Some(lead_name) = self
+        let lead = findings.get(lead_i)?;
+        let lead_name = self
             .detectors
             .iter()
             .map(|d| d.name())
-            .find(|n| *n == lead.detector)
-        else {
-            return observe(findings);
-        };
-        let ps = st.patterns.get(lead_name).copied().unwrap_or_default();
-        if pol.response >= Response::Ask {
-            // Remember the loop's calls so the response side can block its next repeat.
-            st.loop_keys = lead.action_keys.clone();
-            st.loop_detector = Some(lead_name);
-        }
+            .find(|n| *n == lead.detector)?;
+        Some((lead, lead_name, score))
+    }
 
-        let action = match st.level {
-            Level::Quiet => Some(pol.first_action),
-            _ => {
-                let gap_ok = st
-                    .last_intervention
-                    .is_none_or(|at| request >= at + esc.escalation_gap);
-                // Chronic: this pattern keeps firing (its EMA) with a score that warrants
-                // more than a nudge, or a different pattern now confirms what an earlier
-                // intervention reported and the agent did not act on: two independent
-                // alerts, each past the nudge score. One detector firing again after its
-                // cooldown is the same evidence once more, and stays a nudge.
-                let corroborated = esc.corroborate && st.last_lead.is_some_and(|l| l != lead_name);
-                let chronic =
-                    (ps.ema > esc.escalate_ema && reaches(score, esc.halt_score)) || corroborated;
-                let cooled = ps.last_led.is_none_or(|at| request >= at + esc.cooldown);
-                if chronic && gap_ok {
-                    match (st.level, pol.response) {
-                        (Level::Nudged, _) if esc.replan_step => Some(Action::Replan),
-                        (_, Response::Halt | Response::Ask) => Some(stop_action(pol.response)),
-                        _ if cooled => Some(Action::Replan),
-                        _ => None,
-                    }
-                } else if cooled {
-                    Some(pol.first_action)
-                } else {
-                    None
-                }
+    /// The ladder's next rung for the lead pattern, or none while it waits out the gap
+    /// between escalations or its cooldown.
+    fn next_rung(
+        &self,
+        st: &EngineState,
+        lead_name: &'static str,
+        pol: &PatternPolicy,
+        score: f64,
+        request: usize,
+    ) -> Option<Action> {
+        let esc = &self.config.escalation;
+        if st.level == Level::Quiet {
+            return Some(pol.first_action);
+        }
+        let ps = st.patterns.get(lead_name).copied().unwrap_or_default();
+        let gap_ok = st
+            .last_intervention
+            .is_none_or(|at| request >= at + esc.escalation_gap);
+        // Chronic: this pattern keeps firing (its EMA) with a score that warrants
+        // more than a nudge, or a different pattern now confirms what an earlier
+        // intervention reported and the agent did not act on: two independent
+        // alerts, each past the nudge score. One detector firing again after its
+        // cooldown is the same evidence once more, and stays a nudge.
+        let corroborated = esc.corroborate && st.last_lead.is_some_and(|l| l != lead_name);
+        let chronic = (ps.ema > esc.escalate_ema && reaches(score, esc.halt_score)) || corroborated;
+        let cooled = ps.last_led.is_none_or(|at| request >= at + esc.cooldown);
+        if chronic && gap_ok {
+            match (st.level, pol.response) {
+                (Level::Nudged, _) if esc.replan_step => Some(Action::Replan),
+                (_, Response::Halt | Response::Ask) => Some(stop_action(pol.response)),
+                _ if cooled => Some(Action::Replan),
+                _ => None,
             }
-        };
-        let Some(action) = action else {
-            return observe(findings);
-        };
-        if action.stops() && !may_stop(&st.facts, esc.stop_after_quiet) {
-            // Still changing its code, or only fumbling the scaffold's format before it has
-            // any fix: the stop waits (the pattern's next occasion asks again).
-            return observe(findings);
-        }
-        st.level = match action {
-            Action::Halt | Action::Pause | Action::Block => Level::Stopped,
-            Action::Replan => st.level.max(Level::Replanned),
-            _ => st.level.max(Level::Nudged),
-        };
-        st.last_intervention = Some(request);
-        st.last_lead = Some(lead_name);
-        if let Some(p) = st.patterns.get_mut(lead_name) {
-            p.last_led = Some(request);
-        }
-        Decision {
-            action,
-            reason: lead.summary.clone(),
-            detector: lead.detector.clone(),
-            findings,
+        } else if cooled {
+            Some(pol.first_action)
+        } else {
+            None
         }
     }
 
@@ -765,6 +805,14 @@ fn may_stop(facts: &Facts, quiet: usize) -> bool {
     let index = facts.steps - 1;
     let quiet_since_source = facts.last_new_source.is_none_or(|at| index >= at + quiet);
     quiet_since_source && !last.new_info && (!last.rejected || facts.fix_verified)
+}
+
+/// A decision that only reports `findings`.
+fn observe(findings: Vec<Finding>) -> Decision {
+    Decision {
+        findings,
+        ..Decision::observe()
+    }
 }
 
 fn stop_action(response: Response) -> Action {

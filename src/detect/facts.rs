@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::actions::{self, ActionKind, CallContext, Change, ToolAction, ToolCatalog};
 use crate::normalize::{self, hash64};
-use crate::transcript::Step;
+use crate::transcript::{CallWithResult, Step, ToolResult};
 
 use super::config::DetectConfig;
 
@@ -274,6 +274,74 @@ pub fn jaccard(a: &[u64], b: &[u64]) -> f64 {
     }
 }
 
+/// A call's result as the facts read it, normalized once for every fact that needs it.
+struct ResultReading<'r> {
+    /// Hash of the normalized result (0 when the call has no result yet).
+    hash: u64,
+    /// The normalized result's outcome signature, for check streaks.
+    signature: u64,
+    /// First line of the normalized result, for summaries.
+    line: String,
+    has_result: bool,
+    empty: bool,
+    is_error: bool,
+    /// The result as the tool returned it, for the trailers and scores it carries.
+    raw: &'r str,
+    /// The normalized result, a search's own pattern masked.
+    text: String,
+}
+
+/// The configured verifier: the command (or tool name) that scores the agent's work, and
+/// the pattern of its score.
+struct Verifier<'c> {
+    command: &'c str,
+    score: regex::Regex,
+}
+
+impl<'c> Verifier<'c> {
+    /// The configuration's verifier; none when its score pattern does not compile.
+    fn of(cfg: &'c DetectConfig) -> Option<Verifier<'c>> {
+        let v = cfg.verifier.as_ref()?;
+        let score = regex::Regex::new(&v.score_regex).ok()?;
+        Some(Verifier {
+            command: v.command.as_str(),
+            score,
+        })
+    }
+
+    /// The score a call's result reports, when the call is the verifier.
+    fn score(&self, action: &ToolAction, name: &str, r: &ResultReading) -> Option<f64> {
+        let is_verifier = action
+            .check
+            .as_deref()
+            .is_some_and(|k| k.contains(self.command))
+            || name == self.command;
+        if !is_verifier || !r.has_result {
+            return None;
+        }
+        self.score
+            .captures(r.raw)
+            .and_then(|m| m.get(1))
+            .and_then(|m| m.as_str().parse::<f64>().ok())
+    }
+}
+
+/// The first eight bytes of a digest, as a number.
+fn first_u64(d: &[u8; 32]) -> u64 {
+    u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
+
+/// Token hashes of a call's action key and its result's first line, for near-duplicates.
+fn call_tokens(key: &str, result_line: &str) -> Vec<u64> {
+    let mut toks = tokens(key, MAX_TOKENS_PER_CALL / 2);
+    for t in tokens(result_line, MAX_TOKENS_PER_CALL / 2) {
+        if !toks.contains(&t) {
+            toks.push(t);
+        }
+    }
+    toks
+}
+
 impl Facts {
     /// Starts the facts of a conversation with its task.
     pub fn with_task(task: &str) -> Facts {
@@ -293,211 +361,260 @@ impl Facts {
             ..StepEvents::default()
         };
         self.tokens += step.text.len() as u64 / 4;
-        let verifier = cfg.verifier.as_ref().and_then(|v| {
-            regex::Regex::new(&v.score_regex)
-                .ok()
-                .map(|re| (v.command.as_str(), re))
-        });
-
+        let verifier = Verifier::of(cfg);
         for c in &step.calls {
-            let ctx = CallContext {
-                open_file: self.open_file.as_deref(),
-                tools: self.tools.as_deref(),
-            };
-            let action = actions::classify(&c.call, &cfg.tools, &ctx);
-            let raw_hash = {
-                let h = c.call.hash();
-                u64::from_le_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]])
-            };
-            let mut result_text = String::new();
-            let (result, signature, result_line, has_result, empty, mut is_error, raw_text) =
-                match &c.result {
-                    Some(r) => {
-                        self.tokens += r.text.len() as u64 / 4;
-                        let mut n = normalize::normalize(r);
-                        // A search's result quotes its pattern; "no match for X" and "no match
-                        // for Y" are the same non-result.
-                        if let Some(term) = action.search.as_deref().filter(|t| t.len() >= 2) {
-                            if n.text.contains(term) {
-                                n.text = n.text.replace(term, "<term>");
-                                n.hash = hash64(n.text.as_bytes());
-                            }
-                        }
-                        let line: String = normalize::headline(&n.text).chars().take(120).collect();
-                        result_text.clone_from(&n.text);
-                        (
-                            n.hash,
-                            normalize::outcome_signature(&n.text),
-                            line,
-                            true,
-                            n.text.is_empty(),
-                            n.outcome.is_error,
-                            r.text.as_str(),
-                        )
-                    }
-                    None => (0, 0, String::new(), false, true, false, ""),
-                };
-            // grep and friends exit 1 when nothing matches: a non-result, not a failure.
-            if action.kind == ActionKind::Search && empty {
-                is_error = false;
-            }
-            if let Some(m) = OPEN_FILE.captures(raw_text) {
-                let f = m[1].trim();
-                self.open_file = (f != "n/a").then(|| f.to_string());
-            }
-            let mut changed = false;
-            let mut returns = 0;
-            if !is_error && has_result || !has_result && !action.changes.is_empty() {
-                for ch in &action.changes {
-                    let (ch_changed, ch_returns) = self.apply_change(ch, index);
-                    changed |= ch_changed;
-                    returns = returns.max(ch_returns);
-                }
-                if action.mutating && action.changes.is_empty() && !is_error {
-                    changed = true;
-                }
-            }
-            // SWE-agent reports the size of the file it shows.
-            if let Some(m) = LINES_TOTAL.captures(raw_text) {
-                if changed {
-                    let f = self.files.entry(actions::norm_path(&m[1])).or_default();
-                    if let Ok(n) = m[2].parse::<i64>() {
-                        f.sizes.push(n);
-                    }
-                }
-            }
-            let new_result = has_result
-                && !found_nothing(action.kind, &result_text, empty, is_error)
-                && self.seen_results.insert(result);
+            let call = self.fold_call(c, index, cfg, verifier.as_ref());
+            ev.changed |= call.changed;
+            ev.new_info |= call.new_result;
+            ev.calls.push(call);
+        }
+        ev.identical_run = self.note_identical_calls(&ev.calls);
+        self.note_replies(step, cfg, &mut ev);
+        self.note_stretch(&mut ev);
+        self.note_progress(&ev);
+        let text = self.record_digest(step, &ev);
+        self.record_windows(step, cfg, &ev, text);
+        self.steps += 1;
+        ev
+    }
 
-            // The per-check streak of already-seen results, across edits. A re-run with no
-            // change since the last run neither extends nor breaks the streak (repeats
-            // within an unchanged stretch are the repeat detector's business).
+    /// Folds one call of the step `index`: classifies it, reads its result and updates the
+    /// per-file, per-check and per-command facts it touches. The call is classified with
+    /// the open file as it stood before the call (its own result may name another).
+    fn fold_call(
+        &mut self,
+        c: &CallWithResult,
+        index: usize,
+        cfg: &DetectConfig,
+        verifier: Option<&Verifier<'_>>,
+    ) -> CallEvent {
+        let ctx = CallContext {
+            open_file: self.open_file.as_deref(),
+            tools: self.tools.as_deref(),
+        };
+        let action = actions::classify(&c.call, &cfg.tools, &ctx);
+        let raw_hash = first_u64(&c.call.hash());
+        let r = self.read_result(c.result.as_ref(), &action);
+        self.note_open_file(r.raw);
+        let (changed, file_returns) = self.note_changes(&action, &r, index);
+        let new_result = r.has_result
+            && !found_nothing(action.kind, &r.text, r.empty, r.is_error)
+            && self.seen_results.insert(r.hash);
+        let (check_streak, check_streak_failing) = self.note_check_run(&action, &r);
+        let fail_run = self.note_failure(action.key_hash, &r);
+        let reads_since_change = self.note_read(&action, &r);
+        let verifier_score = verifier.and_then(|v| v.score(&action, &c.call.name, &r));
+        if let Some(s) = verifier_score {
+            self.verifier_scores.push(s);
+        }
+        CallEvent {
+            tokens: call_tokens(&action.key, &r.line),
+            result: r.hash,
+            result_line: r.line,
+            has_result: r.has_result,
+            empty_result: r.empty,
+            is_error: r.is_error,
+            new_result,
+            changed,
+            check_streak,
+            check_streak_failing,
+            stretch_repeat: false,
+            reads_since_change,
+            fail_run,
+            file_returns,
+            verifier_score,
+            raw_hash,
+            action,
+        }
+    }
+
+    /// Reads a call's result (none yet: no result, empty, no error), counting it in the
+    /// conversation's tokens.
+    fn read_result<'r>(
+        &mut self,
+        result: Option<&'r ToolResult>,
+        action: &ToolAction,
+    ) -> ResultReading<'r> {
+        let Some(r) = result else {
+            return ResultReading {
+                hash: 0,
+                signature: 0,
+                line: String::new(),
+                has_result: false,
+                empty: true,
+                is_error: false,
+                raw: "",
+                text: String::new(),
+            };
+        };
+        self.tokens += r.text.len() as u64 / 4;
+        let mut n = normalize::normalize(r);
+        // A search's result quotes its pattern; "no match for X" and "no match
+        // for Y" are the same non-result.
+        if let Some(term) = action.search.as_deref().filter(|t| t.len() >= 2) {
+            if n.text.contains(term) {
+                n.text = n.text.replace(term, "<term>");
+                n.hash = hash64(n.text.as_bytes());
+            }
+        }
+        let line: String = normalize::headline(&n.text).chars().take(120).collect();
+        let empty = n.text.is_empty();
+        let mut is_error = n.outcome.is_error;
+        // grep and friends exit 1 when nothing matches: a non-result, not a failure.
+        if action.kind == ActionKind::Search && empty {
+            is_error = false;
+        }
+        ResultReading {
+            hash: n.hash,
+            signature: normalize::outcome_signature(&n.text),
+            line,
+            has_result: true,
+            empty,
+            is_error,
+            raw: r.text.as_str(),
+            text: n.text,
+        }
+    }
+
+    /// Follows SWE-agent's open file, which a result names in its trailer ("n/a": none).
+    fn note_open_file(&mut self, raw: &str) {
+        if let Some(m) = OPEN_FILE.captures(raw) {
+            let f = m[1].trim();
+            self.open_file = (f != "n/a").then(|| f.to_string());
+        }
+    }
+
+    /// Applies what a call changes to the files: the changes of a call that succeeded, or
+    /// of one whose result has not come yet. Returns whether it changed anything for real
+    /// and how often a file it returned to an earlier state has now done so. `changes`
+    /// counts such calls, so a check re-run with the count unmoved ran on the same code.
+    fn note_changes(
+        &mut self,
+        action: &ToolAction,
+        r: &ResultReading,
+        index: usize,
+    ) -> (bool, u32) {
+        let mut changed = false;
+        let mut returns = 0;
+        if !r.is_error && r.has_result || !r.has_result && !action.changes.is_empty() {
+            for ch in &action.changes {
+                let (ch_changed, ch_returns) = self.apply_change(ch, index);
+                changed |= ch_changed;
+                returns = returns.max(ch_returns);
+            }
+            if action.mutating && action.changes.is_empty() && !r.is_error {
+                changed = true;
+            }
+        }
+        // SWE-agent reports the size of the file it shows.
+        if let Some(m) = LINES_TOTAL.captures(r.raw) {
             if changed {
-                self.changes += 1;
-            }
-            let (mut check_streak, mut check_streak_failing) = (0, false);
-            if let (Some(key), true) = (&action.check, has_result) {
-                let failing = is_error || normalize::shows_failure(&result_text);
-                self.fix_verified = !failing && self.last_new_source.is_some();
-                let changes = self.changes;
-                let cf = self.checks.entry(key.clone()).or_default();
-                let edited = cf.runs == 0 || cf.changes_at_last_run != changes;
-                cf.runs += 1;
-                cf.changes_at_last_run = changes;
-                // The verdict is part of the outcome: the same lines once failing and
-                // now passing (or the reverse) are a new result.
-                let outcome = (signature, is_error);
-                if !cf.seen.contains(&outcome) {
-                    cf.seen.push(outcome);
-                    cf.streak = 0;
-                    cf.streak_failing = false;
-                } else if edited {
-                    cf.streak += 1;
-                    cf.streak_failing = if cf.streak == 1 {
-                        failing
-                    } else {
-                        cf.streak_failing && failing
-                    };
-                }
-                check_streak = cf.streak;
-                check_streak_failing = cf.streak_failing;
-            }
-
-            // Consecutive failures of one command with one error.
-            let mut fail_run = 0;
-            if has_result {
-                let entry = self.fail_runs.entry(action.key_hash).or_insert((0, 0));
-                if is_error {
-                    if entry.0 == result {
-                        entry.1 += 1;
-                    } else {
-                        *entry = (result, 1);
-                    }
-                    fail_run = entry.1;
-                } else {
-                    *entry = (0, 0);
+                let f = self.files.entry(actions::norm_path(&m[1])).or_default();
+                if let Ok(n) = m[2].parse::<i64>() {
+                    f.sizes.push(n);
                 }
             }
-
-            // Reads of one region since the file changed.
-            let mut reads_since_change = 0;
-            if action.kind == ActionKind::Read && has_result && !is_error {
-                if let Some(p) = &action.path {
-                    let f = self.files.entry(actions::norm_path(p)).or_default();
-                    let r = f
-                        .reads
-                        .entry(action.region.clone().unwrap_or_default())
-                        .or_insert(0);
-                    *r += 1;
-                    reads_since_change = *r;
-                }
-            }
-
-            let verifier_score = verifier.as_ref().and_then(|(cmd, re)| {
-                let is_verifier =
-                    action.check.as_deref().is_some_and(|k| k.contains(cmd)) || c.call.name == *cmd;
-                if !is_verifier || !has_result {
-                    return None;
-                }
-                re.captures(raw_text)
-                    .and_then(|m| m.get(1))
-                    .and_then(|m| m.as_str().parse::<f64>().ok())
-            });
-            if let Some(s) = verifier_score {
-                self.verifier_scores.push(s);
-            }
-
-            let mut toks = tokens(&action.key, MAX_TOKENS_PER_CALL / 2);
-            for t in tokens(&result_line, MAX_TOKENS_PER_CALL / 2) {
-                if !toks.contains(&t) {
-                    toks.push(t);
-                }
-            }
-            ev.changed |= changed;
-            ev.new_info |= new_result;
-            ev.calls.push(CallEvent {
-                action,
-                result,
-                result_line,
-                has_result,
-                empty_result: empty,
-                is_error,
-                new_result,
-                changed,
-                check_streak,
-                check_streak_failing,
-                stretch_repeat: false,
-                tokens: toks,
-                reads_since_change,
-                fail_run,
-                file_returns: returns,
-                verifier_score,
-                raw_hash,
-            });
         }
+        if changed {
+            self.changes += 1;
+        }
+        (changed, returns)
+    }
 
-        // The same calls, verbatim, as the step before: whatever they changed, issuing them
-        // again is a repeat of the agent's own action.
-        if !ev.calls.is_empty() {
-            let mut raw = blake3::Hasher::new();
-            for c in &ev.calls {
-                raw.update(&c.raw_hash.to_le_bytes());
-            }
-            let rb = raw.finalize();
-            let rb = rb.as_bytes();
-            let calls =
-                u64::from_le_bytes([rb[0], rb[1], rb[2], rb[3], rb[4], rb[5], rb[6], rb[7]]);
-            self.last_calls = if self.last_calls.0 == calls {
-                (calls, self.last_calls.1 + 1)
+    /// Records a run of a check command and returns its streak of already-seen results
+    /// and whether those runs all failed. The streak runs across edits; a re-run with no
+    /// change since the last run neither extends nor breaks it (repeats within an
+    /// unchanged stretch are the repeat detector's business).
+    fn note_check_run(&mut self, action: &ToolAction, r: &ResultReading) -> (u32, bool) {
+        let (Some(key), true) = (&action.check, r.has_result) else {
+            return (0, false);
+        };
+        let failing = r.is_error || normalize::shows_failure(&r.text);
+        self.fix_verified = !failing && self.last_new_source.is_some();
+        let changes = self.changes;
+        let cf = self.checks.entry(key.clone()).or_default();
+        let edited = cf.runs == 0 || cf.changes_at_last_run != changes;
+        cf.runs += 1;
+        cf.changes_at_last_run = changes;
+        // The verdict is part of the outcome: the same lines once failing and
+        // now passing (or the reverse) are a new result.
+        let outcome = (r.signature, r.is_error);
+        if !cf.seen.contains(&outcome) {
+            cf.seen.push(outcome);
+            cf.streak = 0;
+            cf.streak_failing = false;
+        } else if edited {
+            cf.streak += 1;
+            cf.streak_failing = if cf.streak == 1 {
+                failing
             } else {
-                (calls, 1)
+                cf.streak_failing && failing
             };
-        } else {
-            self.last_calls = (0, 0);
         }
-        ev.identical_run = self.last_calls.1;
+        (cf.streak, cf.streak_failing)
+    }
 
+    /// Counts consecutive failures of the command `key` with this very error (0 when the
+    /// call did not fail, which ends the run).
+    fn note_failure(&mut self, key: u64, r: &ResultReading) -> u32 {
+        if !r.has_result {
+            return 0;
+        }
+        let entry = self.fail_runs.entry(key).or_insert((0, 0));
+        if !r.is_error {
+            *entry = (0, 0);
+            return 0;
+        }
+        if entry.0 == r.hash {
+            entry.1 += 1;
+        } else {
+            *entry = (r.hash, 1);
+        }
+        entry.1
+    }
+
+    /// Counts the reads of one region of a file since the file last changed (0 for a call
+    /// that is no successful read).
+    fn note_read(&mut self, action: &ToolAction, r: &ResultReading) -> u32 {
+        if action.kind != ActionKind::Read || !r.has_result || r.is_error {
+            return 0;
+        }
+        let Some(p) = &action.path else {
+            return 0;
+        };
+        let f = self.files.entry(actions::norm_path(p)).or_default();
+        let reads = f
+            .reads
+            .entry(action.region.clone().unwrap_or_default())
+            .or_insert(0);
+        *reads += 1;
+        *reads
+    }
+
+    /// Counts the steps in a row, this one included, that issued exactly these calls. The
+    /// same calls, verbatim, as the step before: whatever they changed, issuing them
+    /// again is a repeat of the agent's own action.
+    fn note_identical_calls(&mut self, calls: &[CallEvent]) -> u32 {
+        if calls.is_empty() {
+            self.last_calls = (0, 0);
+            return 0;
+        }
+        let mut raw = blake3::Hasher::new();
+        for c in calls {
+            raw.update(&c.raw_hash.to_le_bytes());
+        }
+        let calls = first_u64(raw.finalize().as_bytes());
+        self.last_calls = if self.last_calls.0 == calls {
+            (calls, self.last_calls.1 + 1)
+        } else {
+            (calls, 1)
+        };
+        self.last_calls.1
+    }
+
+    /// Reads the messages that came after the step: whether a human (not the scaffold)
+    /// spoke, and whether the scaffold rejected a turn that made no call.
+    fn note_replies(&mut self, step: &Step, cfg: &DetectConfig, ev: &mut StepEvents) {
         // A turn without a call that the scaffold rejected is a failed action of its own.
         let mut human = false;
         for u in &step.user_after {
@@ -511,44 +628,54 @@ impl Facts {
         }
         ev.human_spoke = human;
         if step.calls.is_empty() && ev.rejected {
-            let complaint: String = step
-                .user_after
-                .first()
-                .map(|u| normalize::normalize_text(u))
-                .unwrap_or_default()
-                .chars()
-                .filter(|c| !c.is_ascii_digit())
-                .collect();
-            let result = hash64(complaint.as_bytes());
-            ev.calls.push(CallEvent {
-                action: ToolAction::plain(ActionKind::Other, "rejected-turn".to_string()),
-                result,
-                result_line: complaint
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .chars()
-                    .take(120)
-                    .collect(),
-                has_result: true,
-                empty_result: false,
-                is_error: true,
-                new_result: self.seen_results.insert(result),
-                changed: false,
-                check_streak: 0,
-                check_streak_failing: false,
-                stretch_repeat: false,
-                tokens: Vec::new(),
-                reads_since_change: 0,
-                fail_run: 0,
-                file_returns: 0,
-                verifier_score: None,
-                raw_hash: 0,
-            });
+            let call = self.rejected_turn(step);
+            ev.calls.push(call);
         }
+    }
 
-        // Stretches: a real change or a new result starts a new one; within one, any
-        // repeat of an (action, result) pair is being stuck.
+    /// The failed action a rejected turn stands for: the scaffold's complaint (digits
+    /// dropped, so a count or a line number in it does not make it new) is its result.
+    fn rejected_turn(&mut self, step: &Step) -> CallEvent {
+        let complaint: String = step
+            .user_after
+            .first()
+            .map(|u| normalize::normalize_text(u))
+            .unwrap_or_default()
+            .chars()
+            .filter(|c| !c.is_ascii_digit())
+            .collect();
+        let result = hash64(complaint.as_bytes());
+        CallEvent {
+            action: ToolAction::plain(ActionKind::Other, "rejected-turn".to_string()),
+            result,
+            result_line: complaint
+                .lines()
+                .next()
+                .unwrap_or("")
+                .chars()
+                .take(120)
+                .collect(),
+            has_result: true,
+            empty_result: false,
+            is_error: true,
+            new_result: self.seen_results.insert(result),
+            changed: false,
+            check_streak: 0,
+            check_streak_failing: false,
+            stretch_repeat: false,
+            tokens: Vec::new(),
+            reads_since_change: 0,
+            fail_run: 0,
+            file_returns: 0,
+            verifier_score: None,
+            raw_hash: 0,
+        }
+    }
+
+    /// Stretches: a real change or a new result starts a new one; within one, any
+    /// repeat of an (action, result) pair is being stuck. Marks the calls that repeat one.
+    fn note_stretch(&mut self, ev: &mut StepEvents) {
+        let index = ev.index;
         if ev.changed || ev.new_info {
             self.stretch = Stretch {
                 start: index,
@@ -574,10 +701,13 @@ impl Facts {
         if repeated {
             self.stretch.repeat_steps.push(index);
         }
+    }
 
-        // Errors piling up since the last real change.
+    /// Errors piling up since the last real change, and the runs of steps that neither
+    /// changed anything nor learned anything.
+    fn note_progress(&mut self, ev: &StepEvents) {
         if ev.changed {
-            self.last_change = Some(index);
+            self.last_change = Some(ev.index);
             self.world_version += 1;
             self.errors_since_change = 0;
             self.calls_since_change = 0;
@@ -597,8 +727,11 @@ impl Facts {
                 self.failing_keys_since_change.insert(call.action.key_hash);
             }
         }
+    }
 
-        // Digest and windows.
+    /// Appends the step's digest to the history. Returns the hash and length of the
+    /// step's text with its whitespace collapsed, for the texts window.
+    fn record_digest(&mut self, step: &Step, ev: &StepEvents) -> (u64, usize) {
         let mut sig = blake3::Hasher::new();
         for c in &ev.calls {
             sig.update(&c.action.key_hash.to_le_bytes());
@@ -606,10 +739,8 @@ impl Facts {
         }
         let text_norm: String = step.text.split_whitespace().collect::<Vec<_>>().join(" ");
         let text_hash = hash64(text_norm.as_bytes());
-        let sig_bytes = sig.finalize();
-        let sb = sig_bytes.as_bytes();
         self.history.push(StepDigest {
-            sig: u64::from_le_bytes([sb[0], sb[1], sb[2], sb[3], sb[4], sb[5], sb[6], sb[7]]),
+            sig: first_u64(sig.finalize().as_bytes()),
             calls: ev.calls.len().min(255) as u8,
             errors: ev.calls.iter().filter(|c| c.is_error).count().min(255) as u8,
             changed: ev.changed,
@@ -618,12 +749,21 @@ impl Facts {
             text_hash,
             text_len: text_norm.len().min(u32::MAX as usize) as u32,
         });
-        for c in &ev.calls {
-            if !c.has_result {
-                continue;
-            }
+        (text_hash, text_norm.len())
+    }
+
+    /// Pushes the step onto the bounded windows detectors look back through: its results,
+    /// its text (`text`: hash and length), a trouble phrase in it, and its tokens.
+    fn record_windows(
+        &mut self,
+        step: &Step,
+        cfg: &DetectConfig,
+        ev: &StepEvents,
+        text: (u64, usize),
+    ) {
+        for c in ev.calls.iter().filter(|c| c.has_result) {
             self.recent.push_back(Recent {
-                index,
+                index: ev.index,
                 tokens: c.tokens.clone(),
                 result: c.result,
                 key: c.action.key_hash,
@@ -635,7 +775,7 @@ impl Facts {
                 self.recent.pop_front();
             }
         }
-        self.texts.push_back((text_hash, text_norm.len()));
+        self.texts.push_back(text);
         if self.texts.len() > RECENT_TEXTS {
             self.texts.pop_front();
         }
@@ -644,7 +784,7 @@ impl Facts {
             .iter()
             .any(|p| ev.text_lower.contains(p.as_str()))
         {
-            self.trouble_steps.push_back(index);
+            self.trouble_steps.push_back(ev.index);
             if self.trouble_steps.len() > 8 {
                 self.trouble_steps.pop_front();
             }
@@ -661,8 +801,6 @@ impl Facts {
         if self.recent_step_tokens.len() > RECENT_STEP_TOKENS {
             self.recent_step_tokens.pop_front();
         }
-        self.steps += 1;
-        ev
     }
 
     /// Applies a change to a file's known state: whether it changed anything, and how many
