@@ -103,8 +103,13 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
             .and_then(|d| HeaderValue::from_str(d).ok()),
     };
     let held_stamp = stamp.clone();
+    // The upstream and the URL to send to, worked out once from the route.
+    let target = app.client.target(route.upstream, route.path, route.query);
+    let upstream = route.upstream;
     let dispatch = Dispatch {
         app: app.clone(),
+        upstream,
+        target,
         parts,
         body,
         started,
@@ -224,6 +229,9 @@ impl Stamp {
 /// answer.
 struct Dispatch {
     app: Arc<App>,
+    upstream: Upstream,
+    /// Configured base + forwarded path + original query (`None`: not a valid URL).
+    target: Option<http::Uri>,
     parts: http::request::Parts,
     body: RequestBytes,
     started: Instant,
@@ -272,12 +280,11 @@ impl Dispatch {
         &mut self,
         body: RequestBytes,
     ) -> Result<Answered, (Failure, Option<Instant>)> {
-        let route = route::route(&self.parts.uri, &self.parts.headers);
-        let upstream = route.upstream;
+        let upstream = self.upstream;
         let client = upstream::thread_client(&self.app.client);
         // The client's headers are not needed past this point: moved, not copied.
         let headers = std::mem::take(&mut self.parts.headers);
-        let Some(request) = upstream_request(&client, &self.parts.method, headers, &route, body)
+        let Some(request) = upstream_request(self.target.take(), &self.parts.method, headers, body)
         else {
             // Unreachable in practice: the base URL was validated and the path came from a
             // valid URI. Answer like an unreachable upstream rather than panic.
@@ -410,10 +417,12 @@ impl Dispatch {
             Ok(collected) => Ok(collected.to_bytes()),
             Err(e) => {
                 tracing::warn!(error = %e, "upstream answer broke off while checked for a block");
-                let upstream = route::route(&self.parts.uri, &self.parts.headers).upstream;
                 Err(Failure {
                     outcome: Outcome::UpstreamBroken,
-                    ..Failure::unreachable(upstream, "loopwarden: the upstream answer broke off")
+                    ..Failure::unreachable(
+                        self.upstream,
+                        "loopwarden: the upstream answer broke off",
+                    )
                 })
             }
         }
@@ -552,17 +561,16 @@ impl Failure {
     }
 }
 
-/// The request to the upstream: configured base + forwarded path + original query, the
-/// client's end-to-end `headers` (the proxy's own and the hop-by-hop ones taken out), and
-/// `body`. `Host` is the upstream client's to set; `Content-Length` hyper's.
+/// The request to the upstream: `target` (configured base + forwarded path + original
+/// query), the client's end-to-end `headers` (the proxy's own and the hop-by-hop ones taken
+/// out), and `body`. `Host` is the upstream client's to set; `Content-Length` hyper's.
 fn upstream_request(
-    client: &upstream::Client,
+    target: Option<http::Uri>,
     method: &http::Method,
     mut headers: HeaderMap,
-    route: &Route<'_>,
     body: RequestBytes,
 ) -> Option<http::Request<Outgoing>> {
-    let target = client.target(route.upstream, route.path, route.query)?;
+    let target = target?;
     let listed = connection_listed(&headers);
     let unwanted: Vec<HeaderName> = headers
         .keys()
