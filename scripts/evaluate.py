@@ -203,7 +203,8 @@ def rename_file(src, dst):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--binary", default=os.path.join(ROOT, "target", "eval", "loopwarden"))
+    target_dir = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+    ap.add_argument("--binary", default=os.path.join(target_dir, "eval", "loopwarden"))
     ap.add_argument("--data", default=os.path.join(SHARED, "data", "trajectories"))
     ap.add_argument("--loao", action="store_true", help="leave-one-agent-out over GRID")
     ap.add_argument("--renamed", action="store_true", help="also replay with tools renamed")
