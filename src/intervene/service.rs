@@ -1,7 +1,7 @@
 //! The stateful side of interventions, as the proxy holds it: sticky halts
-//! ([`Controls`]), held requests ([`Pending`]), the webhook client and the log. The proxy
-//! calls, per request: [`Interventions::before_decide`] (what the engine must know from
-//! the store), [`Interventions::plan`] (the ruling, carried out, logged), and for a held
+//! ([`Controls`]), held requests ([`Pending`]) and the intervention log. The proxy calls,
+//! per request: [`Interventions::conversation_state`] (what the engine must know from the
+//! store), [`Interventions::plan`] (the ruling, carried out, logged), and for a held
 //! request [`Interventions::hold`] then [`Interventions::after_verdict`]; per response,
 //! [`Interventions::armed`] and [`Interventions::check_response`] (block). What happens
 //! is ruled in one place, [`super::ruling`]; this file keeps the state and the log.
@@ -55,9 +55,9 @@ impl ConversationState {
     }
 }
 
-/// A request ruled on and carried out.
+/// A request ruled on and carried out: the decision acted on, and what was sent.
 #[derive(Debug)]
-pub struct Planned {
+pub struct Acted {
     /// The decision acted on (a sticky halt replaces the engine's).
     pub decision: Decision,
     pub carried: Carried,
@@ -93,7 +93,11 @@ impl Interventions {
     }
 
     /// Where a request stands (sticky halt, operator resumes) and what the engine needs.
-    pub fn before_decide(&self, conversation: &str, transcript: &Transcript) -> ConversationState {
+    pub fn conversation_state(
+        &self,
+        conversation: &str,
+        transcript: &Transcript,
+    ) -> ConversationState {
         if !self.controls.contains(conversation) {
             return ConversationState::free();
         }
@@ -144,11 +148,11 @@ impl Interventions {
     pub fn plan(
         &self,
         decision: Decision,
-        before: &ConversationState,
+        state: &ConversationState,
         req: &RequestInfo<'_>,
         request_id: i64,
-    ) -> Planned {
-        let standing = match &before.standing {
+    ) -> Acted {
+        let standing = match &state.standing {
             Standing::Halted { reason } => ruling::Standing::Halted(reason),
             Standing::Free { .. } => ruling::Standing::Free,
         };
@@ -164,7 +168,7 @@ impl Interventions {
                 self.humans(&req.transcript),
             );
         }
-        Planned {
+        Acted {
             decision: ruling.decision,
             carried,
         }

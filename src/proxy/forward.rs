@@ -63,7 +63,8 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         earlier,
     };
     let mut analysis = app.analyser.analyse(arrival, |conversation, transcript| {
-        app.interventions.before_decide(conversation, transcript)
+        app.interventions
+            .conversation_state(conversation, transcript)
     });
     let request_id = next_request_id();
     let stream = analysis.stream;

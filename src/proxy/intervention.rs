@@ -43,20 +43,22 @@ pub struct Planned {
 pub fn plan(
     app: &App,
     decision: Decision,
-    before: &ConversationState,
+    conversation: &ConversationState,
     state: &EngineState,
     req: &RequestInfo<'_>,
     request_id: i64,
 ) -> Planned {
-    let planned = app.interventions.plan(decision, before, req, request_id);
-    let effect = planned.carried.effect;
+    let acted = app
+        .interventions
+        .plan(decision, conversation, req, request_id);
+    let effect = acted.carried.effect;
     let held = matches!(effect, Effect::Hold).then(|| {
-        let (ticket, info) = app.interventions.hold(&planned.decision, req);
+        let (ticket, info) = app.interventions.hold(&acted.decision, req);
         let client = super::upstream::thread_client(&app.client);
         super::held::notify(&client, &app.interventions.config().pause, &info);
         Box::new(Held {
             ticket,
-            decision: planned.decision.clone(),
+            decision: acted.decision.clone(),
             request: req.to_owned(),
             request_id,
         })
@@ -70,8 +72,8 @@ pub fn plan(
     });
     Planned {
         effect,
-        applied: planned.carried.applied,
-        decision: planned.decision,
+        applied: acted.carried.applied,
+        decision: acted.decision,
         held,
         guard,
     }
