@@ -77,27 +77,6 @@ impl std::ops::Deref for Label {
     }
 }
 
-impl sqlx::Type<sqlx::Sqlite> for Label {
-    fn type_info() -> sqlx::sqlite::SqliteTypeInfo {
-        <String as sqlx::Type<sqlx::Sqlite>>::type_info()
-    }
-    fn compatible(ty: &sqlx::sqlite::SqliteTypeInfo) -> bool {
-        <String as sqlx::Type<sqlx::Sqlite>>::compatible(ty)
-    }
-}
-
-impl<'r> sqlx::Decode<'r, sqlx::Sqlite> for Label {
-    fn decode(value: sqlx::sqlite::SqliteValueRef<'r>) -> Result<Label, sqlx::error::BoxDynError> {
-        <String as sqlx::Decode<sqlx::Sqlite>>::decode(value).map(Label::from)
-    }
-}
-
-impl rusqlite::ToSql for Label {
-    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        self.as_str().to_sql()
-    }
-}
-
 /// One proxied request, complete with its outcome. Column meanings: `migrations/0001_log.sql`.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct RequestRow {

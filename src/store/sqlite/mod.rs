@@ -12,7 +12,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::SqlitePool;
 
 use super::writer::{self, Handle};
-use super::{Control, StoreOptions};
+use super::{Control, Label, StoreOptions};
 
 /// The read side of a SQLite log.
 #[derive(Clone)]
@@ -83,5 +83,27 @@ impl Sqlite {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+}
+
+// A `Label` is text in SQLite, through either library.
+impl sqlx::Type<sqlx::Sqlite> for Label {
+    fn type_info() -> sqlx::sqlite::SqliteTypeInfo {
+        <String as sqlx::Type<sqlx::Sqlite>>::type_info()
+    }
+    fn compatible(ty: &sqlx::sqlite::SqliteTypeInfo) -> bool {
+        <String as sqlx::Type<sqlx::Sqlite>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Sqlite> for Label {
+    fn decode(value: sqlx::sqlite::SqliteValueRef<'r>) -> Result<Label, sqlx::error::BoxDynError> {
+        <String as sqlx::Decode<sqlx::Sqlite>>::decode(value).map(Label::from)
+    }
+}
+
+impl rusqlite::ToSql for Label {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        self.as_str().to_sql()
     }
 }
