@@ -6,6 +6,10 @@
 //! [`proxy`] forwards and tees the response → [`store`] logs it. The steps from bytes to a
 //! decision are one call, `proxy::analysis::Analyser::analyse`, which the proxy, the
 //! benchmarks and `loopwarden replay` share.
+#![allow(
+    rustdoc::private_intra_doc_links,
+    reason = "the docs are for maintainers (`cargo doc --document-private-items`): modules point at their private parts"
+)]
 
 pub mod actions;
 pub mod config;

@@ -2,7 +2,7 @@
 //! decide, let [`intervention::plan`] carry out the ruling on it, forward the original (or
 //! rewritten) bytes to the configured upstream, and stream the answer back through the tee.
 //!
-//! Everything the log needs travels with the response body ([`tee::Pending`]) and is
+//! Everything the log needs travels with the response body ([`super::tee::Pending`]) and is
 //! handed to the log ([`super::record`]) when the body ends; nothing on this path waits for it.
 
 use std::sync::Arc;
