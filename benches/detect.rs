@@ -1,13 +1,6 @@
 //! Detection cost (issue 5): the N-th request of a conversation continues the cached
 //! engine state with only its new step, so request 300 costs about what request 30 does;
 //! and the full replay of a 300-step transcript.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use loopwarden::detect::{Engine, StoreFacts};

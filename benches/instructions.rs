@@ -6,13 +6,6 @@
 //! the work inside [`measured`] is counted, never the payload generation or the priming.
 //! Run alone (`cargo bench --bench instructions -- SCENARIO`), it just runs the scenario
 //! once; `list` prints the scenario names.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 mod support;
 

@@ -8,13 +8,6 @@
 //!
 //! The time is the writer's: logging only queues, and the flush waits for the rows to be
 //! written. `cargo bench --bench log`.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 use std::time::{Duration, Instant};
 

@@ -12,13 +12,6 @@
 //!   what the request costs beyond reading its bytes should not grow with the history.
 //!
 //! `cargo bench --bench request_path` (add `-- growth` etc. to pick a group).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 mod support;
 

@@ -6,6 +6,12 @@
 //! [`proxy`] forwards and tees the response → [`store`] logs it. The steps from bytes to a
 //! decision are one call, `proxy::analysis::Analyser::analyse`, which the proxy, the
 //! benchmarks and `loopwarden replay` share.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "input never panics the proxy: errors are answered or logged (Cargo.toml)"
+)]
 #![allow(
     rustdoc::private_intra_doc_links,
     reason = "the docs are for maintainers (`cargo doc --document-private-items`): modules point at their private parts"

@@ -1,5 +1,11 @@
 //! The `loopwarden` command line. Each subcommand's options and behaviour live in the
 //! module that owns it; this file only dispatches.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "input never panics the proxy: errors are answered or logged (Cargo.toml)"
+)]
 
 use clap::{Parser, Subcommand};
 

@@ -2,13 +2,6 @@
 //! from the tool definitions. The tool sets are those of agents loopwarden has no profile
 //! for (Cline, Roo Code, Goose, Cursor, Continue, an exec/read/edit/write agent, SWE-agent
 //! 1.x, mini-swe-agent 2.x, an Aider-style set), in `tests/fixtures/tool_sets.json`.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 use std::collections::BTreeMap;
 

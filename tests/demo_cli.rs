@@ -1,11 +1,4 @@
 //! `loopwarden demo`, run as a user runs it: one command, no key, no setup.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 use std::process::Command;
 

@@ -1,12 +1,5 @@
 //! Each detector fires on a realistic loop and stays quiet on the healthy version of the
 //! same work, with the tool shapes of at least two clients (CLIENTS.md §4.3-4.4).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 use loopwarden::detect::{Action, DetectConfig, Engine, StoreFacts};
 use loopwarden::transcript::{CallWithResult, Step, ToolCall, ToolResult, Transcript};

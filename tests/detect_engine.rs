@@ -1,12 +1,5 @@
 //! The engine: EMA, cooldown, escalation ladder, human resets, scaffold messages that are
 //! not a human, incremental folding, the response-side block, and property tests.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 use loopwarden::detect::{Action, DetectConfig, Engine, StoreFacts};
 use loopwarden::dialect::ResponseTurn;

@@ -1,12 +1,5 @@
 //! `loopwarden replay`: the binary over a JSONL file, its output format, determinism,
 //! and bad input.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 use std::process::Command;
 
@@ -34,17 +27,8 @@ fn run_line(id: &str, agent: &str, resolved: bool, loops: bool) -> String {
     json!({"id": id, "agent": agent, "resolved": resolved, "messages": messages}).to_string()
 }
 
-fn replay(file: &std::path::Path, extra: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_loopwarden"))
-        .arg("replay")
-        .arg(file)
-        .args(extra)
-        .output()
-        .unwrap()
-}
-
-#[test]
-fn replay_prints_one_json_line_per_intervention_and_stops_at_a_halt() {
+/// A file with a looping run (`loop-1`) and a healthy one (`ok-1`), in its directory.
+fn looping_and_healthy_runs() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("runs.jsonl");
     std::fs::write(
@@ -57,6 +41,21 @@ fn replay_prints_one_json_line_per_intervention_and_stops_at_a_halt() {
             + "\n",
     )
     .unwrap();
+    (dir, file)
+}
+
+fn replay(file: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_loopwarden"))
+        .arg("replay")
+        .arg(file)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn replay_prints_one_json_line_per_intervention_and_stops_at_a_halt() {
+    let (_dir, file) = looping_and_healthy_runs();
     let out = replay(&file, &[]);
     assert!(
         out.status.success(),
@@ -146,18 +145,7 @@ fn replay_uses_the_detect_table_of_a_config_file_and_rejects_bad_input() {
 
 #[test]
 fn explain_writes_each_step_of_one_run_or_of_every_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("runs.jsonl");
-    std::fs::write(
-        &file,
-        [
-            run_line("loop-1", "mini-swe-agent", false, true),
-            run_line("ok-1", "openhands", true, false),
-        ]
-        .join("\n")
-            + "\n",
-    )
-    .unwrap();
+    let (_dir, file) = looping_and_healthy_runs();
     let one = String::from_utf8(replay(&file, &["--explain", "loop-1"]).stderr).unwrap();
     assert!(one.starts_with("# loop-1\n"), "{one}");
     assert!(!one.contains("# ok-1"), "only the named run: {one}");

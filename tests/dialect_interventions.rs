@@ -1,13 +1,6 @@
 //! The wire side of interventions: reminders spliced into requests, halt replies, the
 //! tails that close a partially forwarded stream, and error bodies. Every reply is read
 //! back with our own decoder and checked for the events a client needs.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 use loopwarden::dialect::{Dialect, HaltOptions, HaltToolCall, StreamEventKind, UpstreamFailure};
 use loopwarden::transcript::Item;

@@ -1,13 +1,6 @@
 //! Request parsing: each client's wire shape (our own fixtures, same shapes as the
 //! captured ones) parsed to the expected transcript, plus every captured request in
 //! ../shared/fixtures/requests/ (beside the checkout) when that directory exists.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 use loopwarden::dialect::Dialect;
 use loopwarden::transcript::{CallWithResult, Transcript};

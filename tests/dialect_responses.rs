@@ -1,12 +1,5 @@
 //! Answers: non-streaming bodies and streams decoded as they arrive, fed whole, byte by
 //! byte and in random splits; events keep the exact bytes; garbage never panics.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 use loopwarden::dialect::{Dialect, ResponseTurn, StreamEvent, StreamEventKind};
 use proptest::prelude::*;

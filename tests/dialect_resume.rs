@@ -4,13 +4,6 @@
 //! (one message more), and for the next request with any one byte changed, removed or
 //! cut off anywhere (inside a message, in a top-level field before the history, in the
 //! last message, after the history).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 use bytes::Bytes;
 use loopwarden::dialect::{Dialect, ParseError, RequestBytes, Scanned, SharedPrefix};

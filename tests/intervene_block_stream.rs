@@ -1,13 +1,6 @@
 //! The block filter over real streamed answers: the scripted mock streams text and a tool
 //! call over a socket in every API; the filter releases the call unchanged when it is not a
 //! loop, or replaces it by the halt so the stream still reads as one complete answer.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 use bytes::Bytes;
 use futures_util::StreamExt;

@@ -2,11 +2,8 @@
 //! webhook (a loopback server), and decided by `continue`, `nudge`, `halt` or the timeout;
 //! a held streaming request is kept alive with SSE comments.
 #![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
     clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
+    reason = "tests start their servers as they like"
 )]
 
 mod intervene_support;

@@ -1,13 +1,6 @@
 //! Interventions through the real proxy over loopback sockets, in front of the scripted
 //! mock: the nudge the upstream receives, the halt the client receives (every API, JSON
 //! and SSE), sticky halts and both ways to resume, block, rollback, and the log.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 mod intervene_support;
 

@@ -3,13 +3,6 @@
 //! keeps changing its code is nudged but never stopped, and one that re-runs the same
 //! failing command with nothing changed is stopped. A tool whose arguments say nothing
 //! of what it does is read through the definitions the requests carry.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 mod intervene_support;
 

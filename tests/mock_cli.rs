@@ -1,12 +1,5 @@
 //! `loopwarden mock` as a process: it prints its address, answers from the script file and
 //! writes the capture file with secrets redacted.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

@@ -1,12 +1,5 @@
 //! The mock's answers read back by loopwarden's own dialect decoders: each API, JSON and
 //! streamed, yields the scripted text and calls, and the stream's events cover its bytes.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 use loopwarden::dialect::{Dialect, StreamEventKind};
 use loopwarden::mock::{MockServer, Script, ToolCall, Turn};

@@ -1,12 +1,5 @@
 //! The mock model server over real sockets: each API in JSON and SSE, turn counting, side
 //! requests, scripted errors, pacing and broken streams.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 use futures_util::StreamExt;
 use loopwarden::mock::{ErrorReply, MockServer, Script, ToolCall, Turn};

@@ -1,11 +1,4 @@
 //! The admin API: access rules, the conversation list, a conversation's timeline, stats.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 mod proxy_support;
 

@@ -2,13 +2,6 @@
 //! breaks, a client that goes away. The proxy answers in the API's own error shape, passes
 //! the upstream's errors and breaks on as they are, and never keeps an upstream busy for a
 //! client that left.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 mod proxy_support;
 

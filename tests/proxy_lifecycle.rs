@@ -2,11 +2,8 @@
 //! (finishing the stream in flight and writing the log), never writes an API key to its
 //! logs or its database, and refuses a bad config naming the key.
 #![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
     clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
+    reason = "tests start their servers as they like"
 )]
 
 mod proxy_support;

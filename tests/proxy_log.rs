@@ -1,12 +1,5 @@
 //! What the log records, over real sockets and a real SQLite file: conversations, requests,
 //! tool calls with their results, conversation identity, and unparsed bodies.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 mod proxy_support;
 

@@ -1,13 +1,6 @@
 //! Transparent forwarding over real sockets: the upstream receives the client's exact
 //! bytes and headers, the client receives the upstream's exact bytes, streams arrive event
 //! by event, and loopwarden's own prefixes are stripped.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 mod proxy_support;
 

@@ -1,13 +1,6 @@
 //! Client connections are spread over the serving threads: a burst of keep-alive
 //! connections opened at once lands evenly, each keeps being served where it landed, and
 //! the admin API's per-thread count falls back as they close.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
-)]
 
 mod proxy_support;
 

@@ -4,11 +4,8 @@
 //! once closed, closed when idle too long, bounded; a request a closed pooled connection
 //! gave back is resent once, and one that reached the upstream never is.
 #![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
     clippy::disallowed_methods,
-    reason = "tests and benches stop where they fail"
+    reason = "tests start their servers as they like"
 )]
 
 mod proxy_support;

@@ -982,6 +982,12 @@ struct ShellReading {
     key_parts: Vec<String>,
 }
 
+/// The last word of a command line after the program that is not an option: the file a
+/// `sed`, `awk` or `perl` call acts on.
+fn last_operand(words: &[String]) -> Option<String> {
+    words.iter().skip(1).rfind(|w| !w.starts_with('-')).cloned()
+}
+
 impl ShellReading {
     fn new() -> ShellReading {
         ShellReading {
@@ -1072,7 +1078,7 @@ impl ShellReading {
             f if INSTALLERS.contains(&f) => self.note_installer(p, words, f),
             f if LISTERS.contains(&f) => {
                 if promote(&mut self.kind, ActionKind::Read) {
-                    self.path = words.iter().skip(1).rfind(|w| !w.starts_with('-')).cloned();
+                    self.path = last_operand(words);
                     self.region = Some(f.to_string());
                 }
             }
@@ -1092,12 +1098,7 @@ impl ShellReading {
 
     /// `sed -i` / `perl -pi`: an edit of the last file named, keyed by its script.
     fn note_in_place_edit(&mut self, words: &[String]) {
-        let file = words
-            .iter()
-            .skip(1)
-            .rfind(|w| !w.starts_with('-'))
-            .cloned()
-            .unwrap_or_default();
+        let file = last_operand(words).unwrap_or_default();
         let script: String = words
             .iter()
             .skip(1)
@@ -1159,12 +1160,7 @@ impl ShellReading {
 
     /// `sed -n` / `awk`: a read of the last file named, its script the region.
     fn note_filtered_read(&mut self, words: &[String]) {
-        let file = words
-            .iter()
-            .skip(1)
-            .rfind(|w| !w.starts_with('-'))
-            .cloned()
-            .unwrap_or_default();
+        let file = last_operand(words).unwrap_or_default();
         let script = words.iter().skip(1).find(|w| !w.starts_with('-')).cloned();
         if promote(&mut self.kind, ActionKind::Read) {
             self.path = Some(file);
@@ -1178,7 +1174,7 @@ impl ShellReading {
         if p.heredoc.is_some() && !p.writes_to.is_empty() {
             return; // `cat <<EOF > f` is a write, handled by `note_redirects`
         }
-        let file = words.iter().skip(1).rfind(|w| !w.starts_with('-')).cloned();
+        let file = last_operand(words);
         let flags: Vec<&String> = words
             .iter()
             .skip(1)

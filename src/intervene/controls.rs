@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::store::{self, Store};
+use crate::store::{self, now_ms, Store};
 use crate::transcript::Transcript;
 
 pub use crate::store::Control;
@@ -44,13 +44,6 @@ impl std::fmt::Debug for Controls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Controls").finish_non_exhaustive()
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 /// Human messages in a transcript: user messages that `is_scaffold` does not claim.

@@ -33,7 +33,7 @@ use crate::dialect::{Dialect, HaltOptions, HaltReply, RequestBytes};
 use crate::transcript::Transcript;
 
 pub use profile::AgentProfile;
-pub use ruling::{rule, rule_verdict, Act, Reminder, Ruling, Source, Standing};
+pub use ruling::{rule, rule_verdict, Act, Reminder, Ruling, Source};
 
 /// The `[intervene]` table of the config file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

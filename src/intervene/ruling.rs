@@ -13,6 +13,7 @@
 
 use crate::detect::{Action, Decision};
 
+use super::controls::Standing;
 use super::pause::DecidedBy;
 use super::{InterveneConfig, StopMode, Verdict};
 
@@ -76,14 +77,6 @@ impl From<DecidedBy> for Source {
     }
 }
 
-/// What a conversation is subject to before its request is ruled on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Standing<'a> {
-    Free,
-    /// Halted (by policy, an operator or a verdict) for this reason.
-    Halted(&'a str),
-}
-
 /// A decision and what is done about it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ruling {
@@ -96,7 +89,7 @@ pub struct Ruling {
 
 /// What happens to a request, from the engine's decision, the conversation's standing and
 /// the `[intervene]` switches.
-pub fn rule(decision: Decision, standing: Standing<'_>, config: &InterveneConfig) -> Ruling {
+pub fn rule(decision: Decision, standing: &Standing, config: &InterveneConfig) -> Ruling {
     let mut decision = decision;
     if !config.enabled {
         return Ruling {
@@ -105,10 +98,10 @@ pub fn rule(decision: Decision, standing: Standing<'_>, config: &InterveneConfig
             source: Source::Policy,
         };
     }
-    if let Standing::Halted(reason) = standing {
+    if let Standing::Halted { reason } = standing {
         // Halted already (perhaps by a human's verdict): answered again, never held again.
         decision.action = Action::Halt;
-        decision.reason = reason.to_string();
+        decision.reason = reason.clone();
         return Ruling {
             decision,
             act: Act::Halt,
@@ -181,32 +174,40 @@ mod tests {
         use Action::*;
         use StopMode::{Halt as H, Pause as P};
         let on = |on_stop, rollback| config(true, on_stop, rollback);
+        let free = || Standing::Free {
+            resumed_at: Vec::new(),
+            human_resumed: false,
+            resumed_now: false,
+        };
+        let halted = || Standing::Halted {
+            reason: "earlier".into(),
+        };
         let nudge = Act::Remind(Reminder::Nudge);
         let replan = Act::Remind(Reminder::Replan);
         // (engine's action, switches, standing) → (action acted on, act, source)
         #[rustfmt::skip]
         let table: Vec<(Action, InterveneConfig, Standing, Action, Act, Source)> = vec![
-            (Observe,  on(H, false), Standing::Free, Observe, Act::Forward, Source::Policy),
-            (Nudge,    on(H, false), Standing::Free, Nudge,   nudge,        Source::Policy),
-            (Replan,   on(H, false), Standing::Free, Replan,  replan,       Source::Policy),
-            (Rollback, on(H, false), Standing::Free, Replan,  replan,       Source::Policy),
-            (Rollback, on(H, true),  Standing::Free, Rollback, Act::RollBack, Source::Policy),
-            (Pause,    on(H, false), Standing::Free, Pause,   Act::Hold,    Source::Policy),
-            (Halt,     on(H, false), Standing::Free, Halt,    Act::Halt,    Source::Policy),
-            (Block,    on(H, false), Standing::Free, Block,   Act::Halt,    Source::Policy),
-            (Halt,     on(P, false), Standing::Free, Pause,   Act::Hold,    Source::Policy),
-            (Block,    on(P, false), Standing::Free, Pause,   Act::Hold,    Source::Policy),
-            (Nudge,    on(P, false), Standing::Free, Nudge,   nudge,        Source::Policy),
+            (Observe,  on(H, false), free(), Observe, Act::Forward, Source::Policy),
+            (Nudge,    on(H, false), free(), Nudge,   nudge,        Source::Policy),
+            (Replan,   on(H, false), free(), Replan,  replan,       Source::Policy),
+            (Rollback, on(H, false), free(), Replan,  replan,       Source::Policy),
+            (Rollback, on(H, true),  free(), Rollback, Act::RollBack, Source::Policy),
+            (Pause,    on(H, false), free(), Pause,   Act::Hold,    Source::Policy),
+            (Halt,     on(H, false), free(), Halt,    Act::Halt,    Source::Policy),
+            (Block,    on(H, false), free(), Block,   Act::Halt,    Source::Policy),
+            (Halt,     on(P, false), free(), Pause,   Act::Hold,    Source::Policy),
+            (Block,    on(P, false), free(), Pause,   Act::Hold,    Source::Policy),
+            (Nudge,    on(P, false), free(), Nudge,   nudge,        Source::Policy),
             // A halted conversation is answered with its halt, whatever the engine says,
             // and never held again.
-            (Observe,  on(H, false), Standing::Halted("earlier"), Halt, Act::Halt, Source::Sticky),
-            (Nudge,    on(P, false), Standing::Halted("earlier"), Halt, Act::Halt, Source::Sticky),
+            (Observe,  on(H, false), halted(), Halt, Act::Halt, Source::Sticky),
+            (Nudge,    on(P, false), halted(), Halt, Act::Halt, Source::Sticky),
             // Interventions off: everything is forwarded, the decision logged as it was.
-            (Halt,     config(false, H, true), Standing::Free, Halt, Act::Forward, Source::Policy),
-            (Nudge,    config(false, H, true), Standing::Halted("earlier"), Nudge, Act::Forward, Source::Policy),
+            (Halt,     config(false, H, true), free(), Halt, Act::Forward, Source::Policy),
+            (Nudge,    config(false, H, true), halted(), Nudge, Act::Forward, Source::Policy),
         ];
         for (action, config, standing, acted, act, source) in table {
-            let r = rule(decided(action), standing, &config);
+            let r = rule(decided(action), &standing, &config);
             assert_eq!(
                 (r.decision.action, r.act, r.source),
                 (acted, act, source),
@@ -215,8 +216,8 @@ mod tests {
                 config.on_stop,
                 config.rollback
             );
-            let reason = match standing {
-                Standing::Halted(reason) if config.enabled => reason,
+            let reason = match &standing {
+                Standing::Halted { reason } if config.enabled => reason.as_str(),
                 _ => "ran `pytest` 3 times with the same failure",
             };
             assert_eq!(r.decision.reason, reason);

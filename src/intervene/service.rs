@@ -152,11 +152,7 @@ impl Interventions {
         req: &RequestInfo<'_>,
         request_id: i64,
     ) -> Acted {
-        let standing = match &state.standing {
-            Standing::Halted { reason } => ruling::Standing::Halted(reason),
-            Standing::Free { .. } => ruling::Standing::Free,
-        };
-        let ruling = ruling::rule(decision, standing, self.config());
+        let ruling = ruling::rule(decision, &state.standing, self.config());
         let carried = self.intervener.carry_out(&ruling, req);
         if carried.applied != Applied::Forwarded {
             self.log_ruling(&ruling, req, Some(request_id), carried.applied);

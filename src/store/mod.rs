@@ -570,19 +570,19 @@ mod tests {
         assert_eq!(listed[0].mean_proxy_overhead_us, Some(1600.0 / 6.0));
     }
 
-    #[tokio::test]
-    async fn a_log_from_before_the_running_sum_is_summed_once_when_it_is_opened() {
-        // A log as the migrations before the sum left it, holding two requests of one
-        // conversation; opening it with this version applies the new migration only.
+    /// A log in a new directory (`t.db`) as the first `last` migrations left it, for a
+    /// test of what opening it with this version does.
+    async fn log_migrated_to(last: usize) -> (tempfile::TempDir, SqlitePool) {
         let dir = tempfile::tempdir().unwrap();
         let old = dir.path().join("old-migrations");
         std::fs::create_dir(&old).unwrap();
         let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
-        for name in [
-            "0001_log.sql",
-            "0002_interventions.sql",
-            "0003_body_read.sql",
-        ] {
+        let mut names: Vec<_> = std::fs::read_dir(&here)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        for name in &names[..last] {
             std::fs::copy(here.join(name), old.join(name)).unwrap();
         }
         let url = format!("sqlite://{}", dir.path().join("t.db").display());
@@ -596,6 +596,14 @@ mod tests {
             .run(&pool)
             .await
             .unwrap();
+        (dir, pool)
+    }
+
+    #[tokio::test]
+    async fn a_log_from_before_the_running_sum_is_summed_once_when_it_is_opened() {
+        // A log as the migrations before the sum left it, holding two requests of one
+        // conversation; opening it with this version applies the new migration only.
+        let (dir, pool) = log_migrated_to(3).await;
         sqlx::query(
             "INSERT INTO conversations (id, id_source, first_seen_ms, last_seen_ms, requests)
              VALUES ('c', 'path', 1, 2, 2), ('quiet', 'path', 1, 1, 0)",
@@ -635,29 +643,7 @@ mod tests {
     async fn a_log_from_before_the_one_vocabulary_says_what_was_applied_in_it() {
         // A log as migrations 1-4 left it: requests and decisions said how the request
         // went, the intervention log what was done.
-        let dir = tempfile::tempdir().unwrap();
-        let old = dir.path().join("old-migrations");
-        std::fs::create_dir(&old).unwrap();
-        let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
-        for name in [
-            "0001_log.sql",
-            "0002_interventions.sql",
-            "0003_body_read.sql",
-            "0004_conversation_overhead.sql",
-        ] {
-            std::fs::copy(here.join(name), old.join(name)).unwrap();
-        }
-        let url = format!("sqlite://{}", dir.path().join("t.db").display());
-        let options = SqliteConnectOptions::from_str(&url)
-            .unwrap()
-            .create_if_missing(true);
-        let pool = SqlitePool::connect_with(options).await.unwrap();
-        sqlx::migrate::Migrator::new(old.as_path())
-            .await
-            .unwrap()
-            .run(&pool)
-            .await
-            .unwrap();
+        let (dir, pool) = log_migrated_to(4).await;
         // 1 forwarded, 2 nudged, 3 halted, 4 held then nudged by a human, 5 an answer the
         // intervention log does not name.
         for (id, applied) in [

@@ -1,6 +1,10 @@
 //! Shared pieces of the proxy tests: a proxy started in-process against the project's mock
 //! model server, a TCP tap that records the exact bytes between the proxy and the mock,
 //! and request bodies for each API.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests start their servers as they like"
+)]
 #![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
