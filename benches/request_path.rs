@@ -21,7 +21,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use http::HeaderMap;
 
-use loopwarden::proxy::cache::MessageCache;
+use loopwarden::proxy::memory::MessageCache;
 
 use support::{Agent, Proxy, Shape, SIZES};
 

@@ -75,14 +75,21 @@ pub struct AdminConfig {
     pub token: String,
 }
 
-/// The parsed-message cache (see `proxy::cache`): every request resends the whole history,
-/// so each message is parsed once and found again by the hash of its bytes.
+/// What the proxy remembers between requests (see `proxy::memory`): every request resends
+/// the whole history, so each message is parsed once and found again by its bytes, and each
+/// conversation's last request, transcript and detection state are kept to read the next
+/// one after.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CacheConfig {
     /// Upper bound of the raw bytes of the messages held parsed.
     pub max_bytes: usize,
-    /// A message no request has carried for this long is dropped.
+    /// Upper bound of the bytes held for conversations (each is charged twice its last
+    /// body: the bytes and the transcript read from them); the least recently used go
+    /// first.
+    pub conversation_max_bytes: usize,
+    /// A message no request has carried, or a conversation that sent nothing, for this
+    /// long is dropped.
     pub idle_secs: u64,
 }
 
@@ -110,6 +117,7 @@ impl Default for Config {
             admin: AdminConfig::default(),
             cache: CacheConfig {
                 max_bytes: 256 * 1024 * 1024,
+                conversation_max_bytes: 256 * 1024 * 1024,
                 idle_secs: 600,
             },
             detect: DetectConfig::default(),
@@ -258,7 +266,7 @@ impl Config {
                 ),
             ));
         }
-        let positive: [(&'static str, u64); 9] = [
+        let positive: [(&'static str, u64); 10] = [
             (
                 "intervene.pause.timeout_secs",
                 self.intervene.pause.timeout_secs,
@@ -279,6 +287,10 @@ impl Config {
             ("store.queue_capacity", self.store.queue_capacity as u64),
             ("store.batch_size", self.store.batch_size as u64),
             ("cache.max_bytes", self.cache.max_bytes as u64),
+            (
+                "cache.conversation_max_bytes",
+                self.cache.conversation_max_bytes as u64,
+            ),
             ("cache.idle_secs", self.cache.idle_secs),
         ];
         for (key, value) in positive {

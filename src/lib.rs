@@ -27,6 +27,8 @@ pub mod mock;
 pub mod normalize;
 pub mod proxy;
 pub mod replay;
+pub mod request_bytes;
+pub mod scan;
 pub mod spawn;
 pub mod store;
 pub mod transcript;

@@ -16,15 +16,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::actions::ToolCatalog;
+use crate::config::CacheConfig;
 use crate::detect::{Action, DetectConfig, Engine, StoreFacts};
-use crate::dialect::{Dialect, RequestBytes, ResponseTurn};
+use crate::dialect::{Dialect, ResponseTurn};
 use crate::intervene::service::ConversationState;
 use crate::proxy::analysis::{Analyser, Arrival};
-use crate::proxy::body::BodyComparison;
-use crate::proxy::cache::MessageCache;
-use crate::proxy::conversations::Conversations;
 use crate::proxy::identity;
+use crate::proxy::memory::{BodyComparison, Memory};
 use crate::proxy::route::{Route, Upstream};
+use crate::request_bytes::RequestBytes;
 use crate::transcript::{Item, Transcript};
 
 /// Options of `loopwarden replay`.
@@ -126,11 +126,12 @@ pub fn load_config(path: &std::path::Path) -> anyhow::Result<DetectConfig> {
 
 /// The analysis a replay runs its requests through: the proxy's, with its caches.
 pub fn analyser(engine: Engine) -> Analyser {
-    let idle = std::time::Duration::from_secs(3600);
     Analyser {
         engine,
-        cache: MessageCache::new(256 << 20, idle),
-        conversations: Conversations::new(idle),
+        memory: Memory::new(&CacheConfig {
+            idle_secs: 3600,
+            ..CacheConfig::default()
+        }),
     }
 }
 
@@ -168,7 +169,7 @@ pub fn replay_line(analyser: &Analyser, line: &str) -> anyhow::Result<RunResult>
             break;
         }
     }
-    analyser.conversations.forget(&requests.conversation.id);
+    analyser.memory.forget(&requests.conversation.id);
     Ok(RunResult {
         id: run.id,
         agent: run.agent.unwrap_or_else(|| "?".to_string()),
@@ -258,7 +259,7 @@ impl<'a> Requests<'a> {
         std::sync::Arc<crate::detect::EngineState>,
     )> {
         let earlier = BodyComparison::new(
-            &analyser.conversations,
+            &analyser.memory,
             Some(Dialect::OpenAiChat),
             Some(&self.conversation.id),
         );
@@ -278,7 +279,7 @@ impl<'a> Requests<'a> {
             );
         };
         let state = parsed.state.clone();
-        let (_, decision) = analyser.keep(&analysis.identity.id, parsed);
+        let (_, decision) = analyser.keep(parsed);
         Ok((decision, state))
     }
 }

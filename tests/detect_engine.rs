@@ -682,3 +682,55 @@ fn rejected_turns_stop_a_run_only_once_its_fix_has_passed_a_check() {
     );
     assert!(a.iter().any(|x| x.stops()), "a verified fix is kept: {a:?}");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Detection is a pure function of the transcript: a fold cached from one history and
+    /// handed a request whose history changed anywhere (an extension, a step edited in the
+    /// middle, the first or the last) decides what a fold from scratch decides.
+    #[test]
+    fn a_cached_fold_decides_as_a_cold_one_whatever_changed_in_the_history(
+        seq in proptest::collection::vec(0usize..4, 2..24),
+        edits in proptest::collection::vec((0usize..24, 0usize..4, any::<bool>()), 1..6),
+    ) {
+        let calls = [
+            ("pytest test_calc.py", "FAILED test_add"),
+            ("cat calc.py", "def add(a, b): return a - b"),
+            ("python repro.py", "Traceback: AssertionError"),
+            ("sed -i s/-/+/ calc.py", ""),
+        ];
+        let history = |seq: &[usize]| Transcript {
+            system: vec![],
+            task: vec!["fix calc".into()],
+            steps: seq
+                .iter()
+                .enumerate()
+                .map(|(index, &c)| Step {
+                    index,
+                    text: String::new(),
+                    calls: vec![run_cmd(calls[c].0, calls[c].1)],
+                    user_after: vec![],
+                })
+                .collect(),
+        };
+        let engine = Engine::default();
+        let store = StoreFacts::default();
+        let mut seen = seq.clone();
+        let (_, mut cached) = engine.decide_with(&history(&seen), &store, None);
+        for (at, call, grow) in edits {
+            // Each request either edits one step (keeping the length) or grows by one.
+            if grow {
+                seen.push(call);
+            } else {
+                let at = at % seen.len();
+                seen[at] = call;
+            }
+            let t = history(&seen);
+            let (warm, state) = engine.decide_with(&t, &store, Some(cached));
+            let cold = engine.decide(&t);
+            prop_assert_eq!(&warm, &cold, "history {:?}", seen);
+            cached = state;
+        }
+    }
+}

@@ -1,12 +1,15 @@
-//! A request read after its conversation's previous request (`Dialect::view_after`, which
-//! compares the bytes the two share instead of scanning them again) is read exactly as
-//! from scratch (`Dialect::view`): for every client's shape, for the usual next request
+//! A request read after its conversation's previous request (its scan resumed:
+//! `scan::Object::parse_after`, which compares the bytes the two share instead of scanning
+//! them again, then `Dialect::view_scanned`, as the proxy's memory reads it) is read
+//! exactly as from scratch (`Dialect::view`): for every client's shape, for the usual next request
 //! (one message more), and for the next request with any one byte changed, removed or
 //! cut off anywhere (inside a message, in a top-level field before the history, in the
 //! last message, after the history).
 
 use bytes::Bytes;
-use loopwarden::dialect::{Dialect, ParseError, RequestBytes, Scanned, SharedPrefix};
+use loopwarden::dialect::{Dialect, ParseError};
+use loopwarden::request_bytes::RequestBytes;
+use loopwarden::scan::{Object, Scanned, SharedPrefix};
 
 const FIXTURES: [(Dialect, &str); 9] = [
     (Dialect::Anthropic, "claude-code-anthropic.json"),
@@ -25,11 +28,42 @@ fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
+/// What a resumed read gives: the view (as text), how many messages it found unchanged,
+/// and the body's scan.
+type Read = Result<(String, usize, Option<Scanned>), ParseError>;
+
+/// Reads `body` as the proxy's memory does: its scan resumed after `before` when it can be,
+/// else from the start; then the dialect's view of it. `None` for a body in two pieces
+/// that cannot be resumed (the proxy reads it joined).
+fn read_after(
+    dialect: Dialect,
+    body: &RequestBytes,
+    before: Option<&Scanned>,
+    prefix: Option<&SharedPrefix>,
+) -> Option<Read> {
+    let resumed = before.and_then(|b| Object::parse_after(body, dialect.history_key(), b, prefix));
+    let object = match (resumed, body.whole()) {
+        (Some(object), _) => object,
+        (None, Some(whole)) => match dialect.scan(whole) {
+            Ok(object) => object,
+            Err(e) => return Some(Err(e)),
+        },
+        (None, None) => return None,
+    };
+    Some(match dialect.view_scanned(&object, false) {
+        Ok(view) => Ok((
+            format!("{view:?}"),
+            object.unchanged(),
+            object.into_scanned(body),
+        )),
+        Err(e) => Err(e),
+    })
+}
+
 /// The scan of `body` as the proxy keeps it for the conversation's next request.
 fn scanned(dialect: Dialect, body: &Bytes) -> Scanned {
-    let (_, scanned) = dialect
-        .view_after(&RequestBytes::from(body.clone()), false, None, None)
-        .expect("fixture parses");
+    let read = read_after(dialect, &RequestBytes::from(body.clone()), None, None);
+    let (_, _, scanned) = read.expect("one piece").expect("fixture parses");
     scanned.expect("a parsed body has a scan")
 }
 
@@ -65,9 +99,9 @@ fn same_as_cold_in_pieces(
     let whole = RequestBytes::from(body.clone());
     let mut unchanged = None;
     for prefix in [None, Some(&prefix)] {
-        let resumed = dialect.view_after(&whole, false, Some(before), prefix);
+        let resumed = read_after(dialect, &whole, Some(before), prefix).expect("one piece");
         let found = match &resumed {
-            Ok((_, Some(s))) => s.unchanged(),
+            Ok((_, unchanged, _)) => *unchanged,
             _ => 0,
         };
         assert_eq!(
@@ -76,7 +110,7 @@ fn same_as_cold_in_pieces(
             "with {prefix:?}",
             prefix = prefix.is_some()
         );
-        let resumed = resumed.map(|(v, _)| format!("{v:?}"));
+        let resumed = resumed.map(|(v, _, _)| v);
         match (&cold, &resumed) {
             (Ok(a), Ok(b)) => assert_eq!(a, b, "{}", String::from_utf8_lossy(&body)),
             (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
@@ -91,14 +125,12 @@ fn same_as_cold_in_pieces(
         .filter(|&at| at > 0);
     if let Some(at) = split {
         let two = RequestBytes::split(before.body().head().slice(..at), body.slice(at..));
-        let read = dialect.view_after(&two, false, Some(before), Some(&prefix));
-        match (&cold, read.map(|(v, _)| format!("{v:?}"))) {
-            (Ok(a), Ok(b)) => assert_eq!(a, &b, "split at {at}"),
-            // The same error; or the proxy reads it joined, which gives that error.
-            (Err(a), Err(b)) => assert!(
-                matches!(b, ParseError::NeedsWhole) || a.to_string() == b.to_string(),
-                "{a} vs {b}"
-            ),
+        let read = read_after(dialect, &two, Some(before), Some(&prefix));
+        match (&cold, read.map(|r| r.map(|(v, _, _)| v))) {
+            (Ok(a), Some(Ok(b))) => assert_eq!(a, &b, "split at {at}"),
+            // Not resumed: the proxy reads it joined, which gives the cold reading.
+            (_, None) => {}
+            (Err(a), Some(Err(b))) => assert_eq!(a.to_string(), b.to_string()),
             (cold, read) => panic!(
                 "split at {at}: cold {cold:?} vs {read:?} on {}",
                 String::from_utf8_lossy(&body)

@@ -8,20 +8,19 @@
 #![allow(dead_code)] // each bench uses a different part
 
 use std::hint::black_box;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
 use serde_json::{json, Value};
 
+use loopwarden::config::CacheConfig;
 use loopwarden::detect::{Decision, Engine};
-use loopwarden::dialect::{Dialect, RequestBytes};
+use loopwarden::dialect::Dialect;
 use loopwarden::intervene::service::ConversationState;
 use loopwarden::proxy::analysis::{Analyser, Arrival};
-use loopwarden::proxy::body::BodyComparison;
-use loopwarden::proxy::cache::MessageCache;
-use loopwarden::proxy::conversations::Conversations;
+use loopwarden::proxy::memory::{BodyComparison, Memory};
 use loopwarden::proxy::{identity, route};
+use loopwarden::request_bytes::RequestBytes;
 
 /// Which wire format to render.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -422,8 +421,11 @@ impl Proxy {
         Proxy {
             analyser: Analyser {
                 engine: Engine::default(),
-                cache: MessageCache::new(1 << 30, Duration::from_secs(3600)),
-                conversations: Conversations::new(Duration::from_secs(3600)),
+                memory: Memory::new(&CacheConfig {
+                    max_bytes: 1 << 30,
+                    conversation_max_bytes: 1 << 30,
+                    idle_secs: 3600,
+                }),
             },
         }
     }
@@ -443,7 +445,7 @@ impl Proxy {
         let route = route::route(&uri, headers);
         let stated = identity::stated(headers, None);
         let earlier = BodyComparison::new(
-            &self.analyser.conversations,
+            &self.analyser.memory,
             Some(dialect),
             stated.as_ref().map(|s| &*s.id),
         );
@@ -459,7 +461,7 @@ impl Proxy {
             .analyser
             .analyse(arrival, |_, _| ConversationState::free());
         let parsed = analysis.parsed.expect("bench payloads parse");
-        let (logged, decision) = self.analyser.keep(&analysis.identity.id, parsed);
+        let (logged, decision) = self.analyser.keep(parsed);
         black_box(logged.history);
         decision
     }

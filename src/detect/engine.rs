@@ -89,9 +89,8 @@ pub struct EngineState {
     /// Action keys of the loop a halting pattern reported, until the world changes.
     loop_keys: Vec<u64>,
     loop_detector: Option<&'static str>,
-    /// Fingerprints of the first and the last folded step, and a chain over all of them.
-    first_fp: u64,
-    last_fp: u64,
+    /// A chain over the fingerprints of every folded step: what a transcript must hash to,
+    /// over its first steps, to be continued from this fold without the caller's word.
     chain: u64,
     /// Task fingerprint (the first user message).
     task_fp: u64,
@@ -106,10 +105,9 @@ pub struct EngineState {
 /// that the fold numbered `fold` decided for, and its first `steps` steps are still the
 /// ones that fold saw ([`EngineState::folded`] of that fold, with `steps` cut to what the
 /// extension left untouched: [`Folded::within`]). Given to [`Engine::decide_shared`], it
-/// stands in for the fingerprints of the first and the last folded step, which a
-/// conversation's every request otherwise hashes (the last one often holds a long tool
-/// result: 9 % of a 209 KB request's instructions). It must be true: a fold continued on
-/// a false one decides from steps the transcript no longer has.
+/// stands in for the chain over every folded step, which a request would otherwise hash
+/// (its whole history). It must be true: a fold continued on a false one decides from
+/// steps the transcript no longer has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Folded {
     pub fold: u64,
@@ -221,8 +219,9 @@ impl EngineState {
 }
 
 /// A step's fingerprint: its calls, results and texts. Equal fingerprints = same step.
-/// Every request checks the first and the last folded step with it (`continues`), so it
-/// must cost little next to the request: xxh3 (several times blake3's speed on the short
+/// Every folded step is fingerprinted once (`EngineState::chain`), and a request the
+/// proxy cannot vouch for hashes its whole history with it (`continues`), so it must cost
+/// little next to the request: xxh3 (several times blake3's speed on the short
 /// inputs a step holds) over the arguments' values as they are, without writing them out
 /// as JSON first (serde_json keeps object keys sorted, so key order cannot matter).
 /// The fields are written into one buffer and hashed in one pass: fed to a streaming
@@ -234,6 +233,11 @@ impl EngineState {
 /// logged), so their values may change between versions.
 pub fn step_fingerprint(step: &Step) -> u64 {
     fingerprint_split_at(step, LONG_FIELD)
+}
+
+/// The chain over step fingerprints one more step extends ([`EngineState::chain`]).
+fn chain_step(chain: u64, fingerprint: u64) -> u64 {
+    xxh3_64(&[chain.to_le_bytes(), fingerprint.to_le_bytes()].concat())
 }
 
 /// Fields at least this long are hashed where they lie rather than copied into the buffer.
@@ -472,8 +476,11 @@ impl Engine {
     }
 
     /// Whether `transcript` extends the steps folded into `state`: known from the caller
-    /// (`known` names this fold and covers its steps), else checked on the task, the first
-    /// and the last folded step (O(1) steps, not O(conversation)).
+    /// (`known` names this fold and covers its steps), else checked on the task and the
+    /// chain over every folded step. The check covers the whole prefix, so that no edit
+    /// anywhere in a history is decided from a fold of what it used to be: detection stays
+    /// a pure function of the transcript. It costs hashing the prefix, which the proxy
+    /// avoids on a conversation's usual request by vouching for it.
     fn continues(
         &self,
         state: &EngineState,
@@ -493,14 +500,10 @@ impl Engine {
         }
         transcript.steps.len() >= n
             && state.task_fp == task_fingerprint(transcript.goal())
-            && transcript
-                .steps
-                .first()
-                .is_some_and(|s| step_fingerprint(s) == state.first_fp)
-            && transcript
-                .steps
-                .get(n - 1)
-                .is_some_and(|s| step_fingerprint(s) == state.last_fp)
+            && transcript.steps[..n]
+                .iter()
+                .fold(0, |chain, step| chain_step(chain, step_fingerprint(step)))
+                == state.chain
     }
 
     /// A fresh state for a conversation: nothing folded, observe.
@@ -528,12 +531,7 @@ impl Engine {
 
     /// Folds one step and decides for the request after it.
     pub fn fold(&self, state: &mut EngineState, step: &Step, store: &StoreFacts) {
-        let fp = step_fingerprint(step);
-        if state.facts.steps == 0 {
-            state.first_fp = fp;
-        }
-        state.last_fp = fp;
-        state.chain = xxh3_64(&[state.chain.to_le_bytes(), fp.to_le_bytes()].concat());
+        state.chain = chain_step(state.chain, step_fingerprint(step));
         if !self.config.enabled {
             state.facts.steps += 1;
             state.next = Some(Decision::observe());

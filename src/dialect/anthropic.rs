@@ -15,25 +15,18 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
-    answer_json, args_from_raw, content_text, insert_after, offered_tools, preamble_of,
-    push_into_array, push_line, random_id, replace_span, span_of, system_preamble, Content,
-    ContentText, Dialect, EarlierPreamble, HaltToolCall, ParseError, RequestView, ResponseTurn,
-    StreamEventKind, TextPart, TopLevel, UpstreamFailure,
+    answer_json, args_from_raw, content_text, insert_after, offered_tools, push_into_array,
+    push_line, random_id, replace_span, span_of, Content, ContentText, Dialect, HaltToolCall,
+    ParseError, RequestView, ResponseTurn, StreamEventKind, TextPart, TopLevel, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
-pub(super) fn view<'a>(
-    top: &TopLevel<'a>,
-    earlier: Option<EarlierPreamble<'_>>,
-) -> Result<RequestView<'a>, ParseError> {
+pub(super) fn view<'a>(top: &TopLevel<'_, 'a>) -> Result<RequestView<'a>, ParseError> {
     let system = top.raw("system");
     Ok(RequestView {
         model: top.field("model")?,
         stream: top.field("stream")?.unwrap_or(false),
         tools: offered_tools(top.raw("tools")),
-        preamble: preamble_of(system, earlier, |raw| {
-            system_preamble(content_text(Some(raw)))
-        }),
         preamble_source: system,
         messages: top.messages()?,
     })

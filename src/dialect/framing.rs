@@ -109,7 +109,7 @@ impl SseFramer {
 /// decoder reads a byte at a time (~9 instructions a byte, 7 % of the whole proxy's
 /// instructions per streamed 8.8 KB answer), and what streams carry is almost always valid.
 fn text_of(bytes: &[u8]) -> Cow<'_, str> {
-    match super::utf8(bytes) {
+    match crate::scan::utf8(bytes) {
         Ok(text) => Cow::Borrowed(text),
         Err(_) => String::from_utf8_lossy(bytes),
     }

@@ -16,16 +16,15 @@ use serde_json::json;
 
 use super::framing::{write_sse, Frame};
 use super::{
-    answer_json, args_from_raw, insert_after, offered_tools, preamble_of, push_into_array,
-    random_id, system_preamble, value_text, Dialect, EarlierPreamble, HaltToolCall, ParseError,
-    RequestView, ResponseTurn, StreamEventKind, TopLevel, UpstreamFailure,
+    answer_json, args_from_raw, insert_after, offered_tools, push_into_array, random_id,
+    value_text, Dialect, HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind,
+    TopLevel, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
 pub(super) fn view<'a>(
-    top: &TopLevel<'a>,
+    top: &TopLevel<'_, 'a>,
     stream_path: bool,
-    earlier: Option<EarlierPreamble<'_>>,
 ) -> Result<RequestView<'a>, ParseError> {
     let system = top
         .raw("systemInstruction")
@@ -34,7 +33,6 @@ pub(super) fn view<'a>(
         model: top.field("model")?,
         stream: stream_path,
         tools: offered_tools(top.raw("tools")),
-        preamble: preamble_of(system, earlier, |raw| system_preamble(content_text(raw))),
         preamble_source: system,
         messages: top.messages()?,
     })
@@ -192,7 +190,7 @@ struct ResponseBody<'a> {
 }
 
 /// The text of a `{parts:[{text}]}` object (systemInstruction), or of a plain string.
-fn content_text(raw: &str) -> String {
+pub(super) fn content_text(raw: &str) -> String {
     if raw.starts_with('"') {
         return serde_json::from_str::<Cow<str>>(raw)
             .map(Cow::into_owned)

@@ -15,12 +15,8 @@ mod framing;
 mod gemini;
 mod openai_chat;
 mod openai_responses;
-mod request_bytes;
-mod scan;
 mod stream;
 
-pub use request_bytes::RequestBytes;
-pub use scan::{Scanned, SharedPrefix};
 pub use stream::{StreamDecoder, StreamEvent, StreamEventKind};
 
 use std::borrow::Cow;
@@ -28,6 +24,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::scan;
 use crate::transcript::{canonical_args_from_str, Item, ToolCall, Transcript};
 
 /// The four APIs loopwarden understands.
@@ -107,10 +104,6 @@ pub enum ParseError {
     /// no message to append a reminder to.
     #[error("no {0} to append a reminder to")]
     EmptyHistory(&'static str),
-    /// A body in two pieces ([`RequestBytes`]) could not be read after the request its head
-    /// was taken from: it must be read joined, from its start.
-    #[error("internal: a body in two pieces is read only after its head's request")]
-    NeedsWhole,
     /// A splice was asked at a place that is not what it should be (a bug, not the body).
     #[error("internal: {0}")]
     Splice(&'static str),
@@ -135,9 +128,8 @@ pub struct RequestView<'a> {
     /// The raw tool definitions the request offers, if it offers any (a request without
     /// tools is a side call: title, router...). A tool no profile knows is read through them.
     pub tools: Option<&'a str>,
-    /// Items that come from top-level fields (`system`, `instructions`, `systemInstruction`).
-    pub preamble: Vec<Item>,
-    /// The raw top-level member the preamble was read from, if the request has one.
+    /// The raw top-level member a preamble is read from (`system`, `instructions`,
+    /// `systemInstruction`), if the request has one ([`Dialect::read_preamble`]).
     pub preamble_source: Option<&'a str>,
     /// Each message of the history, raw, in order. Each slice points into the body that
     /// was viewed (OpenAI Responses `input` given as a plain string is one message: the
@@ -230,56 +222,48 @@ impl Dialect {
     /// Reads the top level of a request body. `stream_path` is true when the path itself
     /// asks for a stream (Gemini `:streamGenerateContent`).
     pub fn view(self, body: &[u8], stream_path: bool) -> Result<RequestView<'_>, ParseError> {
-        self.view_top(&TopLevel::read(self, body)?, stream_path, None)
+        self.view_scanned(&self.scan(body)?, stream_path)
     }
 
-    /// [`Dialect::view`] of a body read after `after`, the scan of the conversation's
-    /// previous request: the bytes the two bodies share (most of a history) are compared
-    /// with it, not scanned again, and of those the first ones `prefix` already compared
-    /// while the body arrived not even compared; and its preamble, when read from the same
-    /// bytes, is `after`'s. The view is exactly the one `view` gives.
-    /// Also returns this body's scan, to read the conversation's next request after.
-    ///
-    /// A body in two pieces is read only after the request its head was taken from; any
-    /// other is an error ([`ParseError::NeedsWhole`]): the caller reads the body joined.
-    pub fn view_after<'b>(
-        self,
-        body: &'b RequestBytes,
-        stream_path: bool,
-        after: Option<&Scanned>,
-        prefix: Option<&SharedPrefix>,
-    ) -> Result<(RequestView<'b>, Option<Scanned>), ParseError> {
-        let top = TopLevel::read_after(self, body, after, prefix)?;
-        let earlier = after.and_then(|a| {
-            let (span, items) = a.preamble.as_ref()?;
-            Some(EarlierPreamble {
-                source: a.body().get(span.clone())?,
-                items,
-            })
-        });
-        let view = self.view_top(&top, stream_path, earlier)?;
-        let scanned = top.object.into_scanned(body).map(|mut scanned| {
-            scanned.preamble = view
-                .preamble_source
-                .and_then(|source| body.offset_of(source.as_bytes()))
-                .map(|span| (span, view.preamble.clone()));
-            scanned
-        });
-        Ok((view, scanned))
+    /// The structure of a request body (its top-level members, its history's messages),
+    /// found without parsing them, for [`Dialect::view_scanned`].
+    pub fn scan(self, body: &[u8]) -> Result<scan::Object<'_>, ParseError> {
+        TopLevel::scan(self, body)
     }
 
-    fn view_top<'a>(
+    /// [`Dialect::view`] of a body whose structure was already scanned (the proxy scans a
+    /// conversation's request after its last one: `proxy::memory`). The view's slices are
+    /// the body's, not the scan's.
+    pub fn view_scanned<'a>(
         self,
-        top: &TopLevel<'a>,
+        object: &scan::Object<'a>,
         stream_path: bool,
-        earlier: Option<EarlierPreamble<'_>>,
     ) -> Result<RequestView<'a>, ParseError> {
+        let top = TopLevel {
+            dialect: self,
+            object,
+        };
         match self {
-            Dialect::OpenAiChat => openai_chat::view(top),
-            Dialect::OpenAiResponses => openai_responses::view(top, earlier),
-            Dialect::Anthropic => anthropic::view(top, earlier),
-            Dialect::Gemini => gemini::view(top, stream_path, earlier),
+            Dialect::OpenAiChat => openai_chat::view(&top),
+            Dialect::OpenAiResponses => openai_responses::view(&top),
+            Dialect::Anthropic => anthropic::view(&top),
+            Dialect::Gemini => gemini::view(&top, stream_path),
         }
+    }
+
+    /// The items a request's top-level system member gives (`RequestView::preamble_source`:
+    /// `system`, `instructions`, `systemInstruction`); none without one.
+    pub fn read_preamble(self, source: Option<&str>) -> Vec<Item> {
+        let Some(source) = source else {
+            return Vec::new();
+        };
+        let text = match self {
+            // Chat carries its system prompt as a message, never at the top level.
+            Dialect::OpenAiChat => return Vec::new(),
+            Dialect::OpenAiResponses | Dialect::Anthropic => content_text(Some(source)),
+            Dialect::Gemini => gemini::content_text(source),
+        };
+        system_preamble(text)
     }
 
     /// The raw bytes of the first `n` messages of a request body, found without reading
@@ -386,7 +370,7 @@ impl Dialect {
         stream_path: bool,
     ) -> Result<ParsedRequest, ParseError> {
         let view = self.view(body, stream_path)?;
-        let mut items = view.preamble;
+        let mut items = self.read_preamble(view.preamble_source);
         for raw in &view.messages {
             items.extend(self.parse_message(raw.get()));
         }
@@ -404,36 +388,17 @@ impl Dialect {
 
 /// The top level of a request body: its members found by the scanner, the few we read
 /// parsed with serde.
-struct TopLevel<'a> {
+struct TopLevel<'t, 'a> {
     dialect: Dialect,
-    object: scan::Object<'a>,
+    object: &'t scan::Object<'a>,
 }
 
-impl<'a> TopLevel<'a> {
-    /// The top level of `body`, read after `after` when given (see [`Dialect::view_after`]).
-    fn read_after(
-        dialect: Dialect,
-        body: &'a RequestBytes,
-        after: Option<&Scanned>,
-        prefix: Option<&SharedPrefix>,
-    ) -> Result<TopLevel<'a>, ParseError> {
-        let resumed =
-            after.and_then(|a| scan::Object::parse_after(body, dialect.history_key(), a, prefix));
-        if let Some(object) = resumed {
-            return Ok(TopLevel { dialect, object });
-        }
-        match body.whole() {
-            Some(whole) => TopLevel::read(dialect, whole),
-            None => Err(ParseError::NeedsWhole),
-        }
-    }
-
-    /// The top level of `body`, read from its start.
-    fn read(dialect: Dialect, body: &'a [u8]) -> Result<TopLevel<'a>, ParseError> {
+impl<'a> TopLevel<'_, 'a> {
+    /// The structure of `body`, read from its start.
+    fn scan(dialect: Dialect, body: &'a [u8]) -> Result<scan::Object<'a>, ParseError> {
         let body_error = |detail: String| ParseError::Body { dialect, detail };
-        let text = utf8(body).map_err(|e| body_error(e.to_string()))?;
-        let object = scan::Object::parse(text).map_err(|e| body_error(e.0.to_string()))?;
-        Ok(TopLevel { dialect, object })
+        let text = scan::utf8(body).map_err(|e| body_error(e.to_string()))?;
+        scan::Object::parse(text).map_err(|e| body_error(e.0.to_string()))
     }
 
     /// A member's raw JSON.
@@ -617,33 +582,6 @@ fn value_text(raw: &RawValue) -> String {
     s.to_string()
 }
 
-/// The preamble of the request read before this one (see [`Dialect::view_after`]), and the
-/// raw member it was read from.
-#[derive(Clone, Copy)]
-struct EarlierPreamble<'e> {
-    source: &'e [u8],
-    items: &'e [Item],
-}
-
-/// The preamble `read` gives for the top-level member `source` (its raw JSON), or the
-/// earlier request's when its member had the same bytes: a system prompt of a few KB is the
-/// same in every request of a conversation, and reading it again was most of the work of
-/// reading a small request's top level (13 k of 18 k instructions for the bench's 8.8 KB
-/// Anthropic request; Claude Code's system prompt is four times as long).
-fn preamble_of(
-    source: Option<&str>,
-    earlier: Option<EarlierPreamble<'_>>,
-    read: impl FnOnce(&str) -> Vec<Item>,
-) -> Vec<Item> {
-    let Some(source) = source else {
-        return Vec::new();
-    };
-    match earlier {
-        Some(earlier) if earlier.source == source.as_bytes() => earlier.items.to_vec(),
-        _ => read(source),
-    }
-}
-
 /// The preamble a top-level system text (`system`, `instructions`, `systemInstruction`)
 /// gives: one system item, or none when it is empty.
 fn system_preamble(text: String) -> Vec<Item> {
@@ -765,20 +703,10 @@ fn push_into_array(body: &[u8], array: &str, element: &str) -> Result<Vec<u8>, P
 /// checked whole first ([`utf8`]) and read as text, the answer costs less. One that is not
 /// all UTF-8 is read from its bytes as before: serde_json checks only the strings it reads.
 fn answer_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> serde_json::Result<T> {
-    match utf8(body) {
+    match scan::utf8(body) {
         Ok(text) => serde_json::from_str(text),
         Err(_) => serde_json::from_slice(body),
     }
-}
-
-/// `bytes` as text, if they are valid UTF-8: the one check every body and streamed event
-/// goes through. `simdutf8` checks 16 or 32 bytes at a time whatever they hold; std reads
-/// ASCII a word at a time but other text a byte at a time. Measured on a 0.9 MB
-/// conversation in Chinese sent as raw UTF-8 (as Node clients send it): 716 µs with std,
-/// 59 µs; on the bench's 2 MB body: 100 and 54 µs (BENCHMARKS.md, "Session 15"). The
-/// error, rare, comes from std's check, for its position.
-pub(crate) fn utf8(bytes: &[u8]) -> Result<&str, std::str::Utf8Error> {
-    simdutf8::basic::from_utf8(bytes).or_else(|_| std::str::from_utf8(bytes))
 }
 
 /// What the dialects' proptests generate alike.
@@ -805,75 +733,8 @@ mod generated {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
 
     use super::*;
-
-    /// An Anthropic request with `system` and a history of `turns` user messages.
-    fn request(system: &str, turns: usize) -> RequestBytes {
-        let messages: Vec<String> = (0..turns)
-            .map(|i| format!(r#"{{"role":"user","content":"turn {i}"}}"#))
-            .collect();
-        RequestBytes::from(Bytes::from(format!(
-            r#"{{"model":"m","system":[{{"type":"text","text":"{system}"}}],"messages":[{}]}}"#,
-            messages.join(",")
-        )))
-    }
-
-    #[test]
-    fn the_preamble_is_the_earlier_request_s_while_its_bytes_are_the_same() {
-        let first = request("be brief", 1);
-        let (view, scanned) = Dialect::Anthropic
-            .view_after(&first, false, None, None)
-            .unwrap();
-        let mut before = scanned.unwrap();
-        let (span, items) = before.preamble.clone().expect("kept with the scan");
-        assert_eq!(
-            first.get(span.clone()).unwrap(),
-            view.preamble_source.unwrap().as_bytes()
-        );
-        assert_eq!(items, view.preamble);
-        // Marked, to tell a reused preamble from one read again.
-        let marked = vec![Item::System {
-            text: "reused".into(),
-        }];
-        before.preamble = Some((span, marked.clone()));
-
-        let next = request("be brief", 2);
-        let (view, _) = Dialect::Anthropic
-            .view_after(&next, false, Some(&before), None)
-            .unwrap();
-        assert_eq!(view.preamble, marked, "the same bytes: reused");
-
-        let changed = request("be thorough", 2);
-        let (view, _) = Dialect::Anthropic
-            .view_after(&changed, false, Some(&before), None)
-            .unwrap();
-        assert_eq!(
-            view.preamble,
-            vec![Item::System {
-                text: "be thorough".into()
-            }],
-            "other bytes: read"
-        );
-        assert_eq!(
-            format!("{view:?}"),
-            format!(
-                "{:?}",
-                Dialect::Anthropic.view(changed.head(), false).unwrap()
-            )
-        );
-
-        // No system member now: no preamble, whatever the earlier request had.
-        let none = RequestBytes::from(Bytes::from_static(
-            br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#,
-        ));
-        let (view, scanned) = Dialect::Anthropic
-            .view_after(&none, false, Some(&before), None)
-            .unwrap();
-        assert!(view.preamble.is_empty() && view.preamble_source.is_none());
-        assert!(scanned.unwrap().preamble.is_none());
-    }
 
     /// An answer is read as text when it is all UTF-8, and from its bytes otherwise: bytes
     /// that are not UTF-8 in a field detection does not read lose nothing, in any API.
@@ -924,7 +785,7 @@ mod tests {
                 let i = at % bytes.len();
                 bytes[i] = byte;
             }
-            proptest::prop_assert_eq!(utf8(&bytes), std::str::from_utf8(&bytes));
+            proptest::prop_assert_eq!(scan::utf8(&bytes), std::str::from_utf8(&bytes));
         }
     }
 }

@@ -21,13 +21,12 @@ use super::{
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
-pub(super) fn view<'a>(top: &TopLevel<'a>) -> Result<RequestView<'a>, ParseError> {
+pub(super) fn view<'a>(top: &TopLevel<'_, 'a>) -> Result<RequestView<'a>, ParseError> {
     Ok(RequestView {
         model: top.field("model")?,
         stream: top.field("stream")?.unwrap_or(false),
         // `functions`: the pre-tools function calling API
         tools: offered_tools(top.raw("tools")).or_else(|| offered_tools(top.raw("functions"))),
-        preamble: Vec::new(),
         preamble_source: None,
         messages: top.messages()?,
     })

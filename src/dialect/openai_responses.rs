@@ -17,17 +17,13 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
-    answer_json, args_from_raw, args_from_text, content_text, offered_tools, preamble_of,
-    push_into_array, random_id, replace_span, span_of, system_preamble, unix_now, Content,
-    ContentText, Dialect, EarlierPreamble, HaltToolCall, ParseError, RawMessage, RequestView,
-    ResponseTurn, StreamEventKind, TextPart, TopLevel,
+    answer_json, args_from_raw, args_from_text, offered_tools, push_into_array, random_id,
+    replace_span, span_of, unix_now, Content, ContentText, Dialect, HaltToolCall, ParseError,
+    RawMessage, RequestView, ResponseTurn, StreamEventKind, TextPart, TopLevel,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
-pub(super) fn view<'a>(
-    top: &TopLevel<'a>,
-    earlier: Option<EarlierPreamble<'_>>,
-) -> Result<RequestView<'a>, ParseError> {
+pub(super) fn view<'a>(top: &TopLevel<'_, 'a>) -> Result<RequestView<'a>, ParseError> {
     let messages = match top.raw("input") {
         // A plain string input is one user message; parse_message reads it as such.
         Some(input) if input.starts_with('"') => vec![RawMessage(input)],
@@ -38,9 +34,6 @@ pub(super) fn view<'a>(
         model: top.field("model")?,
         stream: top.field("stream")?.unwrap_or(false),
         tools: offered_tools(top.raw("tools")),
-        preamble: preamble_of(instructions, earlier, |raw| {
-            system_preamble(content_text(Some(raw)))
-        }),
         preamble_source: instructions,
         messages,
     })
@@ -567,7 +560,11 @@ fn zero_usage() -> serde_json::Value {
 /// A trailing `developer` message item; a plain string `input` becomes a list (the
 /// user message it was, then the reminder).
 pub(super) fn append_reminder(body: &[u8], text: &str) -> Result<Vec<u8>, ParseError> {
-    let top = TopLevel::read(Dialect::OpenAiResponses, body)?;
+    let object = TopLevel::scan(Dialect::OpenAiResponses, body)?;
+    let top = TopLevel {
+        dialect: Dialect::OpenAiResponses,
+        object: &object,
+    };
     let input = top.raw("input").ok_or(ParseError::EmptyHistory("input"))?;
     let reminder = json!({"type": "message", "role": "developer",
                           "content": [{"type": "input_text", "text": text}]});

@@ -29,7 +29,8 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 
 use crate::detect::Decision;
-use crate::dialect::{Dialect, HaltOptions, HaltReply, RequestBytes};
+use crate::dialect::{Dialect, HaltOptions, HaltReply};
+use crate::request_bytes::RequestBytes;
 use crate::transcript::Transcript;
 
 pub use profile::AgentProfile;

@@ -186,14 +186,16 @@ fn bad_request(message: &str) -> Response {
 pub async fn stats(State(app): State<Arc<App>>) -> Response {
     match app.store.overhead(1000).await {
         Ok(overhead) => {
-            let (cached_messages, cached_bytes) = app.analyser.cache.size();
+            let held = app.analyser.memory.held();
             Json(serde_json::json!({
                 "proxy_overhead_us": overhead,
                 "log": app.store.health(),
-                "cache": { "messages": cached_messages, "bytes": cached_bytes },
-                // Conversations whose state (engine fold, last request) is held in memory;
+                "cache": { "messages": held.messages, "bytes": held.message_bytes },
+                // Conversations whose state (last request, transcript, engine fold) is held
+                // in memory, and the bytes charged for it (`cache.conversation_max_bytes`);
                 // idle ones are dropped, so this falls back to 0 when agents stop.
-                "live_conversations": app.analyser.conversations.len(),
+                "live_conversations": held.conversations,
+                "conversation_bytes": held.conversation_bytes,
                 // Open client connections on each serving thread (see `proxy::spread`).
                 "connections": app.spread.open(),
             }))

@@ -2,7 +2,8 @@
 //! benchmarks (`benches/support`) run, so that what is measured is what serves. In order:
 //!
 //! 1. bytes → dialect: the body's top level is read, resumed after the conversation's last
-//!    request ([`super::body::BodyComparison`] found it while the body arrived);
+//!    request ([`BodyComparison`] found it while the body arrived: [`super::memory`] holds
+//!    everything that makes a request cost work for its new messages only);
 //! 2. dialect → transcript: each message parsed once ([`MessageCache`]), the last
 //!    request's transcript continued with the new ones;
 //! 3. transcript → identity: the one the request states, else its head's hash, else a
@@ -20,24 +21,22 @@ use std::sync::Arc;
 
 use http::HeaderMap;
 
-use super::body::{BodyComparison, Predecessor};
-use super::cache::{History, LastRequest, MessageCache};
-use super::conversations::Conversations;
 use super::identity::{self, Identity};
+use super::memory::{BodyComparison, History, LastRequest, Memory, Predecessor, Recall, Recalled};
 use super::record::ParseStatus;
 use super::route::Route;
 use crate::detect::{Decision, Engine, EngineState};
-use crate::dialect::{Dialect, RequestBytes};
+use crate::dialect::Dialect;
 use crate::intervene::service::ConversationState;
+use crate::request_bytes::RequestBytes;
 use crate::store::redact::summary;
-use crate::transcript::{Item, Step, Transcript};
+use crate::transcript::{Step, Transcript};
 
 /// What the analysis keeps between requests, so that each costs work for its new messages
 /// and steps only.
 pub struct Analyser {
     pub engine: Engine,
-    pub cache: MessageCache,
-    pub conversations: Conversations,
+    pub memory: Memory,
 }
 
 /// A request as it reaches the analysis: its route, headers and body, the identity it
@@ -75,12 +74,11 @@ pub struct Parsed {
     last: ThisRequest,
 }
 
-/// A request to keep as its conversation's last one, under `key`, once the transcript is
+/// A request to keep as its conversation's last one, in its slot, once the transcript is
 /// no longer needed by the request.
 struct ThisRequest {
-    key: String,
+    recall: Recall,
     request: LastRequest,
-    preamble: Vec<Item>,
     /// The identity the transcript's head names, when it was worked out.
     head: Option<Identity>,
 }
@@ -126,17 +124,17 @@ impl Analyser {
             };
         };
         let Predecessor {
-            key,
-            previous,
+            recall,
+            recalled: Recalled { last, fold },
             compared,
         } = found;
         // Its unchanged messages are recognised without hashing, and the scan resumes
         // after the bytes it shares with the conversation's last request.
-        let history = match self.cache.read_history(
+        let history = match self.memory.messages.read_history(
             dialect,
             body,
             stream_path,
-            previous,
+            last,
             compared.as_ref(),
         ) {
             Ok(history) => history,
@@ -153,7 +151,6 @@ impl Analyser {
             folded,
             tools,
             request,
-            preamble,
             model,
             stream,
         } = history;
@@ -165,20 +162,14 @@ impl Analyser {
         let identity = stated.or_else(|| head.clone()).unwrap_or_else(fallback);
         let conversation = standing(&identity.id, &transcript);
         // An operator's resume changes the store facts: the cached fold is stale.
-        let cached = self
-            .conversations
-            .engine(&identity.id, transcript.steps.len())
-            .filter(|_| !conversation.refold);
-        let (decision, state, advanced) = self.engine.decide_shared(
+        let cached = fold.filter(|_| !conversation.refold);
+        let (decision, state, _) = self.engine.decide_shared(
             &transcript,
             &conversation.facts,
             cached,
             folded,
             tools.as_ref(),
         );
-        if advanced {
-            self.conversations.put_engine(&identity.id, state.clone());
-        }
         Analysis {
             model: model.or_else(|| Dialect::model_from_path(route.path).map(str::to_string)),
             stream,
@@ -193,9 +184,8 @@ impl Analyser {
                 state,
                 conversation,
                 last: ThisRequest {
-                    key,
+                    recall,
                     request,
-                    preamble,
                     head,
                 },
             }),
@@ -204,8 +194,9 @@ impl Analyser {
     }
 
     /// Keeps a parsed request as its conversation's last one (with its transcript, which
-    /// the next request continues) and hands over what the log needs of it.
-    pub fn keep(&self, conversation: &str, parsed: Parsed) -> (Logged, Decision) {
+    /// the next request continues, and the fold that decided it) and hands over what the
+    /// log needs of it.
+    pub fn keep(&self, parsed: Parsed) -> (Logged, Decision) {
         let Parsed {
             transcript,
             decision,
@@ -214,18 +205,15 @@ impl Analyser {
             ..
         } = parsed;
         let next_step = transcript.steps.len();
-        let from = self.conversations.steps_to_log(conversation, &transcript);
-        // Only the new steps are copied for the log; the transcript is kept for the
-        // conversation's next request.
-        let history = transcript.steps[from..].to_vec();
         let ThisRequest {
-            key,
+            recall,
             mut request,
-            preamble,
             head,
         } = last;
-        request.keep_transcript(preamble, transcript, head, Some(state.folded()));
-        self.conversations.put_previous(&key, request);
+        request.keep_transcript(transcript, head, Some(state.folded()));
+        // Only the steps new to the log are copied; the transcript is kept for the
+        // conversation's next request.
+        let history = self.memory.put(recall, request, Some(state));
         (Logged { next_step, history }, decision)
     }
 }

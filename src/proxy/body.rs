@@ -1,33 +1,19 @@
-//! The request body, read once off the socket, and the conversation's last request, found
-//! while the body arrives.
+//! The request body, read once off the socket as it arrives.
 //!
-//! Reading a request after its conversation's last one compares the bytes the two share
-//! (most of a history). Done after the body's last byte, that comparison sat between the
-//! client's last byte and the first byte sent upstream: for a 2 MB history ~0.3 ms, mostly
-//! fetching the earlier body back from memory. So the last request is looked up as soon
-//! as the request says which conversation it is (its stated id, from the headers, before
-//! any byte of the body; or its first two messages, usually in the first frames), and each
-//! frame is compared as it arrives ([`SharedPrefix`]), while the client is still sending.
-//! The bytes found equal are not copied at all: the body keeps the last body's
-//! ([`RequestBytes`]).
+//! While the body repeats its conversation's last body ([`BodyComparison`], which looks
+//! the conversation up and compares each frame), the frames are not copied at all: the
+//! body keeps the last body's bytes ([`RequestBytes`]).
 
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Limited};
 
-use super::cache::{Compared, LastRequest};
-use super::conversations::Conversations;
 use super::large_buffer::LargeBuffer;
-use crate::dialect::{Dialect, RequestBytes, SharedPrefix};
+use super::memory::BodyComparison;
+use crate::request_bytes::RequestBytes;
 
 /// Preallocated at most for a body that announces its length: a larger body grows.
 const PRESIZE_MAX: usize = 8 << 20;
-
-/// How far into a body the first two messages are looked for while it arrives; past this
-/// (a body whose history starts late, or holds one message) the key waits for the whole
-/// body. Each try scans from the start, and tries are made only when the body has doubled,
-/// so all of them together read at most twice this.
-const HEAD_SEARCH_MAX: usize = 256 << 10;
 
 /// A body's own bytes, when announced at least this long, get a buffer of their own kind
 /// ([`LargeBuffer`]: on huge pages, written past the CPU caches). So many bytes do not
@@ -35,12 +21,6 @@ const HEAD_SEARCH_MAX: usize = 256 << 10;
 /// conversation. Fewer, which the scan and the upstream write then read from the cache, are
 /// copied the ordinary way.
 const LARGE_MIN: usize = 1 << 20;
-
-/// A body whose conversation's last body is in two pieces with a tail longer than this
-/// share of it is read into one buffer of its own (as it arrives, and later read after
-/// nothing but its own bytes): each request that shares a head copies the earlier tail
-/// once it differs, so tails are kept short.
-const TAIL_SHARE_MAX: usize = 16;
 
 /// Bytes found equal to the conversation's last body lie within it: `BodyComparison` compares no
 /// further than its end. Were that ever broken, the request fails rather than panics.
@@ -215,169 +195,23 @@ impl Own {
     }
 }
 
-/// The conversation's last request, looked up while the body arrives, and how much of the
-/// body repeats its bytes.
-pub struct BodyComparison<'a> {
-    conversations: &'a Conversations,
-    /// `None` on routes that carry no conversation: nothing to look up.
-    dialect: Option<Dialect>,
-    /// Where the conversation's last request is kept, once known.
-    key: Option<String>,
-    /// The last request as it was when found, and the body compared with it as it arrives.
-    compared: Option<Compared>,
-    /// The body's length at the last try to find its first two messages.
-    tried_at: usize,
-}
-
-/// What [`BodyComparison`] found once the body is whole.
-pub struct Predecessor {
-    /// Where this request is kept as its conversation's last one.
-    pub key: String,
-    /// The conversation's last request once the body is whole (its transcript lent to
-    /// this request).
-    pub previous: Option<LastRequest>,
-    /// What the body was compared with while it arrived: the last request as it was then,
-    /// which a request of the conversation that finished meanwhile may have replaced.
-    pub compared: Option<Compared>,
-}
-
-impl<'a> BodyComparison<'a> {
-    /// `stated`: the conversation id the request's headers name, if any; the last request
-    /// is then looked up at once.
-    pub fn new(
-        conversations: &'a Conversations,
-        dialect: Option<Dialect>,
-        stated: Option<&str>,
-    ) -> BodyComparison<'a> {
-        let mut earlier = BodyComparison {
-            conversations,
-            dialect,
-            key: None,
-            compared: None,
-            tried_at: 0,
-        };
-        if let Some(id) = stated {
-            earlier.look_up(id.to_string());
-        }
-        earlier
-    }
-
-    /// Starts comparing with the last request kept under `key`. Its transcript stays
-    /// where it is until the body is whole ([`BodyComparison::finish`]): taken now, it would be
-    /// gone for every other request of the conversation read meanwhile (64 × 209 KB of one
-    /// conversation: ~50 % more CPU per request, each rebuilding its transcript).
-    fn look_up(&mut self, key: String) {
-        let Some(dialect) = self.dialect else { return };
-        self.compared = self.conversations.peek_previous(&key).and_then(|request| {
-            let prefix = SharedPrefix::new(request.scanned(dialect)?);
-            Some(Compared { request, prefix })
-        });
-        self.key = Some(key);
-    }
-
-    /// The body so far, of which `new` (the frame that just arrived) is the end.
-    fn arrived(&mut self, so_far: &[u8], new: &[u8]) {
-        let Some(dialect) = self.dialect else { return };
-        if self.key.is_none() {
-            if so_far.len() > HEAD_SEARCH_MAX || so_far.len() < 2 * self.tried_at {
-                return;
-            }
-            self.tried_at = so_far.len();
-            let head = dialect.first_messages(so_far, 2);
-            if head.len() < 2 {
-                return;
-            }
-            self.look_up(head_key_of(dialect, &head));
-            // Everything so far is new to the comparison.
-            if let Some(compared) = self.compared.as_mut() {
-                compared.prefix.arrived(so_far);
-            }
-            return;
-        }
-        if let Some(compared) = self.compared.as_mut() {
-            compared.prefix.arrived(new);
-        }
-    }
-
-    /// Compares the body's next frame, once the last request is known, and says how many
-    /// of the body's bytes so far are the last body's.
-    fn compare(&mut self, frame: &[u8]) -> usize {
-        match self.compared.as_mut() {
-            Some(compared) => {
-                compared.prefix.arrived(frame);
-                compared.prefix.equal()
-            }
-            None => 0,
-        }
-    }
-
-    /// The last body, when the body so far (`n` bytes) is its first bytes and the body can
-    /// share them. Not when that body's own tail is long ([`TAIL_SHARE_MAX`]).
-    fn sharing(&self, n: usize) -> Option<RequestBytes> {
-        let compared = self.compared.as_ref()?;
-        let old = compared.prefix.old();
-        let short_tail = old.tail().len() <= old.len() / TAIL_SHARE_MAX;
-        (short_tail && n > 0 && compared.prefix.equal() == n).then(|| old.clone())
-    }
-
-    /// Where a body that repeats the last body's first `equal` bytes starts its own
-    /// buffer ([`crate::dialect::Scanned::split_for`]); 0 (the body whole) when nothing
-    /// fits.
-    fn split_for(&self, equal: usize) -> usize {
-        let split = || {
-            let dialect = self.dialect?;
-            let scanned = self.compared.as_ref()?.request.scanned(dialect)?;
-            scanned.split_for(dialect.history_key(), equal)
-        };
-        split().unwrap_or(0)
-    }
-
-    /// Once the body is whole: the conversation's last request (by the body's first
-    /// messages if they were not found on the way), and what the body was compared with.
-    /// `None` on routes that carry no conversation.
-    pub fn finish(self, body: &RequestBytes) -> Option<Predecessor> {
-        let dialect = self.dialect?;
-        // Without a key nothing was compared, so the body is one buffer.
-        let key = self
-            .key
-            .unwrap_or_else(|| head_key(dialect, &body.to_whole()));
-        Some(Predecessor {
-            previous: self.conversations.previous(&key),
-            key,
-            compared: self.compared,
-        })
-    }
-}
-
-/// A key for the last request of a conversation that states no id: its first two
-/// messages' raw bytes. `#` never appears in conversation ids, so the keys cannot collide.
-///
-/// xxh3, not blake3: the key only finds a request to compare this one with (the byte
-/// comparison decides what is reused), so a collision costs speed, never a wrong reading,
-/// and blake3 over a system prompt of a few KB cost ~2 % of a small request's CPU.
-pub fn head_key(dialect: Dialect, body: &[u8]) -> String {
-    head_key_of(dialect, &dialect.first_messages(body, 2))
-}
-
-fn head_key_of(dialect: Dialect, first_messages: &[&[u8]]) -> String {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    h.update(&[dialect as u8]);
-    for m in first_messages {
-        h.update(m);
-        h.update(b"\0");
-    }
-    format!("#head-{:032x}", h.digest128())
-}
-
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use http::HeaderMap;
 
     use super::*;
-    use crate::proxy::cache::MessageCache;
+    use crate::config::CacheConfig;
+    use crate::dialect::Dialect;
     use crate::proxy::identity;
+    use crate::proxy::memory::{head_key, LastRequest, Memory, Predecessor};
+
+    /// Bodies over this share of the last body's length in its tail are joined
+    /// (`memory::arrival`'s `TAIL_SHARE_MAX`).
+    const TAIL_SHARE_MAX: usize = 16;
+
+    fn memory() -> Memory {
+        Memory::new(&CacheConfig::default())
+    }
 
     /// A body that arrives in the given frames.
     fn framed(parts: Vec<Bytes>) -> Body {
@@ -435,7 +269,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_is_read_whole_in_order_whatever_its_frames() {
-        let conversations = Conversations::new(Duration::from_secs(60));
+        let conversations = memory();
         for parts in [
             &[][..],
             &["{}"][..],
@@ -466,7 +300,7 @@ mod tests {
         let last = chat(&texts[..599]);
         let next = chat(&texts);
         assert!(next.len() > LARGE_MIN);
-        let conversations = Conversations::new(Duration::from_secs(60));
+        let conversations = memory();
         keep_last(&conversations, "conv-big", &last);
         let mut earlier =
             BodyComparison::new(&conversations, Some(Dialect::OpenAiChat), Some("conv-big"));
@@ -497,12 +331,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_that_repeats_the_last_one_shares_its_bytes_and_copies_only_its_own() {
-        let conversations = Conversations::new(Duration::from_secs(60));
-        let cache = MessageCache::new(64 << 20, Duration::from_secs(60));
+        let conversations = memory();
+
         // Reads `text` as the proxy does, checks it reads as from scratch, and keeps it as
         // the conversation's last request.
         let send = |text: String| {
-            let (conversations, cache) = (&conversations, &cache);
+            let conversations = &conversations;
             async move {
                 let mut earlier =
                     BodyComparison::new(conversations, Some(Dialect::OpenAiChat), Some("c"));
@@ -511,22 +345,24 @@ mod tests {
                     .unwrap();
                 assert!(read == *text.as_bytes(), "its bytes");
                 let found = earlier.finish(&read).unwrap();
-                let history = cache
+                let history = conversations
+                    .messages
                     .read_history(
                         Dialect::OpenAiChat,
                         &read,
                         false,
-                        found.previous,
+                        found.recalled.last,
                         found.compared.as_ref(),
                     )
                     .unwrap();
-                let fresh = MessageCache::new(1 << 20, Duration::from_secs(60))
+                let fresh = memory()
+                    .messages
                     .read_history(Dialect::OpenAiChat, &whole(&text), false, None, None)
                     .unwrap();
                 assert_eq!(history.transcript, fresh.transcript);
                 let mut previous = history.request;
-                previous.keep_transcript(history.preamble, history.transcript, None, None);
-                conversations.put_previous("c", previous);
+                previous.keep_transcript(history.transcript, None, None);
+                conversations.put(found.recall, previous, None);
                 read
             }
         };
@@ -564,19 +400,19 @@ mod tests {
     }
 
     /// The conversation's last request, kept under `key` as the proxy keeps it.
-    fn keep_last(conversations: &Conversations, key: &str, body: &str) {
-        let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
+    fn keep_last(conversations: &Memory, key: &str, body: &str) {
         let body = RequestBytes::from(Bytes::from(body.to_string()));
-        let history = cache
+        let history = conversations
+            .messages
             .read_history(Dialect::OpenAiChat, &body, false, None, None)
             .unwrap();
-        conversations.put_previous(key, history.request);
+        conversations.put(conversations.recall(key), history.request, None);
     }
 
     /// Reads `body`, arriving in pieces of `size` bytes, as the proxy does for a chat
     /// request (with the stated id `stated`), and says what was found for it.
     async fn arrive(
-        conversations: &Conversations,
+        conversations: &Memory,
         stated: Option<&str>,
         body: &str,
         size: usize,
@@ -591,7 +427,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_last_request_is_found_while_the_body_arrives_and_compared_frame_by_frame() {
-        let conversations = Conversations::new(Duration::from_secs(60));
+        let conversations = memory();
         let last = chat(&["sys", "task", "turn 1"]);
         let next = chat(&["sys", "task", "turn 1", "turn 2"]);
         // Everything up to the end of the last request's history is shared.
@@ -606,15 +442,18 @@ mod tests {
             &last,
         );
         let found = arrive(&conversations, None, &next, 7).await;
-        assert_eq!(found.key, head_key(Dialect::OpenAiChat, next.as_bytes()));
-        assert!(found.previous.is_some());
+        let slot = |key: &str| conversations.recall(key);
+        assert!(found
+            .recall
+            .is_slot_of(&slot(&head_key(Dialect::OpenAiChat, next.as_bytes()))));
+        assert!(found.recalled.last.is_some());
         let compared = found.compared.expect("compared while it arrived");
         assert_eq!(compared.prefix.equal(), shared);
 
         // A stated id: looked up before the first byte.
         keep_last(&conversations, "conv-1", &last);
         let found = arrive(&conversations, Some("conv-1"), &last, 5).await;
-        assert_eq!(found.key, "conv-1");
+        assert!(found.recall.is_slot_of(&slot("conv-1")));
         assert_eq!(found.compared.expect("compared").prefix.equal(), last.len());
 
         // One message: no key until the whole body is in; then looked up, not compared yet.
@@ -625,13 +464,15 @@ mod tests {
             &one,
         );
         let found = arrive(&conversations, None, &one, 4).await;
-        assert!(found.previous.is_some() && found.compared.is_none());
+        assert!(found.recalled.last.is_some() && found.compared.is_none());
 
         // An unknown conversation: nothing found, the key is still the head key.
         let other = chat(&["sys", "another task"]);
         let found = arrive(&conversations, None, &other, 9).await;
-        assert!(found.previous.is_none() && found.compared.is_none());
-        assert_eq!(found.key, head_key(Dialect::OpenAiChat, other.as_bytes()));
+        assert!(found.recalled.last.is_none() && found.compared.is_none());
+        assert!(found
+            .recall
+            .is_slot_of(&slot(&head_key(Dialect::OpenAiChat, other.as_bytes()))));
 
         // A route without a conversation looks nothing up.
         let earlier = BodyComparison::new(&conversations, None, Some("conv-1"));
@@ -640,7 +481,7 @@ mod tests {
 
     #[tokio::test]
     async fn what_a_body_was_compared_with_outlives_its_replacement_while_the_body_arrives() {
-        let conversations = Conversations::new(Duration::from_secs(60));
+        let conversations = memory();
         let last = chat(&["sys", "task", "turn 1"]);
         let next = chat(&["sys", "task", "turn 1", "turn 2"]);
         let scanned_body = |p: &LastRequest| {
@@ -651,7 +492,7 @@ mod tests {
                 .clone()
         };
         keep_last(&conversations, "conv-1", &last);
-        let kept = scanned_body(&conversations.peek_previous("conv-1").unwrap());
+        let kept = scanned_body(&conversations.recall("conv-1").peek().unwrap());
 
         let mut earlier =
             BodyComparison::new(&conversations, Some(Dialect::OpenAiChat), Some("conv-1"));
@@ -659,7 +500,7 @@ mod tests {
         earlier.arrived(a, a);
         // Another request of the conversation finishes meanwhile: it is the last one now.
         keep_last(&conversations, "conv-1", &last);
-        let replacing = scanned_body(&conversations.peek_previous("conv-1").unwrap());
+        let replacing = scanned_body(&conversations.recall("conv-1").peek().unwrap());
         assert_ne!(replacing.as_ptr(), kept.as_ptr());
         earlier.arrived(next.as_bytes(), &next.as_bytes()[a.len()..]);
 
@@ -667,7 +508,7 @@ mod tests {
         let compared = found.compared.expect("compared while it arrived");
         assert_eq!(scanned_body(&compared.request).as_ptr(), kept.as_ptr());
         assert_eq!(compared.prefix.equal(), last.len() - "]}".len());
-        let previous = found.previous.expect("the last request");
+        let previous = found.recalled.last.expect("the last request");
         assert_eq!(scanned_body(&previous).as_ptr(), replacing.as_ptr());
     }
 

@@ -17,17 +17,19 @@ use http::StatusCode;
 use http_body_util::{BodyExt, Full, Limited};
 
 use super::analysis::{Analysis, Arrival, Logged};
-use super::body::{read_body, BodyComparison};
+use super::body::read_body;
 use super::identity;
 use super::intervention::{self, Guard, Held, Planned};
+use super::memory::BodyComparison;
 use super::record::{Capture, Finished, Outcome};
 use super::route::{self, Route, Upstream};
 use super::tee::{Pending, TeeBody};
 use super::upstream::Outgoing;
 use super::{errors, upstream, App};
 use crate::detect::Decision;
-use crate::dialect::{Dialect, HaltReply, RequestBytes, UpstreamFailure};
+use crate::dialect::{Dialect, HaltReply, UpstreamFailure};
 use crate::intervene::{Applied, Effect, RequestInfo};
+use crate::request_bytes::RequestBytes;
 use crate::store::{next_request_id, now_ms, ConversationSeen, Label, RequestRow};
 
 pub const DECISION_HEADER: &str = "x-loopwarden-decision";
@@ -42,7 +44,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let stated = identity::stated(&parts.headers, route.conversation);
     let dialect = route.dialect.map(|(dialect, _)| dialect);
     let mut earlier = BodyComparison::new(
-        &app.analyser.conversations,
+        &app.analyser.memory,
         dialect,
         stated.as_ref().map(|s| &*s.id),
     );
@@ -479,7 +481,7 @@ fn new_record(
     } = analysis;
     let (steps, decision, history, next_step) = match parsed {
         Some(p) => {
-            let (logged, decision) = app.analyser.keep(&identity.id, p);
+            let (logged, decision) = app.analyser.keep(p);
             let Logged { next_step, history } = logged;
             (Some(next_step as i64), Some(decision), history, next_step)
         }

@@ -14,14 +14,13 @@ pub mod allocator;
 pub mod analysis;
 pub mod block;
 pub mod body;
-pub mod cache;
-pub mod conversations;
 pub mod errors;
 pub mod forward;
 pub mod held;
 pub mod identity;
 pub mod intervention;
 pub mod large_buffer;
+pub mod memory;
 pub mod record;
 pub mod route;
 pub mod spread;
@@ -158,8 +157,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         client: upstream::Client::new(&config.upstream),
         analyser: analysis::Analyser {
             engine: Engine::new(config.detect.clone()),
-            cache: cache::MessageCache::new(config.cache.max_bytes, idle),
-            conversations: conversations::Conversations::new(idle),
+            memory: memory::Memory::new(&config.cache),
         },
         store,
         config,
@@ -379,8 +377,7 @@ fn spawn_sweeper(app: std::sync::Weak<App>, idle: Duration) {
         loop {
             tick.tick().await;
             let Some(app) = app.upgrade() else { return };
-            app.analyser.cache.sweep();
-            app.analyser.conversations.sweep();
+            app.analyser.memory.sweep();
         }
     });
 }

@@ -34,7 +34,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::route::Upstream;
 use crate::config::UpstreamConfig;
-use crate::dialect::RequestBytes;
+use crate::request_bytes::RequestBytes;
 
 /// Idle connections kept per origin and serving thread; one more returned is closed. A
 /// serving thread rarely has more requests in flight to one API than this.

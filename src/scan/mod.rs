@@ -1,5 +1,9 @@
 //! Finding the top-level fields and message slices of a request body without parsing
-//! what is inside them.
+//! what is inside them, from the body's start ([`Object::parse`]) or after an earlier body
+//! it repeats most of ([`Object::parse_after`], with what the earlier scan found:
+//! [`Scanned`], and the bytes compared while the body arrived: [`SharedPrefix`]). The wire
+//! formats (`crate::dialect`) read the members found; which earlier body a request is read
+//! after is the proxy's memory of its conversation (`proxy::memory`).
 //!
 //! serde_json validates every byte of a value it skips, about 1 GB/s; a long history is
 //! mostly string bytes, which this scanner jumps over eight at a time to the next quote
@@ -11,17 +15,23 @@
     reason = "SIMD loads, and str views of bytes already checked as UTF-8: each block says why it holds"
 )]
 
-use std::ops::Range;
-
 use bytes::Bytes;
 
-use super::RequestBytes;
+use crate::request_bytes::RequestBytes;
 
-use crate::transcript::Item;
+/// `bytes` as text, if they are valid UTF-8: the one check every body and streamed event
+/// goes through. `simdutf8` checks 16 or 32 bytes at a time whatever they hold; std reads
+/// ASCII a word at a time but other text a byte at a time. Measured on a 0.9 MB
+/// conversation in Chinese sent as raw UTF-8 (as Node clients send it): 716 µs with std,
+/// 59 µs; on the bench's 2 MB body: 100 and 54 µs (BENCHMARKS.md, "Session 15"). The
+/// error, rare, comes from std's check, for its position.
+pub(crate) fn utf8(bytes: &[u8]) -> Result<&str, std::str::Utf8Error> {
+    simdutf8::basic::from_utf8(bytes).or_else(|_| std::str::from_utf8(bytes))
+}
 
 /// Why a body is not the JSON object we expected.
 #[derive(Debug)]
-pub(crate) struct ScanError(pub &'static str);
+pub struct ScanError(pub &'static str);
 
 type Scan<T> = Result<T, ScanError>;
 
@@ -396,7 +406,7 @@ impl<'a> Text<'a> {
 }
 
 /// The top-level members of a JSON object body, as raw slices of it.
-pub(crate) struct Object<'a> {
+pub struct Object<'a> {
     text: Text<'a>,
     members: Vec<Member>,
     /// How many of the first elements of the resumed array lie where they lay in the body
@@ -524,7 +534,7 @@ impl<'a> Object<'a> {
         // (the same bytes as `old`'s) and a tail equal to `old`'s are valid UTF-8 on their
         // own. The rest is checked.
         let unchecked_tail = if same_tail { body.len() - end } else { 0 };
-        super::utf8(piece.get(shared - base..piece.len() - unchecked_tail)?).ok()?;
+        utf8(piece.get(shared - base..piece.len() - unchecked_tail)?).ok()?;
         // SAFETY: each piece is valid UTF-8. A whole body is the concatenation of the valid
         // sequences above. A body in two pieces was split at an element start of `old`
         // (checked above), an ASCII byte: its head, `old`'s bytes up to there, is valid
@@ -670,6 +680,13 @@ impl<'a> Object<'a> {
         }))
     }
 
+    /// How many of the history's first messages were found byte for byte, in the same
+    /// place, in the body this one was read after ([`Object::parse_after`]): those
+    /// messages need no comparing.
+    pub fn unchanged(&self) -> usize {
+        self.unchanged
+    }
+
     /// What this scan found, kept with the body's bytes for [`Object::parse_after`] on a
     /// later body. `None` if `body` is not the body this object was parsed from.
     pub fn into_scanned(self, body: &RequestBytes) -> Option<Scanned> {
@@ -680,8 +697,6 @@ impl<'a> Object<'a> {
         same.then(|| Scanned {
             body: body.clone(),
             members: self.members,
-            unchanged: self.unchanged,
-            preamble: None,
         })
     }
 }
@@ -693,11 +708,6 @@ pub struct Scanned {
     /// Valid UTF-8 (only a successful parse makes a `Scanned`, and `Bytes` never change).
     body: RequestBytes,
     members: Vec<Member>,
-    unchanged: usize,
-    /// The preamble the dialect read from the body (its system prompt), with where the
-    /// member it was read from lies: the next request reuses it when its member has the
-    /// same bytes (see `Dialect::view_after`).
-    pub(super) preamble: Option<(Range<usize>, Vec<Item>)>,
 }
 
 impl Scanned {
@@ -717,12 +727,6 @@ impl Scanned {
         let within = elements.partition_point(|e| e.1 <= equal);
         let start = elements.get(within.checked_sub(1)?)?.0;
         Some(start.min(self.body.head().len()))
-    }
-
-    /// How many of the history's first messages were found byte for byte, in the same
-    /// place, in the body this one was read after: those messages need no comparing.
-    pub fn unchanged(&self) -> usize {
-        self.unchanged
     }
 }
 

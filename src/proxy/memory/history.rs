@@ -1,8 +1,10 @@
-//! Parsed messages, cached by the blake3 hash of their raw bytes.
+//! A request's history, read after its conversation's last request, and the parsed
+//! messages, cached by the blake3 hash of their raw bytes.
 //!
 //! Every request carries the whole history, so without a cache the proxy would parse the
 //! same messages again on every turn. Here each message is parsed once; later requests
-//! only hash it and find its items. The key is the content (plus the wire format), not the
+//! recognise it by comparing its bytes with the last request's, or hash it and find its
+//! items. The key is the content (plus the wire format), not the
 //! conversation: the result of parsing depends on the bytes alone, so the cache can never
 //! make two conversations see different transcripts, and identity mistakes cannot hurt it.
 //!
@@ -16,10 +18,12 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::identity::Identity;
 use crate::actions::ToolCatalog;
 use crate::detect::Folded;
-use crate::dialect::{Dialect, ParseError, RawMessage, RequestBytes, Scanned, SharedPrefix};
+use crate::dialect::{Dialect, ParseError, RawMessage, RequestView};
+use crate::proxy::identity::Identity;
+use crate::request_bytes::RequestBytes;
+use crate::scan::{self, Scanned, SharedPrefix};
 use crate::transcript::{Item, Transcript};
 
 /// The items of one message, shared between the cache and requests in flight.
@@ -167,9 +171,6 @@ impl MessageCache {
     /// `compared`, when the body was compared while it arrived, is what it was compared
     /// with: the scan resumes after that request (the bytes found equal are not compared
     /// again), even when it is no longer the conversation's last one.
-    ///
-    /// A body in two pieces that cannot be read that way (its tail is not valid JSON, say)
-    /// is read joined, from its start; it is then kept joined.
     pub fn read_history(
         &self,
         dialect: Dialect,
@@ -179,49 +180,60 @@ impl MessageCache {
         compared: Option<&Compared>,
     ) -> Result<History, ParseError> {
         let read_after = compared.map(|c| &c.request).or(previous.as_ref());
-        let after = read_after.and_then(|p| p.scanned(dialect));
-        let prefix = compared.map(|c| &c.prefix);
-        let joined;
-        let (body, (view, scanned)) = match dialect.view_after(body, stream_path, after, prefix) {
-            Ok(read) => (body, read),
-            Err(ParseError::NeedsWhole) => {
+        let joined: RequestBytes;
+        let (body, object) = match resumed_scan(dialect, body, read_after, compared) {
+            Some(object) => (body, object),
+            None if body.whole().is_some() => (body, dialect.scan(body.head())?),
+            // A body in two pieces is read joined when its tail cannot be read after the
+            // request its head was taken from (its tail is not valid JSON, say); it is then
+            // kept joined.
+            None => {
                 joined = RequestBytes::from(body.to_whole());
-                (
-                    &joined,
-                    dialect.view_after(&joined, stream_path, after, None)?,
-                )
+                (&joined, dialect.scan(joined.head())?)
             }
-            Err(e) => return Err(e),
         };
+        let view = dialect.view_scanned(&object, stream_path)?;
+        let preamble = Preamble::read(dialect, body, view.preamble_source, read_after);
         let tools = ToolsRead::of(view.tools, read_after);
-        let unchanged = scanned.as_ref().map_or(0, Scanned::unchanged);
+        let unchanged = object.unchanged();
         let messages = self.items(dialect, &view.messages, read_after, unchanged);
+        // The very same items as the request the fold decided: the same transcript.
+        let vouched = read_after
+            .filter(|p| p.holds_same(&preamble, &messages))
+            .and_then(|p| p.folded);
         let continued = previous
             .as_mut()
-            .and_then(|p| p.continue_transcript(&view.preamble, &messages));
+            .and_then(|p| p.continue_transcript(&preamble, &messages));
         let Continued {
             transcript,
             head,
             folded,
         } = continued.unwrap_or_else(|| Continued {
             transcript: Transcript::from_items(
-                view.preamble
+                preamble
+                    .items
                     .iter()
                     .cloned()
                     .chain(messages.iter().flat_map(|m| m.iter().cloned())),
             ),
             head: None,
-            folded: None,
+            folded: vouched,
         });
+        let RequestView {
+            model,
+            stream,
+            messages: raw,
+            ..
+        } = view;
+        let scanned = object.into_scanned(body);
         Ok(History {
             transcript,
             head,
             folded,
             tools: tools.as_ref().map(|t| t.catalog.clone()),
-            request: LastRequest::new(dialect, body, &view.messages, messages, scanned, tools),
-            preamble: view.preamble,
-            model: view.model,
-            stream: view.stream,
+            request: LastRequest::new(dialect, body, &raw, messages, scanned, tools, preamble),
+            model,
+            stream,
         })
     }
 
@@ -247,8 +259,6 @@ pub struct History {
     /// This request, to keep as its conversation's last one (with the transcript, through
     /// [`LastRequest::keep_transcript`], once the request is done with it).
     pub request: LastRequest,
-    /// Items from top-level fields, which the transcript starts with.
-    pub preamble: Vec<Item>,
     pub model: Option<String>,
     pub stream: bool,
 }
@@ -275,17 +285,16 @@ pub struct LastRequest {
     /// next request extends it with its new messages instead of copying every cached item
     /// into a fresh one.
     transcript: Option<KeptTranscript>,
+    /// The fold that decided the request, with the steps it folded: what a request with
+    /// the very same messages knows of its transcript even without the kept one.
+    folded: Option<Folded>,
 }
 
 /// A request's transcript, kept for the conversation's next request.
 struct KeptTranscript {
-    /// The items the transcript started with.
-    preamble: Vec<Item>,
     transcript: Transcript,
     /// The identity its head names, when the request computed it.
     head: Option<Identity>,
-    /// The fold that decided the request, with the steps it folded.
-    folded: Option<Folded>,
 }
 
 /// A kept transcript extended with a request's new messages.
@@ -298,7 +307,7 @@ pub struct Continued {
 }
 
 /// A request's body (a reference-counted handle, not a copy), its scan, where each message
-/// lies in it, and the message's items.
+/// lies in it, the message's items, its preamble and its tool definitions.
 struct Read {
     dialect: Dialect,
     body: RequestBytes,
@@ -306,7 +315,67 @@ struct Read {
     scanned: Option<Scanned>,
     spans: Vec<Option<Range<usize>>>,
     items: ItemList,
+    preamble: Preamble,
     tools: Option<ToolsRead>,
+}
+
+/// The items a request's top-level system member gives, which its transcript starts
+/// with, and where that member lies in its body.
+#[derive(Clone, Default)]
+struct Preamble {
+    span: Option<Range<usize>>,
+    items: Arc<[Item]>,
+}
+
+impl Preamble {
+    /// The preamble of `source` (a member of `body`), or the last request's when its
+    /// member had the same bytes: a system prompt of a few KB is the same in every request
+    /// of a conversation, and reading it again was most of the work of reading a small
+    /// request's top level (13 k of 18 k instructions for the bench's 8.8 KB Anthropic
+    /// request; Claude Code's system prompt is four times as long).
+    fn read(
+        dialect: Dialect,
+        body: &RequestBytes,
+        source: Option<&str>,
+        last: Option<&LastRequest>,
+    ) -> Preamble {
+        let Some(source) = source else {
+            return Preamble::default();
+        };
+        let span = body.offset_of(source.as_bytes());
+        let kept = last
+            .map(|l| &*l.read)
+            .filter(|r| r.dialect == dialect)
+            .and_then(|r| Some((r.body.get(r.preamble.span.clone()?)?, &r.preamble)));
+        match kept {
+            Some((bytes, kept)) if bytes == source.as_bytes() => Preamble {
+                span,
+                items: kept.items.clone(),
+            },
+            _ => Preamble {
+                span,
+                items: dialect.read_preamble(Some(source)).into(),
+            },
+        }
+    }
+
+    fn same(&self, other: &Preamble) -> bool {
+        Arc::ptr_eq(&self.items, &other.items) || self.items == other.items
+    }
+}
+
+/// The scan of `body` resumed after `last`'s ([`scan::Object::parse_after`]), skipping the
+/// bytes `compared` already found equal while the body arrived. `None` when it cannot be
+/// resumed: the body is then scanned from its start.
+fn resumed_scan<'b>(
+    dialect: Dialect,
+    body: &'b RequestBytes,
+    last: Option<&LastRequest>,
+    compared: Option<&Compared>,
+) -> Option<scan::Object<'b>> {
+    let after = last?.scanned(dialect)?;
+    let prefix = compared.map(|c| &c.prefix);
+    scan::Object::parse_after(body, dialect.history_key(), after, prefix)
 }
 
 /// A request's tool definitions, read into a catalog.
@@ -341,14 +410,15 @@ impl ToolsRead {
 
 impl LastRequest {
     /// `messages` are slices of `body` (as the dialect's view hands them out), `scanned`
-    /// the scan of `body` when [`Dialect::view_after`] read it.
-    pub fn new(
+    /// the scan of `body`.
+    fn new(
         dialect: Dialect,
         body: &RequestBytes,
         messages: &[RawMessage],
         items: ItemList,
         scanned: Option<Scanned>,
         tools: Option<ToolsRead>,
+        preamble: Preamble,
     ) -> LastRequest {
         let spans = messages
             .iter()
@@ -363,9 +433,11 @@ impl LastRequest {
                 scanned,
                 spans,
                 items,
+                preamble,
                 tools,
             }),
             transcript: None,
+            folded: None,
         }
     }
 
@@ -375,6 +447,7 @@ impl LastRequest {
         LastRequest {
             read: self.read.clone(),
             transcript: self.transcript.take(),
+            folded: self.folded,
         }
     }
 
@@ -385,6 +458,7 @@ impl LastRequest {
         LastRequest {
             read: self.read.clone(),
             transcript: None,
+            folded: self.folded,
         }
     }
 
@@ -394,46 +468,56 @@ impl LastRequest {
         read.scanned.as_ref().filter(|_| read.dialect == dialect)
     }
 
-    /// Keeps the transcript this request's messages (the `items` given to
-    /// [`LastRequest::new`]) were read into, after `preamble`, the identity its head names if
-    /// the request computed it, and the fold that decided the request
-    /// (`EngineState::folded`) if one did.
+    /// The body's length: what its memory is charged by.
+    pub fn body_len(&self) -> usize {
+        self.read.body.len()
+    }
+
+    /// The transcript kept with this request, if any.
+    pub fn transcript(&self) -> Option<&Transcript> {
+        self.transcript.as_ref().map(|k| &k.transcript)
+    }
+
+    /// Keeps the transcript this request's preamble and messages were read into, the
+    /// identity its head names if the request computed it, and the fold that decided the
+    /// request (`EngineState::folded`) if one did.
     pub fn keep_transcript(
         &mut self,
-        preamble: Vec<Item>,
         transcript: Transcript,
         head: Option<Identity>,
         folded: Option<Folded>,
     ) {
-        self.transcript = Some(KeptTranscript {
-            preamble,
-            transcript,
-            head,
-            folded,
-        });
+        self.transcript = Some(KeptTranscript { transcript, head });
+        self.folded = folded;
+    }
+
+    /// Whether a request read as `preamble` and `messages` holds the very same parsed items
+    /// as this one, in the same places, and nothing more: its transcript is this one's.
+    fn holds_same(&self, preamble: &Preamble, messages: &ItemList) -> bool {
+        messages.len() == self.read.items.len()
+            && self.read.preamble.same(preamble)
+            && messages.starts_with_same(&self.read.items)
     }
 
     /// The transcript of a request that carries this one's messages unchanged (the very
     /// same parsed items, in the same places) and the same preamble, then `messages` past
     /// them: the kept transcript, extended with the new messages. `None` when the request
     /// does not continue this one (or no transcript was kept).
-    pub fn continue_transcript(
+    fn continue_transcript(
         &mut self,
-        preamble: &[Item],
+        preamble: &Preamble,
         messages: &ItemList,
     ) -> Option<Continued> {
-        let kept = self.transcript.as_ref()?;
+        self.transcript.as_ref()?;
         let n = self.read.items.len();
         let continues =
-            kept.preamble.as_slice() == preamble && messages.starts_with_same(&self.read.items);
+            self.read.preamble.same(preamble) && messages.starts_with_same(&self.read.items);
         if !continues {
             return None;
         }
         let KeptTranscript {
             mut transcript,
             head,
-            folded,
-            ..
         } = self.transcript.take()?;
         // The head is the first system text and the first task: new items only append, so
         // it stays the same unless one of them was missing and the new items bring it.
@@ -445,7 +529,7 @@ impl LastRequest {
             .iter()
             .rev()
             .flat_map(|m| m.iter().rev())
-            .chain(preamble.iter().rev())
+            .chain(preamble.items.iter().rev())
             .next()
             .is_some_and(|i| matches!(i, Item::Assistant { .. } | Item::AssistantPart { .. }));
         let untouched = transcript.extend_items(
@@ -457,7 +541,7 @@ impl LastRequest {
         Some(Continued {
             transcript,
             head,
-            folded: folded.map(|f| f.within(untouched)),
+            folded: self.folded.map(|f| f.within(untouched)),
         })
     }
 
@@ -728,20 +812,12 @@ mod tests {
         let body = RequestBytes::from(Bytes::from_static(
             br#"{"messages":[{"role":"user","content":"a"}]}"#,
         ));
-        let (view, scanned) = Dialect::OpenAiChat
-            .view_after(&body, false, None, None)
-            .unwrap();
         let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
-        let items = cache.items(Dialect::OpenAiChat, &view.messages, None, 0);
-        let mut last = LastRequest::new(
-            Dialect::OpenAiChat,
-            &body,
-            &view.messages,
-            items,
-            scanned,
-            None,
-        );
-        last.keep_transcript(Vec::new(), Transcript::default(), None, None);
+        let mut last = cache
+            .read_history(Dialect::OpenAiChat, &body, false, None, None)
+            .unwrap()
+            .request;
+        last.keep_transcript(Transcript::default(), None, None);
         let first = last.lend();
         let second = last.lend();
         for lent in [&first, &second] {
@@ -817,7 +893,7 @@ mod tests {
                 .read_history(Dialect::OpenAiChat, last, false, None, None)
                 .unwrap();
             let mut previous = first.request;
-            previous.keep_transcript(first.preamble, first.transcript, Some(head), None);
+            previous.keep_transcript(first.transcript, Some(head), None);
             let second = cache
                 .read_history(Dialect::OpenAiChat, next, false, Some(previous), None)
                 .unwrap();
@@ -893,7 +969,7 @@ mod tests {
                 assert_eq!(items.starts_with_same(&earlier), !edited, "request {turn}");
             }
             let mut kept = read.request;
-            kept.keep_transcript(read.preamble, read.transcript, Some(head.clone()), None);
+            kept.keep_transcript(read.transcript, Some(head.clone()), None);
             last = Some(kept);
         }
     }
@@ -923,7 +999,7 @@ mod tests {
                 .read_history(Dialect::OpenAiChat, &body(last), false, None, None)
                 .unwrap();
             let mut previous = first.request;
-            previous.keep_transcript(first.preamble, first.transcript, None, Some(fold));
+            previous.keep_transcript(first.transcript, None, Some(fold));
             let second = cache
                 .read_history(
                     Dialect::OpenAiChat,
@@ -979,7 +1055,7 @@ mod tests {
                 .read_history(Dialect::OpenAiChat, &last, false, None, None)
                 .unwrap();
             let mut compared_with = first.request;
-            compared_with.keep_transcript(first.preamble, first.transcript, None, None);
+            compared_with.keep_transcript(first.transcript, None, None);
             let mut prefix = SharedPrefix::new(compared_with.scanned(Dialect::OpenAiChat).unwrap());
             let next_bytes = next.to_whole();
             let (a, b) = next_bytes.split_at(20);
@@ -1005,7 +1081,7 @@ mod tests {
             }
             .unwrap();
             let mut replaced_by = finished.request;
-            replaced_by.keep_transcript(finished.preamble, finished.transcript, None, None);
+            replaced_by.keep_transcript(finished.transcript, None, None);
 
             let read = cache
                 .read_history(
@@ -1053,6 +1129,7 @@ mod tests {
             items.clone(),
             None,
             None,
+            Preamble::default(),
         );
         let parsed_before = cache.size().0;
 
@@ -1074,6 +1151,7 @@ mod tests {
             items.clone(),
             None,
             None,
+            Preamble::default(),
         );
         assert!(foreign
             .same(Dialect::OpenAiChat, 0, first_msgs[0].get())

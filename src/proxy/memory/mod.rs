@@ -1,0 +1,329 @@
+//! What the proxy remembers of each live conversation, so that a request costs work for
+//! what is new in it and not for the whole history it resends. All of it is here:
+//!
+//! - [`history`]: parsed messages, cached by their bytes (shared by every conversation: a
+//!   message's items depend on its bytes alone), and how a request is read after its
+//!   conversation's last one: the scan resumes after the bytes both bodies share
+//!   ([`crate::scan::Object::parse_after`]), unchanged messages are recognised by their
+//!   bytes, the system prompt is not read again, and the last request's transcript is
+//!   extended with the new messages rather than rebuilt.
+//! - [`arrival`]: the body compared with the last request's while it arrives, before its
+//!   last byte.
+//! - here, the conversation's slot: its last request ([`LastRequest`]), the detection
+//!   engine's fold of its steps ([`EngineState`]), and how far its steps are in the log.
+//!
+//! A request looks its conversation up once and puts once:
+//! 1. [`Memory::recall`], as soon as the request says which conversation it is (the id its
+//!    headers state, before the body; else its first two messages, as they arrive):
+//!    a [`Recall`], the handle on the conversation's slot.
+//! 2. [`Recall::take`], once the body is whole: the last request (its transcript lent to
+//!    this request) and the fold.
+//! 3. [`Memory::put`], once the request is decided: this request as the last one, the fold
+//!    that decided it, and the steps new to the log.
+//!
+//! Nothing here changes a decision: a fold is continued only over a history it is vouched
+//! for ([`crate::detect::Folded`]) or that hashes to what it folded
+//! (`Engine::decide_shared`), and a forgotten conversation costs its next request a read
+//! of the whole history, once (the log's upserts make logging it again harmless).
+//!
+//! Bounded by bytes (`cache.conversation_max_bytes`: the least recently used conversations
+//! go first) and by idle time (`cache.idle_secs`); the parsed messages have their own
+//! bound (`cache.max_bytes`).
+
+pub mod arrival;
+pub mod history;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+pub use arrival::{head_key, BodyComparison, Predecessor};
+pub use history::{History, ItemList, LastRequest, MessageCache};
+
+use crate::config::CacheConfig;
+use crate::detect::EngineState;
+use crate::transcript::Step;
+
+/// Keyed by conversation; foldhash costs a fraction of SipHash on keys this short (still
+/// seeded per process).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// What a slot is charged beyond its bodies: the fold, the log's progress, the map entry.
+const SLOT_OVERHEAD: usize = 4096;
+
+pub struct Memory {
+    /// Parsed messages, shared by every conversation.
+    pub messages: MessageCache,
+    slots: Mutex<HashMap<String, Arc<Slot>>>,
+    /// Bytes charged to the slots in the map (see [`Remembered::bytes`]).
+    held: AtomicUsize,
+    max_bytes: usize,
+    idle: Duration,
+    /// The origin of [`Slot::last_used`].
+    epoch: Instant,
+}
+
+/// One conversation's slot. A request keeps a handle on it ([`Recall`]) from its look-up
+/// to its put, so that it locks the conversation map once.
+struct Slot {
+    state: Mutex<Remembered>,
+    /// Milliseconds after [`Memory::epoch`] at the last look-up: the order of eviction.
+    last_used: AtomicU64,
+}
+
+#[derive(Default)]
+struct Remembered {
+    /// The conversation's last request, to read the next one after.
+    last: Option<LastRequest>,
+    /// The engine's fold after the latest request that decided.
+    fold: Option<Arc<EngineState>>,
+    /// Steps before this index were logged with a result for every call.
+    logged: usize,
+    /// What this slot is charged against `cache.conversation_max_bytes`: its last body
+    /// twice (the bytes, and the transcript read from them), and [`SLOT_OVERHEAD`].
+    bytes: usize,
+    /// Evicted or swept: a request that still holds the slot puts nothing in it.
+    forgotten: bool,
+}
+
+/// A request's handle on its conversation's slot ([`Memory::recall`]).
+pub struct Recall {
+    slot: Arc<Slot>,
+}
+
+/// What [`Recall::take`] hands a request whose body is whole.
+#[derive(Default)]
+pub struct Recalled {
+    /// The conversation's last request, its transcript lent to this request.
+    pub last: Option<LastRequest>,
+    /// The engine's fold: shared when the request repeats the last body, taken otherwise
+    /// (the request advances it and puts it back: a copy left in the slot would only be
+    /// replaced, and copying a fold costs as much as the conversation is long).
+    pub fold: Option<Arc<EngineState>>,
+}
+
+/// How much the memory holds, for the admin API's stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Held {
+    pub conversations: usize,
+    pub conversation_bytes: usize,
+    pub messages: usize,
+    pub message_bytes: usize,
+}
+
+impl Memory {
+    pub fn new(config: &CacheConfig) -> Memory {
+        let idle = Duration::from_secs(config.idle_secs);
+        Memory {
+            messages: MessageCache::new(config.max_bytes, idle),
+            slots: Mutex::new(HashMap::default()),
+            held: AtomicUsize::new(0),
+            max_bytes: config.conversation_max_bytes,
+            idle,
+            epoch: Instant::now(),
+        }
+    }
+
+    /// The one look-up of a request: the slot of the conversation `key` names, made if new.
+    /// The key is copied only for a new conversation.
+    pub fn recall(&self, key: &str) -> Recall {
+        let now = self.now_ms();
+        let mut slots = self.lock();
+        let slot = match slots.get(key) {
+            Some(slot) => slot.clone(),
+            None => {
+                let slot = Arc::new(Slot {
+                    state: Mutex::new(Remembered::default()),
+                    last_used: AtomicU64::new(now),
+                });
+                slots.insert(key.to_owned(), slot.clone());
+                slot
+            }
+        };
+        slot.last_used.store(now, Ordering::Relaxed);
+        Recall { slot }
+    }
+
+    /// The one put of a request: `last` (its transcript kept with it) becomes the
+    /// conversation's last request and `fold` its fold. Returns the steps of that
+    /// transcript the log does not have yet (new, or that gained results), and records
+    /// that everything up to the first step with an unanswered call will have been logged.
+    pub fn put(
+        &self,
+        recall: Recall,
+        last: LastRequest,
+        fold: Option<Arc<EngineState>>,
+    ) -> Vec<Step> {
+        let bytes = 2 * last.body_len() + SLOT_OVERHEAD;
+        let (steps, over) = {
+            let mut state = recall.slot.lock();
+            let steps = state.steps_to_log(&last);
+            if state.forgotten {
+                return steps;
+            }
+            let before = std::mem::replace(&mut state.bytes, bytes);
+            state.last = Some(last);
+            if fold.is_some() {
+                state.fold = fold;
+            }
+            let held = self.held.fetch_add(bytes, Ordering::Relaxed) + bytes - before;
+            self.held.fetch_sub(before, Ordering::Relaxed);
+            (steps, held > self.max_bytes)
+        };
+        if over {
+            self.evict_to(self.max_bytes - self.max_bytes / 8);
+        }
+        steps
+    }
+
+    /// Forgets a conversation that has ended (a replayed run).
+    pub fn forget(&self, key: &str) {
+        let removed = self.lock().remove(key);
+        if let Some(slot) = removed {
+            self.release(&slot);
+        }
+    }
+
+    /// Forgets conversations idle for longer than `cache.idle_secs`, and messages no
+    /// request carried for as long. Called periodically.
+    pub fn sweep(&self) {
+        self.messages.sweep();
+        let cutoff = self.now_ms().saturating_sub(self.idle.as_millis() as u64);
+        let idle: Vec<Arc<Slot>> = {
+            let mut slots = self.lock();
+            let mut idle = Vec::new();
+            slots.retain(|_, slot| {
+                let keep = slot.last_used.load(Ordering::Relaxed) >= cutoff;
+                if !keep {
+                    idle.push(slot.clone());
+                }
+                keep
+            });
+            idle
+        };
+        for slot in idle {
+            self.release(&slot);
+        }
+    }
+
+    /// What is held: conversations and their bytes, parsed messages and theirs.
+    pub fn held(&self) -> Held {
+        let (messages, message_bytes) = self.messages.size();
+        Held {
+            conversations: self.lock().len(),
+            conversation_bytes: self.held.load(Ordering::Relaxed),
+            messages,
+            message_bytes,
+        }
+    }
+
+    /// Forgets the least recently used conversations until the slots hold at most
+    /// `target` bytes. Rare (only over the bound), so a sort is fine; going down to 7/8 of
+    /// the bound keeps it rare.
+    fn evict_to(&self, target: usize) {
+        let evicted: Vec<Arc<Slot>> = {
+            let mut slots = self.lock();
+            let mut by_age: Vec<(u64, String, usize)> = slots
+                .iter()
+                .map(|(key, slot)| {
+                    let bytes = slot.lock().bytes;
+                    (slot.last_used.load(Ordering::Relaxed), key.clone(), bytes)
+                })
+                .collect();
+            by_age.sort_unstable();
+            let mut held = self.held.load(Ordering::Relaxed);
+            let mut evicted = Vec::new();
+            for (_, key, bytes) in by_age {
+                if held <= target {
+                    break;
+                }
+                if let Some(slot) = slots.remove(&key) {
+                    evicted.push(slot);
+                    held = held.saturating_sub(bytes);
+                }
+            }
+            evicted
+        };
+        for slot in evicted {
+            self.release(&slot);
+        }
+    }
+
+    /// Empties a slot taken out of the map and stops charging it: its memory is freed now,
+    /// even while a request in flight still holds it.
+    fn release(&self, slot: &Slot) {
+        let mut state = slot.lock();
+        self.held.fetch_sub(state.bytes, Ordering::Relaxed);
+        *state = Remembered {
+            forgotten: true,
+            ..Remembered::default()
+        };
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Slot>>> {
+        // A panic elsewhere while holding the lock leaves consistent entries: keep going.
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Slot {
+    fn lock(&self) -> MutexGuard<'_, Remembered> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Recall {
+    /// Whether both handles are on one slot.
+    #[cfg(test)]
+    pub fn is_slot_of(&self, other: &Recall) -> bool {
+        Arc::ptr_eq(&self.slot, &other.slot)
+    }
+
+    /// The conversation's last request as it is now, to compare a body with while it
+    /// arrives ([`LastRequest::share`]: its transcript stays for whichever request of the
+    /// conversation is read first).
+    pub fn peek(&self) -> Option<LastRequest> {
+        self.slot.lock().last.as_ref().map(LastRequest::share)
+    }
+
+    /// Once the body is whole: the last request, its transcript lent
+    /// ([`LastRequest::lend`]), and the fold. `same_body`: the body repeats the last body
+    /// byte for byte (a retry, or many clients sending one history), so its fold is read,
+    /// not advanced, and stays for the others.
+    pub fn take(&self, same_body: bool) -> Recalled {
+        let mut state = self.slot.lock();
+        let fold = if same_body {
+            state.fold.clone()
+        } else {
+            state.fold.take()
+        };
+        Recalled {
+            last: state.last.as_mut().map(LastRequest::lend),
+            fold,
+        }
+    }
+}
+
+impl Remembered {
+    /// The steps of `last`'s kept transcript that still need logging, and records how far
+    /// the log will be once they are.
+    fn steps_to_log(&mut self, last: &LastRequest) -> Vec<Step> {
+        let Some(transcript) = last.transcript() else {
+            return Vec::new();
+        };
+        let steps = &transcript.steps;
+        let from = self.logged.min(steps.len());
+        let first_open = steps[from..]
+            .iter()
+            .position(|s| s.calls.iter().any(|c| c.result.is_none()))
+            .map_or(steps.len(), |i| from + i);
+        // Never move back: a shorter side request (a title request under the same
+        // session id) must not make the next main request log its whole history again.
+        self.logged = self.logged.max(first_open);
+        steps[from..].to_vec()
+    }
+}
