@@ -1165,4 +1165,54 @@ mod tests {
             .same(Dialect::OpenAiChat, 1, r#"{"role":"user","content":"B"}"#)
             .is_none());
     }
+
+    #[test]
+    fn the_system_prompt_is_the_last_request_s_while_its_bytes_are_the_same() {
+        let cache = MessageCache::new(1 << 20, Duration::from_secs(60));
+        let request = |system: &str, turns: usize| {
+            let messages: Vec<String> = (0..turns)
+                .map(|i| format!(r#"{{"role":"user","content":"turn {i}"}}"#))
+                .collect();
+            RequestBytes::from(Bytes::from(format!(
+                r#"{{"model":"m","system":[{{"type":"text","text":"{system}"}}],"messages":[{}]}}"#,
+                messages.join(",")
+            )))
+        };
+        let read = |body: &RequestBytes, last: Option<LastRequest>| {
+            cache
+                .read_history(Dialect::Anthropic, body, false, last, None)
+                .unwrap()
+                .request
+        };
+        let first = read(&request("be brief", 1), None);
+        let items = first.read.preamble.items.clone();
+        assert_eq!(
+            &*items,
+            &[Item::System {
+                text: "be brief".into()
+            }]
+        );
+        let next = read(&request("be brief", 2), Some(first.share()));
+        assert!(
+            Arc::ptr_eq(&next.read.preamble.items, &items),
+            "the same bytes: reused"
+        );
+        let changed = read(&request("be thorough", 2), Some(first.share()));
+        assert_eq!(
+            &*changed.read.preamble.items,
+            &[Item::System {
+                text: "be thorough".into()
+            }],
+            "other bytes: read"
+        );
+        // No system member now: no preamble, whatever the last request had.
+        let none = RequestBytes::from(Bytes::from_static(
+            br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#,
+        ));
+        assert!(read(&none, Some(first.share()))
+            .read
+            .preamble
+            .items
+            .is_empty());
+    }
 }

@@ -327,3 +327,134 @@ impl Remembered {
         steps[from..].to_vec()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::dialect::Dialect;
+    use crate::request_bytes::RequestBytes;
+    use crate::transcript::Transcript;
+
+    fn memory(max_bytes: usize) -> Memory {
+        Memory::new(&CacheConfig {
+            conversation_max_bytes: max_bytes,
+            ..CacheConfig::default()
+        })
+    }
+
+    /// A chat request whose history is `turns` tool calls, the last `open` ones unanswered.
+    fn request(memory: &Memory, turns: usize, open: usize) -> LastRequest {
+        let mut messages = vec![r#"{"role":"user","content":"fix it"}"#.to_string()];
+        for i in 0..turns {
+            messages.push(format!(
+                r#"{{"role":"assistant","content":null,"tool_calls":[{{"id":"c{i}","type":"function","function":{{"name":"bash","arguments":"{{}}"}}}}]}}"#
+            ));
+            if i + open < turns {
+                messages.push(format!(
+                    r#"{{"role":"tool","tool_call_id":"c{i}","content":"ok"}}"#
+                ));
+            }
+        }
+        let body = format!(r#"{{"model":"m","messages":[{}]}}"#, messages.join(","));
+        let body = RequestBytes::from(Bytes::from(body));
+        let history = memory
+            .messages
+            .read_history(Dialect::OpenAiChat, &body, false, None, None)
+            .unwrap();
+        let mut last = history.request;
+        last.keep_transcript(history.transcript, None, None);
+        last
+    }
+
+    fn fold() -> Arc<EngineState> {
+        let engine = crate::detect::Engine::default();
+        Arc::new(
+            engine
+                .decide_with(&Transcript::default(), &Default::default(), None)
+                .1,
+        )
+    }
+
+    #[test]
+    fn a_request_takes_the_transcript_and_the_fold_and_a_repeated_body_shares_the_fold() {
+        let memory = memory(1 << 30);
+        let kept = fold();
+        memory.put(
+            memory.recall("a"),
+            request(&memory, 1, 0),
+            Some(kept.clone()),
+        );
+        // The same body again: the fold is read and stays for the others.
+        let same = memory.recall("a").take(true);
+        assert!(same.fold.as_ref().is_some_and(|f| Arc::ptr_eq(f, &kept)));
+        assert!(same
+            .last
+            .as_ref()
+            .and_then(LastRequest::transcript)
+            .is_some());
+        let again = memory.recall("a").take(true);
+        assert!(again.fold.is_some(), "still there for a second request");
+        assert!(
+            again
+                .last
+                .as_ref()
+                .and_then(LastRequest::transcript)
+                .is_none(),
+            "the transcript went to the first"
+        );
+        // Another body: the fold is taken, to be advanced without a copy.
+        let other = memory.recall("a").take(false);
+        assert!(other.fold.is_some());
+        assert!(memory.recall("a").take(false).fold.is_none());
+        assert!(
+            memory.recall("b").take(false).last.is_none(),
+            "conversations are apart"
+        );
+    }
+
+    #[test]
+    fn each_request_logs_only_what_is_new() {
+        let memory = memory(1 << 30);
+        let logged = |turns, open| {
+            let last = request(&memory, turns, open);
+            memory.put(memory.recall("a"), last, None).len()
+        };
+        assert_eq!(logged(2, 0), 2);
+        assert_eq!(logged(3, 0), 1);
+        // A step whose call has no result yet is logged again next time.
+        assert_eq!(logged(4, 1), 1);
+        assert_eq!(logged(4, 0), 1);
+        // A shorter history (a side request under the same id) logs nothing.
+        assert_eq!(logged(1, 0), 0);
+        assert_eq!(logged(5, 0), 1);
+    }
+
+    #[test]
+    fn the_least_recently_used_conversations_go_first_once_over_the_bound() {
+        let one = 2 * request(&memory(1), 1, 0).body_len() + SLOT_OVERHEAD;
+        let memory = memory(3 * one + one / 2);
+        for key in ["a", "b", "c"] {
+            memory.put(memory.recall(key), request(&memory, 1, 0), None);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(memory.held().conversations, 3);
+        assert_eq!(memory.held().conversation_bytes, 3 * one);
+        // "a" is used again: "b" is now the least recently used.
+        let a = memory.recall("a");
+        std::thread::sleep(Duration::from_millis(2));
+        memory.put(memory.recall("d"), request(&memory, 1, 0), None);
+        assert!(memory.held().conversation_bytes <= 3 * one + one / 2);
+        assert!(memory.recall("b").peek().is_none(), "evicted");
+        assert!(a.peek().is_some() && memory.recall("d").peek().is_some());
+        // A request that still holds an evicted slot puts nothing in it and is not charged.
+        let held = memory.held().conversation_bytes;
+        let b = memory.recall("b");
+        memory.forget("b");
+        memory.put(b, request(&memory, 1, 0), None);
+        assert_eq!(memory.held().conversation_bytes, held);
+        memory.sweep();
+        assert_eq!(memory.held().conversations, 3, "none idle for long");
+    }
+}
