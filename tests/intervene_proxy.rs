@@ -519,3 +519,69 @@ async fn without_the_opt_in_a_rollback_decision_is_a_replan_reminder() {
         .len();
     assert_eq!(upstream_steps, k, "history untouched");
 }
+
+/// An agent that states no conversation id (mini-swe-agent without `/c/{id}`) is known by
+/// its system prompt and task, so its next run of the same task has the same id. A halt
+/// holds for the halted run only: the next run starts free, also after a restart, while
+/// the halted run stays halted.
+#[tokio::test]
+async fn a_halt_does_not_leak_into_the_next_run_of_the_same_task() {
+    let dialect = Dialect::OpenAiChat;
+    let mock = loopwarden::mock::MockServer::start(looping_script(dialect))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let k = first_k(dialect, Action::Halt);
+    let post = |proxy: &loopwarden::proxy::Running, body: Value| {
+        let url = format!("{}/v1/chat/completions", proxy.url());
+        async move {
+            let resp = client()
+                .post(url)
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            let decision = header(&resp, "x-loopwarden-decision");
+            resp.bytes().await.unwrap();
+            decision
+        }
+    };
+    let proxy = loopwarden::proxy::start(config(&mock, &dir, |_| {}))
+        .await
+        .unwrap();
+    assert_eq!(
+        post(&proxy, loop_body(dialect, k, false, None)).await,
+        "halt"
+    );
+    // Retried, the halted run is halted again (sticky).
+    assert_eq!(
+        post(&proxy, loop_body(dialect, k, false, None)).await,
+        "halt"
+    );
+    let forwarded = mock.requests().len();
+    // The next run of the same task: its first request, then a few steps in.
+    assert_eq!(
+        post(&proxy, loop_body(dialect, 0, false, None)).await,
+        "observe"
+    );
+    assert_eq!(
+        post(&proxy, loop_body(dialect, 1, false, None)).await,
+        "observe"
+    );
+    assert_eq!(mock.requests().len(), forwarded + 2, "both forwarded");
+    proxy.shutdown().await.unwrap();
+
+    let proxy = loopwarden::proxy::start(config(&mock, &dir, |_| {}))
+        .await
+        .unwrap();
+    assert_eq!(
+        post(&proxy, loop_body(dialect, 0, false, None)).await,
+        "observe"
+    );
+    assert_eq!(
+        post(&proxy, loop_body(dialect, k, false, None)).await,
+        "halt",
+        "the halted run, after the restart"
+    );
+    proxy.shutdown().await.unwrap();
+}

@@ -7,12 +7,19 @@
 //! An operator's resume is also a fact the detection engine needs (it restarts escalation
 //! there): the request that follows a resume is recorded in `resumed_at`, which becomes
 //! `StoreFacts::resumed_at`.
+//!
+//! A control holds for the run it was made for, not for every request under its id: an
+//! agent that states no id is known by a hash of its system prompt and task, so the next
+//! run of the same task has the same id. The control keeps the steps the run's history
+//! carried when it was made and a digest of them ([`run_digest`]); a request whose history
+//! does not start with those steps is another run, and free of it. An operator's halt or
+//! resume, made between requests, is bound by the conversation's next request.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::store::{self, now_ms, Store};
-use crate::transcript::Transcript;
+use crate::transcript::{Step, Transcript};
 
 pub use crate::store::Control;
 
@@ -30,6 +37,17 @@ pub enum Standing {
         human_resumed: bool,
         resumed_now: bool,
     },
+}
+
+impl Standing {
+    /// Nothing applies: no halt, no resume.
+    pub fn free() -> Standing {
+        Standing::Free {
+            resumed_at: Vec::new(),
+            human_resumed: false,
+            resumed_now: false,
+        }
+    }
 }
 
 /// The sticky-halt state of every conversation that has one.
@@ -101,19 +119,27 @@ impl Controls {
         list
     }
 
-    /// Where a request stands. `humans` is [`human_messages`] of its transcript, `steps`
-    /// the assistant turns it carries. Lifts a halt when a human spoke since, records a
-    /// pending resume; both are written through to the store off the request path.
-    pub fn standing(&self, conversation: &str, humans: i64, steps: usize) -> Standing {
+    /// Where a request stands. `humans` is [`human_messages`] of its transcript. Lifts a
+    /// halt when a human spoke since, records a pending resume; both are written through to
+    /// the store off the request path. A request of another run than the control's is free.
+    pub fn standing(&self, conversation: &str, humans: i64, transcript: &Transcript) -> Standing {
+        let steps = transcript.steps.len();
         let mut map = self.lock();
         let Some(c) = map.get_mut(conversation) else {
-            return Standing::Free {
-                resumed_at: Vec::new(),
-                human_resumed: false,
-                resumed_now: false,
-            };
+            return Standing::free();
         };
         let mut changed = false;
+        match (c.run_steps, c.run_digest.as_deref()) {
+            (Some(run), Some(digest)) => {
+                if !continues_run(transcript, run, digest) {
+                    return Standing::free();
+                }
+            }
+            _ => {
+                bind_run(c, transcript);
+                changed = true;
+            }
+        }
         let mut human_resumed = false;
         let mut resumed_now = false;
         if c.halted {
@@ -158,9 +184,16 @@ impl Controls {
         standing
     }
 
-    /// Marks a conversation halted by the policy (written behind, off the request path).
-    pub fn halt_by_policy(&self, conversation: &str, reason: &str, humans: i64) {
-        let c = self.set_halted(conversation, reason, "policy", Some(humans));
+    /// Marks a conversation halted by the policy at the request whose history is
+    /// `transcript`: the halt holds for that run (written behind, off the request path).
+    pub fn halt_by_policy(
+        &self,
+        conversation: &str,
+        reason: &str,
+        transcript: &Transcript,
+        humans: i64,
+    ) {
+        let c = self.set_halted(conversation, reason, "policy", Some((humans, transcript)));
         self.write_behind(c);
     }
 
@@ -175,19 +208,25 @@ impl Controls {
         Ok(c)
     }
 
+    /// `at`: the halted request's human messages and history, when a request was halted
+    /// (the next request tells both for an operator's halt).
     fn set_halted(
         &self,
         conversation: &str,
         reason: &str,
         source: &str,
-        humans: Option<i64>,
+        at: Option<(i64, &Transcript)>,
     ) -> Control {
         let mut map = self.lock();
         let c = entry(&mut map, conversation);
         c.halted = true;
         c.reason = reason.to_string();
         c.source = source.to_string();
-        c.humans_at_halt = humans;
+        c.humans_at_halt = at.map(|(humans, _)| humans);
+        match at {
+            Some((_, transcript)) => bind_run(c, transcript),
+            None => (c.run_steps, c.run_digest) = (None, None),
+        }
         c.resume_pending = false;
         c.updated_ms = now_ms();
         c.clone()
@@ -255,7 +294,55 @@ fn entry<'a>(map: &'a mut HashMap<String, Control>, conversation: &str) -> &'a m
             resume_pending: false,
             resumed_at: "[]".into(),
             updated_ms: 0,
+            run_steps: None,
+            run_digest: None,
         })
+}
+
+/// Binds a control to the run whose history is `transcript`.
+fn bind_run(c: &mut Control, transcript: &Transcript) {
+    let steps = transcript.steps.len();
+    c.run_steps = Some(steps as i64);
+    c.run_digest = Some(run_digest(transcript, steps));
+}
+
+/// Whether `transcript` continues the run a control was bound to: it starts with the `run`
+/// steps whose digest is `digest`.
+fn continues_run(transcript: &Transcript, run: i64, digest: &str) -> bool {
+    usize::try_from(run)
+        .is_ok_and(|run| transcript.steps.len() >= run && run_digest(transcript, run) == digest)
+}
+
+/// A digest of a run's task and first `steps` steps: what each step did and what it got
+/// back, not the messages a human added after it (a human speaking lifts a halt; it does
+/// not start another run). Stored with the control, so it must not change between
+/// versions: blake3 over the fields, each with its length.
+pub fn run_digest(transcript: &Transcript, steps: usize) -> String {
+    let mut h = blake3::Hasher::new();
+    let mut field = |bytes: &[u8]| {
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    field(transcript.goal().as_bytes());
+    for step in transcript.steps.iter().take(steps) {
+        digest_step(&mut field, step);
+    }
+    h.finalize().to_hex()[..32].to_string()
+}
+
+fn digest_step(field: &mut impl FnMut(&[u8]), step: &Step) {
+    field(step.text.as_bytes());
+    for c in &step.calls {
+        field(c.call.name.as_bytes());
+        field(c.call.args.to_string().as_bytes());
+        match &c.result {
+            Some(r) => {
+                field(r.text.as_bytes());
+                field(&[r.is_error.map_or(2, u8::from)]);
+            }
+            None => field(b"\xff"),
+        }
+    }
 }
 
 fn parse_steps(json: &str) -> Vec<usize> {
@@ -265,22 +352,52 @@ fn parse_steps(json: &str) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transcript::{CallWithResult, ToolCall, ToolResult};
+
+    /// A run of `task` with `steps` steps, each running `command`.
+    fn run(task: &str, command: &str, steps: usize) -> Transcript {
+        Transcript {
+            task: vec![task.into()],
+            steps: (0..steps)
+                .map(|index| Step {
+                    index,
+                    text: String::new(),
+                    calls: vec![CallWithResult {
+                        call: ToolCall {
+                            id: format!("c{index}"),
+                            name: "bash".into(),
+                            args: serde_json::json!({ "command": command }),
+                        },
+                        result: Some(ToolResult {
+                            call_id: format!("c{index}"),
+                            name: String::new(),
+                            text: "FAILED".into(),
+                            is_error: None,
+                        }),
+                    }],
+                    user_after: Vec::new(),
+                })
+                .collect(),
+            ..Transcript::default()
+        }
+    }
 
     #[tokio::test]
     async fn halted_until_a_human_speaks_or_an_operator_resumes() {
         let c = Controls::in_memory();
+        let at = |steps| run("fix it", "pytest", steps);
         let free = |s: &Standing| matches!(s, Standing::Free { .. });
-        assert!(free(&c.standing("a", 1, 3)));
-        c.halt_by_policy("a", "same test failed 4 times", 1);
+        assert!(free(&c.standing("a", 1, &at(3))));
+        c.halt_by_policy("a", "same test failed 4 times", &at(4), 1);
         assert_eq!(
-            c.standing("a", 1, 4),
+            c.standing("a", 1, &at(4)),
             Standing::Halted {
                 reason: "same test failed 4 times".into()
             }
         );
         // a human message lifts it
         assert_eq!(
-            c.standing("a", 2, 5),
+            c.standing("a", 2, &at(5)),
             Standing::Free {
                 resumed_at: vec![],
                 human_resumed: true,
@@ -289,11 +406,11 @@ mod tests {
         );
         // an operator's halt learns the human count at the next request
         c.halt_by_operator("a", "by hand").await.unwrap();
-        assert!(!free(&c.standing("a", 2, 5)));
-        assert!(!free(&c.standing("a", 2, 6)));
+        assert!(!free(&c.standing("a", 2, &at(5))));
+        assert!(!free(&c.standing("a", 2, &at(6))));
         c.resume("a").await.unwrap();
         assert_eq!(
-            c.standing("a", 2, 7),
+            c.standing("a", 2, &at(7)),
             Standing::Free {
                 resumed_at: vec![7],
                 human_resumed: false,
@@ -301,12 +418,31 @@ mod tests {
             }
         );
         assert_eq!(
-            c.standing("a", 2, 8),
+            c.standing("a", 2, &at(8)),
             Standing::Free {
                 resumed_at: vec![7],
                 human_resumed: false,
                 resumed_now: false
             }
         );
+    }
+
+    #[test]
+    fn a_control_holds_for_the_run_it_was_made_for_only() {
+        let c = Controls::in_memory();
+        let halted = run("fix it", "pytest", 6);
+        c.halt_by_policy("a", "looping", &halted, 1);
+        let held = |t: &Transcript| matches!(c.standing("a", 1, t), Standing::Halted { .. });
+        assert!(held(&halted), "the same request again");
+        let mut next = run("fix it", "pytest", 7);
+        next.steps[6].calls[0].call.args = serde_json::json!({"command": "ls"});
+        assert!(held(&next), "the run going on after the halt");
+        // The same task run again from the start, shorter or longer than the halted run,
+        // or a run that went another way before the halt: other runs.
+        assert!(!held(&run("fix it", "pytest", 0)));
+        assert!(!held(&run("fix it", "pytest", 2)));
+        assert!(!held(&run("fix it", "make test", 9)));
+        assert!(!held(&run("another task", "pytest", 6)));
+        assert!(held(&halted), "and the halted run is still halted");
     }
 }

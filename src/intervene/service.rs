@@ -44,11 +44,7 @@ impl ConversationState {
     /// A conversation with no halt and no resume: what most requests are subject to.
     pub fn free() -> ConversationState {
         ConversationState {
-            standing: Standing::Free {
-                resumed_at: Vec::new(),
-                human_resumed: false,
-                resumed_now: false,
-            },
+            standing: Standing::free(),
             facts: StoreFacts::default(),
             refold: false,
         }
@@ -102,9 +98,7 @@ impl Interventions {
             return ConversationState::free();
         }
         let humans = self.humans(transcript);
-        let standing = self
-            .controls
-            .standing(conversation, humans, transcript.steps.len());
+        let standing = self.controls.standing(conversation, humans, transcript);
         let facts = match &standing {
             Standing::Free { resumed_at, .. } => StoreFacts {
                 resumed_at: resumed_at.clone(),
@@ -161,6 +155,7 @@ impl Interventions {
             self.controls.halt_by_policy(
                 &req.conversation,
                 &ruling.decision.reason,
+                &req.transcript,
                 self.humans(&req.transcript),
             );
         }
@@ -222,6 +217,7 @@ impl Interventions {
             Verdict::Halt => self.controls.halt_by_policy(
                 &req.conversation,
                 &decision.reason,
+                &req.transcript,
                 self.humans(&req.transcript),
             ),
             Verdict::Continue | Verdict::Nudge => self.controls.release(&req.conversation),
@@ -259,6 +255,7 @@ impl Interventions {
         self.controls.halt_by_policy(
             &req.conversation,
             &ruling.decision.reason,
+            &req.transcript,
             self.humans(&req.transcript),
         );
         let decision = ruling.decision;

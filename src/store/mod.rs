@@ -223,6 +223,11 @@ pub struct Control {
     /// JSON array of the request indexes (steps carried) at which it was resumed.
     pub resumed_at: String,
     pub updated_ms: i64,
+    /// The run the control holds for: the steps its history carried when the control was
+    /// made, and their digest (`migrations/0006_control_run.sql`). `None` until a request
+    /// binds it.
+    pub run_steps: Option<i64>,
+    pub run_digest: Option<String>,
 }
 
 /// Write-side settings (the `[store]` config table).

@@ -64,12 +64,13 @@ impl Sqlite {
     /// Stores a control, unless a newer one of the conversation is stored already.
     pub(crate) async fn save_control(&self, c: &Control) -> Result<(), sqlx::Error> {
         sqlx::query(
-            "INSERT INTO conversation_controls (conversation_id, halted, reason, source, humans_at_halt, resume_pending, resumed_at, updated_ms)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+            "INSERT INTO conversation_controls (conversation_id, halted, reason, source, humans_at_halt, resume_pending, resumed_at, updated_ms, run_steps, run_digest)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT(conversation_id) DO UPDATE SET halted = excluded.halted, reason = excluded.reason,
                source = excluded.source, humans_at_halt = excluded.humans_at_halt,
                resume_pending = excluded.resume_pending, resumed_at = excluded.resumed_at,
-               updated_ms = excluded.updated_ms
+               updated_ms = excluded.updated_ms, run_steps = excluded.run_steps,
+               run_digest = excluded.run_digest
              WHERE excluded.updated_ms >= conversation_controls.updated_ms",
         )
         .bind(&c.conversation_id)
@@ -80,6 +81,8 @@ impl Sqlite {
         .bind(c.resume_pending)
         .bind(&c.resumed_at)
         .bind(c.updated_ms)
+        .bind(c.run_steps)
+        .bind(&c.run_digest)
         .execute(&self.pool)
         .await?;
         Ok(())
