@@ -71,7 +71,8 @@ pub struct StoreConfig {
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
-    /// Bearer token for `/admin/api/` (`LOOPWARDEN_ADMIN_TOKEN`). Empty: loopback clients only.
+    /// Bearer token for `/admin/api/` (`LOOPWARDEN_ADMIN_TOKEN`). Empty: loopback clients that
+    /// name this machine in `Host` only (`crate::proxy::admin::check`).
     pub token: String,
 }
 

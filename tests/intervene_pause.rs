@@ -166,6 +166,7 @@ async fn a_held_request_is_listed_announced_and_decided_by_a_human() {
         assert_eq!(hook["pending"]["conversation_id"], conversation);
         assert!(!hook["pending"]["findings"].as_array().unwrap().is_empty());
         assert_eq!(hook["decide"]["path"], format!("/admin/api/pending/{id}"));
+        assert_eq!(hook["decide"]["content_type"], "application/json");
     }
     setup.proxy.flush_log().await;
     let (_, timeline) = setup.admin("/admin/api/conversations/p-halt", None).await;

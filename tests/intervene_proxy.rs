@@ -271,6 +271,7 @@ async fn a_halt_survives_a_restart() {
                     "{}/admin/api/conversations/restart/halt",
                     proxy.url()
                 ))
+                .header("content-type", "application/json")
                 .send()
                 .await
                 .unwrap();

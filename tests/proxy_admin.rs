@@ -3,7 +3,7 @@
 mod proxy_support;
 
 use loopwarden::mock::{MockServer, Script, ToolCall, Turn};
-use proxy_support::{client, Api, Tap, TestProxy};
+use proxy_support::{client, raw_request, Api, Tap, TestProxy};
 use serde_json::{json, Value};
 
 async fn get(url: String, token: Option<&str>) -> (u16, Value) {
@@ -39,20 +39,61 @@ async fn a_token_guards_the_admin_api_but_not_healthz() {
     assert_eq!(r.status(), 200);
 }
 
-/// The proxy answers `/healthz` and `/admin/…` itself; forwarded requests skip its router, so
-/// this pins where that line runs: paths beside those (a trailing slash, a longer word) still
-/// go upstream, as any path the proxy does not serve.
+/// The proxy answers its own paths itself (`/`, `/healthz`, `/admin` and below, `/metrics`,
+/// `/ui` and below: `proxy::own`); forwarded requests skip its router, so this pins where that
+/// line runs: paths beside those (a trailing slash, a longer word) still go upstream, as any
+/// path the proxy does not serve.
 #[tokio::test]
-async fn only_healthz_and_the_admin_api_are_answered_here_paths_beside_them_go_upstream() {
+async fn the_proxy_s_own_paths_are_answered_here_and_paths_beside_them_go_upstream() {
     let mock = MockServer::start(Script::default()).await.unwrap();
     let tap = Tap::start(mock.addr()).await;
     let proxy = TestProxy::start(&tap.url()).await;
-    for path in ["/healthz", "/admin/api/stats", "/admin/no-such-page"] {
-        client().get(proxy.url(path)).send().await.unwrap();
+    let own = [
+        "/",
+        "/healthz",
+        "/admin",
+        "/admin/",
+        "/admin/api/stats",
+        "/admin/no-such-page",
+        "/metrics",
+        "/ui",
+        "/ui/",
+        "/ui/conversations/x",
+    ];
+    for path in own {
+        let r = client().get(proxy.url(path)).send().await.unwrap();
+        let status = r.status().as_u16();
+        let body = r.text().await.unwrap();
+        match path {
+            "/healthz" | "/admin/api/stats" => assert_eq!(status, 200, "{path}"),
+            "/" => {
+                assert_eq!(status, 200, "{path}");
+                let index: Value = serde_json::from_str(&body).unwrap();
+                assert_eq!(index["name"], "loopwarden", "{body}");
+                assert_eq!(index["admin_api"], "/admin/api/", "{body}");
+            }
+            _ => {
+                assert_eq!(status, 404, "{path}: {body}");
+                let error: Value = serde_json::from_str(&body).unwrap();
+                assert_eq!(
+                    error["error"], "not found; the proxy owns this path",
+                    "{path}"
+                );
+            }
+        }
     }
     let sent = |tap: &Tap| String::from_utf8_lossy(&tap.all_to_upstream()).into_owned();
     assert_eq!(sent(&tap), "", "answered by the proxy, not forwarded");
-    let beside = ["/healthz/", "/administrator", "/v1/models"];
+    let rows = proxy.rows("SELECT path FROM requests").await;
+    assert_eq!(rows, Vec::<Value>::new(), "nothing logged as proxied");
+    let beside = [
+        "/healthz/",
+        "/administrator",
+        "/metricsx",
+        "/uix",
+        "/index.html",
+        "/v1/models",
+    ];
     for path in beside {
         client().get(proxy.url(path)).send().await.unwrap();
     }
@@ -63,6 +104,180 @@ async fn only_healthz_and_the_admin_api_are_answered_here_paths_beside_them_go_u
             "{path} forwarded: {sent}"
         );
     }
+}
+
+/// DNS rebinding: a web page whose host name now resolves to 127.0.0.1 reaches the proxy
+/// from a loopback address, with its own name in `Host`. Without a token only loopback names
+/// are answered.
+#[tokio::test]
+async fn without_a_token_only_loopback_host_names_are_answered() {
+    let mock = MockServer::start(Script::default()).await.unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    let addr = proxy.running.addr();
+    let port = addr.port();
+    let list = |host: String| {
+        format!(
+            "GET /admin/api/conversations HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n"
+        )
+    };
+    for host in [
+        "rebind.evil.example".to_string(),
+        format!("rebind.evil.example:{port}"),
+        format!("localhost.evil.example:{port}"),
+        format!("127.0.0.1.evil.example:{port}"),
+        format!("0.0.0.0:{port}"),
+        "".to_string(),
+    ] {
+        let r = raw_request(addr, list(host.clone()).as_bytes()).await;
+        assert_eq!(r.status, 403, "Host {host:?}: {}", r.head);
+        let error = r.json()["error"].as_str().unwrap_or_default().to_string();
+        assert!(error.contains("Host"), "Host {host:?}: {error}");
+    }
+    for host in [
+        format!("127.0.0.1:{port}"),
+        "127.0.0.1".to_string(),
+        format!("127.3.4.5:{port}"),
+        format!("localhost:{port}"),
+        "LocalHost".to_string(),
+        format!("[::1]:{port}"),
+        "[::1]".to_string(),
+    ] {
+        let r = raw_request(addr, list(host.clone()).as_bytes()).await;
+        assert_eq!(r.status, 200, "Host {host:?}: {}", r.head);
+        assert_eq!(r.json(), json!({"conversations": []}));
+    }
+    // `/healthz` and the index say nothing about the log: any Host may read them.
+    let r = raw_request(
+        addr,
+        b"GET /healthz HTTP/1.1\r\nhost: rebind.evil.example\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(r.status, 200);
+}
+
+/// A write by a web page: a cross-origin POST with `text/plain` needs no preflight, so a
+/// browser sends it. Writes need a JSON body type and no foreign `Origin`.
+#[tokio::test]
+async fn without_a_token_cross_origin_and_non_json_writes_are_refused() {
+    let mock = MockServer::start(Script::with_turns(vec![Turn::text("fine")]))
+        .await
+        .unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    let own_origin = proxy.running.url();
+    let halt = proxy.url("/admin/api/conversations/victim/halt");
+    let post = |content_type: Option<&str>, origin: Option<&str>| {
+        let mut request = client().post(halt.clone()).body(r#"{"reason":"pwned"}"#);
+        if let Some(t) = content_type {
+            request = request.header("content-type", t);
+        }
+        if let Some(o) = origin {
+            request = request.header("origin", o);
+        }
+        async move {
+            let r = request.send().await.unwrap();
+            let status = r.status().as_u16();
+            let bytes = r.bytes().await.unwrap();
+            (
+                status,
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            )
+        }
+    };
+    for (content_type, origin, status) in [
+        (Some("text/plain"), Some("http://evil.example"), 403),
+        (Some("application/json"), Some("http://evil.example"), 403),
+        (Some("application/json"), Some("null"), 403),
+        (
+            Some("application/json"),
+            Some(format!("http://localhost:{}", proxy.running.addr().port()).as_str()),
+            403,
+        ),
+        (Some("text/plain"), None, 415),
+        (Some("application/x-www-form-urlencoded"), None, 415),
+        (None, None, 415),
+        (Some("text/plain"), Some(own_origin.as_str()), 415),
+    ] {
+        let (got, body) = post(content_type, origin).await;
+        assert_eq!(got, status, "{content_type:?} from {origin:?}: {body}");
+        assert!(body["error"].is_string(), "{body}");
+    }
+    // None of them halted it: its next request goes upstream.
+    let converse = || async {
+        client()
+            .post(proxy.url(Api::Chat.path(false)))
+            .header("x-loopwarden-conversation", "victim")
+            .body(Api::Chat.first_request("task", false).to_string())
+            .send()
+            .await
+            .unwrap()
+            .headers()["x-loopwarden-decision"]
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(converse().await, "observe");
+    // A JSON write from a script (no Origin) or from the proxy's own origin is done.
+    let (status, body) = post(Some("application/json; charset=utf-8"), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(converse().await, "halt");
+    let resume = client()
+        .post(proxy.url("/admin/api/conversations/victim/resume"))
+        .header("content-type", "application/json")
+        .header("origin", &own_origin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resume.status(), 200);
+    assert_eq!(converse().await, "observe");
+}
+
+/// With a token, other hosts may call (Docker, a remote operator), but writes still need
+/// JSON and no foreign `Origin`: a browser that holds the token must not be made to write.
+#[tokio::test]
+async fn with_a_token_any_host_may_call_but_writes_need_json_and_no_foreign_origin() {
+    let mock = MockServer::start(Script::default()).await.unwrap();
+    let proxy = TestProxy::start_with(&mock.url(), |c| c.admin.token = "s3cret-admin".into()).await;
+    let r = raw_request(
+        proxy.running.addr(),
+        b"GET /admin/api/conversations HTTP/1.1\r\nhost: loopwarden.internal:8788\r\n\
+          authorization: Bearer s3cret-admin\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.head);
+    let halt = proxy.url("/admin/api/conversations/x/halt");
+    let post = |content_type: &str, origin: Option<&str>| {
+        let mut request = client()
+            .post(halt.clone())
+            .header("authorization", "Bearer s3cret-admin")
+            .header("content-type", content_type);
+        if let Some(o) = origin {
+            request = request.header("origin", o);
+        }
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(post("text/plain", None).await, 415);
+    assert_eq!(
+        post("application/json", Some("https://evil.example")).await,
+        403
+    );
+    assert_eq!(post("application/json", None).await, 200);
+    let own = proxy.running.url();
+    assert_eq!(post("application/json", Some(&own)).await, 200);
+}
+
+/// On `[::]` (both IPv4 and IPv6), an IPv4 client arrives as `::ffff:127.0.0.1`: loopback.
+#[tokio::test]
+async fn ipv4_clients_of_a_dual_stack_listener_are_loopback() {
+    let mock = MockServer::start(Script::default()).await.unwrap();
+    let proxy = TestProxy::start_with(&mock.url(), |c| c.server.listen = "[::]:0".into()).await;
+    let port = proxy.running.addr().port();
+    let (status, body) = get(
+        format!("http://127.0.0.1:{port}/admin/api/conversations"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"conversations": []}));
 }
 
 #[tokio::test]

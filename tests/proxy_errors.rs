@@ -228,4 +228,84 @@ async fn a_body_over_the_limit_is_refused_in_the_apis_shape() {
     let body: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
     assert_eq!(body["error"]["status"], "INVALID_ARGUMENT");
     assert!(mock.requests().is_empty(), "nothing reached the upstream");
+    // Logged as a request, and not as a conversation.
+    let rows = proxy
+        .rows("SELECT path, status, outcome, applied, parse FROM requests")
+        .await;
+    assert_eq!(
+        rows,
+        vec![
+            json!({"path": "/v1beta/models/gemini-3.8-flash:generateContent", "status": 413,
+            "outcome": "rejected", "applied": "rejected", "parse": "unparsed"})
+        ]
+    );
+    assert_eq!(
+        proxy.rows("SELECT id FROM conversations").await,
+        Vec::<Value>::new()
+    );
+}
+
+/// A client that announces a body over the limit and waits for `100 Continue` before
+/// sending it is told 413 at once: the body is never asked for.
+#[tokio::test]
+async fn an_announced_body_over_the_limit_is_refused_before_it_is_sent() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mock = MockServer::start(Script::default()).await.unwrap();
+    let proxy = TestProxy::start_with(&mock.url(), |c| c.server.max_body_bytes = 1024).await;
+    let mut tcp = tokio::net::TcpStream::connect(proxy.running.addr())
+        .await
+        .unwrap();
+    tcp.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+          content-length: 10000000000\r\nexpect: 100-continue\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    // The first answer line: the client sends nothing more until it has one.
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    while !answer.ends_with(b"\r\n") && tcp.read(&mut byte).await.unwrap() == 1 {
+        answer.push(byte[0]);
+    }
+    let first = String::from_utf8_lossy(&answer).into_owned();
+    assert!(first.starts_with("HTTP/1.1 413 "), "{first}");
+    assert!(mock.requests().is_empty(), "nothing reached the upstream");
+    let rows = proxy.rows("SELECT status, outcome FROM requests").await;
+    assert_eq!(rows, vec![json!({"status": 413, "outcome": "rejected"})]);
+}
+
+/// A body that breaks off is a 400, logged.
+#[tokio::test]
+async fn a_body_that_breaks_off_is_a_logged_400() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mock = MockServer::start(Script::default()).await.unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    let mut tcp = tokio::net::TcpStream::connect(proxy.running.addr())
+        .await
+        .unwrap();
+    tcp.write_all(
+        b"POST /c/broken/v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{\"model\":",
+    )
+    .await
+    .unwrap();
+    tcp.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tcp.read_to_end(&mut answer).await;
+    assert!(mock.requests().is_empty(), "nothing reached the upstream");
+    let sql = "SELECT conversation_id, path, status, outcome FROM requests";
+    let mut rows = Vec::new();
+    for _ in 0..100 {
+        rows = proxy.rows(sql).await;
+        if !rows.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        rows,
+        vec![
+            json!({"conversation_id": "broken", "path": "/v1/messages", "status": 400,
+            "outcome": "rejected"})
+        ]
+    );
 }

@@ -5,7 +5,7 @@
 mod proxy_support;
 
 use loopwarden::mock::{MockServer, Script, ToolCall, Turn};
-use proxy_support::{client, Api, Tap, TestProxy, ALL_APIS};
+use proxy_support::{client, raw_request, Api, Tap, TestProxy, ALL_APIS};
 use serde_json::json;
 
 fn one_call_script() -> Script {
@@ -325,4 +325,172 @@ async fn a_long_conversation_reaches_the_upstream_byte_for_byte_as_its_requests_
             assert_eq!(row["steps"], *steps, "{api:?}: {row}");
         }
     }
+}
+
+/// A model list, a token count: not a conversation, so the log has the request and the
+/// conversation list stays as it was.
+#[tokio::test]
+async fn passthrough_requests_are_logged_as_requests_not_conversations() {
+    let mock = MockServer::start(one_call_script()).await.unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    let c = client();
+    for path in ["/v1/models", "/c/run-9/v1/models"] {
+        let r = c
+            .get(proxy.url(path))
+            .header("authorization", "Bearer k")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let r = c
+        .post(proxy.url("/v1/messages/count_tokens"))
+        .header("x-loopwarden-conversation", "counted")
+        .body(r#"{"model":"claude-opus-5-5","messages":[]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let rows = proxy
+        .rows("SELECT path, parse, status FROM requests ORDER BY id")
+        .await;
+    assert_eq!(
+        rows,
+        vec![
+            json!({"path": "/v1/models", "parse": "not_conversation", "status": 200}),
+            json!({"path": "/v1/models", "parse": "not_conversation", "status": 200}),
+            json!({"path": "/v1/messages/count_tokens", "parse": "not_conversation", "status": 200}),
+        ]
+    );
+    let list = conversation_list(&proxy).await;
+    assert_eq!(list, json!({"conversations": []}));
+
+    // A conversation's request still makes its conversation, and the passthrough requests
+    // it names show in its timeline.
+    let r = c
+        .post(proxy.url("/c/run-9/v1/chat/completions"))
+        .body(Api::Chat.first_request("task", false).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    proxy.running.flush_log().await;
+    let list = conversation_list(&proxy).await;
+    let list = list["conversations"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(
+        (&list[0]["id"], &list[0]["requests"]),
+        (&json!("run-9"), &json!(1))
+    );
+}
+
+async fn conversation_list(proxy: &TestProxy) -> serde_json::Value {
+    let r = client()
+        .get(proxy.url("/admin/api/conversations"))
+        .send()
+        .await
+        .unwrap();
+    serde_json::from_slice(&r.bytes().await.unwrap()).unwrap()
+}
+
+/// An upstream base URL with a path prefix (a gateway's `/openai-proxy`): `..` segments,
+/// plain or percent-encoded, are resolved before forwarding, and a path that would climb
+/// above the base is refused (and logged), never sent.
+#[tokio::test]
+async fn a_path_cannot_climb_out_of_the_upstream_base_url_s_prefix() {
+    let mock = MockServer::start(one_call_script()).await.unwrap();
+    let tap = Tap::start(mock.addr()).await;
+    let proxy = TestProxy::start(&format!("{}/gateway/openai", tap.url())).await;
+    let get = |path: &str| {
+        format!("GET {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer k\r\nconnection: close\r\n\r\n")
+    };
+    for path in [
+        "/v1/../../admin",
+        "/..",
+        "/v1/%2e%2e/%2E%2E/secret",
+        "/v1/.%2e/.%2E/secret?x=1",
+        "/c/run/openai/../../../../secret",
+        "/v1/./../../secret",
+    ] {
+        let r = raw_request(proxy.running.addr(), get(path).as_bytes()).await;
+        assert_eq!(r.status, 400, "{path}: {}", r.head);
+        let message = r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(message.contains(".."), "{path}: {message}");
+    }
+    assert_eq!(tap.all_to_upstream(), b"", "nothing was forwarded");
+    let rows = proxy
+        .rows("SELECT status, outcome, applied FROM requests")
+        .await;
+    assert_eq!(rows.len(), 6, "each refusal is logged: {rows:?}");
+    assert!(rows
+        .iter()
+        .all(|r| *r == json!({"status": 400, "outcome": "rejected", "applied": "rejected"})));
+
+    // Inside the base, the segments are resolved and the result forwarded.
+    for (path, forwarded) in [
+        ("/v1/engines/../models", "/gateway/openai/v1/models"),
+        (
+            "/v1/%2e/models/%2E%2E/models?limit=2",
+            "/gateway/openai/v1/models?limit=2",
+        ),
+        ("/v1/models/..", "/gateway/openai/v1/"),
+        ("/v1/..models", "/gateway/openai/v1/..models"),
+    ] {
+        let r = raw_request(proxy.running.addr(), get(path).as_bytes()).await;
+        assert_ne!(r.status, 400, "{path}: {}", r.head);
+        let sent = String::from_utf8_lossy(&tap.all_to_upstream()).into_owned();
+        assert!(
+            sent.contains(&format!("GET {forwarded} HTTP/1.1")),
+            "{path} → {forwarded}: {sent}"
+        );
+    }
+}
+
+/// `CONNECT` would make the proxy a tunnel: refused, nothing sent upstream.
+#[tokio::test]
+async fn connect_is_refused() {
+    let mock = MockServer::start(one_call_script()).await.unwrap();
+    let tap = Tap::start(mock.addr()).await;
+    let proxy = TestProxy::start(&tap.url()).await;
+    let r = raw_request(
+        proxy.running.addr(),
+        b"CONNECT api.openai.com:443 HTTP/1.1\r\nhost: api.openai.com:443\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(r.status, 405, "{}", r.head);
+    let message = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(message.contains("CONNECT"), "{message}");
+    assert_eq!(tap.all_to_upstream(), b"", "nothing was forwarded");
+}
+
+/// The agents speak HTTP/1.1 to a plain-http base URL; HTTP/2 without TLS (prior knowledge)
+/// is not spoken: its preface gets the connection closed, not HTTP/2 settings.
+#[tokio::test]
+async fn cleartext_http2_is_not_spoken() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mock = MockServer::start(one_call_script()).await.unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    let mut tcp = tokio::net::TcpStream::connect(proxy.running.addr())
+        .await
+        .unwrap();
+    // The client preface and an empty SETTINGS frame.
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    // An HTTP/2 server answers with its SETTINGS frame at once; HTTP/1.1 closes.
+    let mut first = [0u8; 64];
+    let n = tcp.read(&mut first).await.unwrap_or(0);
+    assert_eq!(n, 0, "{:?}", String::from_utf8_lossy(&first[..n]));
+    let h2 = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    assert!(h2.get(proxy.url("/healthz")).send().await.is_err());
 }

@@ -206,6 +206,9 @@ pub enum Applied {
     /// The intervention could not be built: the request was forwarded untouched, never
     /// broken.
     FailedOpen,
+    /// The proxy refused the request (`CONNECT`, a path that climbs out, a body too large
+    /// or broken off); nothing was sent upstream. In `requests` only.
+    Rejected,
 }
 
 impl Applied {
@@ -220,6 +223,7 @@ impl Applied {
             Applied::Blocked => "blocked",
             Applied::Resumed => "resumed",
             Applied::FailedOpen => "failed_open",
+            Applied::Rejected => "rejected",
         }
     }
 }

@@ -1,60 +1,166 @@
-//! The admin API under `/admin/api/`, and `/healthz`.
+//! The admin API under `/admin/api/` (routed in [`super::own`]).
 //!
-//! Access: with `admin.token` set, every call needs `Authorization: Bearer <token>`;
-//! without one, only loopback clients are answered (the log holds what agents did).
+//! Access ([`check`]): with `admin.token` set, every call needs `Authorization: Bearer
+//! <token>`; without one, only loopback clients that name this machine in `Host` are
+//! answered (the log holds what agents did). Either way a write needs a JSON body type and
+//! no foreign `Origin`, so that no web page can make a browser call it: a page's cross-origin
+//! `text/plain` or form POST needs no preflight, and a page whose host name was rebound to
+//! 127.0.0.1 (DNS rebinding) reaches loopback with its own name in `Host`.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use http::{header, HeaderMap, StatusCode};
+use http::{header, HeaderMap, Method, StatusCode};
 use serde::Deserialize;
 
 use super::App;
 
-/// Whether a caller may use the admin API.
-pub fn allowed(token: &str, headers: &HeaderMap, peer: SocketAddr) -> bool {
-    if token.is_empty() {
-        return peer.ip().is_loopback();
+/// Why the admin API refused a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denied {
+    /// No token is configured and the client is not on this machine.
+    NotLoopback,
+    /// A token is configured and the call does not carry it.
+    WrongToken,
+    /// No token is configured and `Host` names something other than this machine.
+    ForeignHost,
+    /// A write sent by a web page of another origin.
+    ForeignOrigin,
+    /// A write whose body is not declared JSON.
+    NotJson,
+}
+
+impl Denied {
+    fn status(self) -> StatusCode {
+        match self {
+            Denied::WrongToken => StatusCode::UNAUTHORIZED,
+            Denied::NotLoopback | Denied::ForeignHost | Denied::ForeignOrigin => {
+                StatusCode::FORBIDDEN
+            }
+            Denied::NotJson => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        }
     }
-    let presented = headers
-        .get(header::AUTHORIZATION)
+
+    fn message(self) -> &'static str {
+        match self {
+            Denied::NotLoopback => {
+                "admin API: loopback clients only (set LOOPWARDEN_ADMIN_TOKEN to allow others)"
+            }
+            Denied::WrongToken => "admin API: missing or wrong bearer token",
+            Denied::ForeignHost => {
+                "admin API: without a token, the Host header must name this machine \
+                 (localhost, 127.0.0.1, [::1] or the listen address)"
+            }
+            Denied::ForeignOrigin => {
+                "admin API: writes from a web page of another origin are refused"
+            }
+            Denied::NotJson => "admin API: writes need Content-Type: application/json",
+        }
+    }
+}
+
+/// The access rules, in order: who may call (the token, or a loopback client naming this
+/// machine), then, for a write, where from (`Origin`) and what (`Content-Type`). `listen` is
+/// the configured listen address, a name of this machine too when it is not a wildcard.
+pub fn check(
+    token: &str,
+    listen: Option<IpAddr>,
+    peer: SocketAddr,
+    method: &Method,
+    headers: &HeaderMap,
+) -> Result<(), Denied> {
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    if token.is_empty() {
+        if !is_loopback(peer.ip()) {
+            return Err(Denied::NotLoopback);
+        }
+        if !host.is_some_and(|h| names_this_machine(h, listen)) {
+            return Err(Denied::ForeignHost);
+        }
+    } else {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(presented.as_bytes(), token.as_bytes()) {
+            return Err(Denied::WrongToken);
+        }
+    }
+    if matches!(*method, Method::GET | Method::HEAD) {
+        return Ok(());
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let own = origin
+            .to_str()
+            .ok()
+            .and_then(|o| {
+                o.strip_prefix("http://")
+                    .or_else(|| o.strip_prefix("https://"))
+            })
+            .zip(host)
+            .is_some_and(|(origin, host)| origin.eq_ignore_ascii_case(host));
+        if !own {
+            return Err(Denied::ForeignOrigin);
+        }
+    }
+    let json = headers
+        .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    constant_time_eq(presented.as_bytes(), token.as_bytes())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        return Err(Denied::NotJson);
+    }
+    Ok(())
+}
+
+/// Loopback, an IPv4 client of a listener on `[::]` (`::ffff:127.0.0.1`) included.
+pub fn is_loopback(ip: IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
+}
+
+/// Whether a `Host` value (port or not) names this machine: `localhost`, a loopback address
+/// (`127.x.y.z`, `[::1]`), or the listen address unless it is a wildcard (browsers take
+/// `0.0.0.0` to mean this machine, so a page may name it).
+fn names_this_machine(host: &str, listen: Option<IpAddr>) -> bool {
+    let Ok(authority) = host.parse::<http::uri::Authority>() else {
+        return false;
+    };
+    let name = authority.host();
+    if authority.as_str().contains('@') {
+        return false;
+    }
+    if name.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    let ip = match name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().ok().map(IpAddr::V6),
+        None => name.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4),
+    };
+    ip.is_some_and(|ip| is_loopback(ip) || (Some(ip) == listen && !ip.is_unspecified()))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn refuse(app: &App) -> Response {
-    let message = if app.config.admin.token.is_empty() {
-        "admin API: loopback clients only (set LOOPWARDEN_ADMIN_TOKEN to allow others)"
-    } else {
-        "admin API: missing or wrong bearer token"
-    };
-    let status = if app.config.admin.token.is_empty() {
-        StatusCode::FORBIDDEN
-    } else {
-        StatusCode::UNAUTHORIZED
-    };
-    (status, Json(serde_json::json!({ "error": message }))).into_response()
-}
-
-/// The access rule, applied once to every `/admin/api/` route (see [`allowed`]).
+/// The access rules ([`check`]), applied once to every `/admin/` route.
 pub async fn require_access(
     State(app): State<Arc<App>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
     next: Next,
 ) -> Response {
-    if !allowed(&app.config.admin.token, request.headers(), peer) {
-        return refuse(&app);
+    let listen = app.config.listen_addr().ok().map(|a| a.ip());
+    let token = &app.config.admin.token;
+    if let Err(denied) = check(token, listen, peer, request.method(), request.headers()) {
+        let body = Json(serde_json::json!({ "error": denied.message() }));
+        return (denied.status(), body).into_response();
     }
     next.run(request).await
 }
@@ -205,38 +311,109 @@ pub async fn stats(State(app): State<Arc<App>>) -> Response {
     }
 }
 
-pub async fn not_found() -> Response {
-    (
-        StatusCode::NOT_FOUND,
-        Json(serde_json::json!({ "error": "no such admin call" })),
-    )
-        .into_response()
-}
-
-pub async fn healthz() -> &'static str {
-    "ok\n"
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        map
+    }
+
     #[test]
     fn access_rules() {
         let loopback: SocketAddr = "127.0.0.1:5".parse().unwrap();
+        let mapped: SocketAddr = "[::ffff:127.0.0.1]:5".parse().unwrap();
         let remote: SocketAddr = "10.1.2.3:5".parse().unwrap();
-        let none = HeaderMap::new();
-        assert!(allowed("", &none, loopback));
-        assert!(!allowed("", &none, remote));
-        let mut good = HeaderMap::new();
-        good.insert(header::AUTHORIZATION, "Bearer s3cret".parse().unwrap());
-        let mut bad = HeaderMap::new();
-        bad.insert(header::AUTHORIZATION, "Bearer s3cres".parse().unwrap());
-        assert!(allowed("s3cret", &good, remote));
-        assert!(!allowed("s3cret", &bad, loopback));
-        assert!(
-            !allowed("s3cret", &none, loopback),
+        let get = |token, peer, h: &HeaderMap| check(token, None, peer, &Method::GET, h);
+        let local = headers(&[("host", "127.0.0.1:8788")]);
+        assert_eq!(get("", loopback, &local), Ok(()));
+        assert_eq!(get("", mapped, &local), Ok(()));
+        assert_eq!(get("", remote, &local), Err(Denied::NotLoopback));
+        let good = headers(&[("host", "x"), ("authorization", "Bearer s3cret")]);
+        let bad = headers(&[("host", "x"), ("authorization", "Bearer s3cres")]);
+        assert_eq!(get("s3cret", remote, &good), Ok(()));
+        assert_eq!(get("s3cret", loopback, &bad), Err(Denied::WrongToken));
+        assert_eq!(
+            get("s3cret", loopback, &local),
+            Err(Denied::WrongToken),
             "a token applies to loopback too"
         );
+    }
+
+    #[test]
+    fn without_a_token_the_host_must_name_this_machine() {
+        let listen = Some("192.168.1.5".parse().unwrap());
+        for host in [
+            "localhost",
+            "LOCALHOST:8788",
+            "127.0.0.1",
+            "127.200.1.1:1",
+            "[::1]:8788",
+            "[::ffff:127.0.0.1]",
+            "192.168.1.5:8788",
+        ] {
+            assert!(names_this_machine(host, listen), "{host}");
+        }
+        for host in [
+            "",
+            "evil.example",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io",
+            "0.0.0.0:8788",
+            "[::]:8788",
+            "192.168.1.6",
+            "evil@127.0.0.1",
+            "127.0.0.1:80:80",
+        ] {
+            assert!(!names_this_machine(host, listen), "{host}");
+        }
+        assert!(!names_this_machine(
+            "0.0.0.0",
+            Some("0.0.0.0".parse().unwrap())
+        ));
+    }
+
+    #[test]
+    fn writes_need_json_and_no_foreign_origin() {
+        let peer: SocketAddr = "127.0.0.1:5".parse().unwrap();
+        let post = |h: &[(&str, &str)]| check("", None, peer, &Method::POST, &headers(h));
+        let host = ("host", "127.0.0.1:8788");
+        let json = ("content-type", "application/json; charset=utf-8");
+        assert_eq!(post(&[host, json]), Ok(()));
+        assert_eq!(
+            post(&[host, json, ("origin", "http://127.0.0.1:8788")]),
+            Ok(())
+        );
+        for origin in [
+            "http://evil.example",
+            "null",
+            "http://localhost:8788",
+            "file://",
+        ] {
+            assert_eq!(
+                post(&[host, json, ("origin", origin)]),
+                Err(Denied::ForeignOrigin),
+                "{origin}"
+            );
+        }
+        for body_type in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "application/jsonx",
+        ] {
+            assert_eq!(
+                post(&[host, ("content-type", body_type)]),
+                Err(Denied::NotJson),
+                "{body_type}"
+            );
+        }
+        assert_eq!(post(&[host]), Err(Denied::NotJson));
     }
 }

@@ -1,7 +1,7 @@
 //! Answers the proxy gives itself, in the error shape of the API the client speaks, so its
 //! SDK reports them like the API's own: an upstream that cannot be reached or does not
 //! answer (shapes from the dialect module, which owns wire formats), and a request the
-//! proxy refuses to read (too large, broken off).
+//! proxy refuses ([`Refusal`]).
 
 use axum::body::Body;
 use axum::response::Response;
@@ -25,10 +25,59 @@ pub fn upstream_failure(upstream: Upstream, failure: UpstreamFailure, message: &
     json(status, dialect_of(upstream).error_body(message, failure))
 }
 
-/// A 4xx for a request the proxy will not read, in `upstream`'s error shape. (The
-/// dialect module has shapes for upstream failures only; these are the same shapes with
-/// the client-error type of each API.)
-pub fn refused(upstream: Upstream, status: StatusCode, message: &str) -> Response {
+/// A request the proxy refuses to forward, decided before its body is read or while it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `CONNECT`: the proxy is no tunnel.
+    Connect,
+    /// A path whose `..` segments climb above the root (`super::route::ClimbsOut`).
+    ClimbsOut,
+    /// A body larger than `server.max_body_bytes`, announced or as it arrived.
+    TooLarge { max: usize },
+    /// A body that broke off.
+    Unreadable,
+}
+
+impl Refusal {
+    /// The refusal of a body `read_body` could not read within `max` bytes.
+    pub fn of_body(e: &axum::BoxError, max: usize) -> Refusal {
+        if e.is::<http_body_util::LengthLimitError>() {
+            Refusal::TooLarge { max }
+        } else {
+            Refusal::Unreadable
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            Refusal::Connect => StatusCode::METHOD_NOT_ALLOWED,
+            Refusal::ClimbsOut | Refusal::Unreadable => StatusCode::BAD_REQUEST,
+            Refusal::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        }
+    }
+
+    pub fn message(self) -> String {
+        match self {
+            Refusal::Connect => "loopwarden: CONNECT is not supported; this is a reverse \
+                                 proxy, not a tunnel"
+                .to_string(),
+            Refusal::ClimbsOut => {
+                "loopwarden: the path's \"..\" segments climb above its root".to_string()
+            }
+            Refusal::TooLarge { max } => {
+                format!("loopwarden: request body larger than server.max_body_bytes ({max})")
+            }
+            Refusal::Unreadable => "loopwarden: could not read the request body".to_string(),
+        }
+    }
+}
+
+/// The answer to a refused request, in `upstream`'s error shape. (The dialect module has
+/// shapes for upstream failures only; these are the same shapes with the client-error type
+/// of each API.)
+pub fn refused(upstream: Upstream, refusal: Refusal) -> Response {
+    let status = refusal.status();
+    let message = refusal.message();
     let body = match upstream {
         Upstream::OpenAi => serde_json::json!({
             "error": {"message": message, "type": "invalid_request_error", "param": null, "code": null}

@@ -13,15 +13,15 @@ use axum::extract::{Request, State};
 use axum::response::Response;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::StatusCode;
 use http_body_util::{BodyExt, Full, Limited};
 
 use super::analysis::{Analysis, Arrival, Logged};
 use super::body::read_body;
+use super::errors::Refusal;
 use super::identity;
 use super::intervention::{self, Guard, Held, Planned};
 use super::memory::BodyComparison;
-use super::record::{Capture, Finished, Outcome};
+use super::record::{Capture, Finished, Outcome, ParseStatus};
 use super::route::{self, Route, Upstream};
 use super::tee::{Pending, TeeBody};
 use super::upstream::Outgoing;
@@ -34,24 +34,42 @@ use crate::store::{next_request_id, now_ms, ConversationSeen, Label, RequestRow}
 
 pub const DECISION_HEADER: &str = "x-loopwarden-decision";
 
-/// The proxy handler: every request that is not the admin API or `/healthz`.
+/// The proxy handler: every request for a path that is not the proxy's own ([`super::own`]).
 pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let started = Instant::now();
     let started_ms = now_ms();
     let (parts, body) = request.into_parts();
-    let route = route::route(&parts.uri, &parts.headers);
+    let resolved = route::resolve_dots(&parts.uri);
+    let route = route::route(resolved.as_deref().unwrap_or(&parts.uri), &parts.headers);
 
     let stated = identity::stated(&parts.headers, route.conversation);
+    let max = app.config.server.max_body_bytes;
+    let refusal = if parts.method == http::Method::CONNECT {
+        Some(Refusal::Connect)
+    } else if resolved.is_err() {
+        Some(Refusal::ClimbsOut)
+    } else if http_body::Body::size_hint(&body).lower() > max as u64 {
+        // Announced (`Content-Length`): refused before a byte of it is asked for (a client
+        // that waits for `100 Continue` never sends it).
+        Some(Refusal::TooLarge { max })
+    } else {
+        None
+    };
+    if let Some(refusal) = refusal {
+        return refuse(&app, &parts, &route, stated, refusal, started, started_ms);
+    }
     let dialect = route.dialect.map(|(dialect, _)| dialect);
     let mut earlier = BodyComparison::new(
         &app.analyser.memory,
         dialect,
         stated.as_ref().map(|s| &*s.id),
     );
-    let max = app.config.server.max_body_bytes;
     let body = match read_body(body, max, &mut earlier).await {
         Ok(body) => body,
-        Err(e) => return refuse_body(&e, &route, max),
+        Err(e) => {
+            let refusal = Refusal::of_body(&e, max);
+            return refuse(&app, &parts, &route, stated, refusal, started, started_ms);
+        }
     };
     // The client's sending, which the overhead includes: logged apart so that the proxy's
     // own work can be told from it.
@@ -140,20 +158,44 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     }
 }
 
-/// Answers a body that could not be read: too large, or broken off.
-fn refuse_body(e: &axum::BoxError, route: &Route<'_>, max: usize) -> Response {
-    let (status, message) = if e.is::<http_body_util::LengthLimitError>() {
-        (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("loopwarden: request body larger than server.max_body_bytes ({max})"),
-        )
-    } else {
-        (
-            StatusCode::BAD_REQUEST,
-            "loopwarden: could not read the request body".to_string(),
-        )
+/// Answers a request the proxy refuses, and logs it: in `requests` only, under the id it
+/// states or a fallback (it was not read, so it makes no conversation).
+fn refuse(
+    app: &App,
+    parts: &http::request::Parts,
+    route: &Route<'_>,
+    stated: Option<identity::Identity>,
+    refusal: Refusal,
+    started: Instant,
+    started_ms: i64,
+) -> Response {
+    let response = errors::refused(route.upstream, refusal);
+    let id = stated.unwrap_or_else(|| identity::fallback(&parts.headers, route.path));
+    let parse = match route.dialect {
+        Some(_) => ParseStatus::Unparsed,
+        None => ParseStatus::NotConversation,
     };
-    errors::refused(route.upstream, status, &message)
+    let row = RequestRow {
+        id: next_request_id(),
+        dialect: route.dialect.map(|(d, _)| d.as_str().into()),
+        parse: parse.as_str().into(),
+        parse_error: Some(refusal.message()),
+        applied: Applied::Rejected.as_str().into(),
+        status: i64::from(refusal.status().as_u16()),
+        outcome: Outcome::Rejected.as_str().into(),
+        proxy_overhead_us: started.elapsed().as_micros() as i64,
+        ..request_row(parts, route, id.id, started_ms)
+    };
+    let finished = Finished {
+        row,
+        conversation: None,
+        decision: None,
+        history: Vec::new(),
+        next_step: 0,
+        response: None,
+    };
+    app.store.log_deferred(Box::new(finished));
+    response
 }
 
 /// The ruling on a request whose history was read, carried out (a request that was not
@@ -488,12 +530,6 @@ fn new_record(
         None => (None, None, Vec::new(), 0),
     };
     let row = RequestRow {
-        id: 0, // the caller's `next_request_id()`
-        conversation_id: identity.id.clone(),
-        started_ms,
-        method: method_label(&parts.method),
-        path: route.path.to_string(),
-        upstream: route.upstream.as_str().into(),
         dialect: dialect.map(|d| d.as_str().into()),
         model: model.clone(),
         stream,
@@ -502,9 +538,55 @@ fn new_record(
         steps,
         decision: decision.as_ref().map(|d| d.action.as_str().into()),
         applied: applied.as_str().into(),
+        request_bytes: body.len() as i64,
+        ..request_row(parts, route, identity.id.clone(), started_ms)
+    };
+    let conversation = parse.is_conversation().then(|| ConversationSeen {
+        id: identity.id,
+        id_source: identity.source.as_str(),
+        client: identity::client_name(&parts.headers),
+        dialect: dialect.map(Dialect::as_str),
+        model,
+        at_ms: started_ms,
+        // Known once the response has ended: `super::record`.
+        overhead_us: 0,
+    });
+    Finished {
+        row,
+        conversation,
+        decision,
+        history,
+        next_step,
+        response: None,
+    }
+}
+
+/// A request's log row as far as its request line tells: what the request was, nothing yet
+/// of what came of it.
+fn request_row(
+    parts: &http::request::Parts,
+    route: &Route<'_>,
+    conversation_id: String,
+    started_ms: i64,
+) -> RequestRow {
+    RequestRow {
+        id: 0, // the caller's `next_request_id()`
+        conversation_id,
+        started_ms,
+        method: method_label(&parts.method),
+        path: route.path.to_string(),
+        upstream: route.upstream.as_str().into(),
+        dialect: None,
+        model: None,
+        stream: false,
+        parse: ParseStatus::NotConversation.as_str().into(),
+        parse_error: None,
+        steps: None,
+        decision: None,
+        applied: Applied::Forwarded.as_str().into(),
         status: 0,
         outcome: "".into(),
-        request_bytes: body.len() as i64,
+        request_bytes: 0,
         response_bytes: 0,
         upstream_latency_us: None,
         upstream_total_us: None,
@@ -513,23 +595,6 @@ fn new_record(
         input_tokens: None,
         output_tokens: None,
         stop_reason: None,
-    };
-    Finished {
-        row,
-        conversation: ConversationSeen {
-            id: identity.id,
-            id_source: identity.source.as_str(),
-            client: identity::client_name(&parts.headers),
-            dialect: dialect.map(Dialect::as_str),
-            model,
-            at_ms: started_ms,
-            // Known once the response has ended: `super::record`.
-            overhead_us: 0,
-        },
-        decision,
-        history,
-        next_step,
-        response: None,
     }
 }
 

@@ -23,6 +23,7 @@ pub fn notify(client: &upstream::Client, config: &PauseConfig, info: &HeldInfo) 
         "decide": {
             "method": "POST",
             "path": format!("/admin/api/pending/{}", info.id),
+            "content_type": "application/json",
             "body": {"decision": "continue | nudge | halt"},
         },
     });

@@ -21,6 +21,7 @@ pub mod identity;
 pub mod intervention;
 pub mod large_buffer;
 pub mod memory;
+pub mod own;
 pub mod record;
 pub mod route;
 pub mod spread;
@@ -32,7 +33,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{ConnectInfo, State};
-use axum::routing::{any, get, post};
 use axum::Router;
 use futures_util::future::{Either, FutureExt};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -166,31 +166,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     spawn_sweeper(Arc::downgrade(&app), idle);
     crate::store::redact::warm_up();
 
-    let admin = Router::new()
-        .route("/admin/api/conversations", get(admin::conversations))
-        .route("/admin/api/conversations/{id}", get(admin::conversation))
-        .route("/admin/api/stats", get(admin::stats))
-        .route(
-            "/admin/api/conversations/{id}/resume",
-            post(admin::resume_conversation),
-        )
-        .route(
-            "/admin/api/conversations/{id}/halt",
-            post(admin::halt_conversation),
-        )
-        .route("/admin/api/pending", get(admin::pending))
-        .route("/admin/api/pending/{id}", post(admin::decide_pending))
-        // Nothing under /admin/ is ever forwarded upstream.
-        .route("/admin/{*rest}", any(admin::not_found))
-        .route_layer(axum::middleware::from_fn_with_state(
-            app.clone(),
-            admin::require_access,
-        ));
-    let router = Router::new()
-        .route("/healthz", get(admin::healthz))
-        .merge(admin)
-        .fallback(forward::handle)
-        .with_state(app.clone());
+    let router = own::router(app.clone());
     let (stop, stopped) = oneshot::channel::<()>();
     let server = crate::spawn::task(
         "serve",
@@ -285,18 +261,6 @@ impl Incoming {
     }
 }
 
-/// Whether the proxy answers a request for `path` itself: the health check and the admin
-/// API, the routes of the router built in [`start`]. Every other request is forwarded, and
-/// goes straight to [`forward::handle`] rather than through the router: matching its routes,
-/// the peer's address stored in the request (only the admin API reads it) and the mapping of
-/// the answer cost ~4.8 k of a serving thread's ~74 k instructions per 8.8 KB request
-/// (BENCHMARKS.md, "Session 22"). The router's fallback is that same handler, so a path let
-/// through here that none of its routes match is forwarded as well: only a route added
-/// outside these paths would need this test widened.
-fn answered_here(path: &str) -> bool {
-    path == "/healthz" || path.starts_with("/admin")
-}
-
 /// Serves `router` on the connections `incoming` yields to serving thread `me` until `stop`
 /// fires (or its sender is dropped), then lets the connections in flight finish. (What
 /// `axum::serve` does, with hyper's connection settings in reach: [`READ_BUFFER_MAX`].)
@@ -307,7 +271,11 @@ async fn serve(
     router: Router,
     stop: oneshot::Receiver<()>,
 ) -> std::io::Result<()> {
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // HTTP/1.1 only. The agents speak HTTP/1.1 to a plain-http base URL, and no client
+    // speaks HTTP/2 without TLS (prior knowledge) to it; spoken, it would be a second
+    // protocol to harden (its own header and stream limits) that nobody uses.
+    let mut builder =
+        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new()).http1_only();
     builder.http1().max_buf_size(READ_BUFFER_MAX);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut stop = std::pin::pin!(stop);
@@ -323,7 +291,7 @@ async fn serve(
         let shared = app.clone();
         let service =
             hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
-                if answered_here(request.uri().path()) {
+                if own::answered_here(request.uri().path()) {
                     request.extensions_mut().insert(ConnectInfo(peer));
                     Either::Left(router.clone().oneshot(request))
                 } else {

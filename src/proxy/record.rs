@@ -35,6 +35,8 @@ pub enum Outcome {
     UpstreamTimeout,
     /// loopwarden answered (a halt); the upstream was not called.
     Answered,
+    /// loopwarden refused the request (`super::errors::Refusal`); the upstream was not called.
+    Rejected,
 }
 
 impl Outcome {
@@ -46,6 +48,7 @@ impl Outcome {
             Outcome::UpstreamUnreachable => "upstream_unreachable",
             Outcome::UpstreamTimeout => "upstream_timeout",
             Outcome::Answered => "answered",
+            Outcome::Rejected => "rejected",
         }
     }
 }
@@ -68,6 +71,14 @@ impl ParseStatus {
             ParseStatus::NotConversation => "not_conversation",
         }
     }
+
+    /// Whether a forwarded request is a conversation's, and so a sighting of it in
+    /// `conversations`: a request to a conversation endpoint, its body read or not. Others
+    /// (a model list, a token count) are logged in `requests` only, under the id they state
+    /// or a fallback, and make no conversation; nor does a request the proxy refused.
+    pub fn is_conversation(self) -> bool {
+        self != ParseStatus::NotConversation
+    }
 }
 
 /// Longest call and result summaries kept in the log (characters).
@@ -77,7 +88,8 @@ const RESULT_SUMMARY_CHARS: usize = 120;
 /// Everything the log needs about one finished request.
 pub struct Finished {
     pub row: RequestRow,
-    pub conversation: ConversationSeen,
+    /// The conversation the request is a sighting of ([`ParseStatus::is_conversation`]).
+    pub conversation: Option<ConversationSeen>,
     /// The engine's decision, for requests whose history was parsed.
     pub decision: Option<Decision>,
     /// History steps not yet logged (with their results).
@@ -126,7 +138,7 @@ impl Deferred for Finished {
 fn record(finished: Finished, out: &mut Vec<Record>) {
     let Finished {
         mut row,
-        mut conversation,
+        conversation,
         decision,
         history,
         next_step,
@@ -157,8 +169,10 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
         }))
     };
 
-    conversation.overhead_us = row.proxy_overhead_us;
-    out.push(Record::Conversation(conversation));
+    if let Some(mut conversation) = conversation {
+        conversation.overhead_us = row.proxy_overhead_us;
+        out.push(Record::Conversation(conversation));
+    }
     for step in history {
         for (i, c) in step.calls.into_iter().enumerate() {
             out.push(tool_call(step.index, i, c.call, c.result));

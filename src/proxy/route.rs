@@ -1,6 +1,8 @@
 //! Where a request goes: which upstream, which path, which wire format, and the
 //! conversation a `/c/{id}` prefix names. Pure functions of the request line and headers.
 
+use std::borrow::Cow;
+
 use http::{HeaderMap, Uri};
 
 use crate::dialect::Dialect;
@@ -91,6 +93,89 @@ pub fn route<'a>(uri: &'a Uri, headers: &HeaderMap) -> Route<'a> {
         query: uri.query(),
         conversation,
         dialect,
+    }
+}
+
+/// A path whose `..` segments climb above its root. Forwarded, it would leave the upstream
+/// base URL's path prefix: `https://gateway/openai` + `/v1/../../admin` is the gateway's
+/// `/admin` once the gateway resolves the segments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClimbsOut;
+
+/// `uri` with its path's dot segments (`.` and `..`, each dot plain or as `%2e`) resolved as
+/// RFC 3986 §5.2.4 does, in origin form; `ClimbsOut` when a `..` would go above the root.
+/// What is forwarded (the base's path prefix, then this path) then stays under the prefix,
+/// whatever the upstream makes of dot segments. Borrowed when the path has none, which is
+/// every real client's.
+pub fn resolve_dots(uri: &Uri) -> Result<Cow<'_, Uri>, ClimbsOut> {
+    let path = uri.path();
+    // A dot segment starts with `.` or `%` after a slash; model names have dots elsewhere.
+    let maybe = path.contains("/.") || path.contains("/%");
+    if !maybe || !path.split('/').any(|s| dots(s).is_some()) {
+        return Ok(Cow::Borrowed(uri));
+    }
+    let mut kept: Vec<&str> = Vec::new();
+    let mut segments = path.split('/').skip(1).peekable();
+    while let Some(segment) = segments.next() {
+        match dots(segment) {
+            None => {
+                kept.push(segment);
+                continue;
+            }
+            Some(Dots::One) => {}
+            Some(Dots::Two) => {
+                kept.pop().ok_or(ClimbsOut)?;
+            }
+        }
+        // `/a/b/..` is `/a/`: a dot segment at the end leaves the slash before it.
+        if segments.peek().is_none() {
+            kept.push("");
+        }
+    }
+    let mut resolved = String::with_capacity(path.len() + 1 + uri.query().map_or(0, str::len));
+    for segment in &kept {
+        resolved.push('/');
+        resolved.push_str(segment);
+    }
+    if resolved.is_empty() {
+        resolved.push('/');
+    }
+    if let Some(query) = uri.query() {
+        resolved.push('?');
+        resolved.push_str(query);
+    }
+    // Made of the valid URI's own characters, so it parses; were it not to, refusing is
+    // the safe answer.
+    Uri::try_from(resolved)
+        .map(Cow::Owned)
+        .map_err(|_| ClimbsOut)
+}
+
+/// A dot segment: `.` or `..`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dots {
+    One,
+    Two,
+}
+
+/// Whether a path segment is `.` or `..`, each dot written `.`, `%2e` or `%2E`.
+fn dots(segment: &str) -> Option<Dots> {
+    let mut rest = segment;
+    let mut count = 0;
+    while !rest.is_empty() {
+        if let Some(after) = rest.strip_prefix('.') {
+            rest = after;
+        } else if rest.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("%2e")) {
+            rest = &rest[3..];
+        } else {
+            return None;
+        }
+        count += 1;
+    }
+    match count {
+        1 => Some(Dots::One),
+        2 => Some(Dots::Two),
+        _ => None,
     }
 }
 
@@ -216,5 +301,47 @@ mod tests {
         // Only one of each prefix is loopwarden's; a second one belongs to the path.
         let (_, p, c, _) = r("/c/a/c/b/x", &[]);
         assert_eq!((p.as_str(), c.as_deref()), ("/c/b/x", Some("a")));
+    }
+
+    #[test]
+    fn dot_segments_are_resolved_and_a_climb_above_the_root_refused() {
+        let resolved = |uri: &str| {
+            let uri: Uri = uri.parse().unwrap();
+            resolve_dots(&uri).map(|u| u.to_string())
+        };
+        for (uri, expected) in [
+            ("/v1/models", "/v1/models"),
+            (
+                "/v1beta/models/gemini-2.5-pro:generateContent",
+                "/v1beta/models/gemini-2.5-pro:generateContent",
+            ),
+            ("/v1/engines/../models?limit=2", "/v1/models?limit=2"),
+            ("/v1/./models", "/v1/models"),
+            ("/v1/%2e/models/%2E%2E/models", "/v1/models"),
+            ("/v1/models/..", "/v1/"),
+            ("/v1/models/.", "/v1/models/"),
+            ("/v1/..", "/"),
+            ("/.", "/"),
+            ("/c/run/../v1/chat/completions", "/c/v1/chat/completions"),
+            ("/v1/...", "/v1/..."),
+            ("/v1/..models", "/v1/..models"),
+            ("/v1/%2e%2e%2e", "/v1/%2e%2e%2e"),
+            ("http://relay.example/v1/../models", "/models"),
+        ] {
+            assert_eq!(resolved(uri).as_deref(), Ok(expected), "{uri}");
+        }
+        for uri in [
+            "/..",
+            "/v1/../..",
+            "/v1/../../admin",
+            "/%2e%2e/x",
+            "/v1/.%2E/%2e./x",
+            "/a/./../../b",
+        ] {
+            assert_eq!(resolved(uri), Err(ClimbsOut), "{uri}");
+        }
+        // No dot segment: the very same URI, not a copy.
+        let uri: Uri = "/v1/chat/completions".parse().unwrap();
+        assert!(matches!(resolve_dots(&uri), Ok(Cow::Borrowed(_))));
     }
 }

@@ -177,11 +177,15 @@ impl Setup {
     }
 
     pub async fn admin(&self, path: &str, body: Option<Value>) -> (u16, Value) {
+        // Admin writes are JSON (`proxy::admin::check`), an empty body included.
+        let post = || {
+            client()
+                .post(self.url(path))
+                .header("content-type", "application/json")
+        };
         let request = match body {
-            Some(b) => client().post(self.url(path)).body(b.to_string()),
-            None if path.ends_with("/resume") || path.ends_with("/halt") => {
-                client().post(self.url(path))
-            }
+            Some(b) => post().body(b.to_string()),
+            None if path.ends_with("/resume") || path.ends_with("/halt") => post(),
             None => client().get(self.url(path)),
         };
         let resp = request.send().await.unwrap();

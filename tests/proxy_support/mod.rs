@@ -88,6 +88,45 @@ pub fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
 
+/// A response read off a connection of its own: the status, the head as text, the body as
+/// sent (not de-chunked).
+#[derive(Debug)]
+pub struct RawResponse {
+    pub status: u16,
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+impl RawResponse {
+    /// The body as JSON (`Null` when it is not).
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+/// Sends `request` exactly as given (it should say `connection: close`) on a new connection
+/// to `addr` and reads the answer until the proxy closes it: for request lines and headers an
+/// HTTP client would not send (`..` segments, a foreign `Host`, `CONNECT`).
+pub async fn raw_request(addr: std::net::SocketAddr, request: &[u8]) -> RawResponse {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    // A reset after the answer (the proxy closing with request bytes unread) ends it too.
+    let _ = tcp.read_to_end(&mut answer).await;
+    let end = find(&answer, b"\r\n\r\n").map_or(answer.len(), |i| i + 4);
+    let head = String::from_utf8_lossy(&answer[..end]).into_owned();
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    RawResponse {
+        status,
+        head,
+        body: answer[end..].to_vec(),
+    }
+}
+
 /// One TCP connection through the tap.
 #[derive(Debug, Default, Clone)]
 pub struct TapConn {

@@ -1,0 +1,118 @@
+//! The proxy's own paths, answered here and never forwarded: `/` (what this is), `/healthz`,
+//! `/admin` and everything under it (the admin API), and `/metrics`, `/ui` and everything
+//! under it, kept for what is to come (a 404 until then). An agent whose base URL is the
+//! bare proxy never reaches the upstream with these, and they are not logged as requests.
+
+use std::sync::Arc;
+
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::{Json, Router};
+use http::StatusCode;
+
+use super::{admin, App};
+
+/// Whether `path` is one of the proxy's own, which [`router`] answers. Every other request
+/// is forwarded, and goes straight to `forward::handle` rather than through the router:
+/// matching its routes, the peer's address stored in the request (only the admin API reads
+/// it) and the mapping of the answer cost ~4.8 k of a serving thread's ~74 k instructions
+/// per 8.8 KB request (BENCHMARKS.md, "Session 22"). Paths beside these (`/healthz/`,
+/// `/administrator`, `/uix`) are the upstream's.
+pub fn answered_here(path: &str) -> bool {
+    match path {
+        "/" | "/healthz" | "/admin" | "/metrics" | "/ui" => true,
+        _ => path.starts_with("/admin/") || path.starts_with("/ui/"),
+    }
+}
+
+/// The router of the paths [`answered_here`] lets through. Its fallback answers the ones
+/// without a route (`/metrics`, `/ui`, an unknown admin call): they are the proxy's all the
+/// same.
+pub fn router(app: Arc<App>) -> Router {
+    let admin = Router::new()
+        .route("/admin/api/conversations", get(admin::conversations))
+        .route("/admin/api/conversations/{id}", get(admin::conversation))
+        .route("/admin/api/stats", get(admin::stats))
+        .route(
+            "/admin/api/conversations/{id}/resume",
+            post(admin::resume_conversation),
+        )
+        .route(
+            "/admin/api/conversations/{id}/halt",
+            post(admin::halt_conversation),
+        )
+        .route("/admin/api/pending", get(admin::pending))
+        .route("/admin/api/pending/{id}", post(admin::decide_pending))
+        // Unknown admin calls go through the access rule too: a caller without access
+        // learns nothing of which calls exist.
+        .route("/admin/{*rest}", any(not_found))
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            admin::require_access,
+        ));
+    Router::new()
+        .route("/", get(index))
+        .route("/healthz", get(healthz))
+        .merge(admin)
+        .fallback(not_found)
+        .with_state(app)
+}
+
+/// `GET /`: what this is and where to go, for whoever points a browser or `curl` at it.
+async fn index() -> Response {
+    Json(serde_json::json!({
+        "name": "loopwarden",
+        "version": env!("CARGO_PKG_VERSION"),
+        "about": "a reverse proxy between LLM coding agents and their model APIs: point an \
+                  agent's OpenAI, Anthropic or Gemini base URL here",
+        "health": "/healthz",
+        "admin_api": "/admin/api/",
+    }))
+    .into_response()
+}
+
+/// `GET /healthz`: answered to anyone.
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// A path of the proxy's that answers nothing (yet).
+async fn not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(serde_json::json!({ "error": "not found; the proxy owns this path" })),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::answered_here;
+
+    #[test]
+    fn the_proxy_owns_its_paths_and_not_the_ones_beside_them() {
+        for own in [
+            "/",
+            "/healthz",
+            "/admin",
+            "/admin/",
+            "/admin/api/x",
+            "/metrics",
+            "/ui",
+            "/ui/a",
+        ] {
+            assert!(answered_here(own), "{own}");
+        }
+        for upstream in [
+            "",
+            "/healthz/",
+            "/administrator",
+            "/metrics/",
+            "/uix",
+            "/v1/models",
+            "/c/x/admin",
+        ] {
+            assert!(!answered_here(upstream), "{upstream}");
+        }
+    }
+}
