@@ -6,27 +6,13 @@
 //! cut off anywhere (inside a message, in a top-level field before the history, in the
 //! last message, after the history).
 
+mod fixture_support;
+
 use bytes::Bytes;
+use fixture_support::{fixture, REQUESTS};
 use loopwarden::dialect::{Dialect, ParseError};
 use loopwarden::request_bytes::RequestBytes;
 use loopwarden::scan::{Object, Scanned, SharedPrefix};
-
-const FIXTURES: [(Dialect, &str); 9] = [
-    (Dialect::Anthropic, "claude-code-anthropic.json"),
-    (Dialect::Anthropic, "opencode-anthropic.json"),
-    (Dialect::OpenAiChat, "mini-swe-agent-chat.json"),
-    (Dialect::OpenAiChat, "mini-swe-agent-textbased.json"),
-    (Dialect::OpenAiChat, "opencode-chat.json"),
-    (Dialect::OpenAiResponses, "codex-responses.json"),
-    (Dialect::OpenAiResponses, "mini-swe-agent-responses.json"),
-    (Dialect::OpenAiResponses, "opencode-responses.json"),
-    (Dialect::Gemini, "gemini-cli.json"),
-];
-
-fn fixture(name: &str) -> Vec<u8> {
-    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
 
 /// What a resumed read gives: the view (as text), how many messages it found unchanged,
 /// and the body's scan.
@@ -142,7 +128,7 @@ fn same_as_cold_in_pieces(
 
 #[test]
 fn the_next_request_reads_as_from_scratch() {
-    for (dialect, name) in FIXTURES {
+    for (dialect, name) in REQUESTS {
         let first = Bytes::from(fixture(name));
         let before = scanned(dialect, &first);
         let messages = dialect.view(&first, false).unwrap().messages.len();
@@ -186,7 +172,7 @@ fn the_next_request_reads_as_from_scratch() {
 
 #[test]
 fn a_next_request_differing_anywhere_reads_as_from_scratch() {
-    for (dialect, name) in FIXTURES {
+    for (dialect, name) in REQUESTS {
         let first = Bytes::from(fixture(name));
         let before = scanned(dialect, &first);
         let next = dialect

@@ -8,25 +8,16 @@
 //!
 //! Bounded for CI: `LW_FUZZ_CASES` cases per target (default 256); raise it to fuzz longer.
 
+mod fixture_support;
+
 use bytes::Bytes;
+use fixture_support::{fixture, REQUESTS};
 use loopwarden::config::CacheConfig;
 use loopwarden::dialect::Dialect;
 use loopwarden::proxy::memory::Memory;
 use loopwarden::request_bytes::RequestBytes;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-
-const REQUESTS: [(Dialect, &str); 9] = [
-    (Dialect::Anthropic, "claude-code-anthropic.json"),
-    (Dialect::Anthropic, "opencode-anthropic.json"),
-    (Dialect::OpenAiChat, "mini-swe-agent-chat.json"),
-    (Dialect::OpenAiChat, "mini-swe-agent-textbased.json"),
-    (Dialect::OpenAiChat, "opencode-chat.json"),
-    (Dialect::OpenAiResponses, "codex-responses.json"),
-    (Dialect::OpenAiResponses, "mini-swe-agent-responses.json"),
-    (Dialect::OpenAiResponses, "opencode-responses.json"),
-    (Dialect::Gemini, "gemini-cli.json"),
-];
 
 const ANSWERS: [(Dialect, &str); 5] = [
     (Dialect::Anthropic, "responses/anthropic.json"),
@@ -42,11 +33,6 @@ const STREAMS: [(Dialect, &str); 4] = [
     (Dialect::OpenAiResponses, "responses/openai-responses.sse"),
     (Dialect::Gemini, "responses/gemini.sse"),
 ];
-
-fn fixture(name: &str) -> Vec<u8> {
-    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
 
 fn runner() -> TestRunner {
     let cases = std::env::var("LW_FUZZ_CASES")
