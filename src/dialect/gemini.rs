@@ -41,7 +41,7 @@ pub(super) fn view<'a>(
 /// A content object, its parts read in the same pass (`P`: [`Part`]), or kept raw
 /// (`&RawValue`) for an object with a part that does not read as one: those are then read
 /// one by one and odd ones skipped ([`Content::read_parts`]). Keeping every part raw and
-/// parsing it again scanned an answer's bytes twice more (BENCHMARKS.md, "Session 25").
+/// parsing it again scanned an answer's bytes twice more (BENCHMARKS.md, "What was tried").
 #[derive(Deserialize)]
 #[serde(bound(deserialize = "'de: 'a, P: Deserialize<'de>"))]
 struct Content<'a, P = Part<'a>> {

@@ -432,7 +432,7 @@ impl<'a> TopLevel<'_, 'a> {
 /// A `content` member read in the same pass as the message that holds it: a string, a
 /// list of parts or blocks (`P`), or anything else (nothing detection reads: `null`, an
 /// object). Keeping the member raw and parsing it again scanned every byte of an answer
-/// several times (BENCHMARKS.md, "Session 25"). A part that does not read as `P` fails the
+/// several times (BENCHMARKS.md, "What was tried"). A part that does not read as `P` fails the
 /// whole reading; callers then read the message the raw way, which skips such parts one by
 /// one ([`content_text`]).
 enum Content<'a, P> {

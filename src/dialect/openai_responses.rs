@@ -150,7 +150,7 @@ struct Usage {
 /// An answer, its `output` items read in the same pass (`I`: [`InputItem`]), or kept raw
 /// (`&RawValue`) for an answer with an item that does not read as one: each is then read
 /// on its own and odd ones give nothing, as [`parse_message`] does. Keeping every item raw
-/// and parsing it again scanned the answer's bytes once more (BENCHMARKS.md, "Session 25").
+/// and parsing it again scanned the answer's bytes once more (BENCHMARKS.md, "What was tried").
 #[derive(Deserialize)]
 #[serde(bound(deserialize = "I: Deserialize<'de>"))]
 struct Response<I> {

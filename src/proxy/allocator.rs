@@ -6,7 +6,7 @@
 //! threshold rises only after such a block is freed, and only to the size of that block),
 //! and a heap whose free top exceeds twice the threshold is trimmed. With a few 2 MB bodies
 //! in flight, each new body then touched fresh pages: 150–330 page faults per request,
-//! a quarter of the proxy's CPU on 2 MB requests (BENCHMARKS.md, "Session 7").
+//! a quarter of the proxy's CPU on 2 MB requests (BENCHMARKS.md, "What was tried").
 //!
 //! Fixed thresholds keep that memory for the next body instead. What is kept is bounded by
 //! [`TRIM_THRESHOLD`] per heap, and peak memory is what the bodies in flight need either

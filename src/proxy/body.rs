@@ -33,7 +33,7 @@ const PAST_THE_LAST_BODY: &str = "internal: shared bytes past the last body";
 /// body's head is that body's bytes ([`RequestBytes`]). From the first difference on, the
 /// frames are copied into a buffer of the body's own (sized from the announced length),
 /// which starts at the last history message the two share
-/// ([`crate::dialect::Scanned::split_for`]), so that every message lies in one piece. A
+/// ([`crate::scan::Scanned::split_for`]), so that every message lies in one piece. A
 /// body that differs before that, or that arrives before its conversation is known, is
 /// copied whole, as one buffer; one that arrives as one frame is kept as it is.
 ///

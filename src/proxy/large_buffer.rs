@@ -7,7 +7,7 @@
 //! bodies share are sent from it. On 4 KiB pages each of a 2 MB body's 512 pages is then
 //! also a TLB miss, and on a virtual machine a miss is a two-level page walk. On 2 MiB
 //! pages a 2 MB body arrived 30–200 µs sooner, and the 2 MB streams' first token came
-//! ~0.1 ms sooner (BENCHMARKS.md, "Session 19").
+//! ~0.1 ms sooner (BENCHMARKS.md, "What was tried").
 //!
 //! Why kept: a fresh mapping is a page fault on first touch of each page (a huge page is
 //! zeroed whole). glibc's heap keeps freed bodies for the same reason (`super::allocator`),
@@ -105,7 +105,7 @@ impl Drop for LargeBuffer {
 /// Copies `data` to `dst` with non-temporal stores, which write to memory without first
 /// reading each destination line into the cache (and without evicting what the cache
 /// holds): a 2 MB body does not stay in a 2 MiB L2 anyway, and an ordinary copy took
-/// 130–240 µs where this takes 80 (BENCHMARKS.md, "Session 8"). x86_64 only (SSE2 is part
+/// 130–240 µs where this takes 80 (BENCHMARKS.md, "What was tried"). x86_64 only (SSE2 is part
 /// of its baseline); elsewhere an ordinary copy.
 ///
 /// # Safety

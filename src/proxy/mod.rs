@@ -209,9 +209,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 /// conversation's last body (and then a copy into the body's own buffer): at 32 KiB a
 /// 2 MB body took 60-odd of them, and the client's upload waited on the proxy (2 MB stream
 /// at c4: time to first token nginx + 1.16 ms, at 64 KiB + 0.70). 128 KiB and more took peak
-/// RSS at 64 × 209 KB over 64 MB then (BENCHMARKS.md, "Session 7"). Since a repeated body is
+/// RSS at 64 × 209 KB over 64 MB then (BENCHMARKS.md, "What was tried"). Since a repeated body is
 /// compared and no longer copied, 128 KiB gains nothing on the first token and still costs
-/// 11 MB more at 64 × 209 KB ("Session 17"). The cap also bounds a request's header section:
+/// 11 MB more at 64 × 209 KB (BENCHMARKS.md). The cap also bounds a request's header section:
 /// 64 KiB, twice what nginx accepts by default.
 const READ_BUFFER_MAX: usize = 64 * 1024;
 

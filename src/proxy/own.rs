@@ -16,7 +16,7 @@ use super::{admin, App};
 /// is forwarded, and goes straight to `forward::handle` rather than through the router:
 /// matching its routes, the peer's address stored in the request (only the admin API reads
 /// it) and the mapping of the answer cost ~4.8 k of a serving thread's ~74 k instructions
-/// per 8.8 KB request (BENCHMARKS.md, "Session 22"). Paths beside these (`/healthz/`,
+/// per 8.8 KB request (BENCHMARKS.md, "What was tried"). Paths beside these (`/healthz/`,
 /// `/administrator`, `/uix`) are the upstream's.
 pub fn answered_here(path: &str) -> bool {
     match path {

@@ -23,7 +23,7 @@ use crate::request_bytes::RequestBytes;
 /// goes through. `simdutf8` checks 16 or 32 bytes at a time whatever they hold; std reads
 /// ASCII a word at a time but other text a byte at a time. Measured on a 0.9 MB
 /// conversation in Chinese sent as raw UTF-8 (as Node clients send it): 716 µs with std,
-/// 59 µs; on the bench's 2 MB body: 100 and 54 µs (BENCHMARKS.md, "Session 15"). The
+/// 59 µs; on the bench's 2 MB body: 100 and 54 µs (BENCHMARKS.md, "What was tried"). The
 /// error, rare, comes from std's check, for its position.
 pub(crate) fn utf8(bytes: &[u8]) -> Result<&str, std::str::Utf8Error> {
     simdutf8::basic::from_utf8(bytes).or_else(|_| std::str::from_utf8(bytes))
