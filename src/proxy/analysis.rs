@@ -4,7 +4,7 @@
 //! 1. bytes → dialect: the body's top level is read, resumed after the conversation's last
 //!    request ([`BodyComparison`] found it while the body arrived: [`super::memory`] holds
 //!    everything that makes a request cost work for its new messages only);
-//! 2. dialect → transcript: each message parsed once ([`MessageCache`]), the last
+//! 2. dialect → transcript: each message parsed once ([`super::memory::MessageCache`]), the last
 //!    request's transcript continued with the new ones;
 //! 3. transcript → identity: the one the request states, else its head's hash, else a
 //!    fallback per client and endpoint;

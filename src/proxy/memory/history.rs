@@ -62,7 +62,7 @@ impl MessageCache {
     /// position with the same bytes are recognised by comparing bytes, which is several
     /// times cheaper than hashing them, or without even that for the first `unchanged`
     /// ones, which the scan of the body already found to be `previous`'s own
-    /// ([`Scanned::unchanged`] of a body read after [`LastRequest::scanned`]); the others are
+    /// ([`scan::Object::unchanged`] of a body read after [`LastRequest::scanned`]); the others are
     /// looked up by hash. The lock is held only for lookups and inserts, never while
     /// parsing.
     pub fn items(
@@ -246,7 +246,7 @@ impl MessageCache {
 /// A request's history as [`MessageCache::read_history`] read it.
 pub struct History {
     pub transcript: Transcript,
-    /// The identity the transcript's head names ([`super::identity::from_head`]), when this
+    /// The identity the transcript's head names ([`crate::proxy::identity::from_head`]), when this
     /// request continues one that kept it and the head is still the same (no need to hash
     /// it again).
     pub head: Option<Identity>,
