@@ -2,8 +2,8 @@
 //!
 //! A request's journey: [`route`] picks the upstream and wire format → [`forward::handle`]
 //! reads the body once ([`body`]) → [`analysis`] reads the conversation and decides (the
-//! dialect, the transcript read after the last request through [`memory`] so only new messages cost work, [`identity`],
-//! the engine) → [`intervention::plan`] carries out the ruling on it (forward, forward
+//! dialect, the transcript read after the last request through [`memory`] so that only
+//! new messages cost work, [`identity`], the engine) → [`intervention::plan`] carries out the ruling on it (forward, forward
 //! rewritten, answer, hold) → the bytes go upstream (over [`upstream`]'s pooled
 //! connections) → the answer streams back through [`tee`] → [`record`] logs it to the
 //! [`crate::store`] off the request path. Nothing here decides what happens to a request:
