@@ -196,6 +196,8 @@ pub async fn stats(State(app): State<Arc<App>>) -> Response {
                 "live_conversations": app.analyser.conversations.len(),
                 // Open client connections on each serving thread (see `proxy::spread`).
                 "connections": app.spread.open(),
+                // Connections closed at `server.max_connections` to make room, and refused.
+                "connections_at_cap": app.connections.at_cap(),
             }))
             .into_response()
         }

@@ -15,6 +15,7 @@ pub mod analysis;
 pub mod block;
 pub mod body;
 pub mod cache;
+pub mod connection;
 pub mod conversations;
 pub mod errors;
 pub mod forward;
@@ -33,6 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{ConnectInfo, State};
+use axum::response::Response;
 use axum::routing::{any, get, post};
 use axum::Router;
 use futures_util::future::{Either, FutureExt};
@@ -73,6 +75,8 @@ pub struct App {
     pub interventions: crate::intervene::service::Interventions,
     /// Open client connections per serving thread, and where the next one goes.
     pub spread: spread::Spread,
+    /// Every open client connection's state, the limits that reap them, the cap.
+    pub connections: Arc<connection::Connections>,
 }
 
 /// A running proxy (in-process): its address, and a handle to stop it cleanly.
@@ -162,6 +166,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             conversations: conversations::Conversations::new(idle),
         },
         store,
+        connections: Arc::new(connection::Connections::new(connection::Limits::of(
+            &config.server,
+        ))),
         config,
         spread,
     });
@@ -241,6 +248,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 /// 64 KiB, twice what nginx accepts by default.
 const READ_BUFFER_MAX: usize = 64 * 1024;
 
+/// How long the accepting loop waits after a failed accept (out of file descriptors: the
+/// reaped connections free some meanwhile).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
 /// Where a serving thread's connections come from: thread 0 accepts them (and hands most
 /// to the others, see [`spread`]); the others receive theirs.
 enum Incoming {
@@ -250,15 +261,16 @@ enum Incoming {
 
 impl Incoming {
     /// The next connection this thread serves; `None` once no more can come.
-    async fn next(
-        &mut self,
-        me: usize,
-        spread: &spread::Spread,
-    ) -> Option<(tokio::net::TcpStream, SocketAddr)> {
+    async fn next(&mut self, me: usize, app: &App) -> Option<(tokio::net::TcpStream, SocketAddr)> {
+        let spread = &app.spread;
         loop {
             match self {
                 Incoming::Listener(listener) => match listener.accept().await {
                     Ok((stream, peer)) => {
+                        if !app.connections.admit(spread.total()) {
+                            app.connections.refuse(stream);
+                            continue;
+                        }
                         // Streamed events are small writes; Nagle's algorithm would hold them back.
                         let _ = stream.set_nodelay(true);
                         if let Some(stream) = spread.place(stream, peer) {
@@ -266,9 +278,10 @@ impl Incoming {
                         }
                     }
                     Err(e) => {
-                        // Out of file descriptors and the like: wait rather than spin.
+                        // Out of file descriptors and the like: the connection stays in the
+                        // backlog; wait (serving the others meanwhile) rather than spin.
                         tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
                     }
                 },
                 Incoming::Handed(handed) => {
@@ -315,7 +328,7 @@ async fn serve(
     let mut stop = std::pin::pin!(stop);
     loop {
         let (stream, peer) = tokio::select! {
-            next = incoming.next(me, &app.spread) => match next {
+            next = incoming.next(me, &app) => match next {
                 Some(connection) => connection,
                 None => break,
             },
@@ -323,18 +336,25 @@ async fn serve(
         };
         let router = router.clone();
         let shared = app.clone();
+        let (io, watch) = app.connections.open(stream);
+        let watching = watch.clone();
         let service =
             hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
+                // Until its response body ends, the connection is not waiting for a request.
+                let serving = connection::Serving::begin(&watching);
+                let served = |response: Response| response.map(|body| serving.until_sent(body));
                 if answered_here(request.uri().path()) {
                     request.extensions_mut().insert(ConnectInfo(peer));
-                    Either::Left(router.clone().oneshot(request))
+                    Either::Left(router.clone().oneshot(request).map(|r| r.map(served)))
                 } else {
                     let request = request.map(axum::body::Body::new);
-                    Either::Right(forward::handle(State(shared.clone()), request).map(Ok))
+                    Either::Right(
+                        forward::handle(State(shared.clone()), request).map(|r| Ok(served(r))),
+                    )
                 }
             });
         let connection = builder
-            .serve_connection(TokioIo::new(stream), service)
+            .serve_connection(TokioIo::new(io), service)
             .into_owned();
         let connection = graceful.watch(connection);
         let app = app.clone();
@@ -342,6 +362,7 @@ async fn serve(
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
+            app.connections.close(&watch);
             app.spread.closed(me);
         });
     }
@@ -396,6 +417,9 @@ pub fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    if let Some(files) = connection::raise_open_file_limit() {
+        tracing::debug!(files, "open-file limit");
+    }
     if !allocator::keep_large_blocks() {
         tracing::debug!("allocator settings left to the environment");
     }
