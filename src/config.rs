@@ -83,6 +83,10 @@ pub struct StoreConfig {
     pub queue_capacity: usize,
     /// Entries written per transaction at most.
     pub batch_size: usize,
+    /// Log records kept for another attempt while writes fail for a while (the database
+    /// locked by another process, the disk full); past this the oldest are dropped and
+    /// counted (`crate::store::writer`).
+    pub retry_rows: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
@@ -127,6 +131,7 @@ impl Default for Config {
                 db: "sqlite://loopwarden.db".into(),
                 queue_capacity: 16_384,
                 batch_size: 512,
+                retry_rows: 65_536,
             },
             admin: AdminConfig::default(),
             cache: CacheConfig {
@@ -279,7 +284,7 @@ impl Config {
                 ),
             ));
         }
-        let positive: [(&'static str, u64); 12] = [
+        let positive: [(&'static str, u64); 13] = [
             (
                 "intervene.pause.timeout_secs",
                 self.intervene.pause.timeout_secs,
@@ -305,6 +310,7 @@ impl Config {
             ),
             ("store.queue_capacity", self.store.queue_capacity as u64),
             ("store.batch_size", self.store.batch_size as u64),
+            ("store.retry_rows", self.store.retry_rows as u64),
             ("cache.max_bytes", self.cache.max_bytes as u64),
             ("cache.idle_secs", self.cache.idle_secs),
         ];

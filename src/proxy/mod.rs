@@ -139,6 +139,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             queue_capacity: config.store.queue_capacity,
             batch_size: config.store.batch_size,
             batch_window: StoreOptions::BATCH_WINDOW,
+            retry_rows: config.store.retry_rows,
         },
     )
     .await?;
