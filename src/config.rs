@@ -191,6 +191,8 @@ impl Config {
         file: Option<&Path>,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
+        // Set but empty is unset: the only way to lift a variable a container image sets.
+        let env = |var: &str| env(var).filter(|value| !value.is_empty());
         let mut config = match file {
             Some(path) => Config::from_file(path)?,
             None => Config::default(),
@@ -412,6 +414,12 @@ mod tests {
         let c = c
             .with_flags(Some("127.0.0.1:1".into()), Some("sqlite://x.db".into()))
             .unwrap();
+        // An empty variable leaves the key to the file (or the default).
+        let env = |var: &str| (var == "LOOPWARDEN_LISTEN").then(String::new);
+        assert_eq!(
+            Config::load(None, env).unwrap().server.listen,
+            Config::default().server.listen
+        );
         assert_eq!(c.server.listen, "127.0.0.1:1");
         assert_eq!(c.store.db, "sqlite://x.db");
     }

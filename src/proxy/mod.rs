@@ -19,6 +19,7 @@ pub mod connection;
 pub mod conversations;
 pub mod errors;
 pub mod forward;
+pub mod health;
 pub mod held;
 pub mod identity;
 pub mod intervention;
