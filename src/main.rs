@@ -25,7 +25,7 @@ enum Command {
     /// Run the proxy.
     Serve(loopwarden::proxy::ServeArgs),
     /// Ask a running proxy (at the address its config names) whether it is up: a health check.
-    Health(loopwarden::proxy::health::HealthArgs),
+    Health(loopwarden::proxy::ServeArgs),
     /// Run the detection engine over recorded conversations (JSONL) and print its decisions.
     Replay(loopwarden::replay::ReplayArgs),
     /// Run a scripted mock model server (the four APIs) for tests and demos.

@@ -1,30 +1,17 @@
-//! `loopwarden health`: the container's health check. It reads the configuration as
-//! `serve` does (file, environment, flag), so it asks the address the proxy listens on
-//! whatever set it, and succeeds when `/healthz` answers `200`.
+//! `loopwarden health`: the container's health check. It takes `serve`'s options and reads
+//! the configuration as `serve` does (file, environment, flags), so it asks the address the
+//! proxy listens on whatever set it, and succeeds when `/healthz` answers `200`.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpStream};
 use std::time::Duration;
 
-use crate::config::Config;
-
 /// How long the check waits to connect, and then for the answer.
 const TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Options of `loopwarden health`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct HealthArgs {
-    /// Config file (TOML), as given to `serve`.
-    #[arg(long, env = "LOOPWARDEN_CONFIG")]
-    pub config: Option<std::path::PathBuf>,
-    /// Address the proxy listens on (overrides the config and LOOPWARDEN_LISTEN).
-    #[arg(long)]
-    pub listen: Option<String>,
-}
-
-pub fn run(args: HealthArgs) -> anyhow::Result<()> {
-    let config = Config::load(args.config.as_deref(), |var| std::env::var(var).ok())?
-        .with_flags(args.listen, None)?;
+/// Entry point of `loopwarden health`, which takes `serve`'s options.
+pub fn run(args: super::ServeArgs) -> anyhow::Result<()> {
+    let config = args.load_config()?;
     let mut addr = config
         .listen_addr()
         .map_err(|e| anyhow::anyhow!("config key `server.listen`: {e}"))?;

@@ -63,6 +63,14 @@ pub struct ServeArgs {
     pub db: Option<String>,
 }
 
+impl ServeArgs {
+    /// The configuration these options name: defaults, the file, the environment, the flags.
+    pub fn load_config(self) -> anyhow::Result<Config> {
+        let config = Config::load(self.config.as_deref(), |var| std::env::var(var).ok())?;
+        Ok(config.with_flags(self.listen, self.db)?)
+    }
+}
+
 /// Everything a request handler shares.
 pub struct App {
     pub config: Config,
@@ -410,8 +418,7 @@ fn spawn_sweeper(app: std::sync::Weak<App>, idle: Duration) {
 
 /// Entry point of `loopwarden serve`.
 pub fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
-    let config = Config::load(args.config.as_deref(), |var| std::env::var(var).ok())?
-        .with_flags(args.listen, args.db)?;
+    let config = args.load_config()?;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
