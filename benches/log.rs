@@ -79,6 +79,7 @@ fn log(c: &mut Criterion) {
             queue_capacity: 4 * PER_FLUSH as usize,
             batch_size: 512,
             batch_window: StoreOptions::BATCH_WINDOW,
+            retry_rows: 65_536,
         };
         let store = runtime
             .block_on(Store::open(&url, options))

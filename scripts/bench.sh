@@ -1,103 +1,189 @@
 #!/usr/bin/env bash
-# Load benchmark of loopwarden beside a direct connection and nginx (issue 5), one command:
+# Load benchmark of loopwarden beside a direct connection and nginx (issue 5), one command,
+# with nothing from outside this repository but nginx (scripts/harness.sh: the load
+# driver, the request bodies and the mock upstream are the repository's own):
 #
-#   scripts/bench.sh                 # 3 interleaved rounds, every load (~12 min on 2 cores)
-#   scripts/bench.sh --quick         # 1 round, short windows (~4 min)
-#   ROUNDS=5 PEERS="direct nginx litellm" scripts/bench.sh   # any knob of the harness
+#   scripts/bench.sh                 # 3 interleaved rounds, every load
+#   scripts/bench.sh --quick         # 1 round, short windows
+#   ROUNDS=5 LOADS="oa-8k-c1 an-200k-sse-c16" scripts/bench.sh
 #
-# It builds loopwarden in release, runs the side-by-side harness (../shared/bench/run.sh:
-# a Rust mock upstream, a closed-loop driver that measures each proxy's CPU and memory)
-# with loopwarden as the proxy under test (detection and logging on, default config, a
-# fresh SQLite log), then prints the harness's tables and the issue-5 ratios against nginx
-# (scripts/bench_ratios.py). nginx is skipped when it is not installed; the ratios then
-# cannot be computed and only the absolute figures are printed.
+# It builds loopwarden in release and the load driver (examples/loadgen.rs), starts the
+# mock upstream and each peer (a direct connection to the mock; nginx, proxying to it
+# without buffering, when installed; loopwarden with detection and logging on, default
+# config, a fresh SQLite log), and for each load drives every peer in turn, round after
+# round in a rotating order, with the driver measuring each proxy's CPU time and memory
+# over its window. Then it prints the table per load (scripts/bench_summary.py) and the
+# issue-5 ratios against nginx (scripts/bench_ratios.py); nginx not installed, only the
+# absolute figures.
 #
-# The harness is copied to $BENCH_WORK/harness (it writes payloads and results beside
-# itself); results land in $BENCH_WORK/results/<stamp>/. Knobs (env):
-#   BENCH_HARNESS   the harness directory (default: ../shared/bench next to the repo, else /work/shared/bench)
-#   BENCH_WORK      scratch directory (default /tmp/loopwarden-bench)
-#   LW_PORT         loopwarden's port (default 18090)
-#   EXTRA=0         only the harness's own loads (default adds the missing size/stream/API combinations)
-#   IDLE=0          skip the idle-conversation memory check (scripts/idle_memory.py) at the end
-#   IDLE_WAVES=12   its waves of 500 new conversations (RSS after each; it levels off by ~12)
-#   BIN             a loopwarden binary to measure instead of building this checkout's
-#   PGO=1           measure the production build of scripts/build_pgo.sh (built first)
-# and every knob of run.sh (PEERS, ROUNDS, DURATION, WARMUP, LOADS, PIN, MOCK_*).
+# A load is named API-SIZE[-sse]-cN: API oa (OpenAI Chat), an (Anthropic), rs (OpenAI
+# Responses), gm (Gemini); SIZE 8k, 200k, 2m (8.8 KB, 209 KB, 2 MB conversations); sse for
+# a streamed answer; N connections each with a request in flight.
+#
+# Knobs (env): ROUNDS (3), DURATION (2.5 s measured per run), WARMUP (0.5 s), LOADS,
+#   PEERS ("direct nginx loopwarden"), BENCH_WORK (/tmp/loopwarden-bench), LW_PORT (18090),
+#   MOCK_DELAY_MS (5, between streamed events), BIN (a binary to measure instead of
+#   building this checkout's), PGO=1 (measure scripts/build_pgo.sh's build, made first),
+#   IDLE=0 (skip the idle-conversation memory check, scripts/idle_memory.py), IDLE_WAVES (12),
+#   DRIVER (a load driver already built).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BENCH_WORK=${BENCH_WORK:-/tmp/loopwarden-bench}
 LW_PORT=${LW_PORT:-18090}
-EXTRA=${EXTRA:-1}
+MOCK_PORT=${MOCK_PORT:-18080}
+NGINX_PORT=${NGINX_PORT:-18081}
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-2.5}
+WARMUP=${WARMUP:-0.5}
+PEERS=${PEERS:-direct nginx loopwarden}
+LOADS=${LOADS:-"oa-8k-c1 oa-8k-c16 oa-8k-c64 oa-200k-c1 oa-200k-c16 oa-200k-c64 oa-2m-c4
+  oa-8k-sse-c1 oa-200k-sse-c1 oa-200k-sse-c16 oa-2m-sse-c4
+  an-8k-c1 an-8k-sse-c1 an-200k-c1 an-200k-c16 an-200k-sse-c1 an-200k-sse-c16 an-2m-c4 an-2m-sse-c4
+  rs-200k-sse-c16 gm-200k-sse-c16"}
+case ${1:-} in
+  --quick) ROUNDS=1; DURATION=1.5; WARMUP=0.3 ;;
+  "") ;;
+  *) sed -n '2,27p' "$0"; exit 2 ;;
+esac
 . "$ROOT/scripts/harness.sh"
-find_harness
-export PEERS=${PEERS:-direct nginx}
+say() { printf '[%(%H:%M:%S)T] bench: %s\n' -1 "$*" >&2; }
 
 if [ -z "${BIN:-}" ] && [ "${PGO:-0}" = 1 ]; then
-  echo "bench: building loopwarden (release, profile-guided: scripts/build_pgo.sh)" >&2
+  say "building loopwarden (release, profile-guided: scripts/build_pgo.sh)"
   BIN=$("$ROOT/scripts/build_pgo.sh")
 fi
 if [ -z "${BIN:-}" ]; then
-  echo "bench: building loopwarden (release)" >&2
+  say "building loopwarden (release)"
   (cd "$ROOT" && cargo build --release --locked --bin loopwarden)
-  TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-  BIN=$(cd "$TARGET_DIR/release" && pwd)/loopwarden
-else
-  BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")  # the harness runs it from elsewhere
+  BIN=$(cd "${CARGO_TARGET_DIR:-$ROOT/target}/release" && pwd)/loopwarden
 fi
-[ -x "$BIN" ] || { echo "bench: no binary at $BIN" >&2; exit 1; }
-
-# A writable copy of the harness (it writes payloads/ and results/ beside run.sh); its own
-# build goes to its own target dir, not ours.
-H=$BENCH_WORK/harness
-mkdir -p "$H"
-cp -r "$BENCH_HARNESS/." "$H/"
-chmod -R u+w "$H"
-if [ "$EXTRA" = 1 ]; then
-  # The harness's loads leave out some combinations issue 5 asks about: add them after its
-  # last load line (left as is if that line ever changes).
-  python3 - "$H/run.sh" <<'PY'
-import sys
-p = sys.argv[1]
-s = open(p).read()
-anchor = "an-200k-sse-c16 anthropic anthropic_200k_stream.json  16\n"
-extra = """oa-8k-sse-c1    openai    openai_8k_stream.json       1
-oa-2m-sse-c4    openai    openai_2m_stream.json       4
-an-8k-c1        anthropic anthropic_8k.json           1
-an-8k-sse-c1    anthropic anthropic_8k_stream.json    1
-an-200k-c1      anthropic anthropic_200k.json         1
-an-200k-sse-c1  anthropic anthropic_200k_stream.json  1
-an-2m-c4        anthropic anthropic_2m.json           4
-an-2m-sse-c4    anthropic anthropic_2m_stream.json    4
-oa-200k-c64     openai    openai_200k.json            64
-"""
-if anchor in s and extra not in s:
-    s = s.replace(anchor, anchor + extra)
-    open(p, "w").write(s)
-else:
-    print("bench: harness load table changed; running its own loads only", file=sys.stderr)
-PY
-fi
+[ -x "$BIN" ] || { say "no binary at $BIN"; exit 1; }
+say "building the load driver and writing the request bodies"
+harness_tools
 
 STAMP=$(date +%Y%m%d-%H%M%S)
-export OUT=$BENCH_WORK/results/$STAMP
+OUT=$BENCH_WORK/results/$STAMP
 DB=$BENCH_WORK/loopwarden-$STAMP.db
 mkdir -p "$OUT"
-rm -f "$DB" "$DB-wal" "$DB-shm"
-export CARGO_TARGET_DIR=${BENCH_TARGET_DIR:-/tmp/lw-bench-target}
-export PROXY_NAME=loopwarden
-export PROXY_URL=http://127.0.0.1:$LW_PORT
-# Default config: detection on, logging on. RUST_LOG=warn: what a production deployment runs.
-export PROXY_CMD="LOOPWARDEN_OPENAI_BASE_URL=\$UPSTREAM_URL LOOPWARDEN_ANTHROPIC_BASE_URL=\$UPSTREAM_URL RUST_LOG=\${RUST_LOG:-warn} exec '$BIN' serve --listen 127.0.0.1:$LW_PORT --db 'sqlite://$DB'"
+RAW=$OUT/raw.jsonl
+: >"$RAW"
 
-"$H/run.sh" "$@"
+declare -A URL PID
+STARTED=()
+cleanup() { local p; for p in "${STARTED[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+start_mock "$MOCK_PORT" "$BIN"
+STARTED+=("$MOCK_PID")
+ACTIVE=()
+for peer in $PEERS; do
+  case $peer in
+    direct) URL[direct]=http://127.0.0.1:$MOCK_PORT; PID[direct]= ;;
+    nginx)
+      command -v nginx >/dev/null || { say "nginx is not installed: measured without it"; continue; }
+      mkdir -p "$BENCH_WORK/nginx/tmp"
+      # A plain reverse proxy: keep-alive to the mock, nothing buffered (streams pass as
+      # they come), large bodies in memory.
+      cat >"$BENCH_WORK/nginx/nginx.conf" <<EOF
+worker_processes auto;
+daemon off;
+pid $BENCH_WORK/nginx/nginx.pid;
+error_log $BENCH_WORK/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $BENCH_WORK/nginx/tmp/body;
+  proxy_temp_path $BENCH_WORK/nginx/tmp/proxy;
+  client_max_body_size 64m;
+  client_body_buffer_size 8m;
+  keepalive_requests 1000000;
+  upstream mock { server 127.0.0.1:$MOCK_PORT; keepalive 256; }
+  server {
+    listen 127.0.0.1:$NGINX_PORT;
+    location / {
+      proxy_pass http://mock;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering on;
+    }
+  }
+}
+EOF
+      nginx -p "$BENCH_WORK/nginx" -c "$BENCH_WORK/nginx/nginx.conf" -e "$BENCH_WORK/nginx/error.log" &
+      PID[nginx]=$!
+      STARTED+=("${PID[nginx]}")
+      URL[nginx]=http://127.0.0.1:$NGINX_PORT
+      wait_healthy "$NGINX_PORT" 50 0.1 / || { say "nginx did not start"; continue; } ;;
+    loopwarden)
+      rm -f "$DB" "$DB-wal" "$DB-shm"
+      # Default config: detection on, logging on. RUST_LOG=warn: what a production deployment runs.
+      # shellcheck disable=SC2046
+      env $(upstream_env "http://127.0.0.1:$MOCK_PORT") RUST_LOG=${RUST_LOG:-warn} \
+        "$BIN" serve --listen "127.0.0.1:$LW_PORT" --db "sqlite://$DB" >"$OUT/loopwarden.log" 2>&1 &
+      PID[loopwarden]=$!
+      STARTED+=("${PID[loopwarden]}")
+      URL[loopwarden]=http://127.0.0.1:$LW_PORT
+      wait_healthy "$LW_PORT" || { say "loopwarden did not start: $(tail -3 "$OUT/loopwarden.log")"; exit 1; } ;;
+    *) say "unknown peer $peer"; exit 2 ;;
+  esac
+  ACTIVE+=("$peer")
+done
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "host: $(uname -srm); cpus: $(nproc); $(grep -m1 'model name' /proc/cpuinfo || true)"
+  echo "params: rounds=$ROUNDS duration=${DURATION}s warmup=${WARMUP}s mock_delay_ms=${MOCK_DELAY_MS:-5}"
+  echo "peers: ${ACTIVE[*]}"
+  echo "loopwarden: $BIN"
+  command -v nginx >/dev/null && echo "nginx: $(nginx -v 2>&1)"
+} >"$OUT/meta.txt"
+
+# PAYLOAD CONCURRENCY of a load's name (API-SIZE[-sse]-cN).
+load_parts() {
+  local api size rest sse= c
+  IFS=- read -r api size rest <<<"$1"
+  [[ $rest == sse-* ]] && { sse=_stream; rest=${rest#sse-}; }
+  c=${rest#c}
+  case $api in oa) api=openai ;; an) api=anthropic ;; rs) api=responses ;; gm) api=gemini ;; esac
+  echo "${api}_$size$sse.json $c"
+}
+
+for load in $LOADS; do
+  read -r payload c <<<"$(load_parts "$load")"
+  [ -f "$PAY/$payload" ] || { say "no payload $payload for load $load"; exit 2; }
+  # shellcheck disable=SC2046
+  checks=($(answer_checks "$payload"))
+  for r in $(seq 1 "$ROUNDS"); do
+    k=${#ACTIVE[@]}
+    for i in $(seq 0 $((k - 1))); do
+      peer=${ACTIVE[$(((i + r - 1) % k))]} # the order rotates every round
+      pids=(--pid "mock=$MOCK_PID")
+      [ -n "${PID[$peer]}" ] && pids+=(--pid "proxy=${PID[$peer]}")
+      line=$("$DRIVER" --label "$peer|$load|$r" --url "${URL[$peer]}$(payload_path "$payload")" \
+        --body "$PAY/$payload" -c "$c" --duration "$DURATION" --warmup "$WARMUP" \
+        "${REQUEST_HEADERS[@]}" "${checks[@]}" "${pids[@]}" 2>>"$OUT/driver.err") || line=
+      if [ -n "$line" ]; then
+        echo "$line" >>"$RAW"
+        say "$peer $load r$r: $(python3 -c "import json,sys; d=json.loads(sys.argv[1]); print('%.1f rps, p50 %.3f ms, errors %d' % (d['rps'], d['lat_ms']['p50'] or 0, d['errors']))" "$line")"
+      else
+        say "$peer $load r$r: the driver failed (see $OUT/driver.err)"
+      fi
+    done
+  done
+done
+cleanup
+trap - EXIT
+
 echo
-python3 "$ROOT/scripts/bench_ratios.py" "$OUT" | tee "$OUT/ratios.md"
-if [ "${IDLE:-1}" = 1 ] && [ -x "$CARGO_TARGET_DIR/release/mockup" ]; then
+python3 "$ROOT/scripts/bench_summary.py" "$OUT" | tee "$OUT/summary.md"
+echo
+python3 "$ROOT/scripts/bench_ratios.py" "$OUT" "$DB" | tee "$OUT/ratios.md"
+if [ "${IDLE:-1}" = 1 ]; then
   echo
   echo "### Memory kept per idle conversation"
-  python3 "$ROOT/scripts/idle_memory.py" "$BIN" "$CARGO_TARGET_DIR/release/mockup" "${IDLE_CONVERSATIONS:-500}" \
-    "${IDLE_WAVES:-12}" \
+  python3 "$ROOT/scripts/idle_memory.py" "$BIN" "${IDLE_CONVERSATIONS:-500}" "${IDLE_WAVES:-12}" \
     | tee "$OUT/idle_memory.txt"
 fi
-echo "bench: results in $OUT (raw.jsonl, summary.md, ratios.md); log $DB" >&2
+say "results in $OUT (raw.jsonl, summary.md, ratios.md); log $DB"

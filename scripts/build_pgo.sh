@@ -13,11 +13,11 @@
 # Steps:
 #   1. an instrumented release build (-Cprofile-generate) into $PGO_TARGET_DIR/gen;
 #   2. training: that binary, with its default config (detection and logging on), driven
-#      by the bench harness's load driver over the request shapes of scripts/bench.sh
-#      (8.8 KB, 209 KB and 2 MB conversations; plain and streamed; concurrency 1 to 16) in
-#      the four APIs: OpenAI Chat and Anthropic against the harness's mock upstream, OpenAI
-#      Responses and Gemini against loopwarden's own (scripts/api_payloads.py makes those
-#      bodies), about two minutes; it then stops on SIGTERM, which writes its profile;
+#      by the repository's load harness (scripts/harness.sh: examples/loadgen.rs, the
+#      bodies of scripts/bench_payloads.py, loopwarden's own mock upstream) over the
+#      request shapes of scripts/bench.sh (8.8 KB, 209 KB and 2 MB conversations; plain
+#      and streamed; concurrency 1 to 16) in the four APIs, about two minutes; it then
+#      stops on SIGTERM, which writes its profile;
 #   3. the profile merged with llvm-profdata (rustup's `llvm-tools` component, added if
 #      missing);
 #   4. the release build with -Cprofile-use into $PGO_TARGET_DIR/use.
@@ -25,8 +25,10 @@
 # The interventions' paths (a nudge, a halt) run code the training does not reach, which
 # PGO treats as cold: they are rare by design, a few per run.
 #
-# Knobs (env): PGO_TARGET_DIR (default target/pgo), BENCH_HARNESS / BENCH_WORK /
-# BENCH_TARGET_DIR as in scripts/bench.sh, TRAIN_SECONDS per load (default 3).
+# Nothing outside this repository is needed but rustup's component.
+#
+# Knobs (env): PGO_TARGET_DIR (default target/pgo), BENCH_WORK / BENCH_TARGET_DIR (the load
+# driver's build) as in scripts/bench.sh, TRAIN_SECONDS per load (default 3).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -37,7 +39,7 @@ MOCK_PORT=${MOCK_PORT:-19991}
 LW_PORT=${LW_PORT:-19992}
 say() { echo "build_pgo: $*" >&2; }
 
-# The harness's mock upstream, load driver and payloads.
+# The load driver and the request bodies.
 . "$ROOT/scripts/harness.sh"
 harness_tools
 
@@ -76,8 +78,9 @@ stop_proxy() {
   LP=
 }
 train() { # payload concurrency
-  "$HARNESS_BIN/benchdrv" --url "http://127.0.0.1:$LW_PORT$(payload_path "$1")" --body "$PAY/$1" -c "$2" \
-    --duration "$TRAIN_SECONDS" --warmup 0.5 "${REQUEST_HEADERS[@]}" \
+  # shellcheck disable=SC2046
+  "$DRIVER" --url "http://127.0.0.1:$LW_PORT$(payload_path "$1")" --body "$PAY/$1" -c "$2" \
+    --duration "$TRAIN_SECONDS" --warmup 0.5 "${REQUEST_HEADERS[@]}" $(answer_checks "$1") \
     | python3 -c "import json,sys; d=json.load(sys.stdin); print(f'  $1 c$2: {d[\"requests\"]} requests, {d[\"errors\"]} errors')" >&2
 }
 train_api() { # api: the shapes and concurrencies scripts/bench.sh measures
@@ -89,17 +92,12 @@ train_api() { # api: the shapes and concurrencies scripts/bench.sh measures
   train "$1"_200k_stream.json 8
   train "$1"_2m_stream.json 4
 }
-# OpenAI Chat and Anthropic against the harness's mock, as scripts/bench.sh runs them.
-start_mock openai_8k.json $MOCK_PORT "$GEN"
+# The mock upstream is the instrumented binary itself; its profile is the mock's and is
+# left out.
+LLVM_PROFILE_FILE="$WORK/mock-%p.profraw" start_mock $MOCK_PORT "$GEN"
 start_proxy "http://127.0.0.1:$MOCK_PORT"
 train_api openai
 train_api anthropic
-stop_proxy
-kill "$MOCK_PID"; wait "$MOCK_PID" 2>/dev/null || true
-# OpenAI Responses and Gemini against loopwarden's own mock (the harness's has neither
-# API), the instrumented binary itself; its profile is the mock's and is left out.
-LLVM_PROFILE_FILE="$WORK/mock-%p.profraw" start_mock responses_8k.json $MOCK_PORT "$GEN"
-start_proxy "http://127.0.0.1:$MOCK_PORT"
 train_api responses
 train_api gemini
 stop_proxy

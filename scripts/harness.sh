@@ -1,43 +1,27 @@
 # shellcheck shell=bash
-# What the benchmark scripts share about the side-by-side harness (../shared/bench): where it
-# is, and its mock upstream, load driver and payloads for scripts that drive the proxy
-# without the harness's run.sh (scripts/build_pgo.sh), with the paths of the four APIs and
-# loopwarden's own mock for the two the harness's does not speak. Sourced; expects ROOT
-# (this checkout) and, for harness_tools and start_mock, BENCH_WORK.
+# The load harness of the benchmark scripts (scripts/bench.sh, scripts/build_pgo.sh), all in
+# this repository: the load driver (examples/loadgen.rs), the request bodies
+# (scripts/bench_payloads.py: agent conversations of 8.8 KB, 209 KB and 2 MB in the four
+# APIs) and the mock upstream (loopwarden's own, `loopwarden mock`, scripted to answer every
+# request with a line of text and one tool call, streamed event by event when asked).
+# Sourced; expects ROOT (this checkout) and BENCH_WORK (a scratch directory).
 
-# Sets BENCH_HARNESS, unless given, to the harness next to the repo (or /work/shared/bench);
-# exits when there is none.
-find_harness() {
-  if [ -z "${BENCH_HARNESS:-}" ]; then
-    local d
-    for d in "$ROOT/../shared/bench" /work/shared/bench; do
-      [ -x "$d/run.sh" ] && { BENCH_HARNESS=$(cd "$d" && pwd); break; }
-    done
-  fi
-  [ -n "${BENCH_HARNESS:-}" ] && [ -x "$BENCH_HARNESS/run.sh" ] || {
-    echo "$(basename "$0"): no harness found; set BENCH_HARNESS to the directory holding run.sh" >&2
-    exit 1
-  }
-}
-
-# Builds the harness's mock upstream (`mockup`) and load driver (`benchdrv`) into their own
-# target dir (BENCH_TARGET_DIR, or HARNESS_TARGET, default /tmp/lw-bench-target) and
-# generates its payloads once into $BENCH_WORK/payloads, with the same conversations as
-# OpenAI Responses and Gemini bodies beside them (scripts/api_payloads.py). Sets HARNESS_BIN
-# (the directory of the two binaries) and PAY (the payloads').
+# Builds the load driver (release, into BENCH_TARGET_DIR, default /tmp/lw-bench-target),
+# unless DRIVER names one already built, and writes the request bodies once into
+# $BENCH_WORK/payloads. Sets DRIVER (the driver's path) and PAY (the bodies' directory).
 harness_tools() {
-  find_harness
-  local target=${BENCH_TARGET_DIR:-${HARNESS_TARGET:-/tmp/lw-bench-target}}
-  (cd "$BENCH_HARNESS" && CARGO_TARGET_DIR=$target cargo build --release -q)
-  HARNESS_BIN=$target/release
+  if [ -z "${DRIVER:-}" ]; then
+    local target=${BENCH_TARGET_DIR:-/tmp/lw-bench-target}
+    (cd "$ROOT" && CARGO_TARGET_DIR=$target cargo build --release --locked -q --example loadgen) >&2
+    DRIVER=$target/release/examples/loadgen
+  fi
   PAY=$BENCH_WORK/payloads
-  [ -f "$PAY/anthropic_2m_stream.json" ] || python3 "$BENCH_HARNESS/gen_payloads.py" "$PAY" >&2
-  [ -f "$PAY/gemini_2m_stream.json" ] || python3 "$ROOT/scripts/api_payloads.py" "$PAY" >&2
+  [ -f "$PAY/gemini_2m_stream.json" ] || python3 "$ROOT/scripts/bench_payloads.py" "$PAY" >&2
 }
 
-# The path a payload of harness_tools is sent to, by its name: openai_ (Chat Completions),
-# anthropic_ (Messages), responses_ (OpenAI Responses), gemini_ (generateContent; a _stream
-# one to streamGenerateContent, since a Gemini body does not say it streams).
+# The path a payload is sent to, by its name: openai_ (Chat Completions), anthropic_
+# (Messages), responses_ (OpenAI Responses), gemini_ (generateContent; a _stream one to
+# streamGenerateContent, since a Gemini body does not say it streams).
 payload_path() {
   case $1 in
     anthropic_*) echo /v1/messages ;;
@@ -48,12 +32,28 @@ payload_path() {
   esac
 }
 
-# Waits until a proxy answers /healthz on 127.0.0.1:PORT: up to TRIES tries (default 50),
-# DELAY seconds apart (default 0.1). Fails when it never does.
+# What every answer to a payload must hold (the driver's --expect and --marker): the
+# mock's tool call, the stream's last event, and for streams the first token's text.
+MOCK_TEXT="Reading the handler again."
+answer_checks() {
+  local end=
+  case $1 in
+    openai_*_stream*) end='[DONE]' ;;
+    anthropic_*_stream*) end=message_stop ;;
+    responses_*_stream*) end=response.completed ;;
+    gemini_*_stream*) end=finishReason ;;
+  esac
+  echo "--expect read_file"
+  [ -n "$end" ] && echo "--expect $end --marker Reading"
+  return 0
+}
+
+# Waits until a server answers on 127.0.0.1:PORT at PATH (default /healthz): up to TRIES
+# tries (default 50), DELAY seconds apart (default 0.1). Fails when it never does.
 wait_healthy() {
-  local port=$1 tries=${2:-50} delay=${3:-0.1}
+  local port=$1 tries=${2:-50} delay=${3:-0.1} path=${4:-/healthz}
   for _ in $(seq 1 "$tries"); do
-    curl -fs "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && return 0
+    curl -s -o /dev/null "http://127.0.0.1:$port$path" 2>/dev/null && return 0
     sleep "$delay"
   done
   return 1
@@ -69,27 +69,19 @@ upstream_env() {
   echo "LOOPWARDEN_OPENAI_BASE_URL=$1 LOOPWARDEN_ANTHROPIC_BASE_URL=$1 LOOPWARDEN_GEMINI_BASE_URL=$1"
 }
 
-# Starts a mock upstream on 127.0.0.1:PORT that answers PAYLOAD's API, and sets MOCK_PID.
-# OpenAI Chat and Anthropic get the harness's mock (`mockup`), paced as scripts/bench.sh
-# runs it. OpenAI Responses and Gemini, which it does not speak, get loopwarden's own
-# (`BIN mock`), scripted to answer every request as the harness's does: a line of text and
-# one tool call. Needs harness_tools first.
+# Starts the mock upstream (BIN's `mock`) on 127.0.0.1:PORT and sets MOCK_PID. Every answer
+# is the same turn: a line of text and one tool call, in the API of the request, streamed
+# with MOCK_DELAY_MS (default 5) between events when the request asks for a stream.
 start_mock() {
-  local payload=$1 port=$2 bin=$3
-  case $payload in
-    openai_* | anthropic_*)
-      MOCK_ADDR=127.0.0.1:$port MOCK_DELAY_MS=5 MOCK_CHUNKS=20 MOCK_LATENCY_MS=0 \
-        "$HARNESS_BIN/mockup" >/dev/null 2>&1 &
-      ;;
-    *)
-      local script=$BENCH_WORK/lw-mock-script.json
-      cat >"$script" <<'JSON'
-{"turns": [{"text": "Reading the handler again.",
+  local port=$1 bin=$2
+  local script=$BENCH_WORK/mock-script.json
+  mkdir -p "$BENCH_WORK"
+  cat >"$script" <<JSON
+{"turns": [{"text": "$MOCK_TEXT",
             "tool_calls": [{"name": "read_file", "arguments": {"path": "src/sse/handlers.rs"}}]}],
- "after_end": "repeat_last"}
+ "after_end": "repeat_last", "chunk_delay_ms": ${MOCK_DELAY_MS:-5}}
 JSON
-      "$bin" mock --listen "127.0.0.1:$port" --script "$script" >/dev/null 2>&1 &
-      ;;
-  esac
+  "$bin" mock --listen "127.0.0.1:$port" --script "$script" >/dev/null 2>&1 &
   MOCK_PID=$!
+  wait_healthy "$port" 50 0.1 / || { echo "harness: the mock did not start" >&2; return 1; }
 }

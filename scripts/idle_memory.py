@@ -2,9 +2,9 @@
 """What loopwarden keeps per conversation once the conversation goes idle (issue 5: under
 1 KB beyond what the log holds).
 
-    scripts/idle_memory.py LOOPWARDEN_BIN MOCK_BIN [N [WAVES]]
+    scripts/idle_memory.py LOOPWARDEN_BIN [N [WAVES]]
 
-Starts a mock upstream and loopwarden (cache.idle_secs = 2, a fresh SQLite log), runs N
+Starts a mock upstream (the binary's own, `loopwarden mock`) and loopwarden (cache.idle_secs = 2, a fresh SQLite log), runs N
 distinct conversations of 4 requests each (~20 KB histories, OpenAI shape, no id headers),
 lets them go idle until the sweeper has dropped their state, and prints the proxy's RSS
 before, at the peak and after, and what the admin API says it still holds. RSS after idle
@@ -23,9 +23,9 @@ import sys
 import tempfile
 import time
 
-BIN, MOCK = sys.argv[1], sys.argv[2]
-N = int(sys.argv[3]) if len(sys.argv) > 3 else 500
-WAVES = int(sys.argv[4]) if len(sys.argv) > 4 else 3
+BIN = sys.argv[1]
+N = int(sys.argv[2]) if len(sys.argv) > 2 else 500
+WAVES = int(sys.argv[3]) if len(sys.argv) > 3 else 3
 MOCK_PORT, PORT = 18280, 18290
 
 
@@ -73,8 +73,7 @@ with open(cfg, "w") as f:
     f.write("[cache]\nidle_secs = 2\n")
 procs = []
 try:
-    procs.append(subprocess.Popen([MOCK], env={**os.environ, "MOCK_ADDR": f"127.0.0.1:{MOCK_PORT}",
-                                               "MOCK_DELAY_MS": "0"},
+    procs.append(subprocess.Popen([BIN, "mock", "--listen", f"127.0.0.1:{MOCK_PORT}"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     lw = subprocess.Popen([BIN, "serve", "--config", cfg, "--listen", f"127.0.0.1:{PORT}",
                            "--db", f"sqlite://{work}/log.db"],

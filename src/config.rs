@@ -37,6 +37,18 @@ pub struct ServerConfig {
     /// goes to the thread with the fewest open and stays there (`crate::proxy::spread`).
     /// 0: one per CPU.
     pub threads: usize,
+    /// Longest a request head may take to arrive whole, from its first byte (a client that
+    /// sends half a head and stops is disconnected: `crate::proxy::connection`).
+    pub header_timeout_secs: u64,
+    /// A connection carrying no request (before its first, between two) is closed after
+    /// this long; longer than the idle pools of the common HTTP clients (90 s), so that the
+    /// client is the one that closes it.
+    pub idle_timeout_secs: u64,
+    /// Client connections open at most; over it, a connection waiting for a request is
+    /// closed to make room, or, none waiting, the new one is answered 503 with
+    /// `Retry-After`. 0: half the open-file limit (each connection may hold an upstream one
+    /// as well), less a reserve.
+    pub max_connections: usize,
 }
 
 /// Where each API family is forwarded. Only these bases are ever contacted: the request
@@ -54,6 +66,11 @@ pub struct UpstreamConfig {
     pub response_timeout_secs: u64,
     /// Idle pooled upstream connections are closed after this long.
     pub pool_idle_timeout_secs: u64,
+    /// A response body from which no byte has arrived for this long is cut, and the client
+    /// sees it break as it would if the upstream had broken it. As long as
+    /// `response_timeout_secs`: a model may think silently as long inside a stream as
+    /// before a non-streamed answer's head (README, "Configuration").
+    pub stream_idle_secs: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -66,6 +83,10 @@ pub struct StoreConfig {
     pub queue_capacity: usize,
     /// Entries written per transaction at most.
     pub batch_size: usize,
+    /// Log records kept for another attempt while writes fail for a while (the database
+    /// locked by another process, the disk full); past this the oldest are dropped and
+    /// counted (`crate::store::writer`).
+    pub retry_rows: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
@@ -101,6 +122,9 @@ impl Default for Config {
                 listen: "127.0.0.1:8788".into(),
                 max_body_bytes: 64 * 1024 * 1024,
                 threads: 0,
+                header_timeout_secs: 30,
+                idle_timeout_secs: 120,
+                max_connections: 0,
             },
             upstream: UpstreamConfig {
                 openai: "https://api.openai.com".into(),
@@ -109,11 +133,13 @@ impl Default for Config {
                 connect_timeout_ms: 10_000,
                 response_timeout_secs: 600,
                 pool_idle_timeout_secs: 90,
+                stream_idle_secs: 600,
             },
             store: StoreConfig {
                 db: "sqlite://loopwarden.db".into(),
                 queue_capacity: 16_384,
                 batch_size: 512,
+                retry_rows: 65_536,
             },
             admin: AdminConfig::default(),
             cache: CacheConfig {
@@ -174,6 +200,8 @@ impl Config {
         file: Option<&Path>,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
+        // Set but empty is unset: the only way to lift a variable a container image sets.
+        let env = |var: &str| env(var).filter(|value| !value.is_empty());
         let mut config = match file {
             Some(path) => Config::from_file(path)?,
             None => Config::default(),
@@ -267,7 +295,7 @@ impl Config {
                 ),
             ));
         }
-        let positive: [(&'static str, u64); 10] = [
+        let positive: [(&'static str, u64); 14] = [
             (
                 "intervene.pause.timeout_secs",
                 self.intervene.pause.timeout_secs,
@@ -278,6 +306,12 @@ impl Config {
             ),
             ("server.max_body_bytes", self.server.max_body_bytes as u64),
             (
+                "server.header_timeout_secs",
+                self.server.header_timeout_secs,
+            ),
+            ("server.idle_timeout_secs", self.server.idle_timeout_secs),
+            ("upstream.stream_idle_secs", self.upstream.stream_idle_secs),
+            (
                 "upstream.connect_timeout_ms",
                 self.upstream.connect_timeout_ms,
             ),
@@ -287,6 +321,7 @@ impl Config {
             ),
             ("store.queue_capacity", self.store.queue_capacity as u64),
             ("store.batch_size", self.store.batch_size as u64),
+            ("store.retry_rows", self.store.retry_rows as u64),
             ("cache.max_bytes", self.cache.max_bytes as u64),
             (
                 "cache.conversation_max_bytes",
@@ -392,6 +427,12 @@ mod tests {
         let c = c
             .with_flags(Some("127.0.0.1:1".into()), Some("sqlite://x.db".into()))
             .unwrap();
+        // An empty variable leaves the key to the file (or the default).
+        let env = |var: &str| (var == "LOOPWARDEN_LISTEN").then(String::new);
+        assert_eq!(
+            Config::load(None, env).unwrap().server.listen,
+            Config::default().server.listen
+        );
         assert_eq!(c.server.listen, "127.0.0.1:1");
         assert_eq!(c.store.db, "sqlite://x.db");
     }

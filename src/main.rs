@@ -24,6 +24,8 @@ struct Cli {
 enum Command {
     /// Run the proxy.
     Serve(loopwarden::proxy::ServeArgs),
+    /// Ask a running proxy (at the address its config names) whether it is up: a health check.
+    Health(loopwarden::proxy::ServeArgs),
     /// Run the detection engine over recorded conversations (JSONL) and print its decisions.
     Replay(loopwarden::replay::ReplayArgs),
     /// Run a scripted mock model server (the four APIs) for tests and demos.
@@ -36,6 +38,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => loopwarden::proxy::serve_main(args),
+        Command::Health(args) => loopwarden::proxy::health::run(args),
         Command::Replay(args) => loopwarden::replay::run(args),
         Command::Mock(args) => loopwarden::mock::run(args),
         Command::Demo(args) => loopwarden::demo::run(args),

@@ -461,6 +461,9 @@ async fn connect_is_refused() {
     )
     .await;
     assert_eq!(r.status, 405, "{}", r.head);
+    // The proxy's own answers keep their length (not chunked) through the connection's
+    // bookkeeping.
+    assert!(r.head.contains("content-length"), "{}", r.head);
     let message = r.json()["error"]["message"]
         .as_str()
         .unwrap_or_default()

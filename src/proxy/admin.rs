@@ -304,6 +304,8 @@ pub async fn stats(State(app): State<Arc<App>>) -> Response {
                 "conversation_bytes": held.conversation_bytes,
                 // Open client connections on each serving thread (see `proxy::spread`).
                 "connections": app.spread.open(),
+                // Connections closed at `server.max_connections` to make room, and refused.
+                "connections_at_cap": app.connections.at_cap(),
             }))
             .into_response()
         }

@@ -462,8 +462,11 @@ impl Dispatch {
             Ok(collected) => Ok(collected.to_bytes()),
             Err(e) => {
                 tracing::warn!(error = %e, "upstream answer broke off while checked for a block");
+                let outcome = e
+                    .downcast_ref::<upstream::BodyError>()
+                    .map_or(Outcome::UpstreamBroken, Outcome::of_body_error);
                 Err(Failure {
-                    outcome: Outcome::UpstreamBroken,
+                    outcome,
                     ..Failure::unreachable(
                         self.upstream,
                         "loopwarden: the upstream answer broke off",

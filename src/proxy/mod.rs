@@ -14,8 +14,10 @@ pub mod allocator;
 pub mod analysis;
 pub mod block;
 pub mod body;
+pub mod connection;
 pub mod errors;
 pub mod forward;
+pub mod health;
 pub mod held;
 pub mod identity;
 pub mod intervention;
@@ -33,6 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{ConnectInfo, State};
+use axum::response::Response;
 use axum::Router;
 use futures_util::future::{Either, FutureExt};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -59,6 +62,14 @@ pub struct ServeArgs {
     pub db: Option<String>,
 }
 
+impl ServeArgs {
+    /// The configuration these options name: defaults, the file, the environment, the flags.
+    pub fn load_config(self) -> anyhow::Result<Config> {
+        let config = Config::load(self.config.as_deref(), |var| std::env::var(var).ok())?;
+        Ok(config.with_flags(self.listen, self.db)?)
+    }
+}
+
 /// Everything a request handler shares.
 pub struct App {
     pub config: Config,
@@ -72,6 +83,8 @@ pub struct App {
     pub interventions: crate::intervene::service::Interventions,
     /// Open client connections per serving thread, and where the next one goes.
     pub spread: spread::Spread,
+    /// Every open client connection's state, the limits that reap them, the cap.
+    pub connections: Arc<connection::Connections>,
 }
 
 /// A running proxy (in-process): its address, and a handle to stop it cleanly.
@@ -134,6 +147,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             queue_capacity: config.store.queue_capacity,
             batch_size: config.store.batch_size,
             batch_window: StoreOptions::BATCH_WINDOW,
+            retry_rows: config.store.retry_rows,
         },
     )
     .await?;
@@ -160,6 +174,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             memory: memory::Memory::new(&config.cache),
         },
         store,
+        connections: Arc::new(connection::Connections::new(connection::Limits::of(
+            &config.server,
+        ))),
         config,
         spread,
     });
@@ -215,6 +232,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 /// 64 KiB, twice what nginx accepts by default.
 const READ_BUFFER_MAX: usize = 64 * 1024;
 
+/// How long the accepting loop waits after a failed accept (out of file descriptors: the
+/// reaped connections free some meanwhile).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
 /// Where a serving thread's connections come from: thread 0 accepts them (and hands most
 /// to the others, see [`spread`]); the others receive theirs.
 enum Incoming {
@@ -224,15 +245,16 @@ enum Incoming {
 
 impl Incoming {
     /// The next connection this thread serves; `None` once no more can come.
-    async fn next(
-        &mut self,
-        me: usize,
-        spread: &spread::Spread,
-    ) -> Option<(tokio::net::TcpStream, SocketAddr)> {
+    async fn next(&mut self, me: usize, app: &App) -> Option<(tokio::net::TcpStream, SocketAddr)> {
+        let spread = &app.spread;
         loop {
             match self {
                 Incoming::Listener(listener) => match listener.accept().await {
                     Ok((stream, peer)) => {
+                        if !app.connections.admit(spread.total()) {
+                            app.connections.refuse(stream);
+                            continue;
+                        }
                         // Streamed events are small writes; Nagle's algorithm would hold them back.
                         let _ = stream.set_nodelay(true);
                         if let Some(stream) = spread.place(stream, peer) {
@@ -240,9 +262,10 @@ impl Incoming {
                         }
                     }
                     Err(e) => {
-                        // Out of file descriptors and the like: wait rather than spin.
+                        // Out of file descriptors and the like: the connection stays in the
+                        // backlog; wait (serving the others meanwhile) rather than spin.
                         tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
                     }
                 },
                 Incoming::Handed(handed) => {
@@ -281,7 +304,7 @@ async fn serve(
     let mut stop = std::pin::pin!(stop);
     loop {
         let (stream, peer) = tokio::select! {
-            next = incoming.next(me, &app.spread) => match next {
+            next = incoming.next(me, &app) => match next {
                 Some(connection) => connection,
                 None => break,
             },
@@ -289,18 +312,25 @@ async fn serve(
         };
         let router = router.clone();
         let shared = app.clone();
+        let (io, watch) = app.connections.open(stream);
+        let watching = watch.clone();
         let service =
             hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
+                // Until its response body ends, the connection is not waiting for a request.
+                let serving = connection::Serving::begin(&watching);
+                let served = |response: Response| response.map(|body| serving.until_sent(body));
                 if own::answered_here(request.uri().path()) {
                     request.extensions_mut().insert(ConnectInfo(peer));
-                    Either::Left(router.clone().oneshot(request))
+                    Either::Left(router.clone().oneshot(request).map(|r| r.map(served)))
                 } else {
                     let request = request.map(axum::body::Body::new);
-                    Either::Right(forward::handle(State(shared.clone()), request).map(Ok))
+                    Either::Right(
+                        forward::handle(State(shared.clone()), request).map(|r| Ok(served(r))),
+                    )
                 }
             });
         let connection = builder
-            .serve_connection(TokioIo::new(stream), service)
+            .serve_connection(TokioIo::new(io), service)
             .into_owned();
         let connection = graceful.watch(connection);
         let app = app.clone();
@@ -308,6 +338,7 @@ async fn serve(
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
+            app.connections.close(&watch);
             app.spread.closed(me);
         });
     }
@@ -352,8 +383,7 @@ fn spawn_sweeper(app: std::sync::Weak<App>, idle: Duration) {
 
 /// Entry point of `loopwarden serve`.
 pub fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
-    let config = Config::load(args.config.as_deref(), |var| std::env::var(var).ok())?
-        .with_flags(args.listen, args.db)?;
+    let config = args.load_config()?;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -361,6 +391,9 @@ pub fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    if let Some(files) = connection::raise_open_file_limit() {
+        tracing::debug!(files, "open-file limit");
+    }
     if !allocator::keep_large_blocks() {
         tracing::debug!("allocator settings left to the environment");
     }

@@ -29,6 +29,9 @@ pub enum Outcome {
     ClientDisconnected,
     /// The upstream's answer broke off (the client saw the same break).
     UpstreamBroken,
+    /// The upstream's answer went silent for `upstream.stream_idle_secs` and was cut (the
+    /// client saw it break).
+    UpstreamStalled,
     /// The upstream could not be reached (502).
     UpstreamUnreachable,
     /// The upstream did not answer in time (504).
@@ -40,11 +43,20 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// How a response body that failed ended.
+    pub fn of_body_error(e: &super::upstream::BodyError) -> Outcome {
+        match e {
+            super::upstream::BodyError::Broken(_) => Outcome::UpstreamBroken,
+            super::upstream::BodyError::Stalled(_) => Outcome::UpstreamStalled,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Complete => "complete",
             Outcome::ClientDisconnected => "client_disconnected",
             Outcome::UpstreamBroken => "upstream_broken",
+            Outcome::UpstreamStalled => "upstream_stalled",
             Outcome::UpstreamUnreachable => "upstream_unreachable",
             Outcome::UpstreamTimeout => "upstream_timeout",
             Outcome::Answered => "answered",

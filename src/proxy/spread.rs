@@ -103,6 +103,14 @@ impl Spread {
         }
     }
 
+    /// Open connections over all serving threads.
+    pub fn total(&self) -> usize {
+        self.threads
+            .iter()
+            .map(|slot| slot.open.load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// Open connections per serving thread (the admin API shows them).
     pub fn open(&self) -> Vec<usize> {
         self.threads

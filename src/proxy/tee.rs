@@ -4,7 +4,8 @@
 //!
 //! Nothing here waits or buffers: a frame is handed on in the same poll that received it.
 //! How the body ends is the request's outcome: the upstream finished it (`complete`), it
-//! failed mid-way (`upstream_broken`, and the client sees the same break), or the client
+//! failed mid-way (`upstream_broken`, or `upstream_stalled` when it went silent for
+//! `upstream.stream_idle_secs`, and the client sees the same break), or the client
 //! went away first (`client_disconnected`: the body is dropped, which drops the upstream
 //! response and closes that connection, so the upstream stops generating).
 
@@ -17,6 +18,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use super::record::{Capture, Finished, Outcome};
+use super::upstream::BodyError;
 use crate::store::Store;
 
 /// Responses larger than this are forwarded whole but not decoded for the log.
@@ -119,15 +121,15 @@ impl<B: Body> TeeBody<B> {
 
 impl<B> Body for TeeBody<B>
 where
-    B: Body<Data = Bytes, Error = hyper::Error> + Unpin,
+    B: Body<Data = Bytes, Error = BodyError> + Unpin,
 {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
@@ -136,7 +138,14 @@ where
                     this.observe(data);
                 }
             }
-            Poll::Ready(Some(Err(_))) => this.finish(Outcome::UpstreamBroken),
+            Poll::Ready(Some(Err(e))) => {
+                let outcome = Outcome::of_body_error(e);
+                if let Some(p) = &this.pending {
+                    let row = &p.finished.row;
+                    tracing::warn!(conversation = %row.conversation_id, path = %row.path, error = %e, "upstream response cut");
+                }
+                this.finish(outcome);
+            }
             Poll::Ready(None) => this.finish(Outcome::Complete),
             Poll::Pending => {}
         }

@@ -17,6 +17,7 @@
 //!
 //! The model APIs all speak HTTP/1.1; TLS offers only `http/1.1` by ALPN.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -54,6 +55,8 @@ struct Shared {
     /// Over TCP connect and TLS handshake together.
     connect_timeout: Duration,
     idle_timeout: Duration,
+    /// A response body silent for this long is cut ([`Stall`]).
+    stream_idle: Duration,
     max_idle: usize,
     /// Each configured base, indexed by `Upstream as usize`: `None` when it is not a URL.
     bases: [Option<Base>; 3],
@@ -215,6 +218,7 @@ impl Client {
                 connector,
                 connect_timeout,
                 idle_timeout: Duration::from_secs(config.pool_idle_timeout_secs),
+                stream_idle: Duration::from_secs(config.stream_idle_secs),
                 max_idle,
                 bases,
                 origins,
@@ -285,6 +289,7 @@ impl Client {
     ) -> http::Response<ResponseBody> {
         response.map(|inner| ResponseBody {
             inner,
+            stall: Stall::new(self.shared.stream_idle),
             back: Some(Back {
                 sender,
                 shared: self.shared.clone(),
@@ -426,11 +431,80 @@ async fn reap(shared: Weak<Shared>, timeout: Duration) {
 
 /// The upstream's response body; its connection goes back to the pool when it has ended.
 /// Dropped before its end (the client went away), the connection is closed with it, which
-/// also tells the upstream to stop generating.
+/// also tells the upstream to stop generating. A body from which nothing has arrived for
+/// `upstream.stream_idle_secs` ends with [`BodyError::Stalled`]: its connection is dropped
+/// as a broken one is, and the client sees the same break.
 #[derive(Debug)]
 pub struct ResponseBody {
     inner: Incoming,
+    stall: Stall,
     back: Option<Back>,
+}
+
+/// How an upstream response body failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// The connection broke or the framing was wrong.
+    #[error("the upstream response broke off")]
+    Broken(#[from] hyper::Error),
+    /// Nothing arrived for this long.
+    #[error("the upstream response stalled: nothing arrived for {0:?}")]
+    Stalled(Duration),
+}
+
+/// The silence of a response body: since when it has been waiting for the upstream, and
+/// the timer that ends the wait.
+///
+/// Cheap on the way of every frame: a frame only clears `waiting_since`; the clock is read
+/// once per wait, when the body is first found waiting. The timer is made at the first wait
+/// and moved only when it fires early (it was set for an earlier wait), so a stream of many
+/// frames costs no timer updates.
+#[derive(Debug)]
+struct Stall {
+    limit: Duration,
+    waiting_since: Option<tokio::time::Instant>,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Once fired, the body stays stalled.
+    fired: bool,
+}
+
+impl Stall {
+    fn new(limit: Duration) -> Stall {
+        Stall {
+            limit,
+            waiting_since: None,
+            timer: None,
+            fired: false,
+        }
+    }
+
+    /// Something arrived.
+    fn progress(&mut self) {
+        self.waiting_since = None;
+    }
+
+    /// The body is waiting for the upstream: whether it has waited `limit` (else the timer
+    /// will wake `cx` when it has).
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.fired {
+            return true;
+        }
+        let since = *self
+            .waiting_since
+            .get_or_insert_with(tokio::time::Instant::now);
+        let deadline = since + self.limit;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        while timer.as_mut().poll(cx).is_ready() {
+            if timer.deadline() >= deadline {
+                self.fired = true;
+                return true;
+            }
+            timer.as_mut().reset(deadline);
+        }
+        false
+    }
 }
 
 struct Back {
@@ -500,21 +574,28 @@ impl Body for Outgoing {
 
 impl Body for ResponseBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(None) => this.ended(),
+            Poll::Ready(Some(Ok(_))) => this.stall.progress(),
             // A broken connection is never reused.
             Poll::Ready(Some(Err(_))) => this.back = None,
-            _ => {}
+            Poll::Pending => {
+                if this.stall.expired(cx) {
+                    // Dropped with the body: the upstream connection closes.
+                    this.back = None;
+                    return Poll::Ready(Some(Err(BodyError::Stalled(this.stall.limit))));
+                }
+            }
         }
-        polled
+        polled.map(|frame| frame.map(|frame| frame.map_err(BodyError::Broken)))
     }
 
     fn is_end_stream(&self) -> bool {

@@ -183,8 +183,13 @@ struct Counters {
     written: AtomicU64,
     /// Entries dropped because the queue was full (a request's rows, or one record).
     dropped: AtomicU64,
-    /// Records lost because a write transaction failed.
+    /// Records lost because writing them failed (at once for a failure that would repeat,
+    /// else once `store.retry_rows` is exceeded or at shutdown).
     failed: AtomicU64,
+    /// Failed write attempts whose records were kept for another.
+    retried: AtomicU64,
+    /// Times the database file was found deleted or replaced and made again.
+    reopened: AtomicU64,
 }
 
 /// Handle to the log: cheap to clone, shared by every request.
@@ -238,6 +243,8 @@ pub struct StoreOptions {
     /// How long the writer gathers entries before writing them: a log entry reaches the
     /// database at most this late ([`Store::flush`] does not wait for it).
     pub batch_window: Duration,
+    /// Records kept for another attempt after failed writes, at most (`store.retry_rows`).
+    pub retry_rows: usize,
 }
 
 impl StoreOptions {
@@ -252,6 +259,8 @@ pub struct StoreHealth {
     pub written: u64,
     pub dropped: u64,
     pub failed: u64,
+    pub retried: u64,
+    pub reopened: u64,
 }
 
 impl Store {
@@ -300,27 +309,29 @@ impl Store {
             written: counters.written.load(Ordering::Relaxed),
             dropped: counters.dropped.load(Ordering::Relaxed),
             failed: counters.failed.load(Ordering::Relaxed),
+            retried: counters.retried.load(Ordering::Relaxed),
+            reopened: counters.reopened.load(Ordering::Relaxed),
         }
     }
 
     /// Conversations, most recently active first.
     pub async fn conversations(&self, limit: i64) -> Result<Vec<ConversationSummary>, Error> {
         match &self.backend {
-            Backend::Sqlite(db) => Ok(sqlite::read::conversations(&db.pool, limit).await?),
+            Backend::Sqlite(db) => Ok(sqlite::read::conversations(&db.pool(), limit).await?),
         }
     }
 
     /// One conversation's timeline, or `None` when the id is unknown.
     pub async fn timeline(&self, id: &str) -> Result<Option<Timeline>, Error> {
         match &self.backend {
-            Backend::Sqlite(db) => Ok(sqlite::read::timeline(&db.pool, id).await?),
+            Backend::Sqlite(db) => Ok(sqlite::read::timeline(&db.pool(), id).await?),
         }
     }
 
     /// The proxy's own overhead over the `last` requests logged.
     pub async fn overhead(&self, last: i64) -> Result<OverheadStats, Error> {
         match &self.backend {
-            Backend::Sqlite(db) => Ok(sqlite::read::overhead(&db.pool, last).await?),
+            Backend::Sqlite(db) => Ok(sqlite::read::overhead(&db.pool(), last).await?),
         }
     }
 
@@ -340,9 +351,9 @@ impl Store {
 
     /// The SQLite pool, for the store's own tests.
     #[cfg(test)]
-    fn pool(&self) -> &sqlx::SqlitePool {
+    fn pool(&self) -> sqlx::SqlitePool {
         match &self.backend {
-            Backend::Sqlite(db) => &db.pool,
+            Backend::Sqlite(db) => db.pool(),
         }
     }
 }
@@ -423,6 +434,7 @@ mod tests {
                 queue_capacity,
                 batch_size: 64,
                 batch_window,
+                retry_rows: 65_536,
             },
         )
         .await
@@ -443,10 +455,58 @@ mod tests {
         assert_eq!(health.dropped, 96);
         assert_eq!(health.written, 4);
         let n: i64 = sqlx::query_scalar("SELECT count(*) FROM requests")
-            .fetch_one(store.pool())
+            .fetch_one(&store.pool())
             .await
             .unwrap();
         assert_eq!(n, 4);
+    }
+
+    /// A write that fails for a while keeps its records (the newest `retry_rows` of them)
+    /// and writes them once it succeeds; flushes wait for that.
+    #[tokio::test]
+    async fn records_of_failing_writes_are_kept_up_to_the_bound_and_written_later() {
+        let written: Arc<std::sync::Mutex<Vec<i64>>> = Arc::default();
+        let got = written.clone();
+        let options = StoreOptions {
+            queue_capacity: 64,
+            batch_size: 64,
+            batch_window: Duration::from_millis(20),
+            retry_rows: 3,
+        };
+        let handle = writer::start(&options, move |queue| {
+            let mut attempts = 0;
+            let stop = writer::run(queue, &mut writer::Unwritten::default(), &mut |records| {
+                attempts += 1;
+                if attempts <= 2 {
+                    return Err(writer::Failure::Transient(anyhow::anyhow!("locked")));
+                }
+                let ids = records.iter().filter_map(|r| match r {
+                    Record::Request(r) => Some(r.id),
+                    _ => None,
+                });
+                got.lock().unwrap().extend(ids);
+                Ok(())
+            });
+            assert_eq!(stop, writer::Stop::Closed);
+        })
+        .unwrap();
+        for id in 1..=5 {
+            assert!(handle.queue.push(Entry::Record(request(id))));
+        }
+        let (done, wait) = oneshot::channel();
+        assert!(handle.queue.flush(done));
+        wait.await.unwrap();
+        assert_eq!(*written.lock().unwrap(), vec![3, 4, 5]);
+        let counters = &handle.queue.counters;
+        let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        assert_eq!(
+            (
+                count(&counters.written),
+                count(&counters.failed),
+                count(&counters.retried)
+            ),
+            (3, 2, 2)
+        );
     }
 
     #[tokio::test]
@@ -454,14 +514,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = open(&dir, 64, StoreOptions::BATCH_WINDOW).await;
         sqlx::query("ALTER TABLE requests RENAME TO requests_gone")
-            .execute(store.pool())
+            .execute(&store.pool())
             .await
             .unwrap();
         store.log(request(1));
         store.flush().await;
         assert_eq!(store.health().failed, 1);
         sqlx::query("ALTER TABLE requests_gone RENAME TO requests")
-            .execute(store.pool())
+            .execute(&store.pool())
             .await
             .unwrap();
         store.log(request(2));
@@ -512,7 +572,7 @@ mod tests {
             "SELECT id_source, client, dialect, model, first_seen_ms, last_seen_ms, requests
              FROM conversations WHERE id = 'c'",
         )
-        .fetch_one(store.pool())
+        .fetch_one(&store.pool())
         .await
         .unwrap()
     }
@@ -563,12 +623,13 @@ mod tests {
         // shows their mean without reading the requests (none were logged here).
         let sum = "SELECT proxy_overhead_us_sum FROM conversations";
         let sum = |pool| sqlx::query_scalar::<_, i64>(sum).fetch_one(pool);
+        let (each_alone_pool, one_batch_pool) = (each_alone.pool(), one_batch.pool());
         assert_eq!(
-            sum(each_alone.pool()).await.unwrap(),
+            sum(&each_alone_pool).await.unwrap(),
             (20 + 10 + 30 + 25) * 10
         );
         assert_eq!(
-            sum(one_batch.pool()).await.unwrap(),
+            sum(&one_batch_pool).await.unwrap(),
             (20 + 10 + 30 + 25 + 40 + 35) * 10
         );
         let listed = one_batch.conversations(10).await.unwrap();
@@ -697,12 +758,13 @@ mod tests {
         pool.close().await;
 
         let store = open(&dir, 64, Duration::from_millis(10)).await;
+        let pool = store.pool();
         let column = |table: &str| {
             let sql = match table {
                 "requests" => "SELECT applied FROM requests ORDER BY id",
                 _ => "SELECT applied FROM decisions ORDER BY request_id",
             };
-            sqlx::query_scalar::<_, String>(sql).fetch_all(store.pool())
+            sqlx::query_scalar::<_, String>(sql).fetch_all(&pool)
         };
         let want = ["forwarded", "nudged", "halted", "nudged", "halted"];
         assert_eq!(column("requests").await.unwrap(), want);
@@ -728,7 +790,7 @@ mod tests {
 
     async fn tool_call_rows(store: &Store) -> Vec<ToolCallRow> {
         sqlx::query_as("SELECT * FROM tool_calls ORDER BY conversation_id, step, call_index")
-            .fetch_all(store.pool())
+            .fetch_all(&store.pool())
             .await
             .unwrap()
     }
@@ -799,7 +861,7 @@ mod tests {
 
     async fn request_rows(store: &Store) -> Vec<serde_json::Value> {
         let rows: Vec<RequestRow> = sqlx::query_as("SELECT * FROM requests ORDER BY id")
-            .fetch_all(store.pool())
+            .fetch_all(&store.pool())
             .await
             .unwrap();
         rows.iter()
@@ -873,7 +935,7 @@ mod tests {
                     steps, summary, suggestion
              FROM findings ORDER BY id",
         )
-        .fetch_all(store.pool())
+        .fetch_all(&store.pool())
         .await
         .unwrap()
     }
@@ -949,7 +1011,7 @@ mod tests {
             sqlite::read::OVERHEAD_SQL
         ))
         .bind(3)
-        .fetch_all(store.pool())
+        .fetch_all(&store.pool())
         .await
         .unwrap();
         let plan: Vec<&str> = plan.iter().map(|(.., detail)| detail.as_str()).collect();
@@ -980,7 +1042,7 @@ mod tests {
         let health = store.health();
         assert_eq!((health.written, health.failed), (3, 1));
         let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM requests ORDER BY id")
-            .fetch_all(store.pool())
+            .fetch_all(&store.pool())
             .await
             .unwrap();
         assert_eq!(ids, vec![1, 2, 3]);

@@ -9,6 +9,13 @@
 //! do; the writer then gathers for a batch window and writes everything at once. Entries
 //! that need work before they become rows (a finished request: decode the response, hash
 //! and summarize tool calls) are worked out here too, off the request path.
+//!
+//! A write that fails for a while (another process holds the database's lock, the disk is
+//! full) keeps its records ([`Unwritten`]) and is tried again with backoff, together with
+//! what arrived meanwhile, up to `store.retry_rows` records (past that the oldest are
+//! dropped and counted). A write that would fail the same way again (a bad row, a table
+//! gone) is counted and dropped at once. A database file deleted under the proxy ends the
+//! loop so that its backend can make a new one ([`Stop::Reopen`]).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -18,6 +25,14 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::{Counters, Record};
+
+/// The first retry's wait; each failure doubles it, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// How long the writer keeps retrying once the log is closing (the proxy stops): then the
+/// records still unwritten are counted as failed, and the proxy exits.
+const CLOSING_RETRY: Duration = Duration::from_secs(10);
 
 /// A log entry whose rows are worked out on the writer thread.
 pub trait Deferred: Send {
@@ -40,6 +55,8 @@ pub(super) struct Queue {
     capacity: usize,
     batch_size: usize,
     window: Duration,
+    /// Records kept for a retry at most ([`Unwritten`]).
+    retry_rows: usize,
 }
 
 #[derive(Default)]
@@ -90,18 +107,37 @@ impl Queue {
         true
     }
 
+    pub(super) fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
     pub(super) fn close(&self) {
         self.lock().closed = true;
         self.wake.notify_one();
     }
 
-    /// Waits for work, gathers for the window, and moves the next batch into `batch`.
-    /// Returns the flushes this batch completes, and whether the writer should stop after it.
-    fn next_batch(&self, batch: &mut Vec<Entry>) -> (Vec<oneshot::Sender<()>>, bool) {
+    /// Waits for work (or until `due`), gathers for the window, and moves the next
+    /// batch into `batch`. Returns the flushes this batch completes, and whether the queue
+    /// is closed and empty (the writer stops once it has written what it holds).
+    fn next_batch(
+        &self,
+        batch: &mut Vec<Entry>,
+        due: Option<Instant>,
+    ) -> (Vec<oneshot::Sender<()>>, bool) {
         let mut s = self.lock();
         while s.entries.is_empty() && s.flushes.is_empty() && !s.closed {
             s.idle = true;
-            s = self.wake.wait(s).unwrap_or_else(PoisonError::into_inner);
+            s = match due {
+                None => self.wake.wait(s).unwrap_or_else(PoisonError::into_inner),
+                Some(at) => {
+                    let now = Instant::now();
+                    if now >= at {
+                        break;
+                    }
+                    let waited = self.wake.wait_timeout(s, at - now);
+                    waited.unwrap_or_else(PoisonError::into_inner).0
+                }
+            };
         }
         s.idle = false;
         let deadline = Instant::now() + self.window;
@@ -142,75 +178,207 @@ impl Drop for Handle {
 /// calling [`run`] with its backend's batch writer (which it owns: a connection and the
 /// statements prepared on it live as long as the thread).
 pub(super) fn start(
-    capacity: usize,
-    batch_size: usize,
-    window: Duration,
+    options: &super::StoreOptions,
     main: impl FnOnce(&Queue) + Send + 'static,
 ) -> anyhow::Result<Handle> {
     let queue = Arc::new(Queue {
         state: Mutex::new(State::default()),
         wake: Condvar::new(),
         counters: Counters::default(),
-        capacity: capacity.max(1),
-        batch_size: batch_size.max(1),
-        window,
+        capacity: options.queue_capacity.max(1),
+        batch_size: options.batch_size.max(1),
+        window: options.batch_window,
+        retry_rows: options.retry_rows.max(1),
     });
     let writer_queue = queue.clone();
-    crate::spawn::thread("loopwarden-log".into(), move || main(&writer_queue))?;
+    crate::spawn::thread("loopwarden-log".into(), move || {
+        // If this thread ever dies, nobody may wait for it: close the queue and drop the
+        // pending flushes (their waiters return).
+        struct Dead<'a>(&'a Queue);
+        impl Drop for Dead<'_> {
+            fn drop(&mut self) {
+                let mut s = self.0.lock();
+                s.closed = true;
+                s.flushes.clear();
+            }
+        }
+        let _dead = Dead(&writer_queue);
+        main(&writer_queue)
+    })?;
     Ok(Handle { queue })
 }
 
-/// A backend's batch writer: writes a batch's records in one transaction.
-pub(super) type WriteBatch<'w> = dyn FnMut(&[Record]) -> anyhow::Result<()> + 'w;
+/// Why a batch was not written.
+#[derive(Debug)]
+pub(super) enum Failure {
+    /// It may succeed later: the database is locked, full, or cannot be reached for now.
+    /// The records are kept and tried again.
+    Transient(anyhow::Error),
+    /// It would fail the same way again (a bad row, a table gone): the records are lost.
+    Permanent(anyhow::Error),
+    /// The database file is gone or replaced: nothing was written; the backend must open
+    /// a new one before anything else is.
+    Reopen,
+}
 
-/// The writer thread: batch after batch until the queue closes, each batch's records
-/// written by `write`.
-pub(super) fn run(queue: &Queue, write: &mut WriteBatch<'_>) {
-    // If this thread ever dies, nobody may wait for it: close the queue and drop the
-    // pending flushes (their waiters return).
-    struct Dead<'a>(&'a Queue);
-    impl Drop for Dead<'_> {
-        fn drop(&mut self) {
-            let mut s = self.0.lock();
-            s.closed = true;
-            s.flushes.clear();
+/// A backend's batch writer: writes a batch's records in one transaction.
+pub(super) type WriteBatch<'w> = dyn FnMut(&[Record]) -> Result<(), Failure> + 'w;
+
+/// Why [`run`] returned.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Stop {
+    /// The queue closed and everything was written (or given up on).
+    Closed,
+    /// The write said [`Failure::Reopen`]: the records are still in the [`Unwritten`].
+    Reopen,
+}
+
+/// Records worked out and not written yet, with the flushes waiting for them; kept across
+/// failed writes (and across [`run`]s, when the backend reopens).
+#[derive(Default)]
+pub(super) struct Unwritten {
+    records: Vec<Record>,
+    /// Answered once `records` are written, or given up on.
+    flushes: Vec<oneshot::Sender<()>>,
+    /// Failed attempts in a row.
+    failures: u32,
+    /// When the next attempt may be made, after a failure.
+    retry_at: Option<Instant>,
+    /// When the closed queue's last attempts began.
+    closing_since: Option<Instant>,
+}
+
+impl Unwritten {
+    /// Keeps at most `max` records, dropping the oldest (counted as failed).
+    fn bound(&mut self, max: usize, counters: &Counters) {
+        let over = self.records.len().saturating_sub(max);
+        if over > 0 {
+            self.records.drain(..over);
+            let before = counters.failed.fetch_add(over as u64, Ordering::Relaxed);
+            let total = before + over as u64;
+            // Logged as the total passes each power of two, so a long outage does not flood
+            // the log too.
+            if total.ilog2() > before.max(1).ilog2() || before == 0 {
+                tracing::warn!(
+                    dropped = over,
+                    failed_total = total,
+                    "log records waiting for a retry exceed store.retry_rows: the oldest dropped"
+                );
+            }
         }
     }
-    let _dead = Dead(queue);
+
+    /// Gives up on the records (counted as failed).
+    pub(super) fn give_up(&mut self, counters: &Counters) {
+        counters
+            .failed
+            .fetch_add(self.records.len() as u64, Ordering::Relaxed);
+        self.records.clear();
+        self.failures = 0;
+        self.retry_at = None;
+    }
+
+    /// A failure while the log closes: given up on after [`CLOSING_RETRY`].
+    fn closing(&mut self, error: &anyhow::Error, counters: &Counters) {
+        let since = *self.closing_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= CLOSING_RETRY {
+            tracing::warn!(records = self.records.len(), error = %error, "log write still failing at shutdown: records lost");
+            self.give_up(counters);
+        }
+    }
+
+    fn answer_flushes_if_written(&mut self) {
+        if self.records.is_empty() {
+            for done in self.flushes.drain(..) {
+                let _ = done.send(());
+            }
+        }
+    }
+
+    /// After a failure that keeps the records: when to try again.
+    fn failed(&mut self, error: &anyhow::Error, counters: &Counters) {
+        self.failures += 1;
+        counters.retried.fetch_add(1, Ordering::Relaxed);
+        if self.failures == 1 {
+            tracing::warn!(records = self.records.len(), error = %error, "log write failed: keeping the records and retrying");
+        } else {
+            tracing::debug!(records = self.records.len(), attempts = self.failures, error = %error, "log write failed again");
+        }
+        let backoff = FIRST_BACKOFF.saturating_mul(1 << (self.failures - 1).min(16));
+        self.retry_at = Some(Instant::now() + backoff.min(MAX_BACKOFF));
+    }
+
+    fn written(&mut self, counters: &Counters) {
+        counters
+            .written
+            .fetch_add(self.records.len() as u64, Ordering::Relaxed);
+        if self.failures > 0 {
+            tracing::info!(
+                records = self.records.len(),
+                failed_attempts = self.failures,
+                "log written after failed attempts: nothing lost"
+            );
+        }
+        self.records.clear();
+        self.failures = 0;
+        self.retry_at = None;
+    }
+}
+
+/// The writer thread: batch after batch until the queue closes, each batch's records (and
+/// those of earlier failed batches) written by `write`.
+pub(super) fn run(queue: &Queue, unwritten: &mut Unwritten, write: &mut WriteBatch<'_>) -> Stop {
     let counters = &queue.counters;
     let mut batch = Vec::new();
-    let mut records = Vec::new();
     loop {
-        let (flushes, last) = queue.next_batch(&mut batch);
+        // Records held (after a failure, or across a reopen) are tried again when due, even
+        // if nothing new comes.
+        let due = (!unwritten.records.is_empty())
+            .then(|| unwritten.retry_at.unwrap_or_else(Instant::now));
+        let (flushes, closed) = queue.next_batch(&mut batch, due);
         for entry in batch.drain(..) {
             match entry {
-                Entry::Record(r) => records.push(r),
+                Entry::Record(r) => unwritten.records.push(r),
                 Entry::Deferred(d) => {
                     // A bug in decoding one response must not end the log.
-                    if catch_unwind(AssertUnwindSafe(|| d.records(&mut records))).is_err() {
+                    let records = &mut unwritten.records;
+                    if catch_unwind(AssertUnwindSafe(|| d.records(records))).is_err() {
                         counters.failed.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             }
         }
-        if !records.is_empty() {
-            let n = records.len() as u64;
-            match write(&records) {
-                Ok(()) => {
-                    counters.written.fetch_add(n, Ordering::Relaxed);
+        unwritten.flushes.extend(flushes);
+        unwritten.bound(queue.retry_rows, counters);
+        if let Some(at) = unwritten.retry_at {
+            let now = Instant::now();
+            if now < at {
+                if closed {
+                    // Nothing more will wake the queue: wait here.
+                    std::thread::sleep(at - now);
                 }
-                Err(e) => {
-                    counters.failed.fetch_add(n, Ordering::Relaxed);
-                    tracing::warn!(records = n, error = %e, "log write failed: records lost");
-                }
+                continue;
             }
-            records.clear();
         }
-        for done in flushes {
-            let _ = done.send(());
+        if !unwritten.records.is_empty() {
+            match write(&unwritten.records) {
+                Ok(()) => unwritten.written(counters),
+                Err(Failure::Transient(e)) => {
+                    unwritten.failed(&e, counters);
+                    if closed {
+                        unwritten.closing(&e, counters);
+                    }
+                }
+                Err(Failure::Permanent(e)) => {
+                    tracing::warn!(records = unwritten.records.len(), error = %e, "log write failed: records lost");
+                    unwritten.give_up(counters);
+                }
+                Err(Failure::Reopen) => return Stop::Reopen,
+            }
         }
-        if last {
-            return;
+        unwritten.answer_flushes_if_written();
+        if closed && unwritten.records.is_empty() {
+            return Stop::Closed;
         }
     }
 }

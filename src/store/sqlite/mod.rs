@@ -5,7 +5,9 @@
 pub(crate) mod read;
 pub(crate) mod write;
 
+use std::path::Path;
 use std::str::FromStr;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -17,7 +19,62 @@ use super::{Control, Label, StoreOptions};
 /// The read side of a SQLite log.
 #[derive(Clone)]
 pub(crate) struct Sqlite {
-    pub(crate) pool: SqlitePool,
+    db: Arc<Database>,
+}
+
+/// The database at the configured path, shared by the read side and the writer thread,
+/// which makes a new one there when the file is deleted under the proxy.
+pub(crate) struct Database {
+    url: String,
+    connect: SqliteConnectOptions,
+    /// The read side's pool; replaced with the database.
+    pool: RwLock<SqlitePool>,
+    /// The runtime that opened the log, which the writer thread makes a new database
+    /// through (sqlx, the migrations).
+    runtime: tokio::runtime::Handle,
+}
+
+impl Database {
+    pub(crate) fn pool(&self) -> SqlitePool {
+        self.pool
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        self.connect.get_filename()
+    }
+
+    /// Closes the read side's connections to the database whose file is gone, then creates
+    /// and migrates a new one at the path. Called from the writer thread once its own
+    /// connection is closed: the last connection to the old file to close removes its WAL
+    /// files by their names, which must not be the new database's by then.
+    pub(crate) fn recreate(&self) -> anyhow::Result<()> {
+        self.runtime.block_on(async {
+            self.pool().close().await;
+            let pool = connect_and_migrate(&self.url, &self.connect).await?;
+            *self.pool.write().unwrap_or_else(PoisonError::into_inner) = pool;
+            Ok(())
+        })
+    }
+}
+
+/// The read side's pool on the database at `connect` (created if missing), migrated.
+async fn connect_and_migrate(
+    url: &str,
+    connect: &SqliteConnectOptions,
+) -> anyhow::Result<SqlitePool> {
+    let pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(connect.clone())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open database {url:?}: {e}"))?;
+    sqlx::migrate!("./migrations")
+        .run(&pool)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot migrate database {url:?}: {e}"))?;
+    Ok(pool)
 }
 
 /// Opens (creating if missing) and migrates the database at `url`, and starts the writer
@@ -30,34 +87,31 @@ pub(crate) async fn open(url: &str, options: StoreOptions) -> anyhow::Result<(Sq
         // WAL + NORMAL: durable across process crashes, fast enough for batched writes.
         .synchronous(SqliteSynchronous::Normal)
         .busy_timeout(Duration::from_secs(5));
-    let pool = SqlitePoolOptions::new()
-        .max_connections(4)
-        .connect_with(connect.clone())
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot open database {url:?}: {e}"))?;
-    sqlx::migrate!("./migrations")
-        .run(&pool)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot migrate database {url:?}: {e}"))?;
+    let pool = connect_and_migrate(url, &connect).await?;
+    let db = Arc::new(Database {
+        url: url.to_string(),
+        connect,
+        pool: RwLock::new(pool),
+        runtime: tokio::runtime::Handle::current(),
+    });
     let cannot_write = |e: &dyn std::fmt::Display| {
         anyhow::anyhow!("cannot open database {url:?} for writing: {e}")
     };
-    let conn = write::open(connect.get_filename()).map_err(|e| cannot_write(&e))?;
-    let handle = writer::start(
-        options.queue_capacity,
-        options.batch_size,
-        options.batch_window,
-        move |queue| write::run(conn, queue),
-    )
-    .map_err(|e| cannot_write(&e))?;
-    Ok((Sqlite { pool }, handle))
+    let conn = write::open(db.path()).map_err(|e| cannot_write(&e))?;
+    let writer_db = db.clone();
+    let handle = writer::start(&options, move |queue| write::run(conn, &writer_db, queue))
+        .map_err(|e| cannot_write(&e))?;
+    Ok((Sqlite { db }, handle))
 }
 
 impl Sqlite {
+    pub(crate) fn pool(&self) -> SqlitePool {
+        self.db.pool()
+    }
     /// Every conversation's stored control (one row per conversation ever halted).
     pub(crate) async fn controls(&self) -> Result<Vec<Control>, sqlx::Error> {
         sqlx::query_as("SELECT * FROM conversation_controls")
-            .fetch_all(&self.pool)
+            .fetch_all(&self.pool())
             .await
     }
 
@@ -83,7 +137,7 @@ impl Sqlite {
         .bind(c.updated_ms)
         .bind(c.run_steps)
         .bind(&c.run_digest)
-        .execute(&self.pool)
+        .execute(&self.pool())
         .await?;
         Ok(())
     }

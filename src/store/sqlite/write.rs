@@ -3,20 +3,117 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rusqlite::{params, Connection, OpenFlags, Statement, ToSql};
 
-use crate::store::writer::{self, Queue};
+use super::Database;
+use crate::store::writer::{self, Failure, Queue, Stop, Unwritten};
 use crate::store::{ConversationSeen, FindingRow, Record, RequestRow, ToolCallRow};
 
+/// Waited between attempts to make a new database when the file was deleted.
+const REOPEN_RETRY: Duration = Duration::from_secs(2);
+
 /// The writer thread's body: batch after batch on its own connection (from [`open`]), with
-/// statements prepared once on it.
-pub(crate) fn run(conn: Connection, queue: &Queue) {
-    let mut statements = Statements::new(&conn);
-    writer::run(queue, &mut |records| {
-        write_batch(&conn, &mut statements, records).map_err(Into::into)
-    });
+/// statements prepared once on it. Before each write the file at the path is checked to be
+/// the one open: a database deleted (or replaced) under the proxy would otherwise be
+/// written on, unseen, until the proxy stops. Then the connection is closed and a new
+/// database is made at the path, where the writing goes on.
+pub(crate) fn run(mut conn: Connection, db: &Database, queue: &Queue) {
+    let path = db.path();
+    let mut unwritten = Unwritten::default();
+    loop {
+        let file = FileId::of(path);
+        let stop = {
+            let mut statements = Statements::new(&conn);
+            writer::run(queue, &mut unwritten, &mut |records| {
+                if file.is_some() && FileId::of(path) != file {
+                    return Err(Failure::Reopen);
+                }
+                write_batch(&conn, &mut statements, records).map_err(failure)
+            })
+        };
+        if stop == Stop::Closed {
+            return;
+        }
+        tracing::error!(path = %path.display(), "the log's database file was deleted or replaced under the proxy: making a new one there");
+        drop(conn);
+        conn = match reopen(db, queue) {
+            Some(conn) => conn,
+            None => return unwritten.give_up(&queue.counters),
+        };
+    }
+}
+
+/// A new database at the path and the writer's connection to it, tried again every
+/// [`REOPEN_RETRY`]; `None` if the log closes first.
+fn reopen(db: &Database, queue: &Queue) -> Option<Connection> {
+    loop {
+        let made = db
+            .recreate()
+            .and_then(|()| open(db.path()).map_err(anyhow::Error::from));
+        match made {
+            Ok(conn) => {
+                queue.counters.reopened.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(path = %db.path().display(), "new log database made");
+                return Some(conn);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot make a new log database; trying again");
+                if queue.is_closed() {
+                    return None;
+                }
+                std::thread::sleep(REOPEN_RETRY);
+            }
+        }
+    }
+}
+
+/// Which file a path names (device and inode): after the database is deleted or replaced,
+/// another or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileId {
+    device: u64,
+    inode: u64,
+}
+
+impl FileId {
+    #[cfg(unix)]
+    fn of(path: &Path) -> Option<FileId> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok()?;
+        Some(FileId {
+            device: meta.dev(),
+            inode: meta.ino(),
+        })
+    }
+
+    /// Elsewhere the file is not watched.
+    #[cfg(not(unix))]
+    fn of(_: &Path) -> Option<FileId> {
+        None
+    }
+}
+
+/// Whether a failed write may succeed if tried again: the database locked (another
+/// process holds it longer than the busy timeout), the disk full, an I/O error. Anything
+/// else (a constraint, a missing table) would fail the same way.
+fn failure(e: rusqlite::Error) -> Failure {
+    use rusqlite::ErrorCode;
+    match e.sqlite_error_code() {
+        Some(
+            ErrorCode::DatabaseBusy
+            | ErrorCode::DatabaseLocked
+            | ErrorCode::DiskFull
+            | ErrorCode::SystemIoFailure
+            | ErrorCode::CannotOpen
+            | ErrorCode::ReadOnly
+            | ErrorCode::FileLockingProtocolFailed
+            | ErrorCode::OutOfMemory,
+        ) => Failure::Transient(e.into()),
+        _ => Failure::Permanent(e.into()),
+    }
 }
 
 /// The writer's connection: the database was created and migrated by the read side.

@@ -1,0 +1,145 @@
+//! Deployment: the container image (read, since no test machine runs Docker) runs as an
+//! unprivileged user with a health check and its dependencies in a layer of their own; the
+//! health check's command answers for a running proxy and fails without one; the benchmark
+//! and PGO scripts need nothing outside the repository.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests start their servers as they like"
+)]
+
+use std::path::Path;
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_loopwarden");
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(Path::new(ROOT).join(path)).unwrap()
+}
+
+#[tokio::test]
+async fn the_health_check_answers_for_a_running_proxy_and_fails_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut proxy = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .arg(format!("sqlite://{}", dir.path().join("log.db").display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = proxy.stdout.take().unwrap();
+    let line = BufReader::new(stdout)
+        .lines()
+        .next_line()
+        .await
+        .unwrap()
+        .unwrap();
+    let addr = line
+        .strip_prefix("loopwarden listening on http://")
+        .unwrap()
+        .to_string();
+    // As in the image: the address comes from the environment `serve` read too.
+    let up = Command::new(BIN)
+        .arg("health")
+        .env("LOOPWARDEN_LISTEN", &addr)
+        .output()
+        .await
+        .unwrap();
+    assert!(up.status.success(), "{up:?}");
+    assert_eq!(String::from_utf8_lossy(&up.stdout), "ok\n");
+
+    proxy.kill().await.unwrap();
+    proxy.wait().await.unwrap();
+    let down = Command::new(BIN)
+        .args(["health", "--listen", &addr])
+        .output()
+        .await
+        .unwrap();
+    assert!(!down.status.success(), "{down:?}");
+    assert!(
+        String::from_utf8_lossy(&down.stderr).contains(&addr),
+        "{down:?}"
+    );
+}
+
+/// The instructions of the image's last stage (after its last `FROM`), one per line.
+fn final_stage(dockerfile: &str) -> Vec<String> {
+    let joined = dockerfile.replace("\\\n", " ");
+    let instructions: Vec<String> = joined
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect();
+    let last_from = instructions
+        .iter()
+        .rposition(|l| l.starts_with("FROM "))
+        .unwrap();
+    instructions[last_from..].to_vec()
+}
+
+#[test]
+fn the_image_runs_unprivileged_with_a_health_check_and_a_dependency_layer() {
+    let dockerfile = read("docker/Dockerfile");
+    let stage = final_stage(&dockerfile);
+    let user = stage
+        .iter()
+        .rev()
+        .find_map(|l| l.strip_prefix("USER "))
+        .expect("a USER in the final stage");
+    let user = user.split(':').next().unwrap().trim();
+    assert!(user != "root" && user != "0", "runs as {user}");
+    let health = stage
+        .iter()
+        .find(|l| l.starts_with("HEALTHCHECK "))
+        .expect("a HEALTHCHECK");
+    assert!(health.contains("\"loopwarden\", \"health\""), "{health}");
+    let entry = stage.iter().find(|l| l.starts_with("ENTRYPOINT ")).unwrap();
+    assert!(entry.contains("\"serve\""), "{entry}");
+
+    // The dependencies are built from the manifest and lock file alone, before the sources
+    // come in.
+    let at = |needle: &str| dockerfile.find(needle).unwrap_or(usize::MAX);
+    let manifest = at("COPY Cargo.toml Cargo.lock");
+    let first_build = at("cargo build");
+    let sources = at("COPY . .");
+    assert!(
+        manifest < first_build && first_build < sources && sources != usize::MAX,
+        "no dependency layer"
+    );
+}
+
+#[test]
+fn the_benchmark_and_pgo_scripts_need_nothing_outside_the_repository() {
+    for script in [
+        "scripts/bench.sh",
+        "scripts/build_pgo.sh",
+        "scripts/harness.sh",
+        "scripts/bench_payloads.py",
+        "scripts/bench_summary.py",
+        "scripts/bench_ratios.py",
+        "scripts/api_payloads.py",
+        "scripts/idle_memory.py",
+    ] {
+        let text = read(script);
+        for outside in ["../shared", "/work/shared", "BENCH_HARNESS"] {
+            assert!(!text.contains(outside), "{script} refers to {outside}");
+        }
+        // Every script of the repository they name is there.
+        for word in text.split(|c: char| !(c.is_alphanumeric() || "/_.-".contains(c))) {
+            if let Some(name) = word.strip_prefix("scripts/") {
+                if name.ends_with(".sh") || name.ends_with(".py") {
+                    assert!(
+                        Path::new(ROOT).join("scripts").join(name).exists(),
+                        "{script} names scripts/{name}, which is not in the repository"
+                    );
+                }
+            }
+        }
+    }
+    assert!(Path::new(ROOT).join("examples/loadgen.rs").exists());
+}
