@@ -142,7 +142,7 @@ impl Controls {
         }
         let standing = if c.halted {
             Standing::Halted {
-                reason: c.reason.clone(),
+                reason: c.reason.to_string(),
             }
         } else {
             Standing::Free {
@@ -185,7 +185,7 @@ impl Controls {
         let mut map = self.lock();
         let c = entry(&mut map, conversation);
         c.halted = true;
-        c.reason = reason.to_string();
+        c.reason = reason.into();
         c.source = source.to_string();
         c.humans_at_halt = humans;
         c.resume_pending = false;
@@ -249,7 +249,7 @@ fn entry<'a>(map: &'a mut HashMap<String, Control>, conversation: &str) -> &'a m
         .or_insert_with(|| Control {
             conversation_id: conversation.to_string(),
             halted: false,
-            reason: String::new(),
+            reason: Default::default(),
             source: String::new(),
             humans_at_halt: None,
             resume_pending: false,

@@ -281,7 +281,9 @@ impl Intervener {
         match req.dialect.append_reminder(&req.body.to_whole(), &reminder) {
             Ok(body) => (Effect::ForwardModified(body), applied),
             Err(e) => {
-                tracing::warn!(conversation = %req.conversation, error = %e, "cannot append the reminder; forwarded untouched");
+                // A parse error may quote the body (serde names the value it did not expect).
+                let error = crate::store::Masked::from(e.to_string());
+                tracing::warn!(conversation = %req.conversation, %error, "cannot append the reminder; forwarded untouched");
                 (Effect::Forward, Applied::FailedOpen)
             }
         }

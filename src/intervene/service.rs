@@ -182,14 +182,14 @@ impl Interventions {
             deadline_ms: now + (pause.timeout_secs as i64) * 1000,
             on_timeout: pause.on_timeout,
             detector: decision.detector.clone(),
-            reason: decision.reason.clone(),
+            reason: decision.reason.as_str().into(),
             findings: decision
                 .findings
                 .iter()
                 .map(|f| FindingInfo {
                     detector: f.detector.clone(),
-                    summary: f.summary.clone(),
-                    suggestion: f.suggestion.clone(),
+                    summary: f.summary.as_str().into(),
+                    suggestion: f.suggestion.as_str().into(),
                 })
                 .collect(),
             stream: req.stream,
@@ -337,27 +337,27 @@ impl Interventions {
         reason: &str,
         finding: &str,
     ) {
-        let (applied, source) = (applied.as_str(), source.as_str());
+        let row = InterventionRow {
+            conversation_id: conversation.to_string(),
+            request_id,
+            created_ms: now_ms(),
+            action: action.to_string(),
+            applied: applied.as_str().to_string(),
+            source: source.as_str().to_string(),
+            detector: detector.to_string(),
+            reason: reason.into(),
+            finding: finding.into(),
+        };
+        // The line on stderr says what the row says, masked as it is.
         tracing::info!(
             conversation,
             action,
-            applied,
-            source,
+            applied = row.applied,
+            source = row.source,
             detector,
-            reason,
+            reason = %row.reason,
             "intervention"
         );
-        self.store
-            .log(Record::Intervention(Box::new(InterventionRow {
-                conversation_id: conversation.to_string(),
-                request_id,
-                created_ms: now_ms(),
-                action: action.to_string(),
-                applied: applied.to_string(),
-                source: source.to_string(),
-                detector: detector.to_string(),
-                reason: reason.to_string(),
-                finding: finding.to_string(),
-            })));
+        self.store.log(Record::Intervention(Box::new(row)));
     }
 }
