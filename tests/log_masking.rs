@@ -10,18 +10,15 @@
 )]
 
 mod intervene_support;
+mod proxy_support;
 
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use intervene_support::{loop_body_with, path, LoopText, ALL};
 use loopwarden::dialect::Dialect;
 use loopwarden::mock::{AfterEnd, MockServer, Script, ToolCall, Turn};
+use proxy_support::Served;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-use tokio::process::{Child, Command};
-
-const BIN: &str = env!("CARGO_BIN_EXE_loopwarden");
 
 /// A credential as an agent may come across it, and the part of it that must never be
 /// kept (a mask may keep a name such as `password:`, never the value).
@@ -87,7 +84,10 @@ const SECRETS: [Secret; 10] = [
 /// A conversation that loops with `secret` in each place a conversation can carry it.
 fn loop_text(secret: &Secret) -> LoopText {
     LoopText {
-        task: format!("Fix the failing test in test_calc.py; the deploy uses {}", secret.text),
+        task: format!(
+            "Fix the failing test in test_calc.py; the deploy uses {}",
+            secret.text
+        ),
         command: format!("python3 test_calc.py --with {}", secret.text),
         result: format!(
             "auth rejected {}\nFAILED test_calc.py::test_add - AssertionError",
@@ -97,57 +97,24 @@ fn loop_text(secret: &Secret) -> LoopText {
     }
 }
 
-/// A running `loopwarden serve`: its stderr is read as it comes (a full pipe would stop it).
-struct Served {
-    child: Child,
-    stderr: tokio::task::JoinHandle<String>,
-}
-
-/// `loopwarden serve` with its stderr captured, and its URL.
+/// `loopwarden serve` in front of the mock with the config `config`, logging to `dir`.
 async fn serve(dir: &std::path::Path, mock: &MockServer, config: &str) -> (Served, String) {
     let config_file = dir.join("loopwarden.toml");
     std::fs::write(&config_file, config).unwrap();
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&config_file)
-        .arg("--db")
-        .arg(format!("sqlite://{}", dir.join("log.db").display()))
-        .env("LOOPWARDEN_OPENAI_BASE_URL", mock.url())
-        .env("LOOPWARDEN_ANTHROPIC_BASE_URL", mock.url())
-        .env("LOOPWARDEN_GEMINI_BASE_URL", mock.url())
-        .env("RUST_LOG", "debug")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    let line = lines.next_line().await.unwrap().unwrap();
-    let url = line
-        .strip_prefix("loopwarden listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let mut pipe = child.stderr.take().unwrap();
-    let stderr = tokio::spawn(async move {
-        let mut text = String::new();
-        let _ = pipe.read_to_string(&mut text).await;
-        text
-    });
-    (Served { child, stderr }, url)
-}
-
-/// Stops the proxy (it writes out its log) and returns what it wrote on stderr.
-async fn stop(mut served: Served) -> String {
-    let pid = served.child.id().unwrap().to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    assert!(served.child.wait().await.unwrap().success());
-    served.stderr.await.unwrap()
+    let config_file = config_file.display().to_string();
+    let db = format!("sqlite://{}", dir.join("log.db").display());
+    let served = Served::start(
+        &["--config", &config_file, "--db", &db],
+        &[
+            ("LOOPWARDEN_OPENAI_BASE_URL", mock.url()),
+            ("LOOPWARDEN_ANTHROPIC_BASE_URL", mock.url()),
+            ("LOOPWARDEN_GEMINI_BASE_URL", mock.url()),
+            ("RUST_LOG", "debug".into()),
+        ],
+    )
+    .await;
+    let url = served.url.clone();
+    (served, url)
 }
 
 fn client() -> reqwest::Client {
@@ -280,10 +247,7 @@ fn looping_mock_script() -> Script {
     let text = loop_text(&SECRETS[0]);
     let mut script = Script::with_turns(vec![Turn {
         text: Some(text.thought.clone()),
-        tool_calls: vec![ToolCall::function(
-            "bash",
-            json!({"command": text.command}),
-        )],
+        tool_calls: vec![ToolCall::function("bash", json!({"command": text.command}))],
         ..Turn::default()
     }]);
     script.after_end = AfterEnd::RepeatLast;
@@ -325,8 +289,11 @@ async fn no_credential_reaches_the_log_its_wal_stderr_or_any_admin_answer() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     seen.admin_reads(&url).await;
     seen.add_files(dir.path(), "running");
-    let stderr = stop(child).await;
-    assert!(stderr.contains("intervention"), "stderr was captured: {stderr}");
+    let stderr = child.stop().await;
+    assert!(
+        stderr.contains("intervention"),
+        "stderr was captured: {stderr}"
+    );
     seen.add("stderr (halting)", stderr);
     seen.add_files(dir.path(), "stopped");
 
@@ -365,7 +332,7 @@ async fn no_credential_reaches_the_log_its_wal_stderr_or_any_admin_answer() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     seen.admin_reads(&url).await;
     seen.add_files(dir.path(), "running, paused");
-    let stderr = stop(child).await;
+    let stderr = child.stop().await;
     seen.add("stderr (pausing)", stderr);
     seen.add_files(dir.path(), "stopped, paused");
     let announced = hooks.lock().unwrap().clone();
@@ -390,7 +357,11 @@ async fn no_credential_reaches_the_log_its_wal_stderr_or_any_admin_answer() {
         );
     }
     let timelines = seen.text("admin /admin/api/conversations/leak-");
-    for table in ["\"findings\":[{", "\"decisions\":[{", "\"interventions\":[{"] {
+    for table in [
+        "\"findings\":[{",
+        "\"decisions\":[{",
+        "\"interventions\":[{",
+    ] {
         assert!(timelines.contains(table), "{table} in {timelines}");
     }
     assert!(timelines.contains("[redacted]"), "{timelines}");
