@@ -137,6 +137,18 @@ impl Decision {
             detector: String::new(),
         }
     }
+
+    /// The finding that led the decision (its detector's), when the decision's step has
+    /// it: what a reminder names and the log records. Not simply the first finding: the
+    /// findings are in the detectors' order, and the lead is the weightiest.
+    pub fn lead(&self) -> Option<&Finding> {
+        self.findings.iter().find(|f| f.detector == self.detector)
+    }
+
+    /// A hard budget was spent: the lead finding is a budget's, not a loop's.
+    pub fn spent_budget(&self) -> bool {
+        self.lead().is_some_and(|f| f.hard)
+    }
 }
 
 /// A detector: a pure function of the folded facts, the newest step's events and the

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::ruling::Stop;
 use crate::store::{self, now_ms, Store};
 use crate::transcript::Transcript;
 
@@ -19,8 +20,17 @@ pub use crate::store::Control;
 /// What a request of a conversation is subject to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Standing {
-    /// Halted: answer with the halt again. The reason is the original one.
-    Halted { reason: String },
+    /// Halted: answer with the halt again. The reason and why it stopped are the original
+    /// ones.
+    Halted { reason: String, stop: Stop },
+    /// Under `on_stop = "pause"`, the previous response carried a call the policy would
+    /// have blocked; it went through (a response cannot wait for a human), so this request
+    /// waits for one. `resumed_at` as for [`Standing::Free`].
+    Awaiting {
+        reason: String,
+        detector: String,
+        resumed_at: Vec<usize>,
+    },
     /// Free to go; `resumed_at` are the operator resumes the engine must know about.
     /// `human_resumed` is true when this very request lifted a halt because a human spoke;
     /// `resumed_now` when this request is the first after an operator's resume (its
@@ -32,12 +42,43 @@ pub enum Standing {
     },
 }
 
+impl Standing {
+    /// A conversation with no halt, no resume and nothing awaited.
+    pub fn free() -> Standing {
+        Standing::Free {
+            resumed_at: Vec::new(),
+            human_resumed: false,
+            resumed_now: false,
+        }
+    }
+}
+
 /// The sticky-halt state of every conversation that has one.
 #[derive(Clone)]
 pub struct Controls {
     map: Arc<Mutex<HashMap<String, Control>>>,
+    /// Conversations whose next request waits for a human ([`Standing::Awaiting`]): the
+    /// reason and the detector. Kept in memory only, as held requests are.
+    awaiting: Arc<Mutex<HashMap<String, (String, String)>>>,
     /// Where the state is kept across restarts (none: in memory only).
     store: Option<Store>,
+}
+
+/// Who or what halted a conversation, as `conversation_controls.source` keeps it.
+fn source_of(stop: Stop) -> &'static str {
+    match stop {
+        Stop::Loop => "policy",
+        Stop::Budget => "budget",
+        Stop::Operator => "operator",
+    }
+}
+
+fn stop_of(source: &str) -> Stop {
+    match source {
+        "budget" => Stop::Budget,
+        "operator" => Stop::Operator,
+        _ => Stop::Loop,
+    }
 }
 
 impl std::fmt::Debug for Controls {
@@ -63,6 +104,7 @@ impl Controls {
     pub fn in_memory() -> Controls {
         Controls {
             map: Arc::default(),
+            awaiting: Arc::default(),
             store: None,
         }
     }
@@ -76,6 +118,7 @@ impl Controls {
             .collect();
         Ok(Controls {
             map: Arc::new(Mutex::new(map)),
+            awaiting: Arc::default(),
             store: Some(store),
         })
     }
@@ -91,7 +134,19 @@ impl Controls {
 
     /// Whether a conversation has any state (most have none: one lookup, no copy).
     pub fn contains(&self, conversation: &str) -> bool {
-        self.lock().contains_key(conversation)
+        self.lock().contains_key(conversation) || self.awaited().contains_key(conversation)
+    }
+
+    fn awaited(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, String)>> {
+        self.awaiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes the conversation's next request wait for a human (see [`Standing::Awaiting`]).
+    pub fn hold_next(&self, conversation: &str, reason: &str, detector: &str) {
+        self.awaited().insert(
+            conversation.to_string(),
+            (reason.to_string(), detector.to_string()),
+        );
     }
 
     /// Every conversation currently halted.
@@ -103,15 +158,26 @@ impl Controls {
 
     /// Where a request stands. `humans` is [`human_messages`] of its transcript, `steps`
     /// the assistant turns it carries. Lifts a halt when a human spoke since, records a
-    /// pending resume; both are written through to the store off the request path.
+    /// pending resume; both are written through to the store off the request path. A
+    /// request awaited by a human is so once: it takes the mark.
     pub fn standing(&self, conversation: &str, humans: i64, steps: usize) -> Standing {
+        let awaited = self.awaited().remove(conversation);
+        let standing = self.stored_standing(conversation, humans, steps);
+        match (standing, awaited) {
+            (Standing::Free { resumed_at, .. }, Some((reason, detector))) => Standing::Awaiting {
+                reason,
+                detector,
+                resumed_at,
+            },
+            (standing, _) => standing,
+        }
+    }
+
+    /// [`Controls::standing`] from the stored state alone.
+    fn stored_standing(&self, conversation: &str, humans: i64, steps: usize) -> Standing {
         let mut map = self.lock();
         let Some(c) = map.get_mut(conversation) else {
-            return Standing::Free {
-                resumed_at: Vec::new(),
-                human_resumed: false,
-                resumed_now: false,
-            };
+            return Standing::free();
         };
         let mut changed = false;
         let mut human_resumed = false;
@@ -143,6 +209,7 @@ impl Controls {
         let standing = if c.halted {
             Standing::Halted {
                 reason: c.reason.to_string(),
+                stop: stop_of(&c.source),
             }
         } else {
             Standing::Free {
@@ -158,9 +225,10 @@ impl Controls {
         standing
     }
 
-    /// Marks a conversation halted by the policy (written behind, off the request path).
-    pub fn halt_by_policy(&self, conversation: &str, reason: &str, humans: i64) {
-        let c = self.set_halted(conversation, reason, "policy", Some(humans));
+    /// Marks a conversation halted on the request path: by the policy (a loop, a budget)
+    /// or a human's verdict on a held request (written behind, off the request path).
+    pub fn halt(&self, conversation: &str, reason: &str, stop: Stop, humans: i64) {
+        let c = self.set_halted(conversation, reason, source_of(stop), Some(humans));
         self.write_behind(c);
     }
 
@@ -170,7 +238,7 @@ impl Controls {
         conversation: &str,
         reason: &str,
     ) -> Result<Control, store::Error> {
-        let c = self.set_halted(conversation, reason, "operator", None);
+        let c = self.set_halted(conversation, reason, source_of(Stop::Operator), None);
         self.write(&c).await?;
         Ok(c)
     }
@@ -271,11 +339,12 @@ mod tests {
         let c = Controls::in_memory();
         let free = |s: &Standing| matches!(s, Standing::Free { .. });
         assert!(free(&c.standing("a", 1, 3)));
-        c.halt_by_policy("a", "same test failed 4 times", 1);
+        c.halt("a", "same test failed 4 times", Stop::Loop, 1);
         assert_eq!(
             c.standing("a", 1, 4),
             Standing::Halted {
-                reason: "same test failed 4 times".into()
+                reason: "same test failed 4 times".into(),
+                stop: Stop::Loop,
             }
         );
         // a human message lifts it
@@ -287,9 +356,15 @@ mod tests {
                 resumed_now: false
             }
         );
-        // an operator's halt learns the human count at the next request
+        // an operator's halt learns the human count at the next request, and says who
         c.halt_by_operator("a", "by hand").await.unwrap();
-        assert!(!free(&c.standing("a", 2, 5)));
+        assert_eq!(
+            c.standing("a", 2, 5),
+            Standing::Halted {
+                reason: "by hand".into(),
+                stop: Stop::Operator,
+            }
+        );
         assert!(!free(&c.standing("a", 2, 6)));
         c.resume("a").await.unwrap();
         assert_eq!(
@@ -308,5 +383,40 @@ mod tests {
                 resumed_now: false
             }
         );
+    }
+
+    #[test]
+    fn a_budget_halt_stays_a_budget_halt_and_an_awaited_request_is_awaited_once() {
+        let c = Controls::in_memory();
+        c.halt(
+            "b",
+            "41 steps used of an adaptive budget of 40",
+            Stop::Budget,
+            1,
+        );
+        for _ in 0..2 {
+            assert!(matches!(
+                c.standing("b", 1, 42),
+                Standing::Halted {
+                    stop: Stop::Budget,
+                    ..
+                }
+            ));
+        }
+        assert!(!c.contains("p"));
+        c.hold_next("p", "`pytest` repeats the loop", "fail_loop");
+        assert!(c.contains("p"));
+        assert_eq!(
+            c.standing("p", 1, 9),
+            Standing::Awaiting {
+                reason: "`pytest` repeats the loop".into(),
+                detector: "fail_loop".into(),
+                resumed_at: vec![],
+            }
+        );
+        assert_eq!(c.standing("p", 1, 10), Standing::free());
+        // A halted conversation stays halted, awaited or not.
+        c.hold_next("b", "again", "fail_loop");
+        assert!(matches!(c.standing("b", 1, 43), Standing::Halted { .. }));
     }
 }

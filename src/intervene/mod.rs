@@ -33,7 +33,7 @@ use crate::dialect::{Dialect, HaltOptions, HaltReply, RequestBytes};
 use crate::transcript::Transcript;
 
 pub use profile::AgentProfile;
-pub use ruling::{rule, rule_verdict, Act, Reminder, Ruling, Source};
+pub use ruling::{rule, rule_verdict, Act, Reminder, Ruling, Source, Stop};
 
 /// The `[intervene]` table of the config file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -45,8 +45,13 @@ pub struct InterveneConfig {
     pub nudge_text: String,
     /// Reminder appended for a replan (the stronger nudge after a nudge did not help).
     pub replan_text: String,
-    /// The text of a halt reply.
+    /// The text of a halt reply when the run was going in circles.
     pub halt_text: String,
+    /// The text of a halt reply when a hard budget (steps, tokens) was spent.
+    pub budget_halt_text: String,
+    /// The text of a halt reply when an operator halted the run (or a human decided `halt`
+    /// on a held request).
+    pub operator_halt_text: String,
     /// The note that replaces rolled-back turns.
     pub rollback_note: String,
     /// Opt-in: let a `rollback` decision cut the looping turns out of the history sent
@@ -127,6 +132,8 @@ impl Default for InterveneConfig {
             nudge_text: text::NUDGE.into(),
             replan_text: text::REPLAN.into(),
             halt_text: text::HALT.into(),
+            budget_halt_text: text::BUDGET_HALT.into(),
+            operator_halt_text: text::OPERATOR_HALT.into(),
             rollback_note: text::ROLLBACK.into(),
             rollback: false,
             block: true,
@@ -255,8 +262,8 @@ impl Intervener {
                 None => self.remind(Reminder::Replan, decision, req),
             },
             Act::Hold => (Effect::Hold, Applied::Held),
-            Act::Halt => (
-                Effect::Answer(self.halt_reply(decision, req)),
+            Act::Halt(stop) => (
+                Effect::Answer(self.halt_reply(decision, stop, req)),
                 Applied::Halted,
             ),
         };
@@ -289,19 +296,24 @@ impl Intervener {
         }
     }
 
-    /// The halt text for a decision about this request.
-    pub fn halt_text(&self, decision: &Decision, req: &RequestInfo<'_>) -> String {
+    /// The halt text for a decision about this request: it says what stopped the run.
+    pub fn halt_text(&self, decision: &Decision, stop: Stop, req: &RequestInfo<'_>) -> String {
+        let template = match stop {
+            Stop::Loop => &self.config.halt_text,
+            Stop::Budget => &self.config.budget_halt_text,
+            Stop::Operator => &self.config.operator_halt_text,
+        };
         let goal = text::goal_line(&req.transcript);
         text::render(
-            &self.config.halt_text,
+            template,
             &text::Fill::of(decision, &goal, &req.conversation),
         )
     }
 
     /// A complete halt reply in the API's format and the mode the client asked for, with a
     /// tool call when the agent's profile needs one to stop.
-    pub fn halt_reply(&self, decision: &Decision, req: &RequestInfo<'_>) -> HaltReply {
-        let text = self.halt_text(decision, req);
+    pub fn halt_reply(&self, decision: &Decision, stop: Stop, req: &RequestInfo<'_>) -> HaltReply {
+        let text = self.halt_text(decision, stop, req);
         let body = req.body.to_whole();
         let seen = profile::Seen {
             user_agent: &req.user_agent,
@@ -332,7 +344,7 @@ impl Intervener {
 
     /// The request with the turns of the leading finding rolled back, if that can be done.
     fn roll_back(&self, decision: &Decision, req: &RequestInfo<'_>) -> Option<Vec<u8>> {
-        let lead = decision.findings.first()?;
+        let lead = decision.lead()?;
         let first = *lead.steps.iter().min()?;
         let last = *lead.steps.iter().max()?;
         let goal = text::goal_line(&req.transcript);

@@ -313,6 +313,13 @@ impl Store {
         }
     }
 
+    /// Whether the log has seen the conversation (a request of it was logged).
+    pub async fn has_conversation(&self, id: &str) -> Result<bool, Error> {
+        match &self.backend {
+            Backend::Sqlite(db) => Ok(sqlite::read::has_conversation(&db.pool, id).await?),
+        }
+    }
+
     /// The proxy's own overhead over the `last` requests logged.
     pub async fn overhead(&self, last: i64) -> Result<OverheadStats, Error> {
         match &self.backend {

@@ -133,7 +133,10 @@ fn looks_random(run: &str) -> bool {
         && slashes * 16 <= run.len()
 }
 
-static SECRETS: LazyLock<Vec<(Regex, fn(&str) -> bool)>> = LazyLock::new(|| {
+/// A compiled pattern and its test of a match.
+type Compiled = (Regex, fn(&str) -> bool);
+
+static SECRETS: LazyLock<Vec<Compiled>> = LazyLock::new(|| {
     PATTERNS
         .iter()
         .filter_map(|p| Regex::new(p.regex).ok().map(|re| (re, p.is_secret)))

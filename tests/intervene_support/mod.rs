@@ -139,7 +139,8 @@ pub fn loop_body_with(
         Dialect::Gemini => {
             let mut c = vec![json!({"role": "user", "parts": [{"text": task}]})];
             for i in 0..k {
-                let mut parts: Vec<Value> = thought.map(|t| json!({"text": t})).into_iter().collect();
+                let mut parts: Vec<Value> =
+                    thought.map(|t| json!({"text": t})).into_iter().collect();
                 parts.push(json!({"functionCall": {"name": "run_shell_command", "args": args, "id": format!("fc{i}")}}));
                 c.push(json!({"role": "model", "parts": parts}));
                 c.push(json!({"role": "user", "parts": [{"functionResponse": {"name": "run_shell_command", "id": format!("fc{i}"),
@@ -168,6 +169,33 @@ pub fn first_k(dialect: Dialect, action: Action) -> usize {
     (1..40)
         .find(|&k| decide(dialect, &loop_body(dialect, k, false, None)) == action)
         .unwrap_or_else(|| panic!("{dialect:?}: the engine never decides {action:?} on the loop"))
+}
+
+/// The smallest k whose request is forwarded but whose answer (the looping call) is blocked.
+pub fn block_k(dialect: Dialect) -> Option<usize> {
+    use loopwarden::detect::{Engine, StoreFacts};
+    let engine = Engine::default();
+    let call = {
+        let c = loop_call(dialect);
+        loopwarden::transcript::ToolCall {
+            id: "x".into(),
+            name: c.name.clone(),
+            args: c.arguments.clone().unwrap_or(json!({})),
+        }
+    };
+    (1..40).find(|&k| {
+        let bytes = loop_body(dialect, k, false, None).to_string();
+        let t = dialect
+            .parse_request(bytes.as_bytes(), dialect == Dialect::Gemini)
+            .unwrap()
+            .transcript;
+        let (d, state) = engine.decide_with(&t, &StoreFacts::default(), None);
+        let turn = loopwarden::dialect::ResponseTurn {
+            calls: vec![call.clone()],
+            ..Default::default()
+        };
+        !d.action.stops() && engine.decide_response_with(&state, &turn).action == Action::Block
+    })
 }
 
 /// The mock's looping turn: the same test again.

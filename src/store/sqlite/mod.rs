@@ -120,9 +120,7 @@ impl sqlx::Type<sqlx::Sqlite> for Masked {
 }
 
 impl<'r> sqlx::Decode<'r, sqlx::Sqlite> for Masked {
-    fn decode(
-        value: sqlx::sqlite::SqliteValueRef<'r>,
-    ) -> Result<Masked, sqlx::error::BoxDynError> {
+    fn decode(value: sqlx::sqlite::SqliteValueRef<'r>) -> Result<Masked, sqlx::error::BoxDynError> {
         <String as sqlx::Decode<sqlx::Sqlite>>::decode(value).map(Masked::from)
     }
 }
