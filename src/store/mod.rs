@@ -214,7 +214,8 @@ pub struct Control {
     pub halted: bool,
     /// Why it was halted (shown again in every repeated halt).
     pub reason: Masked,
-    /// `policy`, `operator` or `human`.
+    /// Who or what halted or released it: `policy` (a loop), `budget` (a spent budget),
+    /// `operator` (by hand, or a human's halt verdict) or `human` (a human let it go on).
     pub source: String,
     /// Human messages the conversation held when it was halted; a later request with more
     /// has a human speaking. `None` until the first request after an operator's halt.
