@@ -35,8 +35,16 @@ fn the_demo_shows_the_loop_the_finding_the_nudge_and_the_halt() {
         stdout.contains("| [loopwarden] I stopped this run"),
         "{stdout}"
     );
-    // The timeline from the log names the findings and the interventions.
+    // The timeline from the log names the findings and the interventions, quoting the
+    // commands as the agent ran them (never a normalized key: `python pytest x -m`).
     assert!(stdout.contains("  finding   "), "{stdout}");
+    assert!(
+        stdout.contains("ran `python -m pytest test_calc.py` 3 more times"),
+        "{stdout}"
+    );
+    for key in ["python pytest test_calc.py -m", "read:", "edit:", "sh:"] {
+        assert!(!stdout.contains(key), "{key:?} in {stdout}");
+    }
     assert!(stdout.contains("  decision  nudge"), "{stdout}");
     assert!(stdout.contains("The agent stopped after"), "{stdout}");
 }

@@ -142,8 +142,9 @@ async fn a_held_request_is_listed_announced_and_decided_by_a_human() {
             }
             Verdict::Halt => {
                 assert_eq!(setup.mock.requests().len(), before, "not forwarded");
+                // The human who decided stopped it, not the policy.
                 assert!(
-                    text.starts_with("[loopwarden] I stopped this run"),
+                    text.starts_with("[loopwarden] An operator stopped this run"),
                     "{text}"
                 );
             }

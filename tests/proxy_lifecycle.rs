@@ -8,49 +8,17 @@
 
 mod proxy_support;
 
-use std::process::Stdio;
-
 use loopwarden::mock::{MockServer, Script, ToolCall, Turn};
-use proxy_support::{client, closed_port, query_json, Api};
+use proxy_support::{client, closed_port, query_json, Api, Served};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_loopwarden");
-
-/// Starts `loopwarden serve` and returns it with the URL it printed.
-async fn serve(db: &std::path::Path, env: &[(&str, String)]) -> (Child, String) {
-    let mut command = Command::new(BIN);
-    command
-        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
-        .arg(format!("sqlite://{}", db.display()))
-        .env("RUST_LOG", "debug")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    let mut child = command.spawn().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    let line = lines.next_line().await.unwrap().unwrap();
-    let url = line
-        .strip_prefix("loopwarden listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
-    // Keep draining stdout so the child never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, url)
-}
-
-fn sigterm(child: &Child) {
-    let pid = child.id().unwrap().to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
+/// Starts `loopwarden serve` logging to `db` (at debug level).
+async fn serve(db: &std::path::Path, env: &[(&str, String)]) -> Served {
+    let db = format!("sqlite://{}", db.display());
+    let mut env = env.to_vec();
+    env.push(("RUST_LOG", "debug".into()));
+    Served::start(&["--db", &db], &env).await
 }
 
 async fn open_db(path: &std::path::Path) -> sqlx::SqlitePool {
@@ -66,7 +34,7 @@ async fn sigterm_finishes_the_stream_in_flight_and_writes_the_log() {
     let mock = MockServer::start(script).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("log.db");
-    let (mut child, url) = serve(
+    let served = serve(
         &db,
         &[
             ("LOOPWARDEN_OPENAI_BASE_URL", mock.url()),
@@ -74,6 +42,7 @@ async fn sigterm_finishes_the_stream_in_flight_and_writes_the_log() {
         ],
     )
     .await;
+    let url = served.url.clone();
 
     let quick = client()
         .post(format!("{url}/v1/chat/completions"))
@@ -93,7 +62,7 @@ async fn sigterm_finishes_the_stream_in_flight_and_writes_the_log() {
         .await
         .unwrap();
     let mut received = streaming.chunk().await.unwrap().unwrap().to_vec();
-    sigterm(&child);
+    served.sigterm();
     while let Some(chunk) = streaming.chunk().await.unwrap() {
         received.extend_from_slice(&chunk);
     }
@@ -101,16 +70,8 @@ async fn sigterm_finishes_the_stream_in_flight_and_writes_the_log() {
         String::from_utf8_lossy(&received).contains("message_stop"),
         "the stream in flight ran to its end"
     );
-    let status = child.wait().await.unwrap();
+    let (status, stderr) = served.finish().await;
     assert!(status.success(), "exit status {status:?}");
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .await
-        .unwrap();
     assert!(stderr.contains("log written"), "{stderr}");
 
     let pool = open_db(&db).await;
@@ -140,7 +101,7 @@ async fn api_keys_never_reach_the_logs_or_the_database() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("log.db");
     let dead = format!("http://127.0.0.1:{}", closed_port().await);
-    let (mut child, url) = serve(
+    let served = serve(
         &db,
         &[
             ("LOOPWARDEN_OPENAI_BASE_URL", mock.url()),
@@ -150,6 +111,7 @@ async fn api_keys_never_reach_the_logs_or_the_database() {
         ],
     )
     .await;
+    let url = served.url.clone();
     let secrets = [
         "sk-FAKE-openai-0123456789abcdef",
         "sk-ant-FAKE-anthropic-0123456789",
@@ -207,16 +169,7 @@ async fn api_keys_never_reach_the_logs_or_the_database() {
         .send()
         .await
         .unwrap();
-    sigterm(&child);
-    assert!(child.wait().await.unwrap().success());
-    let mut logs = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut logs)
-        .await
-        .unwrap();
+    let logs = served.stop().await;
     assert!(
         logs.contains("upstream unreachable"),
         "the logs were captured: {logs}"
@@ -249,7 +202,7 @@ async fn a_bad_config_stops_the_start_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("bad.toml");
     std::fs::write(&config, "[upstream]\nanthropic = \"not a url\"\n").unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(env!("CARGO_BIN_EXE_loopwarden"))
         .args(["serve", "--config"])
         .arg(&config)
         .output()
@@ -259,7 +212,7 @@ async fn a_bad_config_stops_the_start_naming_the_key() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("upstream.anthropic"), "{stderr}");
 
-    let out = Command::new(BIN)
+    let out = Command::new(env!("CARGO_BIN_EXE_loopwarden"))
         .args(["serve", "--listen", "127.0.0.1:0"])
         .env("LOOPWARDEN_DB", "postgres://nope")
         .output()

@@ -11,6 +11,7 @@
 //! searches, writes (`sed -i`, `> file`, heredocs, patches) and checks (tests, scripts,
 //! builds) apart.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -323,9 +324,30 @@ fn simple(call: &ToolCall, kind: ActionKind, path: Option<&str>) -> ToolAction {
 }
 
 impl ToolAction {
-    /// How a summary names the action: the command as the agent wrote it, else its key.
-    pub fn label(&self) -> &str {
-        self.command.as_deref().unwrap_or(&self.key)
+    /// How a summary names the action, for the model and for people: the command as the
+    /// agent wrote it, the file it reads, writes or edits, what it searches for, else the
+    /// tool and its arguments. Never the key (`read:calc.py:`, `edit:calc.py:<hashes>`):
+    /// keys are for comparing calls, and a reminder that quotes one reads as gibberish.
+    pub fn label(&self) -> Cow<'_, str> {
+        if let Some(command) = &self.command {
+            return Cow::Borrowed(command);
+        }
+        let verb = match self.kind {
+            ActionKind::Read => "read",
+            ActionKind::Write => "write",
+            ActionKind::Edit => "edit",
+            ActionKind::Search => "search",
+            ActionKind::Exec | ActionKind::Other => "",
+        };
+        let object = match self.kind {
+            ActionKind::Search => self.search.as_deref(),
+            _ => self.path.as_deref(),
+        };
+        match object.filter(|o| !o.is_empty() && !verb.is_empty()) {
+            Some(object) => Cow::Owned(format!("{verb} {object}")),
+            // A call known by its arguments: its key is `tool:{arguments}`.
+            None => Cow::Owned(self.key.replacen(':', " ", 1)),
+        }
     }
 
     /// An action that touches nothing and is known only by its key.

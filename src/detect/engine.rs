@@ -768,8 +768,10 @@ impl Engine {
                     action: Action::Block,
                     findings: Vec::new(),
                     reason: format!(
-                        "blocked `{}`: it repeats the loop the agent was already warned about ({detector})",
-                        super::short(what)
+                        // Says what the call is, not what is done about it: the
+                        // `[intervene]` switches decide that (blocked, or held for a human).
+                        "`{}` repeats the loop the agent was already warned about ({detector})",
+                        super::short(&what)
                     ),
                     detector: detector.to_string(),
                 };

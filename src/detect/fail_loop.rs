@@ -33,7 +33,7 @@ impl Detector for FailLoop {
                 vec![step.index],
                 format!(
                     "`{}` failed {} times in a row with the same error: {}",
-                    super::short(what),
+                    super::short(&what),
                     call.fail_run,
                     super::short(&call.result_line)
                 ),

@@ -137,6 +137,18 @@ impl Decision {
             detector: String::new(),
         }
     }
+
+    /// The finding that led the decision (its detector's), when the decision's step has
+    /// it: what a reminder names and the log records. Not simply the first finding: the
+    /// findings are in the detectors' order, and the lead is the weightiest.
+    pub fn lead(&self) -> Option<&Finding> {
+        self.findings.iter().find(|f| f.detector == self.detector)
+    }
+
+    /// A hard budget was spent: the lead finding is a budget's, not a loop's.
+    pub fn spent_budget(&self) -> bool {
+        self.lead().is_some_and(|f| f.hard)
+    }
 }
 
 /// A detector: a pure function of the folded facts, the newest step's events and the
@@ -154,13 +166,36 @@ pub trait Detector: Send + Sync {
     }
 }
 
-/// A text cut to one short line for summaries.
+/// A text cut to one short line for summaries. A line too long is cut before the word the
+/// limit falls in, when it has a space before it: half a word (half a token, half a key)
+/// would neither read well nor be recognized as a key by the log's masking.
 pub fn short(s: &str) -> String {
     let line = s.lines().next().unwrap_or("");
-    if line.chars().count() > 80 {
-        let cut: String = line.chars().take(77).collect();
-        format!("{cut}...")
-    } else {
-        line.to_string()
+    if line.chars().count() <= 80 {
+        return line.to_string();
+    }
+    let cut: String = line.chars().take(77).collect();
+    let next = line.chars().nth(77).unwrap_or(' ');
+    let cut = match cut.rfind(char::is_whitespace) {
+        Some(space) if !next.is_whitespace() => cut[..space].trim_end(),
+        _ => cut.as_str(),
+    };
+    format!("{cut}...")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short;
+
+    #[test]
+    fn a_long_line_is_cut_before_the_word_the_limit_falls_in() {
+        let key = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZ2VudC03In0.Tq9Vb2Nw5Zr8Lk1Xc4Hy7Pf0Gj3";
+        let line = format!("python3 test_calc.py --with {key}");
+        assert_eq!(short(&line), "python3 test_calc.py --with...");
+        assert_eq!(short("short\nsecond line"), "short");
+        let word = "x".repeat(100);
+        assert_eq!(short(&word), format!("{}...", "x".repeat(77)));
+        let spaced = format!("{} tail", "y ".repeat(38));
+        assert!(short(&spaced).len() <= 80, "{}", short(&spaced));
     }
 }

@@ -40,7 +40,7 @@ impl Detector for NearDuplicate {
                         format!(
                             "{} near-identical attempts with no new information: {}",
                             similar_steps.len(),
-                            super::short(&call.action.key)
+                            super::short(&call.action.label())
                         ),
                         "Small variations of the same attempt are not getting anywhere; try a substantially different approach.",
                     )

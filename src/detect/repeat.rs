@@ -27,7 +27,7 @@ impl Detector for Repeat {
                     vec![step.index],
                     format!(
                         "issued the same change `{}` {} times in a row",
-                        super::short(&call.action.key),
+                        super::short(&call.action.label()),
                         step.identical_run
                     ),
                     "You are applying the very same change again. Look at the file as it is now before changing it further.",
@@ -48,7 +48,7 @@ impl Detector for Repeat {
                 facts.stretch.repeat_steps.clone(),
                 format!(
                     "repeated `{}` with the same result; {} repeats since step {} with no change and nothing new",
-                    super::short(what),
+                    super::short(&what),
                     facts.stretch.repeats,
                     facts.stretch.start
                 ),

@@ -31,7 +31,6 @@ impl Detector for Stagnation {
         // be the agent re-verifying its fix. Such a streak starts one rung lower, so it
         // needs one more run to escalate.
         let base = if call.check_streak_failing { 0.7 } else { 0.6 };
-        let check = call.action.check.as_deref().unwrap_or("?");
         let since = match facts.last_change {
             Some(s) => format!("last file change at step {s}"),
             None => "no file changed".to_string(),
@@ -43,7 +42,8 @@ impl Detector for Stagnation {
                 vec![step.index],
                 format!(
                     "ran `{}` {} more times with results it had already given ({}); {since}",
-                    super::short(check),
+                    // As the agent ran it: the check's key is normalized (words sorted).
+                    super::short(&call.action.label()),
                     call.check_streak,
                     super::short(&call.result_line)
                 ),

@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::ruling::Stop;
 use crate::store::{self, now_ms, Store};
 use crate::transcript::{Step, Transcript};
 
@@ -26,8 +27,17 @@ pub use crate::store::Control;
 /// What a request of a conversation is subject to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Standing {
-    /// Halted: answer with the halt again. The reason is the original one.
-    Halted { reason: String },
+    /// Halted: answer with the halt again. The reason and why it stopped are the original
+    /// ones.
+    Halted { reason: String, stop: Stop },
+    /// Under `on_stop = "pause"`, the previous response carried a call the policy would
+    /// have blocked; it went through (a response cannot wait for a human), so this request
+    /// waits for one. `resumed_at` as for [`Standing::Free`].
+    Awaiting {
+        reason: String,
+        detector: String,
+        resumed_at: Vec<usize>,
+    },
     /// Free to go; `resumed_at` are the operator resumes the engine must know about.
     /// `human_resumed` is true when this very request lifted a halt because a human spoke;
     /// `resumed_now` when this request is the first after an operator's resume (its
@@ -40,7 +50,7 @@ pub enum Standing {
 }
 
 impl Standing {
-    /// Nothing applies: no halt, no resume.
+    /// A conversation with no halt, no resume and nothing awaited.
     pub fn free() -> Standing {
         Standing::Free {
             resumed_at: Vec::new(),
@@ -54,8 +64,28 @@ impl Standing {
 #[derive(Clone)]
 pub struct Controls {
     map: Arc<Mutex<HashMap<String, Control>>>,
+    /// Conversations whose next request waits for a human ([`Standing::Awaiting`]): the
+    /// reason and the detector. Kept in memory only, as held requests are.
+    awaiting: Arc<Mutex<HashMap<String, (String, String)>>>,
     /// Where the state is kept across restarts (none: in memory only).
     store: Option<Store>,
+}
+
+/// Who or what halted a conversation, as `conversation_controls.source` keeps it.
+fn source_of(stop: Stop) -> &'static str {
+    match stop {
+        Stop::Loop => "policy",
+        Stop::Budget => "budget",
+        Stop::Operator => "operator",
+    }
+}
+
+fn stop_of(source: &str) -> Stop {
+    match source {
+        "budget" => Stop::Budget,
+        "operator" => Stop::Operator,
+        _ => Stop::Loop,
+    }
 }
 
 impl std::fmt::Debug for Controls {
@@ -81,6 +111,7 @@ impl Controls {
     pub fn in_memory() -> Controls {
         Controls {
             map: Arc::default(),
+            awaiting: Arc::default(),
             store: None,
         }
     }
@@ -94,6 +125,7 @@ impl Controls {
             .collect();
         Ok(Controls {
             map: Arc::new(Mutex::new(map)),
+            awaiting: Arc::default(),
             store: Some(store),
         })
     }
@@ -109,7 +141,19 @@ impl Controls {
 
     /// Whether a conversation has any state (most have none: one lookup, no copy).
     pub fn contains(&self, conversation: &str) -> bool {
-        self.lock().contains_key(conversation)
+        self.lock().contains_key(conversation) || self.awaited().contains_key(conversation)
+    }
+
+    fn awaited(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, String)>> {
+        self.awaiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes the conversation's next request wait for a human (see [`Standing::Awaiting`]).
+    pub fn hold_next(&self, conversation: &str, reason: &str, detector: &str) {
+        self.awaited().insert(
+            conversation.to_string(),
+            (reason.to_string(), detector.to_string()),
+        );
     }
 
     /// Every conversation currently halted.
@@ -121,8 +165,28 @@ impl Controls {
 
     /// Where a request stands. `humans` is [`human_messages`] of its transcript. Lifts a
     /// halt when a human spoke since, records a pending resume; both are written through to
-    /// the store off the request path. A request of another run than the control's is free.
+    /// the store off the request path. A request of another run than the control's is
+    /// free. A request awaited by a human is so once: it takes the mark.
     pub fn standing(&self, conversation: &str, humans: i64, transcript: &Transcript) -> Standing {
+        let awaited = self.awaited().remove(conversation);
+        let standing = self.stored_standing(conversation, humans, transcript);
+        match (standing, awaited) {
+            (Standing::Free { resumed_at, .. }, Some((reason, detector))) => Standing::Awaiting {
+                reason,
+                detector,
+                resumed_at,
+            },
+            (standing, _) => standing,
+        }
+    }
+
+    /// [`Controls::standing`] from the stored state alone.
+    fn stored_standing(
+        &self,
+        conversation: &str,
+        humans: i64,
+        transcript: &Transcript,
+    ) -> Standing {
         let steps = transcript.steps.len();
         let mut map = self.lock();
         let Some(c) = map.get_mut(conversation) else {
@@ -168,7 +232,8 @@ impl Controls {
         }
         let standing = if c.halted {
             Standing::Halted {
-                reason: c.reason.clone(),
+                reason: c.reason.to_string(),
+                stop: stop_of(&c.source),
             }
         } else {
             Standing::Free {
@@ -184,16 +249,23 @@ impl Controls {
         standing
     }
 
-    /// Marks a conversation halted by the policy at the request whose history is
-    /// `transcript`: the halt holds for that run (written behind, off the request path).
-    pub fn halt_by_policy(
+    /// Marks a conversation halted on the request path, at the request whose history is
+    /// `transcript`: by the policy (a loop, a budget) or a human's verdict on a held
+    /// request. The halt holds for that run (written behind, off the request path).
+    pub fn halt(
         &self,
         conversation: &str,
         reason: &str,
+        stop: Stop,
         transcript: &Transcript,
         humans: i64,
     ) {
-        let c = self.set_halted(conversation, reason, "policy", Some((humans, transcript)));
+        let c = self.set_halted(
+            conversation,
+            reason,
+            source_of(stop),
+            Some((humans, transcript)),
+        );
         self.write_behind(c);
     }
 
@@ -203,7 +275,7 @@ impl Controls {
         conversation: &str,
         reason: &str,
     ) -> Result<Control, store::Error> {
-        let c = self.set_halted(conversation, reason, "operator", None);
+        let c = self.set_halted(conversation, reason, source_of(Stop::Operator), None);
         self.write(&c).await?;
         Ok(c)
     }
@@ -220,7 +292,7 @@ impl Controls {
         let mut map = self.lock();
         let c = entry(&mut map, conversation);
         c.halted = true;
-        c.reason = reason.to_string();
+        c.reason = reason.into();
         c.source = source.to_string();
         c.humans_at_halt = at.map(|(humans, _)| humans);
         match at {
@@ -288,7 +360,7 @@ fn entry<'a>(map: &'a mut HashMap<String, Control>, conversation: &str) -> &'a m
         .or_insert_with(|| Control {
             conversation_id: conversation.to_string(),
             halted: false,
-            reason: String::new(),
+            reason: Default::default(),
             source: String::new(),
             humans_at_halt: None,
             resume_pending: false,
@@ -382,17 +454,22 @@ mod tests {
         }
     }
 
+    /// The run of the tests below at `steps` steps.
+    fn at(steps: usize) -> Transcript {
+        run("fix it", "pytest", steps)
+    }
+
     #[tokio::test]
     async fn halted_until_a_human_speaks_or_an_operator_resumes() {
         let c = Controls::in_memory();
-        let at = |steps| run("fix it", "pytest", steps);
         let free = |s: &Standing| matches!(s, Standing::Free { .. });
         assert!(free(&c.standing("a", 1, &at(3))));
-        c.halt_by_policy("a", "same test failed 4 times", &at(4), 1);
+        c.halt("a", "same test failed 4 times", Stop::Loop, &at(4), 1);
         assert_eq!(
             c.standing("a", 1, &at(4)),
             Standing::Halted {
-                reason: "same test failed 4 times".into()
+                reason: "same test failed 4 times".into(),
+                stop: Stop::Loop,
             }
         );
         // a human message lifts it
@@ -404,9 +481,15 @@ mod tests {
                 resumed_now: false
             }
         );
-        // an operator's halt learns the human count at the next request
+        // an operator's halt learns the human count at the next request, and says who
         c.halt_by_operator("a", "by hand").await.unwrap();
-        assert!(!free(&c.standing("a", 2, &at(5))));
+        assert_eq!(
+            c.standing("a", 2, &at(5)),
+            Standing::Halted {
+                reason: "by hand".into(),
+                stop: Stop::Operator,
+            }
+        );
         assert!(!free(&c.standing("a", 2, &at(6))));
         c.resume("a").await.unwrap();
         assert_eq!(
@@ -428,19 +511,58 @@ mod tests {
     }
 
     #[test]
+    fn a_budget_halt_stays_a_budget_halt_and_an_awaited_request_is_awaited_once() {
+        let c = Controls::in_memory();
+        c.halt(
+            "b",
+            "41 steps used of an adaptive budget of 40",
+            Stop::Budget,
+            &at(41),
+            1,
+        );
+        for _ in 0..2 {
+            assert!(matches!(
+                c.standing("b", 1, &at(42)),
+                Standing::Halted {
+                    stop: Stop::Budget,
+                    ..
+                }
+            ));
+        }
+        assert!(!c.contains("p"));
+        c.hold_next("p", "`pytest` repeats the loop", "fail_loop");
+        assert!(c.contains("p"));
+        assert_eq!(
+            c.standing("p", 1, &at(9)),
+            Standing::Awaiting {
+                reason: "`pytest` repeats the loop".into(),
+                detector: "fail_loop".into(),
+                resumed_at: vec![],
+            }
+        );
+        assert_eq!(c.standing("p", 1, &at(10)), Standing::free());
+        // A halted conversation stays halted, awaited or not.
+        c.hold_next("b", "again", "fail_loop");
+        assert!(matches!(
+            c.standing("b", 1, &at(43)),
+            Standing::Halted { .. }
+        ));
+    }
+
+    #[test]
     fn a_control_holds_for_the_run_it_was_made_for_only() {
         let c = Controls::in_memory();
-        let halted = run("fix it", "pytest", 6);
-        c.halt_by_policy("a", "looping", &halted, 1);
+        let halted = at(6);
+        c.halt("a", "looping", Stop::Loop, &halted, 1);
         let held = |t: &Transcript| matches!(c.standing("a", 1, t), Standing::Halted { .. });
         assert!(held(&halted), "the same request again");
-        let mut next = run("fix it", "pytest", 7);
+        let mut next = at(7);
         next.steps[6].calls[0].call.args = serde_json::json!({"command": "ls"});
         assert!(held(&next), "the run going on after the halt");
         // The same task run again from the start, shorter or longer than the halted run,
         // or a run that went another way before the halt: other runs.
-        assert!(!held(&run("fix it", "pytest", 0)));
-        assert!(!held(&run("fix it", "pytest", 2)));
+        assert!(!held(&at(0)));
+        assert!(!held(&at(2)));
         assert!(!held(&run("fix it", "make test", 9)));
         assert!(!held(&run("another task", "pytest", 6)));
         assert!(held(&halted), "and the halted run is still halted");

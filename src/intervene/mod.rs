@@ -34,7 +34,7 @@ use crate::request_bytes::RequestBytes;
 use crate::transcript::Transcript;
 
 pub use profile::AgentProfile;
-pub use ruling::{rule, rule_verdict, Act, Reminder, Ruling, Source};
+pub use ruling::{rule, rule_verdict, Act, Reminder, Ruling, Source, Stop};
 
 /// The `[intervene]` table of the config file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,8 +46,13 @@ pub struct InterveneConfig {
     pub nudge_text: String,
     /// Reminder appended for a replan (the stronger nudge after a nudge did not help).
     pub replan_text: String,
-    /// The text of a halt reply.
+    /// The text of a halt reply when the run was going in circles.
     pub halt_text: String,
+    /// The text of a halt reply when a hard budget (steps, tokens) was spent.
+    pub budget_halt_text: String,
+    /// The text of a halt reply when an operator halted the run (or a human decided `halt`
+    /// on a held request).
+    pub operator_halt_text: String,
     /// The note that replaces rolled-back turns.
     pub rollback_note: String,
     /// Opt-in: let a `rollback` decision cut the looping turns out of the history sent
@@ -128,6 +133,8 @@ impl Default for InterveneConfig {
             nudge_text: text::NUDGE.into(),
             replan_text: text::REPLAN.into(),
             halt_text: text::HALT.into(),
+            budget_halt_text: text::BUDGET_HALT.into(),
+            operator_halt_text: text::OPERATOR_HALT.into(),
             rollback_note: text::ROLLBACK.into(),
             rollback: false,
             block: true,
@@ -260,8 +267,8 @@ impl Intervener {
                 None => self.remind(Reminder::Replan, decision, req),
             },
             Act::Hold => (Effect::Hold, Applied::Held),
-            Act::Halt => (
-                Effect::Answer(self.halt_reply(decision, req)),
+            Act::Halt(stop) => (
+                Effect::Answer(self.halt_reply(decision, stop, req)),
                 Applied::Halted,
             ),
         };
@@ -286,25 +293,32 @@ impl Intervener {
         match req.dialect.append_reminder(&req.body.to_whole(), &reminder) {
             Ok(body) => (Effect::ForwardModified(body), applied),
             Err(e) => {
-                tracing::warn!(conversation = %req.conversation, error = %e, "cannot append the reminder; forwarded untouched");
+                // A parse error may quote the body (serde names the value it did not expect).
+                let error = crate::store::Masked::from(e.to_string());
+                tracing::warn!(conversation = %req.conversation, %error, "cannot append the reminder; forwarded untouched");
                 (Effect::Forward, Applied::FailedOpen)
             }
         }
     }
 
-    /// The halt text for a decision about this request.
-    pub fn halt_text(&self, decision: &Decision, req: &RequestInfo<'_>) -> String {
+    /// The halt text for a decision about this request: it says what stopped the run.
+    pub fn halt_text(&self, decision: &Decision, stop: Stop, req: &RequestInfo<'_>) -> String {
+        let template = match stop {
+            Stop::Loop => &self.config.halt_text,
+            Stop::Budget => &self.config.budget_halt_text,
+            Stop::Operator => &self.config.operator_halt_text,
+        };
         let goal = text::goal_line(&req.transcript);
         text::render(
-            &self.config.halt_text,
+            template,
             &text::Fill::of(decision, &goal, &req.conversation),
         )
     }
 
     /// A complete halt reply in the API's format and the mode the client asked for, with a
     /// tool call when the agent's profile needs one to stop.
-    pub fn halt_reply(&self, decision: &Decision, req: &RequestInfo<'_>) -> HaltReply {
-        let text = self.halt_text(decision, req);
+    pub fn halt_reply(&self, decision: &Decision, stop: Stop, req: &RequestInfo<'_>) -> HaltReply {
+        let text = self.halt_text(decision, stop, req);
         let body = req.body.to_whole();
         let seen = profile::Seen {
             user_agent: &req.user_agent,
@@ -335,7 +349,7 @@ impl Intervener {
 
     /// The request with the turns of the leading finding rolled back, if that can be done.
     fn roll_back(&self, decision: &Decision, req: &RequestInfo<'_>) -> Option<Vec<u8>> {
-        let lead = decision.findings.first()?;
+        let lead = decision.lead()?;
         let first = *lead.steps.iter().min()?;
         let last = *lead.steps.iter().max()?;
         let goal = text::goal_line(&req.transcript);

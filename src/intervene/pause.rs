@@ -16,6 +16,7 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 
 use super::Verdict;
+use crate::store::Masked;
 
 /// What the admin API and the webhooks show of a held request.
 #[derive(Debug, Clone, Serialize)]
@@ -27,7 +28,7 @@ pub struct HeldInfo {
     pub deadline_ms: i64,
     pub on_timeout: Verdict,
     pub detector: String,
-    pub reason: String,
+    pub reason: Masked,
     /// The findings behind the pause (summary and suggestion of each).
     pub findings: Vec<FindingInfo>,
     pub stream: bool,
@@ -36,8 +37,8 @@ pub struct HeldInfo {
 #[derive(Debug, Clone, Serialize)]
 pub struct FindingInfo {
     pub detector: String,
-    pub summary: String,
-    pub suggestion: String,
+    pub summary: Masked,
+    pub suggestion: Masked,
 }
 
 struct Held {

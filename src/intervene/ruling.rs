@@ -5,7 +5,9 @@
 //! the proxy then does also depends on the conversation's standing (a halted conversation
 //! stays halted: the halt is answered again) and on the `[intervene]` switches
 //! (interventions off, `on_stop = "pause"`, rollback off); for a held request, on the
-//! human's verdict or the timeout's. [`rule`] and [`rule_verdict`] are that mapping, and
+//! human's verdict or the timeout's. The response side's block is ruled here too: under
+//! `on_stop = "pause"` it is a hold, which a response cannot wait in, so the call goes
+//! through and the conversation's next request is held ([`Standing::Awaiting`]). [`rule`] and [`rule_verdict`] are that mapping, and
 //! nothing else makes it: pure functions of their inputs, with no bytes, HTTP or store.
 //! Carrying a ruling out (appending a reminder, building a halt reply) is
 //! [`super::Intervener::carry_out`]'s; logging it and making a halt sticky,
@@ -27,10 +29,33 @@ pub enum Act {
     /// Forward the request with the looping turns cut out (a replan reminder instead when
     /// they cannot be cut).
     RollBack,
-    /// Answer with a halt reply; the upstream is not called.
-    Halt,
+    /// Answer with a halt reply saying why the run stopped; the upstream is not called.
+    Halt(Stop),
     /// Hold the request until a human (or the timeout) decides.
     Hold,
+}
+
+/// Why a halt stops a run: what its reply tells the agent, and what a sticky halt keeps
+/// telling it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Detection: the run is going in circles.
+    Loop,
+    /// A hard budget (steps, tokens) is spent.
+    Budget,
+    /// A person: an operator's halt, or a human's verdict on a held request.
+    Operator,
+}
+
+impl Stop {
+    /// Why detection stops a run with this decision.
+    fn of(decision: &Decision) -> Stop {
+        if decision.spent_budget() {
+            Stop::Budget
+        } else {
+            Stop::Loop
+        }
+    }
 }
 
 /// Which reminder a request gets.
@@ -98,15 +123,33 @@ pub fn rule(decision: Decision, standing: &Standing, config: &InterveneConfig) -
             source: Source::Policy,
         };
     }
-    if let Standing::Halted { reason } = standing {
-        // Halted already (perhaps by a human's verdict): answered again, never held again.
-        decision.action = Action::Halt;
-        decision.reason = reason.clone();
-        return Ruling {
-            decision,
-            act: Act::Halt,
-            source: Source::Sticky,
-        };
+    match standing {
+        Standing::Halted { reason, stop } => {
+            // Halted already (perhaps by a human's verdict): answered again, for the same
+            // reason, never held again.
+            decision.action = Action::Halt;
+            decision.reason = reason.clone();
+            return Ruling {
+                decision,
+                act: Act::Halt(*stop),
+                source: Source::Sticky,
+            };
+        }
+        Standing::Awaiting {
+            reason, detector, ..
+        } => {
+            // Under `on_stop = "pause"` the response side let a looping call through
+            // rather than halt: the request that follows it waits for a human.
+            decision.action = Action::Pause;
+            decision.reason = reason.clone();
+            decision.detector = detector.clone();
+            return Ruling {
+                decision,
+                act: Act::Hold,
+                source: Source::Policy,
+            };
+        }
+        Standing::Free { .. } => {}
     }
     if config.on_stop == StopMode::Pause && matches!(decision.action, Action::Halt | Action::Block)
     {
@@ -121,7 +164,7 @@ pub fn rule(decision: Decision, standing: &Standing, config: &InterveneConfig) -
         Action::Replan => Act::Remind(Reminder::Replan),
         Action::Rollback => Act::RollBack,
         Action::Pause => Act::Hold,
-        Action::Halt | Action::Block => Act::Halt,
+        Action::Halt | Action::Block => Act::Halt(Stop::of(&decision)),
     };
     Ruling {
         decision,
@@ -131,12 +174,17 @@ pub fn rule(decision: Decision, standing: &Standing, config: &InterveneConfig) -
 }
 
 /// What happens to a held request once `by` gave `verdict` on `decision` (the one it was
-/// held for). The ruling's decision is the verdict's action, for the log.
+/// held for). The ruling's decision is the verdict's action, for the log. A human's halt
+/// is a person stopping the run; the timeout's is the policy's own stop.
 pub fn rule_verdict(verdict: Verdict, by: DecidedBy, decision: &Decision) -> Ruling {
+    let halt = match by {
+        DecidedBy::Human => Stop::Operator,
+        DecidedBy::Timeout => Stop::of(decision),
+    };
     let (action, act) = match verdict {
         Verdict::Continue => (Action::Observe, Act::Forward),
         Verdict::Nudge => (Action::Nudge, Act::Remind(Reminder::Nudge)),
-        Verdict::Halt => (Action::Halt, Act::Halt),
+        Verdict::Halt => (Action::Halt, Act::Halt(halt)),
     };
     let mut decision = decision.clone();
     decision.action = action;
@@ -174,16 +222,23 @@ mod tests {
         use Action::*;
         use StopMode::{Halt as H, Pause as P};
         let on = |on_stop, rollback| config(true, on_stop, rollback);
-        let free = || Standing::Free {
-            resumed_at: Vec::new(),
-            human_resumed: false,
-            resumed_now: false,
-        };
+        let free = Standing::free;
         let halted = || Standing::Halted {
             reason: "earlier".into(),
+            stop: Stop::Loop,
+        };
+        let by_hand = || Standing::Halted {
+            reason: "earlier".into(),
+            stop: Stop::Operator,
+        };
+        let awaiting = || Standing::Awaiting {
+            reason: "earlier".into(),
+            detector: "fail_loop".into(),
+            resumed_at: Vec::new(),
         };
         let nudge = Act::Remind(Reminder::Nudge);
         let replan = Act::Remind(Reminder::Replan);
+        let halt = Act::Halt(Stop::Loop);
         // (engine's action, switches, standing) → (action acted on, act, source)
         #[rustfmt::skip]
         let table: Vec<(Action, InterveneConfig, Standing, Action, Act, Source)> = vec![
@@ -193,15 +248,19 @@ mod tests {
             (Rollback, on(H, false), free(), Replan,  replan,       Source::Policy),
             (Rollback, on(H, true),  free(), Rollback, Act::RollBack, Source::Policy),
             (Pause,    on(H, false), free(), Pause,   Act::Hold,    Source::Policy),
-            (Halt,     on(H, false), free(), Halt,    Act::Halt,    Source::Policy),
-            (Block,    on(H, false), free(), Block,   Act::Halt,    Source::Policy),
+            (Halt,     on(H, false), free(), Halt,    halt,         Source::Policy),
+            (Block,    on(H, false), free(), Block,   halt,         Source::Policy),
             (Halt,     on(P, false), free(), Pause,   Act::Hold,    Source::Policy),
             (Block,    on(P, false), free(), Pause,   Act::Hold,    Source::Policy),
             (Nudge,    on(P, false), free(), Nudge,   nudge,        Source::Policy),
             // A halted conversation is answered with its halt, whatever the engine says,
             // and never held again.
-            (Observe,  on(H, false), halted(), Halt, Act::Halt, Source::Sticky),
-            (Nudge,    on(P, false), halted(), Halt, Act::Halt, Source::Sticky),
+            (Observe,  on(H, false), halted(), Halt, halt, Source::Sticky),
+            (Nudge,    on(P, false), halted(), Halt, halt, Source::Sticky),
+            // ... and its halt says who stopped it.
+            (Observe,  on(H, false), by_hand(), Halt, Act::Halt(Stop::Operator), Source::Sticky),
+            // A block let through under pause: the next request waits for a human.
+            (Observe,  on(P, false), awaiting(), Pause, Act::Hold, Source::Policy),
             // Interventions off: everything is forwarded, the decision logged as it was.
             (Halt,     config(false, H, true), free(), Halt, Act::Forward, Source::Policy),
             (Nudge,    config(false, H, true), halted(), Nudge, Act::Forward, Source::Policy),
@@ -217,7 +276,11 @@ mod tests {
                 config.rollback
             );
             let reason = match &standing {
-                Standing::Halted { reason } if config.enabled => reason.as_str(),
+                Standing::Halted { reason, .. } | Standing::Awaiting { reason, .. }
+                    if config.enabled =>
+                {
+                    reason.as_str()
+                }
                 _ => "ran `pytest` 3 times with the same failure",
             };
             assert_eq!(r.decision.reason, reason);
@@ -247,8 +310,16 @@ mod tests {
                 Verdict::Halt,
                 DecidedBy::Timeout,
                 Action::Halt,
-                Act::Halt,
+                Act::Halt(Stop::Loop),
                 Source::Timeout,
+            ),
+            // A person who decides to halt stopped the run.
+            (
+                Verdict::Halt,
+                DecidedBy::Human,
+                Action::Halt,
+                Act::Halt(Stop::Operator),
+                Source::Human,
             ),
         ];
         for (verdict, by, action, act, source) in table {
@@ -256,5 +327,27 @@ mod tests {
             assert_eq!((r.decision.action, r.act, r.source), (action, act, source));
             assert_eq!(r.decision.reason, held.reason);
         }
+    }
+
+    #[test]
+    fn a_spent_budget_halts_as_a_budget_and_not_as_a_loop() {
+        let mut budget = decided(Action::Halt);
+        budget.detector = "budget".into();
+        let mut spent = crate::detect::Finding::new(
+            "budget",
+            1.0,
+            vec![40],
+            "41 steps used of an adaptive budget of 40".into(),
+            "The step budget is spent.",
+        );
+        spent.hard = true;
+        budget.findings = vec![spent];
+        let config = config(true, StopMode::Halt, false);
+        let r = rule(budget.clone(), &Standing::free(), &config);
+        assert_eq!(r.act, Act::Halt(Stop::Budget));
+        let r = rule_verdict(Verdict::Halt, DecidedBy::Timeout, &budget);
+        assert_eq!(r.act, Act::Halt(Stop::Budget));
+        let r = rule(decided(Action::Halt), &Standing::free(), &config);
+        assert_eq!(r.act, Act::Halt(Stop::Loop));
     }
 }

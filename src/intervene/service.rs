@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::controls::{human_messages, Control, Controls, Standing};
 use super::pause::{DecidedBy, FindingInfo, HeldInfo, Pending, Ticket};
-use super::ruling::{self, Ruling, Source};
+use super::ruling::{self, Act, Ruling, Source, Stop};
 use super::{Applied, Carried, InterveneConfig, Intervener, RequestInfo, Verdict};
 use crate::detect::{Action, Decision, DetectConfig, Engine, EngineState, StoreFacts};
 use crate::dialect::ResponseTurn;
@@ -100,10 +100,12 @@ impl Interventions {
         let humans = self.humans(transcript);
         let standing = self.controls.standing(conversation, humans, transcript);
         let facts = match &standing {
-            Standing::Free { resumed_at, .. } => StoreFacts {
-                resumed_at: resumed_at.clone(),
-                dismissed: Vec::new(),
-            },
+            Standing::Free { resumed_at, .. } | Standing::Awaiting { resumed_at, .. } => {
+                StoreFacts {
+                    resumed_at: resumed_at.clone(),
+                    dismissed: Vec::new(),
+                }
+            }
             Standing::Halted { .. } => StoreFacts::default(),
         };
         if let Standing::Free {
@@ -151,10 +153,13 @@ impl Interventions {
         if carried.applied != Applied::Forwarded {
             self.log_ruling(&ruling, req, Some(request_id), carried.applied);
         }
-        if carried.applied == Applied::Halted && ruling.source == Source::Policy {
-            self.controls.halt_by_policy(
+        if let (Act::Halt(stop), Applied::Halted, Source::Policy) =
+            (ruling.act, carried.applied, ruling.source)
+        {
+            self.controls.halt(
                 &req.conversation,
                 &ruling.decision.reason,
+                stop,
                 &req.transcript,
                 self.humans(&req.transcript),
             );
@@ -177,14 +182,14 @@ impl Interventions {
             deadline_ms: now + (pause.timeout_secs as i64) * 1000,
             on_timeout: pause.on_timeout,
             detector: decision.detector.clone(),
-            reason: decision.reason.clone(),
+            reason: decision.reason.as_str().into(),
             findings: decision
                 .findings
                 .iter()
                 .map(|f| FindingInfo {
                     detector: f.detector.clone(),
-                    summary: f.summary.clone(),
-                    suggestion: f.suggestion.clone(),
+                    summary: f.summary.as_str().into(),
+                    suggestion: f.suggestion.as_str().into(),
                 })
                 .collect(),
             stream: req.stream,
@@ -213,14 +218,17 @@ impl Interventions {
         let ruling = ruling::rule_verdict(verdict, by, decision);
         let carried = self.intervener.carry_out(&ruling, req);
         self.log_ruling(&ruling, req, Some(request_id), carried.applied);
-        match verdict {
-            Verdict::Halt => self.controls.halt_by_policy(
+        match ruling.act {
+            Act::Halt(stop) => self.controls.halt(
                 &req.conversation,
                 &decision.reason,
+                stop,
                 &req.transcript,
                 self.humans(&req.transcript),
             ),
-            Verdict::Continue | Verdict::Nudge => self.controls.release(&req.conversation),
+            Act::Forward | Act::Remind(_) | Act::RollBack | Act::Hold => {
+                self.controls.release(&req.conversation)
+            }
         }
         carried
     }
@@ -231,8 +239,14 @@ impl Interventions {
         self.config().enabled && self.config().block && state.may_block(&engine.config)
     }
 
-    /// The response-side check: `Some((decision, halt text))` when the response's calls
-    /// complete a loop the policy halts on. Logs the block and halts the conversation.
+    /// The response-side check: `Some((decision, why))` when the response's calls complete
+    /// a loop the policy halts on and the ruling is to block them (the caller replaces
+    /// them by the halt). Logs the block and halts the conversation.
+    ///
+    /// Under `on_stop = "pause"` the ruling is a hold, and a response cannot be held for a
+    /// human mid-answer (the client is reading it; a verdict of `nudge` would have nothing
+    /// to remind): the calls go through, and the conversation's next request, the one that
+    /// carries their results, is held instead. The run never halts without a human.
     pub fn check_response(
         &self,
         engine: &Engine,
@@ -240,34 +254,60 @@ impl Interventions {
         turn: &ResponseTurn,
         req: &RequestInfo<'_>,
         request_id: i64,
-    ) -> Option<(Decision, String)> {
+    ) -> Option<(Decision, Stop)> {
         let decision = engine.decide_response_with(state, turn);
         if decision.action != Action::Block {
             return None;
         }
-        let text = self.intervener.halt_text(&decision, req);
-        let ruling = Ruling {
-            decision,
-            act: ruling::Act::Halt,
-            source: Source::Policy,
-        };
-        self.log_ruling(&ruling, req, Some(request_id), Applied::Blocked);
-        self.controls.halt_by_policy(
-            &req.conversation,
-            &ruling.decision.reason,
-            &req.transcript,
-            self.humans(&req.transcript),
-        );
-        let decision = ruling.decision;
-        Some((decision, text))
+        let ruling = ruling::rule(decision, &Standing::free(), self.config());
+        match ruling.act {
+            Act::Halt(stop) => {
+                self.log_ruling(&ruling, req, Some(request_id), Applied::Blocked);
+                self.controls.halt(
+                    &req.conversation,
+                    &ruling.decision.reason,
+                    stop,
+                    &req.transcript,
+                    self.humans(&req.transcript),
+                );
+                Some((ruling.decision, stop))
+            }
+            Act::Hold => {
+                self.log_ruling(&ruling, req, Some(request_id), Applied::Forwarded);
+                let d = &ruling.decision;
+                self.controls
+                    .hold_next(&req.conversation, &d.reason, &d.detector);
+                None
+            }
+            Act::Forward | Act::Remind(_) | Act::RollBack => None,
+        }
     }
 
-    /// An operator halts a conversation by hand.
+    /// Whether the proxy knows the conversation: it has a stored control, a held request,
+    /// or a request in the log. An operator's halt or resume of any other id is a mistake
+    /// (a typo, a stale id) and must not create state for a conversation nobody runs.
+    async fn knows(&self, conversation: &str) -> Result<bool, crate::store::Error> {
+        if self.controls.contains(conversation)
+            || self
+                .pending
+                .list()
+                .iter()
+                .any(|h| h.conversation_id == conversation)
+        {
+            return Ok(true);
+        }
+        self.store.has_conversation(conversation).await
+    }
+
+    /// An operator halts a conversation by hand; `None` when the conversation is unknown.
     pub async fn operator_halt(
         &self,
         conversation: &str,
         reason: &str,
-    ) -> Result<Control, crate::store::Error> {
+    ) -> Result<Option<Control>, crate::store::Error> {
+        if !self.knows(conversation).await? {
+            return Ok(None);
+        }
         let c = self.controls.halt_by_operator(conversation, reason).await?;
         self.log(
             conversation,
@@ -279,14 +319,17 @@ impl Interventions {
             reason,
             "",
         );
-        Ok(c)
+        Ok(Some(c))
     }
 
-    /// An operator resumes a conversation.
+    /// An operator resumes a conversation; `None` when the conversation is unknown.
     pub async fn operator_resume(
         &self,
         conversation: &str,
-    ) -> Result<Control, crate::store::Error> {
+    ) -> Result<Option<Control>, crate::store::Error> {
+        if !self.knows(conversation).await? {
+            return Ok(None);
+        }
         let c = self.controls.resume(conversation).await?;
         self.log(
             conversation,
@@ -298,7 +341,7 @@ impl Interventions {
             "resumed by an operator",
             "",
         );
-        Ok(c)
+        Ok(Some(c))
     }
 
     fn log_ruling(
@@ -309,7 +352,7 @@ impl Interventions {
         applied: Applied,
     ) {
         let d = &ruling.decision;
-        let finding = d.findings.first().map(|f| f.summary.as_str()).unwrap_or("");
+        let finding = d.lead().map(|f| f.summary.as_str()).unwrap_or("");
         self.log(
             &req.conversation,
             request_id,
@@ -334,27 +377,27 @@ impl Interventions {
         reason: &str,
         finding: &str,
     ) {
-        let (applied, source) = (applied.as_str(), source.as_str());
+        let row = InterventionRow {
+            conversation_id: conversation.to_string(),
+            request_id,
+            created_ms: now_ms(),
+            action: action.to_string(),
+            applied: applied.as_str().to_string(),
+            source: source.as_str().to_string(),
+            detector: detector.to_string(),
+            reason: reason.into(),
+            finding: finding.into(),
+        };
+        // The line on stderr says what the row says, masked as it is.
         tracing::info!(
             conversation,
             action,
-            applied,
-            source,
+            applied = row.applied,
+            source = row.source,
             detector,
-            reason,
+            reason = %row.reason,
             "intervention"
         );
-        self.store
-            .log(Record::Intervention(Box::new(InterventionRow {
-                conversation_id: conversation.to_string(),
-                request_id,
-                created_ms: now_ms(),
-                action: action.to_string(),
-                applied: applied.to_string(),
-                source: source.to_string(),
-                detector: detector.to_string(),
-                reason: reason.to_string(),
-                finding: finding.to_string(),
-            })));
+        self.store.log(Record::Intervention(Box::new(row)));
     }
 }

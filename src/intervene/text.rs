@@ -20,10 +20,20 @@ Your goal: {goal}\n\
 Stop and replan before the next action: write a short summary of what you have tried so \
 far and why it did not work, then pick a different approach from the ones you tried. {suggestion}";
 
-/// Default text of a halt reply.
+/// Default text of a halt reply when the run was going in circles.
 pub const HALT: &str = "[loopwarden] I stopped this run: {reason}. \
 It was going in circles, so a human should look at it before it continues. To resume, send a new message in this \
 conversation, or release it with POST /admin/api/conversations/{conversation}/resume on loopwarden.";
+
+/// Default text of a halt reply when a hard budget was spent.
+pub const BUDGET_HALT: &str = "[loopwarden] I stopped this run because its budget is spent: \
+{reason}. A human should decide whether it goes on. To resume, send a new message in this \
+conversation, or release it with POST /admin/api/conversations/{conversation}/resume on loopwarden.";
+
+/// Default text of a halt reply when an operator stopped the run.
+pub const OPERATOR_HALT: &str = "[loopwarden] An operator stopped this run: {reason}. \
+To resume, send a new message in this conversation, or ask the operator to release it \
+(POST /admin/api/conversations/{conversation}/resume on loopwarden).";
 
 /// Default note that replaces the turns removed by a rollback.
 pub const ROLLBACK: &str = "[loopwarden] {count} earlier turns were removed from this \
@@ -46,9 +56,10 @@ pub struct Fill<'a> {
 }
 
 impl<'a> Fill<'a> {
-    /// The values of a decision about a conversation whose task reads `goal`.
+    /// The values of a decision about a conversation whose task reads `goal`. The finding
+    /// is the one that led the decision, which the log records with it.
     pub fn of(decision: &'a Decision, goal: &'a str, conversation: &'a str) -> Fill<'a> {
-        let lead = decision.findings.first();
+        let lead = decision.lead();
         let finding = lead
             .map(|f| f.summary.as_str())
             .filter(|s| !s.is_empty())

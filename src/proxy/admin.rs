@@ -195,20 +195,26 @@ pub async fn conversations(
 pub async fn conversation(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
     match app.store.timeline(&id).await {
         Ok(Some(timeline)) => Json(timeline).into_response(),
-        Ok(None) => (
-            StatusCode::NOT_FOUND,
-            Json(serde_json::json!({ "error": "no such conversation" })),
-        )
-            .into_response(),
+        Ok(None) => no_such_conversation(),
         Err(e) => internal(e),
     }
 }
 
+fn no_such_conversation() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(serde_json::json!({ "error": "no such conversation" })),
+    )
+        .into_response()
+}
+
 /// `POST /admin/api/conversations/{id}/resume`: releases a halted conversation; its next
-/// request goes upstream and detection starts over from there.
+/// request goes upstream and detection starts over from there. 404 for an id the proxy
+/// has not seen.
 pub async fn resume_conversation(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
     match app.interventions.operator_resume(&id).await {
-        Ok(control) => Json(serde_json::json!({ "resumed": control })).into_response(),
+        Ok(Some(control)) => Json(serde_json::json!({ "resumed": control })).into_response(),
+        Ok(None) => no_such_conversation(),
         Err(e) => internal(e),
     }
 }
@@ -221,7 +227,7 @@ struct HaltBody {
 
 /// `POST /admin/api/conversations/{id}/halt` (optional body `{"reason": "..."}`): halts a
 /// conversation by hand; its requests get the halt reply until it is resumed or a human
-/// writes to it.
+/// writes to it. 404 for an id the proxy has not seen.
 pub async fn halt_conversation(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
@@ -238,9 +244,10 @@ pub async fn halt_conversation(
     let reason = parsed
         .reason
         .filter(|r| !r.trim().is_empty())
-        .unwrap_or_else(|| "halted by an operator".to_string());
+        .unwrap_or_else(|| "no reason given".to_string());
     match app.interventions.operator_halt(&id, &reason).await {
-        Ok(control) => Json(serde_json::json!({ "halted": control })).into_response(),
+        Ok(Some(control)) => Json(serde_json::json!({ "halted": control })).into_response(),
+        Ok(None) => no_such_conversation(),
         Err(e) => internal(e),
     }
 }

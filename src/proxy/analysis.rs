@@ -56,7 +56,7 @@ pub struct Analysis {
     pub model: Option<String>,
     pub stream: bool,
     pub parse: ParseStatus,
-    pub parse_error: Option<String>,
+    pub parse_error: Option<crate::store::Masked>,
     pub parsed: Option<Parsed>,
 }
 

@@ -179,7 +179,7 @@ fn refuse(
         id: next_request_id(),
         dialect: route.dialect.map(|(d, _)| d.as_str().into()),
         parse: parse.as_str().into(),
-        parse_error: Some(refusal.message()),
+        parse_error: Some(refusal.message().into()),
         applied: Applied::Rejected.as_str().into(),
         status: i64::from(refusal.status().as_u16()),
         outcome: Outcome::Rejected.as_str().into(),

@@ -157,7 +157,11 @@ impl Guard {
                     &self.request,
                     self.request_id,
                 )
-                .map(|(decision, text)| {
+                .map(|(decision, stop)| {
+                    let text =
+                        app.interventions
+                            .intervener
+                            .halt_text(&decision, stop, &self.request);
                     let _ = blocked.set(decision);
                     text
                 })
@@ -172,7 +176,7 @@ impl Guard {
         if turn.calls.is_empty() {
             return None;
         }
-        let (decision, _) = app.interventions.check_response(
+        let (decision, stop) = app.interventions.check_response(
             &app.analyser.engine,
             &self.state,
             &turn,
@@ -182,7 +186,7 @@ impl Guard {
         let reply = app
             .interventions
             .intervener
-            .halt_reply(&decision, &self.request);
+            .halt_reply(&decision, stop, &self.request);
         Some((decision, reply))
     }
 }

@@ -384,12 +384,17 @@ fn spawn_sweeper(app: std::sync::Weak<App>, idle: Duration) {
 /// Entry point of `loopwarden serve`.
 pub fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.load_config()?;
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR"),
+        ))
         .init();
     if let Some(files) = connection::raise_open_file_limit() {
         tracing::debug!(files, "open-file limit");
@@ -414,6 +419,13 @@ pub fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("log written; bye");
         Ok(())
     })
+}
+
+/// Whether log lines carry colour codes: only on a terminal, and not when `NO_COLOR` is
+/// set to anything but the empty string (<https://no-color.org>). Piped into a file or a
+/// log collector, escape codes are noise.
+fn colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// SIGTERM or Ctrl-C.
@@ -448,5 +460,18 @@ fn minor_faults() -> i64 {
         let mut usage: libc::rusage = std::mem::zeroed();
         assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut usage), 0);
         usage.ru_minflt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colour;
+
+    #[test]
+    fn colour_only_on_a_terminal_and_never_under_no_color() {
+        assert!(colour(true, None));
+        assert!(!colour(false, None), "piped: no escape codes");
+        assert!(!colour(true, Some("1".into())));
+        assert!(colour(true, Some("".into())), "an empty NO_COLOR is unset");
     }
 }

@@ -16,7 +16,7 @@ use crate::detect::{Action, Decision};
 use crate::dialect::{Dialect, ResponseTurn};
 use crate::store::redact::{summary, summary_of};
 use crate::store::{
-    ConversationSeen, DecisionRow, Deferred, FindingRow, Record, RequestRow, ToolCallRow,
+    ConversationSeen, DecisionRow, Deferred, FindingRow, Masked, Record, RequestRow, ToolCallRow,
 };
 use crate::transcript::{Step, ToolCall, ToolResult};
 
@@ -167,8 +167,8 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
             // Worked out from the whole call before its strings move.
             args_hash: call_hash_hex(&call),
             summary: call_summary(&call),
-            call_id: call.id,
-            name: call.name,
+            call_id: call.id.into(),
+            name: call.name.into(),
             result_hash: result
                 .as_ref()
                 .map(|r| blake3::hash(r.text.as_bytes()).to_hex().as_str().to_owned()),
@@ -208,8 +208,8 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
                 steps: serde_json::to_string(&f.steps).unwrap_or_else(|_| "[]".into()),
                 detector: f.detector,
                 confidence: f.confidence,
-                summary: f.summary,
-                suggestion: f.suggestion,
+                summary: f.summary.into(),
+                suggestion: f.suggestion.into(),
             })));
         }
         if decision.action != Action::Observe {
@@ -220,7 +220,7 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
                 action: decision.action.as_str().to_string(),
                 applied: row.applied.to_string(),
                 step: Some(next_step as i64),
-                reason: decision.reason,
+                reason: decision.reason.into(),
             })));
         }
     }
@@ -244,7 +244,7 @@ fn call_hash_hex(call: &ToolCall) -> String {
 }
 
 /// `name: <the argument that says what the call does>`, short and redacted.
-fn call_summary(call: &ToolCall) -> String {
+fn call_summary(call: &ToolCall) -> Masked {
     const TELLING: [&str; 8] = [
         "command",
         "cmd",

@@ -27,6 +27,7 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 
 pub use query::{ConversationSummary, OverheadStats, Timeline};
+pub use redact::Masked;
 pub use writer::Deferred;
 use writer::Entry;
 
@@ -90,7 +91,7 @@ pub struct RequestRow {
     pub model: Option<String>,
     pub stream: bool,
     pub parse: Label,
-    pub parse_error: Option<String>,
+    pub parse_error: Option<Masked>,
     pub steps: Option<i64>,
     pub decision: Option<Label>,
     pub applied: Label,
@@ -114,12 +115,12 @@ pub struct ToolCallRow {
     pub conversation_id: String,
     pub step: i64,
     pub call_index: i64,
-    pub call_id: String,
-    pub name: String,
+    pub call_id: Masked,
+    pub name: Masked,
     pub args_hash: String,
-    pub summary: String,
+    pub summary: Masked,
     pub result_hash: Option<String>,
-    pub result_summary: Option<String>,
+    pub result_summary: Option<Masked>,
     pub is_error: Option<bool>,
     pub request_id: i64,
     pub seen_ms: i64,
@@ -136,8 +137,8 @@ pub struct FindingRow {
     pub step: Option<i64>,
     /// JSON array of step indexes.
     pub steps: String,
-    pub summary: String,
-    pub suggestion: String,
+    pub summary: Masked,
+    pub suggestion: Masked,
 }
 
 /// A decision other than a plain observe, and what the proxy did with it.
@@ -149,7 +150,7 @@ pub struct DecisionRow {
     pub action: String,
     pub applied: String,
     pub step: Option<i64>,
-    pub reason: String,
+    pub reason: Masked,
 }
 
 /// One intervention (see `crate::intervene` and `migrations/0002_interventions.sql`).
@@ -162,8 +163,8 @@ pub struct InterventionRow {
     pub applied: String,
     pub source: String,
     pub detector: String,
-    pub reason: String,
-    pub finding: String,
+    pub reason: Masked,
+    pub finding: Masked,
 }
 
 /// Anything the log records.
@@ -217,8 +218,9 @@ pub struct Control {
     pub conversation_id: String,
     pub halted: bool,
     /// Why it was halted (shown again in every repeated halt).
-    pub reason: String,
-    /// `policy`, `operator` or `human`.
+    pub reason: Masked,
+    /// Who or what halted or released it: `policy` (a loop), `budget` (a spent budget),
+    /// `operator` (by hand, or a human's halt verdict) or `human` (a human let it go on).
     pub source: String,
     /// Human messages the conversation held when it was halted; a later request with more
     /// has a human speaking. `None` until the first request after an operator's halt.
@@ -325,6 +327,13 @@ impl Store {
     pub async fn timeline(&self, id: &str) -> Result<Option<Timeline>, Error> {
         match &self.backend {
             Backend::Sqlite(db) => Ok(sqlite::read::timeline(&db.pool(), id).await?),
+        }
+    }
+
+    /// Whether the log has seen the conversation (a request of it was logged).
+    pub async fn has_conversation(&self, id: &str) -> Result<bool, Error> {
+        match &self.backend {
+            Backend::Sqlite(db) => Ok(sqlite::read::has_conversation(&db.pool(), id).await?),
         }
     }
 
@@ -802,12 +811,12 @@ mod tests {
                 conversation_id: "c".into(),
                 step,
                 call_index: 0,
-                call_id: format!("call_{request_id}"),
+                call_id: format!("call_{request_id}").into(),
                 name: "Bash".into(),
                 args_hash: format!("h{request_id}"),
-                summary: format!("Bash: run {request_id}"),
+                summary: format!("Bash: run {request_id}").into(),
                 result_hash: result.map(|(h, _)| h.into()),
-                result_summary: result.map(|(h, _)| format!("out {h}")),
+                result_summary: result.map(|(h, _)| format!("out {h}").into()),
                 is_error: result.map(|(_, e)| e),
                 request_id,
                 seen_ms: request_id,
@@ -883,7 +892,7 @@ mod tests {
             r.dialect = (n % 2 == 0).then(|| "openai_chat".into());
             r.model = (n % 3 == 0).then(|| format!("m{n}"));
             r.stream = n % 2 == 1;
-            r.parse_error = (n % 5 == 0).then(|| format!("error {n}"));
+            r.parse_error = (n % 5 == 0).then(|| format!("error {n}").into());
             r.steps = (n % 4 != 0).then_some(n);
             r.decision = (n % 6 != 0).then(|| "observe".into());
             r.outcome = format!("outcome {n}").into();
@@ -953,8 +962,8 @@ mod tests {
                 confidence: n as f64 / 40.0,
                 step: (n % 5 != 0).then_some(n),
                 steps: format!("[{}]", n),
-                summary: format!("summary {n}"),
-                suggestion: format!("suggestion {n}"),
+                summary: format!("summary {n}").into(),
+                suggestion: format!("suggestion {n}").into(),
             }))
         };
         let mut records: Vec<Record> = (1..=31).map(finding).collect();

@@ -1,36 +1,153 @@
-//! Short, redacted evidence for the log. Tool arguments and results can hold anything an
-//! agent saw (environment dumps, config files), so what the log keeps of them is a one-line
-//! summary with anything that looks like a credential masked, plus a hash of the full text.
+//! Masked text for the log. Tool arguments and results can hold anything an agent saw
+//! (environment dumps, config files), and what detection says about them quotes them, so
+//! every text from a conversation that loopwarden keeps or shows is [`Masked`]: anything
+//! that looks like a credential replaced by `[redacted]`. Of tool arguments and results the
+//! log keeps a one-line masked summary ([`summary`]) and a hash of the full text.
 
+use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use regex::{Regex, RegexSet};
+use serde::Serialize;
 
 const MASK: &str = "[redacted]";
 
-/// Patterns of credentials, each replaced by `$keep` + MASK.
-const PATTERNS: [&str; 9] = [
-    // `Bearer <token>`, `key=...`, `"api_key": "..."`, `password: ...`: keep the name.
-    r#"(?i)(?P<keep>\bbearer\s+)[^\s"',;]+"#,
-    r#"(?i)(?P<keep>[?&](?:key|api_key|token|access_token)=)[^&\s"']+"#,
-    r#"(?i)(?P<keep>\b[\w-]*(?:api[_-]?key|token|secret|passw(?:or)?d|authorization|credential)s?\b["']?\s*[:=]\s*["']?)[^\s"',;&]+"#,
-    // Well-known key formats (OpenAI/Anthropic sk-, Google AIza, GitHub, Slack, AWS).
-    r"(?P<keep>)\b(?:sk|pk|rk)-[A-Za-z0-9_-]{8,}",
-    r"(?P<keep>)\bAIza[0-9A-Za-z_-]{20,}",
-    r"(?P<keep>)\b(?:ghp|gho|ghs|ghu|github_pat)_[A-Za-z0-9_]{16,}",
-    r"(?P<keep>)\bxox[abprs]-[A-Za-z0-9-]{10,}",
-    r"(?P<keep>)\bAKIA[0-9A-Z]{16}\b",
+/// Text that comes from a conversation (what an agent ran, read, wrote or was told, and
+/// what loopwarden says about it) with anything that looks like a credential masked.
+///
+/// Every such text that the log stores, the proxy writes to stderr or the admin API and
+/// the webhooks serve is a `Masked`: the log's rows, a held request's listing and a sticky
+/// halt's reason hold their texts as this type, and the only ways to build one mask. So
+/// masking is not a call each place has to remember: a place that forgot would not compile.
+/// (The reminders and halts sent to the model are plain strings: the model saw the text
+/// first.) Masking is idempotent, so text read back from the log is masked again on the
+/// way out, which also covers logs written before a pattern was added.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Masked(String);
+
+impl Masked {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for Masked {
+    fn from(text: &str) -> Masked {
+        Masked(redact(text))
+    }
+}
+
+impl From<String> for Masked {
+    /// Keeps the string's allocation when nothing in it needs masking (most texts).
+    fn from(text: String) -> Masked {
+        match mask(&text) {
+            Cow::Borrowed(_) => Masked(text),
+            Cow::Owned(masked) => Masked(masked),
+        }
+    }
+}
+
+impl std::ops::Deref for Masked {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<&str> for Masked {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl std::fmt::Display for Masked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A credential pattern: what it matches is replaced by its `keep` group and the mask,
+/// when `is_secret` says the match is one.
+struct Pattern {
+    regex: &'static str,
+    is_secret: fn(&str) -> bool,
+}
+
+const PATTERNS: [Pattern; 14] = [
+    // `Bearer <token>`, `key=...`, `"api_key": "..."`, `password: ...`,
+    // `aws_secret_access_key = ...`: keep the name.
+    Pattern::any(r#"(?i)(?P<keep>\bbearer\s+)[^\s"',;]+"#),
+    Pattern::any(r#"(?i)(?P<keep>[?&](?:key|api_key|token|access_token)=)[^&\s"']+"#),
+    Pattern::any(
+        r#"(?i)(?P<keep>\b[\w-]*(?:api[_-]?key|access[_-]?key|private[_-]?key|token|secret|passw(?:or)?d|passphrase|authorization|credential)[\w-]*["']?\s*[:=]\s*["']?)[^\s"',;&]+"#,
+    ),
+    // A PEM private key, from its first line to its last (or the end of the text, when a
+    // summary cut it short).
+    Pattern::any(
+        r"(?P<keep>-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----)(?s:.)*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\z)",
+    ),
+    // Well-known key formats: OpenAI and Anthropic `sk-`, Stripe, Google `AIza` and OAuth
+    // `ya29.`, GitHub, Slack, AWS access key ids, JSON Web Tokens (header and payload are
+    // enough: a cut one is still masked).
+    Pattern::any(r"(?P<keep>)\b(?:sk|pk|rk)-[A-Za-z0-9_-]{8,}"),
+    Pattern::any(r"(?P<keep>)\b(?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]{8,}"),
+    Pattern::any(r"(?P<keep>)\bAIza[0-9A-Za-z_-]{20,}"),
+    Pattern::any(r"(?P<keep>)\bya29\.[0-9A-Za-z_-]{20,}"),
+    Pattern::any(r"(?P<keep>)\b(?:ghp|gho|ghs|ghu|ghr|github_pat)_[A-Za-z0-9_]{16,}"),
+    Pattern::any(r"(?P<keep>)\bxox[abprse]-[A-Za-z0-9-]{10,}"),
+    Pattern::any(r"(?P<keep>)\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
+    Pattern::any(r"(?P<keep>)\beyJ[A-Za-z0-9_-]{6,}\.eyJ[A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]*)?"),
     // Any long unbroken token (keys, JWT parts): better masked than kept.
-    r"(?P<keep>)\b[A-Za-z0-9_\-]{40,}",
+    Pattern::any(r"(?P<keep>)\b[A-Za-z0-9_\-]{40,}"),
+    // A long base64 run (a key's body, an AWS secret key): masked when it reads like
+    // random bytes, not like a path (`/usr/lib/python3/site-packages/...`).
+    Pattern {
+        regex: r"(?P<keep>)[A-Za-z0-9+/]{40,}={0,2}",
+        is_secret: looks_random,
+    },
 ];
 
-static SECRETS: LazyLock<Vec<Regex>> =
-    LazyLock::new(|| PATTERNS.iter().filter_map(|p| Regex::new(p).ok()).collect());
+impl Pattern {
+    /// A pattern whose every match is a credential.
+    const fn any(regex: &'static str) -> Pattern {
+        Pattern {
+            regex,
+            is_secret: always,
+        }
+    }
+}
+
+fn always(_: &str) -> bool {
+    true
+}
+
+/// Base64 of random bytes mixes upper case, lower case and digits, with a `/` about once
+/// in 64 characters; a path has one every few characters.
+fn looks_random(run: &str) -> bool {
+    let has = |f: fn(&char) -> bool| run.chars().any(|c| f(&c));
+    let slashes = run.bytes().filter(|&b| b == b'/').count();
+    has(char::is_ascii_uppercase)
+        && has(char::is_ascii_lowercase)
+        && has(char::is_ascii_digit)
+        && slashes * 16 <= run.len()
+}
+
+/// A compiled pattern and its test of a match.
+type Compiled = (Regex, fn(&str) -> bool);
+
+static SECRETS: LazyLock<Vec<Compiled>> = LazyLock::new(|| {
+    PATTERNS
+        .iter()
+        .filter_map(|p| Regex::new(p.regex).ok().map(|re| (re, p.is_secret)))
+        .collect()
+});
 
 /// All the patterns in one automaton: most texts hold no credential, and one pass over
 /// them says so (the nine patterns one by one were 3,100 of the 4,800 instructions of a
 /// tool call's summary; the set and the rest of the summary now take 2,100).
-static ANY_SECRET: LazyLock<Option<RegexSet>> = LazyLock::new(|| RegexSet::new(PATTERNS).ok());
+static ANY_SECRET: LazyLock<Option<RegexSet>> =
+    LazyLock::new(|| RegexSet::new(PATTERNS.iter().map(|p| p.regex)).ok());
 
 /// Compiles the patterns now, so the first request that needs them does not pay for it.
 pub fn warm_up() {
@@ -40,18 +157,26 @@ pub fn warm_up() {
 
 /// Masks credentials in `text`.
 pub fn redact(text: &str) -> String {
-    let mut out = text.to_string();
+    mask(text).into_owned()
+}
+
+/// `text` with credentials masked; borrowed when there is none.
+fn mask(text: &str) -> Cow<'_, str> {
     // No pattern matches the text: none matches after a replacement either, as there is none.
     if ANY_SECRET.as_ref().is_some_and(|set| !set.is_match(text)) {
-        return out;
+        return Cow::Borrowed(text);
     }
-    for re in SECRETS.iter() {
+    let mut out = Cow::Borrowed(text);
+    for (re, is_secret) in SECRETS.iter() {
         if re.is_match(&out) {
-            out = re
-                .replace_all(&out, |c: &regex::Captures| {
-                    format!("{}{MASK}", c.name("keep").map_or("", |m| m.as_str()))
-                })
-                .into_owned();
+            let replaced = re.replace_all(&out, |c: &regex::Captures| {
+                let whole = c.get(0).map_or("", |m| m.as_str());
+                if !is_secret(whole) {
+                    return whole.to_string();
+                }
+                format!("{}{MASK}", c.name("keep").map_or("", |m| m.as_str()))
+            });
+            out = Cow::Owned(replaced.into_owned());
         }
     }
     out
@@ -59,12 +184,12 @@ pub fn redact(text: &str) -> String {
 
 /// One line of at most `max_chars` characters: whitespace runs collapsed, credentials
 /// masked, cut with `…` when longer. Only a bounded prefix of the input is looked at.
-pub fn summary(text: &str, max_chars: usize) -> String {
+pub fn summary(text: &str, max_chars: usize) -> Masked {
     summary_of(&[text], max_chars)
 }
 
 /// [`summary`] of the texts one after the other, without first copying them into one.
-pub fn summary_of(texts: &[&str], max_chars: usize) -> String {
+pub fn summary_of(texts: &[&str], max_chars: usize) -> Masked {
     // Redacting the whole of a 1 MB tool result would be wasted work: look at a prefix a
     // little longer than what is kept (masking can only shorten long tokens).
     let mut line = String::with_capacity(max_chars * 2);
@@ -85,11 +210,11 @@ pub fn summary_of(texts: &[&str], max_chars: usize) -> String {
     }
     let redacted = redact(line.trim_end());
     if redacted.chars().count() <= max_chars {
-        return redacted;
+        return Masked(redacted);
     }
     let mut cut: String = redacted.chars().take(max_chars.saturating_sub(1)).collect();
     cut.push('…');
-    cut
+    Masked(cut)
 }
 
 #[cfg(test)]
@@ -123,6 +248,66 @@ mod tests {
         assert_eq!(
             redact("cat src/main.rs | head -5"),
             "cat src/main.rs | head -5"
+        );
+    }
+
+    #[test]
+    fn every_common_key_shape_is_masked_and_paths_and_hashes_of_code_are_kept() {
+        // (text, the part that must go)
+        let cases = [
+            ("key sk-proj-Q2x7VbN4kL9mT1rZ8wY3uH6p here", "Q2x7VbN4"),
+            ("sk-ant-api03-Xq8Lm2Nv7Bc4Zt9Rw1Ys6Hd3Kf0", "Xq8Lm2Nv"),
+            ("AIzaSyD4m7Qx2Lk9Vb1Nw8Zr5Tc3Hy6Pf0Gj", "D4m7Qx2L"),
+            ("ya29.a0AfH6SMBx3Lk9Vb1Nw8Zr5Tc3Hy6", "a0AfH6SM"),
+            ("id AKIAQ4X7M2L9V1N8Z5T3 denied", "Q4X7M2L9"),
+            ("temporary ASIAQ4X7M2L9V1N8Z5T3", "Q4X7M2L9"),
+            (
+                "aws_secret_access_key = Wq7Lm2Nv9Bc4/Zt1Rw8Ys3Hd6+Kf0Pg5JjXa2Qe7U",
+                "Wq7Lm2Nv",
+            ),
+            ("a bare Wq7Lm2Nv9Bc4/Zt1Rw8Ys3Hd6+Kf0Pg5JjXa2Qe7U secret", "Wq7Lm2Nv"),
+            ("ghp_Lm3Nv8Bc5Zt2Rw9Ys4Hd7Kf1Pg6JjXa3Qe8", "Lm3Nv8Bc"),
+            ("github_pat_11ABCDEFG0123456789_abcdefghij", "11ABCDEFG"),
+            ("xoxb-2048-4096-Nv4Bc6Zt3Rw0Ys5Hd8Kf2", "Nv4Bc6Zt"),
+            ("sk_live_51HxQ2x7VbN4kL9mT1rZ", "51HxQ2x7"),
+            (
+                "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAq8Lm2Nv7/Bc4Zt9Rw1+Ys6Hd3Kf0\nTn6Rm3Lk8Jh5\n-----END RSA PRIVATE KEY----- done",
+                "Tn6Rm3Lk",
+            ),
+            // A PEM block a summary cut short.
+            ("-----BEGIN OPENSSH PRIVATE KEY----- b3BlbnNzaC1rZXktdjEAAAA", "b3BlbnNz"),
+            ("password: Hunter2-Swordfish-77", "Hunter2"),
+            ("DB_PASSWORD=Hunter2-Swordfish-77", "Hunter2"),
+            (
+                "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZ2VudC03In0.Tq9Vb2Nw5Zr8Lk1Xc4Hy7Pf0Gj3",
+                "eyJzdWIi",
+            ),
+            // A JSON Web Token cut short is still one.
+            ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZ2", "eyJzdWIi"),
+        ];
+        for (input, secret) in cases {
+            let out = redact(input);
+            assert!(!out.contains(secret), "{input:?} -> {out:?}");
+            assert!(out.contains(MASK), "{out:?}");
+        }
+        assert_eq!(redact("done"), "done");
+        for kept in [
+            "/usr/lib/python3/site-packages/loopwarden/proxy/forward/handler.py",
+            "FAILED test_calc.py::test_add - AssertionError: add(2, 2) returned 0",
+            "see https://example.com/docs/a/b/c/d/e/f/g/h/i/j/k/l/m/n",
+        ] {
+            assert_eq!(redact(kept), kept);
+        }
+    }
+
+    #[test]
+    fn masked_text_is_masked_once_and_for_all() {
+        let m = Masked::from("run with sk-proj-Q2x7VbN4kL9mT1rZ8wY3".to_string());
+        assert_eq!(m, "run with [redacted]");
+        assert_eq!(Masked::from(m.as_str()), m, "masking again changes nothing");
+        assert_eq!(
+            serde_json::to_string(&m).unwrap(),
+            "\"run with [redacted]\""
         );
     }
 

@@ -32,12 +32,45 @@ pub fn path(dialect: Dialect, conversation: &str, stream: bool) -> String {
     format!("/c/{conversation}{api}")
 }
 
+/// What a looping conversation says: the task, the command run again and again, its
+/// failing output, and what the agent writes before each run (nothing when empty).
+#[derive(Debug, Clone)]
+pub struct LoopText {
+    pub task: String,
+    pub command: String,
+    pub result: String,
+    pub thought: String,
+}
+
+impl Default for LoopText {
+    fn default() -> LoopText {
+        LoopText {
+            task: "Fix the failing test in test_calc.py".into(),
+            command: COMMAND.into(),
+            result: format!("{FAILURE}\n1 failed"),
+            thought: String::new(),
+        }
+    }
+}
+
 /// A conversation in which the agent ran the same failing test `k` times, as `dialect`
 /// sends it; `human` adds a user message at the end (a human speaking).
 pub fn loop_body(dialect: Dialect, k: usize, stream: bool, human: Option<&str>) -> Value {
-    let task = "Fix the failing test in test_calc.py";
-    let args = json!({"command": COMMAND});
-    let result = format!("{FAILURE}\n1 failed");
+    loop_body_with(dialect, k, stream, human, &LoopText::default())
+}
+
+/// [`loop_body`] saying `text`.
+pub fn loop_body_with(
+    dialect: Dialect,
+    k: usize,
+    stream: bool,
+    human: Option<&str>,
+    text: &LoopText,
+) -> Value {
+    let task = text.task.as_str();
+    let args = json!({"command": text.command});
+    let result = text.result.as_str();
+    let thought = (!text.thought.is_empty()).then_some(text.thought.as_str());
     match dialect {
         Dialect::OpenAiChat => {
             let mut m = vec![
@@ -45,7 +78,7 @@ pub fn loop_body(dialect: Dialect, k: usize, stream: bool, human: Option<&str>) 
                 json!({"role": "user", "content": task}),
             ];
             for i in 0..k {
-                m.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{i}"), "type": "function",
+                m.push(json!({"role": "assistant", "content": thought, "tool_calls": [{"id": format!("call_{i}"), "type": "function",
                     "function": {"name": "bash", "arguments": args.to_string()}}]}));
                 m.push(
                     json!({"role": "tool", "tool_call_id": format!("call_{i}"), "content": result}),
@@ -64,8 +97,11 @@ pub fn loop_body(dialect: Dialect, k: usize, stream: bool, human: Option<&str>) 
                 json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": task}]}),
             ];
             for i in 0..k {
+                if let Some(t) = thought {
+                    input.push(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": t}]}));
+                }
                 input.push(json!({"type": "function_call", "id": format!("fc_{i}"), "call_id": format!("call_{i}"),
-                    "name": "exec_command", "arguments": json!({"cmd": COMMAND}).to_string(), "status": "completed"}));
+                    "name": "exec_command", "arguments": json!({"cmd": text.command}).to_string(), "status": "completed"}));
                 input.push(
                     json!({"type": "function_call_output", "call_id": format!("call_{i}"),
                     "output": format!("Process exited with code 1\nOutput:\n{result}")}),
@@ -80,7 +116,12 @@ pub fn loop_body(dialect: Dialect, k: usize, stream: bool, human: Option<&str>) 
         Dialect::Anthropic => {
             let mut m = vec![json!({"role": "user", "content": [{"type": "text", "text": task}]})];
             for i in 0..k {
-                m.push(json!({"role": "assistant", "content": [{"type": "tool_use", "id": format!("toolu_{i}"), "name": "Bash", "input": args}]}));
+                let mut said: Vec<Value> = thought
+                    .map(|t| json!({"type": "text", "text": t}))
+                    .into_iter()
+                    .collect();
+                said.push(json!({"type": "tool_use", "id": format!("toolu_{i}"), "name": "Bash", "input": args}));
+                m.push(json!({"role": "assistant", "content": said}));
                 let mut content = vec![
                     json!({"type": "tool_result", "tool_use_id": format!("toolu_{i}"),
                     "content": format!("Exit code 1\n{result}"), "is_error": true}),
@@ -98,7 +139,10 @@ pub fn loop_body(dialect: Dialect, k: usize, stream: bool, human: Option<&str>) 
         Dialect::Gemini => {
             let mut c = vec![json!({"role": "user", "parts": [{"text": task}]})];
             for i in 0..k {
-                c.push(json!({"role": "model", "parts": [{"functionCall": {"name": "run_shell_command", "args": args, "id": format!("fc{i}")}}]}));
+                let mut parts: Vec<Value> =
+                    thought.map(|t| json!({"text": t})).into_iter().collect();
+                parts.push(json!({"functionCall": {"name": "run_shell_command", "args": args, "id": format!("fc{i}")}}));
+                c.push(json!({"role": "model", "parts": parts}));
                 c.push(json!({"role": "user", "parts": [{"functionResponse": {"name": "run_shell_command", "id": format!("fc{i}"),
                     "response": {"output": format!("Output: {result}\nExit Code: 1")}}}]}));
             }
@@ -125,6 +169,33 @@ pub fn first_k(dialect: Dialect, action: Action) -> usize {
     (1..40)
         .find(|&k| decide(dialect, &loop_body(dialect, k, false, None)) == action)
         .unwrap_or_else(|| panic!("{dialect:?}: the engine never decides {action:?} on the loop"))
+}
+
+/// The smallest k whose request is forwarded but whose answer (the looping call) is blocked.
+pub fn block_k(dialect: Dialect) -> Option<usize> {
+    use loopwarden::detect::{Engine, StoreFacts};
+    let engine = Engine::default();
+    let call = {
+        let c = loop_call(dialect);
+        loopwarden::transcript::ToolCall {
+            id: "x".into(),
+            name: c.name.clone(),
+            args: c.arguments.clone().unwrap_or(json!({})),
+        }
+    };
+    (1..40).find(|&k| {
+        let bytes = loop_body(dialect, k, false, None).to_string();
+        let t = dialect
+            .parse_request(bytes.as_bytes(), dialect == Dialect::Gemini)
+            .unwrap()
+            .transcript;
+        let (d, state) = engine.decide_with(&t, &StoreFacts::default(), None);
+        let turn = loopwarden::dialect::ResponseTurn {
+            calls: vec![call.clone()],
+            ..Default::default()
+        };
+        !d.action.stops() && engine.decide_response_with(&state, &turn).action == Action::Block
+    })
 }
 
 /// The mock's looping turn: the same test again.

@@ -308,6 +308,71 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
+/// `loopwarden serve` as a user runs it: the real binary, the URL from the line it prints,
+/// and its stderr read as it comes (a full pipe would stop the proxy).
+pub struct Served {
+    pub child: tokio::process::Child,
+    pub url: String,
+    stderr: tokio::task::JoinHandle<String>,
+}
+
+impl Served {
+    /// Starts `loopwarden serve --listen 127.0.0.1:0` with `args` and `env` added.
+    pub async fn start(args: &[&str], env: &[(&str, String)]) -> Served {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_loopwarden"));
+        command
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = lines.next_line().await.unwrap().unwrap();
+        let url = line
+            .strip_prefix("loopwarden listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let mut pipe = child.stderr.take().unwrap();
+        let stderr = tokio::spawn(async move {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text).await;
+            text
+        });
+        Served { child, url, stderr }
+    }
+
+    pub fn sigterm(&self) {
+        let pid = self.child.id().unwrap().to_string();
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the proxy to exit; how it exited and what it wrote on stderr.
+    pub async fn finish(mut self) -> (std::process::ExitStatus, String) {
+        let status = self.child.wait().await.unwrap();
+        (status, self.stderr.await.unwrap())
+    }
+
+    /// SIGTERM, then a clean exit (the log written out); what it wrote on stderr.
+    pub async fn stop(self) -> String {
+        self.sigterm();
+        let (status, stderr) = self.finish().await;
+        assert!(status.success(), "exit status {status:?}: {stderr}");
+        stderr
+    }
+}
+
 /// A port nothing listens on.
 pub async fn closed_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();

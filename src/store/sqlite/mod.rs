@@ -14,7 +14,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::SqlitePool;
 
 use super::writer::{self, Handle};
-use super::{Control, Label, StoreOptions};
+use super::{Control, Label, Masked, StoreOptions};
 
 /// The read side of a SQLite log.
 #[derive(Clone)]
@@ -129,7 +129,7 @@ impl Sqlite {
         )
         .bind(&c.conversation_id)
         .bind(c.halted)
-        .bind(&c.reason)
+        .bind(c.reason.as_str())
         .bind(&c.source)
         .bind(c.humans_at_halt)
         .bind(c.resume_pending)
@@ -160,6 +160,29 @@ impl<'r> sqlx::Decode<'r, sqlx::Sqlite> for Label {
 }
 
 impl rusqlite::ToSql for Label {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        self.as_str().to_sql()
+    }
+}
+
+// `Masked` text is text in SQLite too. Read back, it is masked again: a log written before a
+// pattern was added is served masked all the same.
+impl sqlx::Type<sqlx::Sqlite> for Masked {
+    fn type_info() -> sqlx::sqlite::SqliteTypeInfo {
+        <String as sqlx::Type<sqlx::Sqlite>>::type_info()
+    }
+    fn compatible(ty: &sqlx::sqlite::SqliteTypeInfo) -> bool {
+        <String as sqlx::Type<sqlx::Sqlite>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Sqlite> for Masked {
+    fn decode(value: sqlx::sqlite::SqliteValueRef<'r>) -> Result<Masked, sqlx::error::BoxDynError> {
+        <String as sqlx::Decode<sqlx::Sqlite>>::decode(value).map(Masked::from)
+    }
+}
+
+impl rusqlite::ToSql for Masked {
     fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
         self.as_str().to_sql()
     }

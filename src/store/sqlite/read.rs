@@ -31,6 +31,14 @@ pub(crate) async fn conversations(
     .await
 }
 
+/// Whether a conversation has a row.
+pub(crate) async fn has_conversation(pool: &SqlitePool, id: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM conversations WHERE id = ?1)")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+}
+
 /// One conversation's timeline, or `None` when the id is unknown.
 pub(crate) async fn timeline(pool: &SqlitePool, id: &str) -> Result<Option<Timeline>, sqlx::Error> {
     let Some(conversation) =
