@@ -511,3 +511,32 @@ async fn latency_delays_the_response_head() {
         "Read"
     );
 }
+
+/// A mock serving a load test keeps the most recent requests only (64 MiB of bodies), not
+/// every body it was sent.
+#[tokio::test]
+async fn a_mock_under_load_keeps_only_its_most_recent_requests() {
+    let mock = MockServer::start(Script::default()).await.unwrap();
+    let big = |i: usize| {
+        json!({"model": "m", "messages": [{"role": "user", "content": format!("{i} {}", "x".repeat(1 << 20))}]})
+            .to_string()
+    };
+    let c = client();
+    for i in 0..80 {
+        let r = c
+            .post(format!("{}/v1/chat/completions", mock.url()))
+            .body(big(i))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let kept = mock.requests();
+    assert!(kept.len() < 80, "{} kept", kept.len());
+    assert!(kept.iter().map(|r| r.body.len()).sum::<usize>() <= 64 << 20);
+    let last = kept.last().unwrap().json();
+    assert!(last["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .starts_with("79 "));
+}

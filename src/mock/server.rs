@@ -57,8 +57,21 @@ impl CapturedRequest {
 struct Shared {
     script: Mutex<Arc<Script>>,
     budgets: Mutex<ErrorBudgets>,
-    requests: Mutex<Vec<CapturedRequest>>,
+    requests: Mutex<Kept>,
     capture: Option<Mutex<std::fs::File>>,
+}
+
+/// The bodies of the requests kept for [`MockServer::requests`] stay under this many bytes,
+/// the oldest dropped first: a mock serving a load test (`scripts/bench.sh` drives one with
+/// thousands of 2 MB bodies) must not keep them all.
+const KEPT_BYTES_MAX: usize = 64 << 20;
+
+/// The most recent requests, and how many were received in all.
+#[derive(Default)]
+struct Kept {
+    requests: std::collections::VecDeque<CapturedRequest>,
+    bytes: usize,
+    received: usize,
 }
 
 /// A running mock model server.
@@ -95,7 +108,7 @@ impl MockServer {
         let shared = Arc::new(Shared {
             script: Mutex::new(Arc::new(script)),
             budgets: Mutex::new(ErrorBudgets::default()),
-            requests: Mutex::new(Vec::new()),
+            requests: Mutex::new(Kept::default()),
             capture,
         });
         let accept = crate::spawn::task("mock accept", accept_loop(listener, shared.clone()));
@@ -114,9 +127,14 @@ impl MockServer {
         format!("http://{}", self.addr)
     }
 
-    /// Every request received so far, in order.
+    /// The requests received so far, in order: all of them, unless their bodies came to
+    /// more than [`KEPT_BYTES_MAX`] (then the most recent ones).
     pub fn requests(&self) -> Vec<CapturedRequest> {
-        lock(&self.shared.requests).clone()
+        lock(&self.shared.requests)
+            .requests
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// Replaces the script and resets the error budgets.
@@ -347,14 +365,25 @@ fn side_endpoint(req: &mut CapturedRequest, path: &str, post: bool) -> Reply {
 }
 
 fn record(shared: &Shared, req: CapturedRequest) {
+    let seq = {
+        let mut kept = lock(&shared.requests);
+        kept.received += 1;
+        kept.received
+    };
     if let Some(file) = &shared.capture {
-        let seq = lock(&shared.requests).len() + 1;
         let line = capture_line(seq, &req);
         let mut f = lock(file);
         let _ = writeln!(f, "{line}");
         let _ = f.flush();
     }
-    lock(&shared.requests).push(req);
+    let mut kept = lock(&shared.requests);
+    kept.bytes += req.body.len();
+    kept.requests.push_back(req);
+    while kept.bytes > KEPT_BYTES_MAX && kept.requests.len() > 1 {
+        if let Some(old) = kept.requests.pop_front() {
+            kept.bytes -= old.body.len();
+        }
+    }
 }
 
 /// Header names whose values are secrets; they never reach the capture file.
