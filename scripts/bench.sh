@@ -25,7 +25,8 @@
 #   MOCK_DELAY_MS (5, between streamed events), BIN (a binary to measure instead of
 #   building this checkout's), PGO=1 (measure scripts/build_pgo.sh's build, made first),
 #   IDLE=0 (skip the idle-conversation memory check, scripts/idle_memory.py), IDLE_WAVES (12),
-#   DRIVER (a load driver already built).
+#   DRIVER (a load driver already built), MOCK_BIN (the binary whose `mock` is the upstream;
+#   default BIN).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,7 +45,7 @@ LOADS=${LOADS:-"oa-8k-c1 oa-8k-c16 oa-8k-c64 oa-200k-c1 oa-200k-c16 oa-200k-c64 
 case ${1:-} in
   --quick) ROUNDS=1; DURATION=1.5; WARMUP=0.3 ;;
   "") ;;
-  *) sed -n '2,27p' "$0"; exit 2 ;;
+  *) sed -n '2,29p' "$0"; exit 2 ;;
 esac
 . "$ROOT/scripts/harness.sh"
 say() { printf '[%(%H:%M:%S)T] bench: %s\n' -1 "$*" >&2; }
@@ -74,7 +75,7 @@ STARTED=()
 cleanup() { local p; for p in "${STARTED[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-start_mock "$MOCK_PORT" "$BIN"
+start_mock "$MOCK_PORT" "${MOCK_BIN:-$BIN}"
 STARTED+=("$MOCK_PID")
 ACTIVE=()
 for peer in $PEERS; do
