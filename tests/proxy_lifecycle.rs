@@ -225,3 +225,15 @@ async fn a_bad_config_stops_the_start_naming_the_key() {
         "{stderr}"
     );
 }
+
+/// A supervisor may stop the proxy as soon as it says where it listens: the signal is
+/// listened for before that line, so the proxy always exits cleanly, its log written.
+#[tokio::test]
+async fn a_sigterm_right_after_the_listening_line_is_a_clean_stop() {
+    for _ in 0..12 {
+        let dir = tempfile::tempdir().unwrap();
+        let served = serve(&dir.path().join("log.db"), &[]).await;
+        let stderr = served.stop().await;
+        assert!(stderr.contains("log written"), "{stderr}");
+    }
+}

@@ -409,11 +409,15 @@ pub fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         let running = start(config).await?;
+        // Listened for before the proxy says it listens: a supervisor (or a test) may stop
+        // it as soon as it reads that line, and a signal that came first would kill it
+        // without writing out the log.
+        let stop = Shutdown::listen()?;
         // The one line a user (or a script) needs: where to point the agents.
         println!("loopwarden listening on {}", running.url());
         use std::io::Write;
         let _ = std::io::stdout().flush();
-        shutdown_signal().await;
+        stop.wait().await;
         tracing::info!("shutting down: finishing in-flight requests and writing the log");
         running.shutdown().await?;
         tracing::info!("log written; bye");
@@ -428,25 +432,39 @@ fn colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
     terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-/// SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGTERM or Ctrl-C, listened for from [`Shutdown::listen`] on.
+struct Shutdown {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    terminate: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Shutdown {
+    fn listen() -> std::io::Result<Shutdown> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Shutdown {
+                terminate: signal(SignalKind::terminate())?,
+                interrupt: signal(SignalKind::interrupt())?,
+            })
         }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = terminate => {}
+        #[cfg(not(unix))]
+        Ok(Shutdown {})
+    }
+
+    async fn wait(mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            let _ = &mut self;
+        }
     }
 }
 
