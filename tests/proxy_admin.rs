@@ -155,6 +155,19 @@ async fn without_a_token_only_loopback_host_names_are_answered() {
     assert_eq!(r.status, 200);
 }
 
+/// One request of conversation `id`, logged: the proxy has seen it.
+async fn seen(proxy: &TestProxy, id: &str) {
+    let r = client()
+        .post(proxy.url(Api::Chat.path(false)))
+        .header("x-loopwarden-conversation", id)
+        .body(Api::Chat.first_request("task", false).to_string())
+        .send()
+        .await
+        .unwrap();
+    r.bytes().await.unwrap();
+    proxy.running.flush_log().await;
+}
+
 /// A write by a web page: a cross-origin POST with `text/plain` needs no preflight, so a
 /// browser sends it. Writes need a JSON body type and no foreign `Origin`.
 #[tokio::test]
@@ -166,15 +179,7 @@ async fn without_a_token_cross_origin_and_non_json_writes_are_refused() {
     let own_origin = proxy.running.url();
     let halt = proxy.url("/admin/api/conversations/victim/halt");
     // The conversation exists (halting one nobody has seen is a 404).
-    let first = client()
-        .post(proxy.url(Api::Chat.path(false)))
-        .header("x-loopwarden-conversation", "victim")
-        .body(Api::Chat.first_request("task", false).to_string())
-        .send()
-        .await
-        .unwrap();
-    first.bytes().await.unwrap();
-    proxy.running.flush_log().await;
+    seen(&proxy, "victim").await;
     let post = |content_type: Option<&str>, origin: Option<&str>| {
         let mut request = client().post(halt.clone()).body(r#"{"reason":"pwned"}"#);
         if let Some(t) = content_type {
@@ -254,15 +259,7 @@ async fn with_a_token_any_host_may_call_but_writes_need_json_and_no_foreign_orig
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.head);
-    let first = client()
-        .post(proxy.url(Api::Chat.path(false)))
-        .header("x-loopwarden-conversation", "x")
-        .body(Api::Chat.first_request("task", false).to_string())
-        .send()
-        .await
-        .unwrap();
-    first.bytes().await.unwrap();
-    proxy.running.flush_log().await;
+    seen(&proxy, "x").await;
     let halt = proxy.url("/admin/api/conversations/x/halt");
     let post = |content_type: &str, origin: Option<&str>| {
         let mut request = client()

@@ -88,6 +88,13 @@ impl Interventions {
         human_messages(transcript, &|t| self.detect.is_scaffold_message(t))
     }
 
+    /// Makes a halt on the request path sticky for the run `req` belongs to.
+    fn make_sticky(&self, req: &RequestInfo<'_>, reason: &str, stop: Stop) {
+        let humans = self.humans(&req.transcript);
+        self.controls
+            .halt(&req.conversation, reason, stop, &req.transcript, humans);
+    }
+
     /// Where a request stands (sticky halt, operator resumes) and what the engine needs.
     pub fn conversation_state(
         &self,
@@ -156,13 +163,7 @@ impl Interventions {
         if let (Act::Halt(stop), Applied::Halted, Source::Policy) =
             (ruling.act, carried.applied, ruling.source)
         {
-            self.controls.halt(
-                &req.conversation,
-                &ruling.decision.reason,
-                stop,
-                &req.transcript,
-                self.humans(&req.transcript),
-            );
+            self.make_sticky(req, &ruling.decision.reason, stop);
         }
         Acted {
             decision: ruling.decision,
@@ -219,13 +220,7 @@ impl Interventions {
         let carried = self.intervener.carry_out(&ruling, req);
         self.log_ruling(&ruling, req, Some(request_id), carried.applied);
         match ruling.act {
-            Act::Halt(stop) => self.controls.halt(
-                &req.conversation,
-                &decision.reason,
-                stop,
-                &req.transcript,
-                self.humans(&req.transcript),
-            ),
+            Act::Halt(stop) => self.make_sticky(req, &decision.reason, stop),
             Act::Forward | Act::Remind(_) | Act::RollBack | Act::Hold => {
                 self.controls.release(&req.conversation)
             }
@@ -263,13 +258,7 @@ impl Interventions {
         match ruling.act {
             Act::Halt(stop) => {
                 self.log_ruling(&ruling, req, Some(request_id), Applied::Blocked);
-                self.controls.halt(
-                    &req.conversation,
-                    &ruling.decision.reason,
-                    stop,
-                    &req.transcript,
-                    self.humans(&req.transcript),
-                );
+                self.make_sticky(req, &ruling.decision.reason, stop);
                 Some((ruling.decision, stop))
             }
             Act::Hold => {
