@@ -286,6 +286,24 @@ impl Config {
         ] {
             *url = normalize_base_url(url).map_err(|e| invalid(key, e))?;
         }
+        let known = crate::detect::registry::builtin();
+        let known: Vec<&str> = known.iter().map(|d| d.name()).collect();
+        if let Some(unknown) = self
+            .detect
+            .patterns
+            .keys()
+            .find(|k| !known.contains(&k.as_str()))
+        {
+            // A misspelt table would otherwise be ignored, and its pattern keep responding
+            // as built in.
+            return Err(invalid(
+                "detect.patterns",
+                format!(
+                    "no detector is named {unknown:?}; the detectors: {}",
+                    known.join(", ")
+                ),
+            ));
+        }
         if !self.store.db.starts_with("sqlite:") {
             return Err(invalid(
                 "store.db",
@@ -452,6 +470,17 @@ mod tests {
             e.contains("store.batch_size") && e.contains("greater than 0"),
             "{e}"
         );
+
+        // A detector's table under a name no detector has (the README used to spell them
+        // with dashes) is an error naming the real ones, not a table silently ignored.
+        std::fs::write(&path, "[detect.patterns.read-loop]\nresponse = \"off\"\n").unwrap();
+        let e = Config::load(Some(&path), no_env).unwrap_err().to_string();
+        assert!(
+            e.contains("detect.patterns") && e.contains("\"read-loop\"") && e.contains("read_loop"),
+            "{e}"
+        );
+        std::fs::write(&path, "[detect.patterns.read_loop]\nresponse = \"off\"\n").unwrap();
+        assert!(Config::load(Some(&path), no_env).is_ok());
 
         std::fs::write(&path, "[server]\nlisten_on = \"x\"\n").unwrap();
         let e = Config::load(Some(&path), no_env).unwrap_err().to_string();
