@@ -237,3 +237,20 @@ async fn a_sigterm_right_after_the_listening_line_is_a_clean_stop() {
         assert!(stderr.contains("log written"), "{stderr}");
     }
 }
+
+/// SIGHUP (a closed terminal, a supervisor's reload) stops the proxy cleanly too: it used
+/// to kill it without writing out the log.
+#[tokio::test]
+async fn a_sighup_is_a_clean_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = serve(&dir.path().join("log.db"), &[]).await;
+    let pid = served.pid().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (status, stderr) = served.finish().await;
+    assert!(status.success(), "exit status {status:?}: {stderr}");
+    assert!(stderr.contains("log written"), "{stderr}");
+}

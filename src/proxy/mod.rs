@@ -432,12 +432,16 @@ fn colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
     terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-/// SIGTERM or Ctrl-C, listened for from [`Shutdown::listen`] on.
+/// SIGTERM, Ctrl-C or SIGHUP, listened for from [`Shutdown::listen`] on. SIGHUP stops the
+/// proxy cleanly too (the log written out): unhandled, it killed the process on the spot.
+/// Reloading the configuration on it is not built yet.
 struct Shutdown {
     #[cfg(unix)]
     terminate: tokio::signal::unix::Signal,
     #[cfg(unix)]
     interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    hangup: tokio::signal::unix::Signal,
 }
 
 impl Shutdown {
@@ -448,6 +452,7 @@ impl Shutdown {
             Ok(Shutdown {
                 terminate: signal(SignalKind::terminate())?,
                 interrupt: signal(SignalKind::interrupt())?,
+                hangup: signal(SignalKind::hangup())?,
             })
         }
         #[cfg(not(unix))]
@@ -459,6 +464,7 @@ impl Shutdown {
         tokio::select! {
             _ = self.terminate.recv() => {}
             _ = self.interrupt.recv() => {}
+            _ = self.hangup.recv() => {}
         }
         #[cfg(not(unix))]
         {

@@ -349,6 +349,11 @@ impl Served {
         Served { child, url, stderr }
     }
 
+    /// The proxy's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap()
+    }
+
     pub fn sigterm(&self) {
         let pid = self.child.id().unwrap().to_string();
         let status = std::process::Command::new("kill")
