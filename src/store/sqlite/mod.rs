@@ -143,47 +143,34 @@ impl Sqlite {
     }
 }
 
-// A `Label` is text in SQLite, through either library.
-impl sqlx::Type<sqlx::Sqlite> for Label {
-    fn type_info() -> sqlx::sqlite::SqliteTypeInfo {
-        <String as sqlx::Type<sqlx::Sqlite>>::type_info()
-    }
-    fn compatible(ty: &sqlx::sqlite::SqliteTypeInfo) -> bool {
-        <String as sqlx::Type<sqlx::Sqlite>>::compatible(ty)
-    }
+/// Types kept as text in SQLite, through either library, and read back through
+/// `From<String>`. `Masked` text read back is masked again: a log written before a pattern
+/// was added is served masked all the same.
+macro_rules! text_column {
+    ($($t:ty),*) => {$(
+        impl sqlx::Type<sqlx::Sqlite> for $t {
+            fn type_info() -> sqlx::sqlite::SqliteTypeInfo {
+                <String as sqlx::Type<sqlx::Sqlite>>::type_info()
+            }
+            fn compatible(ty: &sqlx::sqlite::SqliteTypeInfo) -> bool {
+                <String as sqlx::Type<sqlx::Sqlite>>::compatible(ty)
+            }
+        }
+
+        impl<'r> sqlx::Decode<'r, sqlx::Sqlite> for $t {
+            fn decode(
+                value: sqlx::sqlite::SqliteValueRef<'r>,
+            ) -> Result<$t, sqlx::error::BoxDynError> {
+                <String as sqlx::Decode<sqlx::Sqlite>>::decode(value).map(<$t>::from)
+            }
+        }
+
+        impl rusqlite::ToSql for $t {
+            fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+                self.as_str().to_sql()
+            }
+        }
+    )*};
 }
 
-impl<'r> sqlx::Decode<'r, sqlx::Sqlite> for Label {
-    fn decode(value: sqlx::sqlite::SqliteValueRef<'r>) -> Result<Label, sqlx::error::BoxDynError> {
-        <String as sqlx::Decode<sqlx::Sqlite>>::decode(value).map(Label::from)
-    }
-}
-
-impl rusqlite::ToSql for Label {
-    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        self.as_str().to_sql()
-    }
-}
-
-// `Masked` text is text in SQLite too. Read back, it is masked again: a log written before a
-// pattern was added is served masked all the same.
-impl sqlx::Type<sqlx::Sqlite> for Masked {
-    fn type_info() -> sqlx::sqlite::SqliteTypeInfo {
-        <String as sqlx::Type<sqlx::Sqlite>>::type_info()
-    }
-    fn compatible(ty: &sqlx::sqlite::SqliteTypeInfo) -> bool {
-        <String as sqlx::Type<sqlx::Sqlite>>::compatible(ty)
-    }
-}
-
-impl<'r> sqlx::Decode<'r, sqlx::Sqlite> for Masked {
-    fn decode(value: sqlx::sqlite::SqliteValueRef<'r>) -> Result<Masked, sqlx::error::BoxDynError> {
-        <String as sqlx::Decode<sqlx::Sqlite>>::decode(value).map(Masked::from)
-    }
-}
-
-impl rusqlite::ToSql for Masked {
-    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        self.as_str().to_sql()
-    }
-}
+text_column!(Label, Masked);
