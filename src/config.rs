@@ -24,6 +24,10 @@ pub struct Config {
     pub detect: DetectConfig,
     /// What interventions do and say; owned and documented by `crate::intervene`.
     pub intervene: crate::intervene::InterveneConfig,
+    /// Caps per conversation; owned and documented by `crate::budget`.
+    pub budget: crate::budget::BudgetConfig,
+    /// What the log keeps beyond the metadata (`crate::store::LogConfig`).
+    pub log: crate::store::LogConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -149,6 +153,8 @@ impl Default for Config {
             },
             detect: DetectConfig::default(),
             intervene: Default::default(),
+            budget: Default::default(),
+            log: Default::default(),
         }
     }
 }
@@ -356,6 +362,9 @@ impl Config {
             return Err(invalid("admin.token", "must not contain whitespace".into()));
         }
         self.intervene
+            .validate()
+            .map_err(|(key, problem)| invalid(key, problem))?;
+        self.budget
             .validate()
             .map_err(|(key, problem)| invalid(key, problem))?;
         Ok(())

@@ -18,10 +18,12 @@
 )]
 
 pub mod actions;
+pub mod budget;
 pub mod config;
 pub mod demo;
 pub mod detect;
 pub mod dialect;
+pub mod glob;
 pub mod intervene;
 pub mod mock;
 pub mod normalize;

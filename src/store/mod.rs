@@ -29,6 +29,17 @@ use tokio::sync::oneshot;
 pub use query::{ConversationSummary, OverheadStats, Timeline};
 pub use redact::Masked;
 pub use writer::Deferred;
+
+/// The `[log]` table: what the log keeps beyond what every request gets (its metadata, the
+/// tool calls' short redacted summaries, the findings and decisions). A policy overrides it.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// Keep each step's whole content (masked like the summaries), so that `loopwarden
+    /// replay` can replay the logged conversations with another config. Off by default:
+    /// prompts and tool output are a team's code and data.
+    pub content: bool,
+}
 use writer::Entry;
 
 /// A conversation was seen (one per request; the writer upserts and counts).

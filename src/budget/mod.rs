@@ -1,0 +1,54 @@
+//! Budgets per conversation: hard caps on what one run may spend (steps, tokens, dollars,
+//! wall-clock time), enforced before the next call rather than reported after it. A
+//! conversation past `warn_at` of any cap gets a reminder to wrap up; one that reaches a cap
+//! gets the protocol-correct halt reply and stays halted like any halt.
+//!
+//! The `[budget]` table is the global setting; a policy overrides it (`crate::policy`).
+//! Not to be confused with the `budget` detector (`[detect.budget]`), which shrinks and
+//! grows an adaptive step allowance with the run's progress and takes part in detection.
+
+use serde::{Deserialize, Serialize};
+
+/// The `[budget]` table. Every cap is off at 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BudgetConfig {
+    /// Steps (assistant turns) per conversation.
+    pub steps: u64,
+    /// Tokens per conversation, input plus output, as the responses' usage reports them.
+    pub tokens: u64,
+    /// US dollars per conversation, from the usage and the price table (`[prices]`).
+    pub dollars: f64,
+    /// Seconds from the conversation's first request.
+    pub wall_clock_secs: u64,
+    /// Share of a cap (0-1) past which each request gets the wrap-up reminder.
+    pub warn_at: f64,
+}
+
+impl Default for BudgetConfig {
+    fn default() -> BudgetConfig {
+        BudgetConfig {
+            steps: 0,
+            tokens: 0,
+            dollars: 0.0,
+            wall_clock_secs: 0,
+            warn_at: 0.8,
+        }
+    }
+}
+
+impl BudgetConfig {
+    /// Checks the values; `(key, problem)` names the first wrong one.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if !(self.dollars >= 0.0 && self.dollars.is_finite()) {
+            return Err((
+                "budget.dollars",
+                "must be 0 (none) or a positive amount".into(),
+            ));
+        }
+        if !(self.warn_at > 0.0 && self.warn_at <= 1.0) {
+            return Err(("budget.warn_at", "must be a share in (0, 1]".into()));
+        }
+        Ok(())
+    }
+}
