@@ -48,6 +48,7 @@ fn request(id: i64) -> Record {
         input_tokens: Some(51_234),
         output_tokens: Some(42),
         stop_reason: Some("tool_use".into()),
+        policy: Some("default".into()),
     }))
 }
 

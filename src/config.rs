@@ -28,6 +28,12 @@ pub struct Config {
     pub budget: crate::budget::BudgetConfig,
     /// What the log keeps beyond the metadata (`crate::store::LogConfig`).
     pub log: crate::store::LogConfig,
+    /// Named policies, tried in file order (`crate::policy`).
+    #[serde(rename = "policy")]
+    pub policies: Vec<crate::policy::config::PolicyTable>,
+    /// The file this was loaded from: what a reload reads again (`crate::policy::live`).
+    #[serde(skip)]
+    pub source: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -155,6 +161,8 @@ impl Default for Config {
             intervene: Default::default(),
             budget: Default::default(),
             log: Default::default(),
+            policies: Vec::new(),
+            source: None,
         }
     }
 }
@@ -180,6 +188,8 @@ pub enum ConfigError {
     },
     #[error("config file {path}: {message}")]
     Parse { path: String, message: String },
+    #[error("config: {0}")]
+    Policy(crate::policy::config::PolicyError),
     #[error("config key `{key}`{origin}: {problem}")]
     Invalid {
         key: &'static str,
@@ -209,7 +219,10 @@ impl Config {
         // Set but empty is unset: the only way to lift a variable a container image sets.
         let env = |var: &str| env(var).filter(|value| !value.is_empty());
         let mut config = match file {
-            Some(path) => Config::from_file(path)?,
+            Some(path) => Config {
+                source: Some(path.to_path_buf()),
+                ..Config::from_file(path)?
+            },
             None => Config::default(),
         };
         for (var, key) in ENV_OVERRIDES {
@@ -292,24 +305,11 @@ impl Config {
         ] {
             *url = normalize_base_url(url).map_err(|e| invalid(key, e))?;
         }
-        let known = crate::detect::registry::builtin();
-        let known: Vec<&str> = known.iter().map(|d| d.name()).collect();
-        if let Some(unknown) = self
-            .detect
-            .patterns
-            .keys()
-            .find(|k| !known.contains(&k.as_str()))
-        {
-            // A misspelt table would otherwise be ignored, and its pattern keep responding
-            // as built in.
-            return Err(invalid(
-                "detect.patterns",
-                format!(
-                    "no detector is named {unknown:?}; the detectors: {}",
-                    known.join(", ")
-                ),
-            ));
-        }
+        // A misspelt table would otherwise be ignored, and its pattern keep responding as
+        // built in.
+        self.detect
+            .check_patterns()
+            .map_err(|problem| invalid("detect.patterns", problem))?;
         if !self.store.db.starts_with("sqlite:") {
             return Err(invalid(
                 "store.db",
@@ -367,6 +367,9 @@ impl Config {
         self.budget
             .validate()
             .map_err(|(key, problem)| invalid(key, problem))?;
+        // Every policy resolved and read, so that a mistake in one stops the start (or is
+        // the reload's error) rather than surfacing on a request.
+        crate::policy::PolicySet::of(self)?;
         Ok(())
     }
 
@@ -411,6 +414,11 @@ mod tests {
     fn the_shipped_file_states_exactly_the_defaults() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/loopwarden.toml");
         let from_file = Config::load(Some(&path), no_env).expect("shipped config loads");
+        assert_eq!(from_file.source.as_deref(), Some(path.as_path()));
+        let from_file = Config {
+            source: None,
+            ..from_file
+        };
         assert_eq!(from_file, Config::load(None, no_env).unwrap());
     }
 

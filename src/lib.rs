@@ -27,6 +27,7 @@ pub mod glob;
 pub mod intervene;
 pub mod mock;
 pub mod normalize;
+pub mod policy;
 pub mod proxy;
 pub mod replay;
 pub mod request_bytes;

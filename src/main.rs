@@ -32,6 +32,9 @@ enum Command {
     Mock(loopwarden::mock::MockArgs),
     /// Start loopwarden and a scripted looping agent in-process and show what happens.
     Demo(loopwarden::demo::DemoArgs),
+    /// Print the fingerprint of the API key read from stdin, for a policy's `match.key_id`
+    /// (the key itself never goes into the config or the log).
+    KeyId,
 }
 
 fn main() -> std::process::ExitCode {
@@ -42,6 +45,7 @@ fn main() -> std::process::ExitCode {
         Command::Replay(args) => loopwarden::replay::run(args),
         Command::Mock(args) => loopwarden::mock::run(args),
         Command::Demo(args) => loopwarden::demo::run(args),
+        Command::KeyId => loopwarden::policy::key_id::run(),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -20,6 +20,7 @@ use crate::config::CacheConfig;
 use crate::detect::{Action, DetectConfig, Engine, StoreFacts};
 use crate::dialect::{Dialect, ResponseTurn};
 use crate::intervene::service::ConversationState;
+use crate::policy::Policy;
 use crate::proxy::analysis::{Analyser, Arrival};
 use crate::proxy::identity;
 use crate::proxy::memory::{BodyComparison, Memory};
@@ -124,19 +125,33 @@ pub fn load_config(path: &std::path::Path) -> anyhow::Result<DetectConfig> {
     }
 }
 
-/// The analysis a replay runs its requests through: the proxy's, with its caches.
-pub fn analyser(engine: Engine) -> Analyser {
-    Analyser {
-        engine,
-        memory: Memory::new(&CacheConfig {
-            idle_secs: 3600,
-            ..CacheConfig::default()
-        }),
+/// The analysis a replay runs its requests through: the proxy's, with its caches, under
+/// one policy with the detection settings replayed.
+pub struct Replayer {
+    analyser: Analyser,
+    policy: std::sync::Arc<Policy>,
+}
+
+impl Replayer {
+    pub fn new(detect: DetectConfig) -> Replayer {
+        Replayer {
+            analyser: Analyser {
+                memory: Memory::new(&CacheConfig {
+                    idle_secs: 3600,
+                    ..CacheConfig::default()
+                }),
+            },
+            policy: std::sync::Arc::new(Policy::detecting(detect)),
+        }
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.policy.engine
     }
 }
 
 /// Replays one run (one JSONL line).
-pub fn replay_line(analyser: &Analyser, line: &str) -> anyhow::Result<RunResult> {
+pub fn replay_line(replayer: &Replayer, line: &str) -> anyhow::Result<RunResult> {
     let run: Run = serde_json::from_str(line).context("not a run object with id and messages")?;
     let mut items: Vec<Item> = Vec::new();
     for raw in &run.messages {
@@ -150,7 +165,7 @@ pub fn replay_line(analyser: &Analyser, line: &str) -> anyhow::Result<RunResult>
         let Some(body) = requests.body(k) else {
             break;
         };
-        let (decision, state) = requests.analyse(analyser, &body)?;
+        let (decision, state) = requests.analyse(replayer, &body)?;
         if decision.action != Action::Observe {
             out.push(Intervention::of(&run.id, k, &decision));
             if decision.action.stops() {
@@ -163,13 +178,13 @@ pub fn replay_line(analyser: &Analyser, line: &str) -> anyhow::Result<RunResult>
             calls: step.calls.iter().map(|c| c.call.clone()).collect(),
             ..ResponseTurn::default()
         };
-        let r = analyser.engine.decide_response_with(&state, &turn);
+        let r = replayer.engine().decide_response_with(&state, &turn);
         if r.action == Action::Block {
             out.push(Intervention::of(&run.id, k, &r));
             break;
         }
     }
-    analyser.memory.forget(&requests.conversation.id);
+    replayer.analyser.memory.forget(&requests.conversation.id);
     Ok(RunResult {
         id: run.id,
         agent: run.agent.unwrap_or_else(|| "?".to_string()),
@@ -225,6 +240,7 @@ impl<'a> Requests<'a> {
                 path: "/v1/chat/completions",
                 query: None,
                 conversation: Some(&run.id),
+                team: None,
                 dialect: Some((Dialect::OpenAiChat, false)),
             },
             headers,
@@ -252,12 +268,13 @@ impl<'a> Requests<'a> {
     /// decision and the engine's state after it.
     fn analyse(
         &self,
-        analyser: &Analyser,
+        replayer: &Replayer,
         body: &RequestBytes,
     ) -> anyhow::Result<(
         crate::detect::Decision,
         std::sync::Arc<crate::detect::EngineState>,
     )> {
+        let analyser = &replayer.analyser;
         let earlier = BodyComparison::new(
             &analyser.memory,
             Some(Dialect::OpenAiChat),
@@ -270,7 +287,11 @@ impl<'a> Requests<'a> {
             stated: Some(self.conversation.clone()),
             earlier,
         };
-        let analysis = analyser.analyse(arrival, |_, _| ConversationState::free());
+        let analysis = analyser.analyse(
+            arrival,
+            |_| replayer.policy.clone(),
+            |_, _, _| ConversationState::free(),
+        );
         let Some(parsed) = analysis.parsed else {
             anyhow::bail!(
                 "{}: a request was not read: {}",
@@ -442,8 +463,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         Some(p) => load_config(p)?,
         None => DetectConfig::default(),
     };
-    let analyser = analyser(Engine::new(config));
-    let engine = &analyser.engine;
+    let replayer = Replayer::new(config);
+    let engine = replayer.engine();
     let file = std::fs::File::open(&args.file)
         .with_context(|| format!("opening {}", args.file.display()))?;
     let reader = std::io::BufReader::new(file);
@@ -460,7 +481,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
                 explain_line(engine, &line, id, &mut std::io::stderr().lock())?;
             }
         }
-        let result = replay_line(&analyser, &line)
+        let result = replay_line(&replayer, &line)
             .with_context(|| format!("{}: line {}", args.file.display(), n + 1))?;
         for i in &result.interventions {
             serde_json::to_writer(&mut out, i)?;

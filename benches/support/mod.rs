@@ -14,9 +14,10 @@ use http::HeaderMap;
 use serde_json::{json, Value};
 
 use loopwarden::config::CacheConfig;
-use loopwarden::detect::{Decision, Engine};
+use loopwarden::detect::Decision;
 use loopwarden::dialect::Dialect;
 use loopwarden::intervene::service::ConversationState;
+use loopwarden::policy::Policy;
 use loopwarden::proxy::analysis::{Analyser, Arrival};
 use loopwarden::proxy::memory::{BodyComparison, Memory};
 use loopwarden::proxy::{identity, route};
@@ -414,19 +415,20 @@ pub fn payload(shape: Shape, target: usize) -> Bytes {
 /// arrived in one frame, with no sticky halts or resumes.
 pub struct Proxy {
     analyser: Analyser,
+    policy: std::sync::Arc<Policy>,
 }
 
 impl Proxy {
     pub fn new() -> Proxy {
         Proxy {
             analyser: Analyser {
-                engine: Engine::default(),
                 memory: Memory::new(&CacheConfig {
                     max_bytes: 1 << 30,
                     conversation_max_bytes: 1 << 30,
                     idle_secs: 3600,
                 }),
             },
+            policy: std::sync::Arc::new(Policy::detecting(Default::default())),
         }
     }
 
@@ -457,9 +459,11 @@ impl Proxy {
             stated,
             earlier,
         };
-        let analysis = self
-            .analyser
-            .analyse(arrival, |_, _| ConversationState::free());
+        let analysis = self.analyser.analyse(
+            arrival,
+            |_| self.policy.clone(),
+            |_, _, _| ConversationState::free(),
+        );
         let parsed = analysis.parsed.expect("bench payloads parse");
         let (logged, decision) = self.analyser.keep(parsed);
         black_box(logged.history);

@@ -281,6 +281,19 @@ impl Default for DetectConfig {
 }
 
 impl DetectConfig {
+    /// Every `[detect.patterns.<name>]` names a detector; the error lists the real ones.
+    pub fn check_patterns(&self) -> Result<(), String> {
+        let known = super::registry::builtin();
+        let known: Vec<&str> = known.iter().map(|d| d.name()).collect();
+        match self.patterns.keys().find(|k| !known.contains(&k.as_str())) {
+            Some(unknown) => Err(format!(
+                "no detector is named {unknown:?}; the detectors: {}",
+                known.join(", ")
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The policy of a pattern: the configured one, else the built-in default.
     pub fn policy(&self, detector: &str) -> PatternPolicy {
         if let Some(p) = self.patterns.get(detector) {

@@ -96,6 +96,8 @@ pub struct EngineState {
     task_fp: u64,
     /// Fingerprint of the store facts the fold used: other facts, other fold.
     store_fp: u64,
+    /// The engine that made this fold ([`Engine::serial`]; 0: none yet).
+    engine: u64,
     /// This fold's number, new each time [`Engine::advance`] moves it (0: never advanced),
     /// so that a caller can say which fold saw a transcript's steps ([`Folded`]).
     number: u64,
@@ -126,6 +128,8 @@ impl Folded {
 
 /// The last fold number handed out ([`EngineState::number`]).
 static FOLDS: AtomicU64 = AtomicU64::new(0);
+/// The last engine number handed out ([`Engine`]`::serial`).
+static ENGINES: AtomicU64 = AtomicU64::new(0);
 
 impl EngineState {
     /// Steps folded so far.
@@ -352,6 +356,10 @@ fn task_fingerprint(goal: &str) -> u64 {
 pub struct Engine {
     pub config: DetectConfig,
     detectors: Arc<Vec<Box<dyn Detector>>>,
+    /// This engine's number, new for each engine made: a fold records the engine that made
+    /// it, and another engine (another policy's settings, or the same policy reloaded)
+    /// starts over rather than continue a fold its settings did not make.
+    serial: u64,
 }
 
 impl std::fmt::Debug for Engine {
@@ -382,6 +390,7 @@ impl Engine {
         Engine {
             config,
             detectors: Arc::new(detectors),
+            serial: ENGINES.fetch_add(1, Ordering::Relaxed) + 1,
         }
     }
 
@@ -487,6 +496,9 @@ impl Engine {
         transcript: &Transcript,
         known: Option<Folded>,
     ) -> bool {
+        if state.engine != self.serial {
+            return false;
+        }
         let n = state.facts.steps;
         if n == 0 {
             return state.task_fp == task_fingerprint(transcript.goal()) && state.next.is_some();
@@ -512,6 +524,7 @@ impl Engine {
             facts: Facts::with_task(transcript.goal()),
             task_fp: task_fingerprint(transcript.goal()),
             next: Some(Decision::observe()),
+            engine: self.serial,
             ..EngineState::default()
         }
     }

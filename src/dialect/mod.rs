@@ -38,6 +38,13 @@ pub enum Dialect {
 }
 
 impl Dialect {
+    pub const ALL: [Dialect; 4] = [
+        Dialect::OpenAiChat,
+        Dialect::OpenAiResponses,
+        Dialect::Anthropic,
+        Dialect::Gemini,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Dialect::OpenAiChat => "openai_chat",

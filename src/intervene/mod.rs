@@ -216,6 +216,20 @@ pub enum Applied {
     /// The proxy refused the request (`CONNECT`, a path that climbs out, a body too large
     /// or broken off); nothing was sent upstream. In `requests` only.
     Rejected,
+    /// Under a shadow policy: what would have been done, had the policy enforced. The
+    /// request was forwarded untouched.
+    Would(Would),
+}
+
+/// What a shadow policy would have done (`applied` = `would_<act>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Would {
+    Nudge,
+    Replan,
+    RollBack,
+    Halt,
+    Hold,
+    Block,
 }
 
 impl Applied {
@@ -231,6 +245,12 @@ impl Applied {
             Applied::Resumed => "resumed",
             Applied::FailedOpen => "failed_open",
             Applied::Rejected => "rejected",
+            Applied::Would(Would::Nudge) => "would_nudge",
+            Applied::Would(Would::Replan) => "would_replan",
+            Applied::Would(Would::RollBack) => "would_roll_back",
+            Applied::Would(Would::Halt) => "would_halt",
+            Applied::Would(Would::Hold) => "would_hold",
+            Applied::Would(Would::Block) => "would_block",
         }
     }
 }
@@ -259,6 +279,20 @@ impl Intervener {
     /// replan.
     pub fn carry_out(&self, ruling: &Ruling, req: &RequestInfo<'_>) -> Carried {
         let decision = &ruling.decision;
+        if ruling.shadow {
+            let would = match ruling.act {
+                Act::Forward => None,
+                Act::Remind(Reminder::Nudge) => Some(Would::Nudge),
+                Act::Remind(Reminder::Replan) => Some(Would::Replan),
+                Act::RollBack => Some(Would::RollBack),
+                Act::Halt(_) => Some(Would::Halt),
+                Act::Hold => Some(Would::Hold),
+            };
+            return Carried {
+                effect: Effect::Forward,
+                applied: would.map_or(Applied::Forwarded, Applied::Would),
+            };
+        }
         let (effect, applied) = match ruling.act {
             Act::Forward => (Effect::Forward, Applied::Forwarded),
             Act::Remind(reminder) => self.remind(reminder, decision, req),

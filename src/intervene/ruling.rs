@@ -18,6 +18,7 @@ use crate::detect::{Action, Decision};
 use super::controls::Standing;
 use super::pause::DecidedBy;
 use super::{InterveneConfig, StopMode, Verdict};
+use crate::policy::Mode;
 
 /// What happens to a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,17 +111,48 @@ pub struct Ruling {
     pub decision: Decision,
     pub act: Act,
     pub source: Source,
+    /// A shadow policy's ruling: logged as what would have been done (`would_<act>`), and
+    /// the request forwarded untouched.
+    pub shadow: bool,
 }
 
-/// What happens to a request, from the engine's decision, the conversation's standing and
-/// the `[intervene]` switches.
-pub fn rule(decision: Decision, standing: &Standing, config: &InterveneConfig) -> Ruling {
+/// What happens to a request, from the engine's decision, the conversation's standing, the
+/// `[intervene]` switches and the policy's mode. The mode bends detection's rulings only:
+/// a conversation an operator (or a human's verdict) halted stays halted in every mode,
+/// since a person asked for it.
+pub fn rule(
+    decision: Decision,
+    standing: &Standing,
+    config: &InterveneConfig,
+    mode: Mode,
+) -> Ruling {
+    let mut ruling = rule_enforced(decision, standing, config);
+    if ruling.source != Source::Policy {
+        return ruling;
+    }
+    match mode {
+        Mode::Enforce => {}
+        Mode::Shadow => ruling.shadow = ruling.act != Act::Forward,
+        Mode::NudgeOnly => {
+            if matches!(ruling.act, Act::Halt(_) | Act::Hold) {
+                // The strongest reminder stands in for the stop.
+                ruling.decision.action = Action::Replan;
+                ruling.act = Act::Remind(Reminder::Replan);
+            }
+        }
+    }
+    ruling
+}
+
+/// [`rule`] under an enforcing policy.
+fn rule_enforced(decision: Decision, standing: &Standing, config: &InterveneConfig) -> Ruling {
     let mut decision = decision;
     if !config.enabled {
         return Ruling {
             decision,
             act: Act::Forward,
             source: Source::Policy,
+            shadow: false,
         };
     }
     match standing {
@@ -133,6 +165,7 @@ pub fn rule(decision: Decision, standing: &Standing, config: &InterveneConfig) -
                 decision,
                 act: Act::Halt(*stop),
                 source: Source::Sticky,
+                shadow: false,
             };
         }
         Standing::Awaiting {
@@ -147,6 +180,7 @@ pub fn rule(decision: Decision, standing: &Standing, config: &InterveneConfig) -
                 decision,
                 act: Act::Hold,
                 source: Source::Policy,
+                shadow: false,
             };
         }
         Standing::Free { .. } => {}
@@ -170,6 +204,7 @@ pub fn rule(decision: Decision, standing: &Standing, config: &InterveneConfig) -
         decision,
         act,
         source: Source::Policy,
+        shadow: false,
     }
 }
 
@@ -192,6 +227,7 @@ pub fn rule_verdict(verdict: Verdict, by: DecidedBy, decision: &Decision) -> Rul
         decision,
         act,
         source: by.into(),
+        shadow: false,
     }
 }
 
@@ -266,7 +302,7 @@ mod tests {
             (Nudge,    config(false, H, true), halted(), Nudge, Act::Forward, Source::Policy),
         ];
         for (action, config, standing, acted, act, source) in table {
-            let r = rule(decided(action), &standing, &config);
+            let r = rule(decided(action), &standing, &config, Mode::Enforce);
             assert_eq!(
                 (r.decision.action, r.act, r.source),
                 (acted, act, source),
@@ -343,11 +379,16 @@ mod tests {
         spent.hard = true;
         budget.findings = vec![spent];
         let config = config(true, StopMode::Halt, false);
-        let r = rule(budget.clone(), &Standing::free(), &config);
+        let r = rule(budget.clone(), &Standing::free(), &config, Mode::Enforce);
         assert_eq!(r.act, Act::Halt(Stop::Budget));
         let r = rule_verdict(Verdict::Halt, DecidedBy::Timeout, &budget);
         assert_eq!(r.act, Act::Halt(Stop::Budget));
-        let r = rule(decided(Action::Halt), &Standing::free(), &config);
+        let r = rule(
+            decided(Action::Halt),
+            &Standing::free(),
+            &config,
+            Mode::Enforce,
+        );
         assert_eq!(r.act, Act::Halt(Stop::Loop));
     }
 }

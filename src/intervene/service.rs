@@ -6,27 +6,25 @@
 //! [`Interventions::armed`] and [`Interventions::check_response`] (block). What happens
 //! is ruled in one place, [`super::ruling`]; this file keeps the state and the log.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::controls::{human_messages, Control, Controls, Standing};
 use super::pause::{DecidedBy, FindingInfo, HeldInfo, Pending, Ticket};
 use super::ruling::{self, Act, Ruling, Source, Stop};
-use super::{Applied, Carried, InterveneConfig, Intervener, RequestInfo, Verdict};
-use crate::detect::{Action, Decision, DetectConfig, Engine, EngineState, StoreFacts};
+use super::{Applied, Carried, RequestInfo, Verdict, Would};
+use crate::detect::{Action, Decision, EngineState, StoreFacts};
 use crate::dialect::ResponseTurn;
+use crate::policy::{Mode, Policy};
 use crate::store::{now_ms, InterventionRow, Record, Store};
 use crate::transcript::Transcript;
 
-/// Cheap to clone: every part is shared.
+/// Cheap to clone: every part is shared. What the settings say (texts, switches, the
+/// pause, which user messages are a scaffold's) comes from the policy each call is given.
 #[derive(Clone)]
 pub struct Interventions {
-    pub intervener: Arc<Intervener>,
     pub controls: Controls,
     pub pending: Pending,
     store: Store,
-    /// Tells a scaffold's own user messages from a human's (the detection config's list).
-    detect: Arc<DetectConfig>,
 }
 
 /// What a request is subject to before the engine decides.
@@ -61,36 +59,20 @@ pub struct Acted {
 
 impl Interventions {
     /// Loads the sticky-halt state from the store's database.
-    pub async fn open(
-        config: InterveneConfig,
-        detect: &DetectConfig,
-        store: Store,
-    ) -> anyhow::Result<Interventions> {
+    pub async fn open(store: Store) -> anyhow::Result<Interventions> {
         let controls = Controls::load(store.clone())
             .await
             .map_err(|e| anyhow::anyhow!("cannot read conversation_controls: {e}"))?;
         Ok(Interventions {
-            intervener: Arc::new(Intervener::new(config)),
             controls,
             pending: Pending::default(),
             store,
-            detect: Arc::new(detect.clone()),
         })
     }
 
-    pub fn config(&self) -> &InterveneConfig {
-        &self.intervener.config
-    }
-
-    /// Human messages in a transcript (what tells a human speaking after a halt). O(the
-    /// conversation), so computed only for conversations that have a halt state.
-    fn humans(&self, transcript: &Transcript) -> i64 {
-        human_messages(transcript, &|t| self.detect.is_scaffold_message(t))
-    }
-
     /// Makes a halt on the request path sticky for the run `req` belongs to.
-    fn make_sticky(&self, req: &RequestInfo<'_>, reason: &str, stop: Stop) {
-        let humans = self.humans(&req.transcript);
+    fn make_sticky(&self, policy: &Policy, req: &RequestInfo<'_>, reason: &str, stop: Stop) {
+        let humans = humans(policy, &req.transcript);
         self.controls
             .halt(&req.conversation, reason, stop, &req.transcript, humans);
     }
@@ -98,13 +80,14 @@ impl Interventions {
     /// Where a request stands (sticky halt, operator resumes) and what the engine needs.
     pub fn conversation_state(
         &self,
+        policy: &Policy,
         conversation: &str,
         transcript: &Transcript,
     ) -> ConversationState {
         if !self.controls.contains(conversation) {
             return ConversationState::free();
         }
-        let humans = self.humans(transcript);
+        let humans = humans(policy, transcript);
         let standing = self.controls.standing(conversation, humans, transcript);
         let facts = match &standing {
             Standing::Free { resumed_at, .. } | Standing::Awaiting { resumed_at, .. } => {
@@ -120,16 +103,17 @@ impl Interventions {
             ..
         } = &standing
         {
-            self.log(
+            self.log(Logged {
                 conversation,
-                None,
-                "resume",
-                Applied::Resumed,
-                Source::Human,
-                "",
-                "a human wrote a new message after the halt",
-                "",
-            );
+                policy: Some(&policy.name),
+                request_id: None,
+                action: "resume",
+                applied: Applied::Resumed,
+                source: Source::Human,
+                detector: "",
+                reason: "a human wrote a new message after the halt",
+                finding: "",
+            });
         }
         let refold = matches!(
             standing,
@@ -150,20 +134,21 @@ impl Interventions {
     /// halt sticky.
     pub fn plan(
         &self,
+        policy: &Policy,
         decision: Decision,
         state: &ConversationState,
         req: &RequestInfo<'_>,
         request_id: i64,
     ) -> Acted {
-        let ruling = ruling::rule(decision, &state.standing, self.config());
-        let carried = self.intervener.carry_out(&ruling, req);
+        let ruling = ruling::rule(decision, &state.standing, policy.intervene(), policy.mode);
+        let carried = policy.intervener.carry_out(&ruling, req);
         if carried.applied != Applied::Forwarded {
-            self.log_ruling(&ruling, req, Some(request_id), carried.applied);
+            self.log_ruling(policy, &ruling, req, Some(request_id), carried.applied);
         }
         if let (Act::Halt(stop), Applied::Halted, Source::Policy) =
             (ruling.act, carried.applied, ruling.source)
         {
-            self.make_sticky(req, &ruling.decision.reason, stop);
+            self.make_sticky(policy, req, &ruling.decision.reason, stop);
         }
         Acted {
             decision: ruling.decision,
@@ -173,8 +158,13 @@ impl Interventions {
 
     /// Holds a request for a human: lists it. What the admin API and the webhooks show of
     /// it comes back with its ticket.
-    pub fn hold(&self, decision: &Decision, req: &RequestInfo<'_>) -> (Ticket, HeldInfo) {
-        let pause = &self.config().pause;
+    pub fn hold(
+        &self,
+        policy: &Policy,
+        decision: &Decision,
+        req: &RequestInfo<'_>,
+    ) -> (Ticket, HeldInfo) {
+        let pause = &policy.intervene().pause;
         let now = now_ms();
         let info = HeldInfo {
             id: String::new(),
@@ -199,8 +189,8 @@ impl Interventions {
     }
 
     /// Waits for the verdict on a held request (or the timeout's default).
-    pub async fn verdict(&self, ticket: Ticket) -> (Verdict, DecidedBy) {
-        let pause = &self.config().pause;
+    pub async fn verdict(&self, policy: &Policy, ticket: Ticket) -> (Verdict, DecidedBy) {
+        let pause = &policy.intervene().pause;
         ticket
             .verdict(Duration::from_secs(pause.timeout_secs), pause.on_timeout)
             .await
@@ -210,6 +200,7 @@ impl Interventions {
     /// sticky, a continue or nudge lets the next request restart escalation.
     pub fn after_verdict(
         &self,
+        policy: &Policy,
         verdict: Verdict,
         by: DecidedBy,
         decision: &Decision,
@@ -217,10 +208,10 @@ impl Interventions {
         request_id: i64,
     ) -> Carried {
         let ruling = ruling::rule_verdict(verdict, by, decision);
-        let carried = self.intervener.carry_out(&ruling, req);
-        self.log_ruling(&ruling, req, Some(request_id), carried.applied);
+        let carried = policy.intervener.carry_out(&ruling, req);
+        self.log_ruling(policy, &ruling, req, Some(request_id), carried.applied);
         match ruling.act {
-            Act::Halt(stop) => self.make_sticky(req, &decision.reason, stop),
+            Act::Halt(stop) => self.make_sticky(policy, req, &decision.reason, stop),
             Act::Forward | Act::Remind(_) | Act::RollBack | Act::Hold => {
                 self.controls.release(&req.conversation)
             }
@@ -230,8 +221,15 @@ impl Interventions {
 
     /// Whether a response to this request could be blocked, so that only those responses
     /// are read on the way back.
-    pub fn armed(&self, engine: &Engine, state: &EngineState) -> bool {
-        self.config().enabled && self.config().block && state.may_block(&engine.config)
+    /// Never under a policy that does not enforce: nudge-only blocks nothing, and a shadow
+    /// policy lets every byte through as it comes (the would-be halt shows on the next
+    /// request's decision).
+    pub fn armed(&self, policy: &Policy, state: &EngineState) -> bool {
+        let config = policy.intervene();
+        policy.mode == Mode::Enforce
+            && config.enabled
+            && config.block
+            && state.may_block(policy.detect())
     }
 
     /// The response-side check: `Some((decision, why))` when the response's calls complete
@@ -244,25 +242,35 @@ impl Interventions {
     /// carries their results, is held instead. The run never halts without a human.
     pub fn check_response(
         &self,
-        engine: &Engine,
+        policy: &Policy,
         state: &EngineState,
         turn: &ResponseTurn,
         req: &RequestInfo<'_>,
         request_id: i64,
     ) -> Option<(Decision, Stop)> {
-        let decision = engine.decide_response_with(state, turn);
+        let decision = policy.engine.decide_response_with(state, turn);
         if decision.action != Action::Block {
             return None;
         }
-        let ruling = ruling::rule(decision, &Standing::free(), self.config());
+        let ruling = ruling::rule(decision, &Standing::free(), policy.intervene(), policy.mode);
+        if ruling.shadow {
+            self.log_ruling(
+                policy,
+                &ruling,
+                req,
+                Some(request_id),
+                Applied::Would(Would::Block),
+            );
+            return None;
+        }
         match ruling.act {
             Act::Halt(stop) => {
-                self.log_ruling(&ruling, req, Some(request_id), Applied::Blocked);
-                self.make_sticky(req, &ruling.decision.reason, stop);
+                self.log_ruling(policy, &ruling, req, Some(request_id), Applied::Blocked);
+                self.make_sticky(policy, req, &ruling.decision.reason, stop);
                 Some((ruling.decision, stop))
             }
             Act::Hold => {
-                self.log_ruling(&ruling, req, Some(request_id), Applied::Forwarded);
+                self.log_ruling(policy, &ruling, req, Some(request_id), Applied::Forwarded);
                 let d = &ruling.decision;
                 self.controls
                     .hold_next(&req.conversation, &d.reason, &d.detector);
@@ -298,16 +306,17 @@ impl Interventions {
             return Ok(None);
         }
         let c = self.controls.halt_by_operator(conversation, reason).await?;
-        self.log(
+        self.log(Logged {
             conversation,
-            None,
-            "halt",
-            Applied::Halted,
-            Source::Operator,
-            "",
+            policy: None,
+            request_id: None,
+            action: "halt",
+            applied: Applied::Halted,
+            source: Source::Operator,
+            detector: "",
             reason,
-            "",
-        );
+            finding: "",
+        });
         Ok(Some(c))
     }
 
@@ -320,73 +329,87 @@ impl Interventions {
             return Ok(None);
         }
         let c = self.controls.resume(conversation).await?;
-        self.log(
+        self.log(Logged {
             conversation,
-            None,
-            "resume",
-            Applied::Resumed,
-            Source::Operator,
-            "",
-            "resumed by an operator",
-            "",
-        );
+            policy: None,
+            request_id: None,
+            action: "resume",
+            applied: Applied::Resumed,
+            source: Source::Operator,
+            detector: "",
+            reason: "resumed by an operator",
+            finding: "",
+        });
         Ok(Some(c))
     }
 
     fn log_ruling(
         &self,
+        policy: &Policy,
         ruling: &Ruling,
         req: &RequestInfo<'_>,
         request_id: Option<i64>,
         applied: Applied,
     ) {
         let d = &ruling.decision;
-        let finding = d.lead().map(|f| f.summary.as_str()).unwrap_or("");
-        self.log(
-            &req.conversation,
+        self.log(Logged {
+            conversation: &req.conversation,
+            policy: Some(&policy.name),
             request_id,
-            d.action.as_str(),
+            action: d.action.as_str(),
             applied,
-            ruling.source,
-            &d.detector,
-            &d.reason,
-            finding,
-        );
+            source: ruling.source,
+            detector: &d.detector,
+            reason: &d.reason,
+            finding: d.lead().map(|f| f.summary.as_str()).unwrap_or(""),
+        });
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn log(
-        &self,
-        conversation: &str,
-        request_id: Option<i64>,
-        action: &str,
-        applied: Applied,
-        source: Source,
-        detector: &str,
-        reason: &str,
-        finding: &str,
-    ) {
+    fn log(&self, e: Logged<'_>) {
         let row = InterventionRow {
-            conversation_id: conversation.to_string(),
-            request_id,
+            conversation_id: e.conversation.to_string(),
+            request_id: e.request_id,
             created_ms: now_ms(),
-            action: action.to_string(),
-            applied: applied.as_str().to_string(),
-            source: source.as_str().to_string(),
-            detector: detector.to_string(),
-            reason: reason.into(),
-            finding: finding.into(),
+            action: e.action.to_string(),
+            applied: e.applied.as_str().to_string(),
+            source: e.source.as_str().to_string(),
+            detector: e.detector.to_string(),
+            reason: e.reason.into(),
+            finding: e.finding.into(),
+            policy: e.policy.map(str::to_string),
         };
         // The line on stderr says what the row says, masked as it is.
         tracing::info!(
-            conversation,
-            action,
+            conversation = e.conversation,
+            policy = e.policy.unwrap_or(""),
+            action = e.action,
             applied = row.applied,
             source = row.source,
-            detector,
+            detector = e.detector,
             reason = %row.reason,
             "intervention"
         );
         self.store.log(Record::Intervention(Box::new(row)));
     }
+}
+
+/// One row of the intervention log, as its parts are at hand. `policy`: the policy the
+/// request was under (none for an operator's act, which concerns no request).
+struct Logged<'a> {
+    conversation: &'a str,
+    policy: Option<&'a str>,
+    request_id: Option<i64>,
+    action: &'a str,
+    applied: Applied,
+    source: Source,
+    detector: &'a str,
+    reason: &'a str,
+    finding: &'a str,
+}
+
+/// Human messages in a transcript (what tells a human speaking after a halt), under the
+/// policy's list of what a scaffold sends on its own. O(the conversation), so computed only
+/// for conversations that have a halt state.
+fn humans(policy: &Policy, transcript: &Transcript) -> i64 {
+    human_messages(transcript, &|t| policy.detect().is_scaffold_message(t))
 }

@@ -295,6 +295,42 @@ fn bad_request(message: &str) -> Response {
         .into_response()
 }
 
+/// `GET /admin/api/policies`: the policies in force in the order they are tried (the
+/// default last), how many requests each matched, and what the last reload came to.
+pub async fn policies(State(app): State<Arc<App>>) -> Response {
+    let set = app.policies.current();
+    let policies: Vec<serde_json::Value> = set
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "name": &*p.name,
+                "mode": p.mode.as_str(),
+                "match": &p.selector,
+                "matched": p.matched(),
+                "budget": &p.budget,
+                "log": &p.log,
+            })
+        })
+        .collect();
+    Json(serde_json::json!({
+        "policies": policies,
+        "config": app.config.source.as_ref().map(|p| p.display().to_string()),
+        "last_reload": app.policies.last(),
+    }))
+    .into_response()
+}
+
+/// `POST /admin/api/policies/reload`: what SIGHUP does, with its result as the answer
+/// (422 when the file was rejected: the policies in force stay).
+pub async fn reload_policies(State(app): State<Arc<App>>) -> Response {
+    let reload = app.policies.reload("admin");
+    let status = match reload.outcome {
+        crate::policy::live::Outcome::Applied => StatusCode::OK,
+        crate::policy::live::Outcome::Rejected => StatusCode::UNPROCESSABLE_ENTITY,
+    };
+    (status, Json(reload)).into_response()
+}
+
 /// `GET /admin/api/stats`: the proxy's own overhead and the log's health.
 pub async fn stats(State(app): State<Arc<App>>) -> Response {
     match app.store.overhead(1000).await {

@@ -8,9 +8,10 @@
 //!    request's transcript continued with the new ones;
 //! 3. transcript → identity: the one the request states, else its head's hash, else a
 //!    fallback per client and endpoint;
-//! 4. identity → standing: sticky halts and operator resumes, as store facts for the engine;
-//! 5. transcript → actions → detectors → engine: the conversation's cached fold continued
-//!    with the new steps only, and its [`Decision`].
+//! 4. model → policy: the caller's choice (`crate::policy`), now that the model is known;
+//! 5. identity → standing: sticky halts and operator resumes, as store facts for the engine;
+//! 6. transcript → actions → detectors → the policy's engine: the conversation's cached fold
+//!    continued with the new steps only, and its [`Decision`].
 //!
 //! Then the request is ruled on (`crate::intervene::ruling`) and forwarded; when its log
 //! entry is made, [`Analyser::keep`] hands over the steps new to the log and keeps the
@@ -25,9 +26,10 @@ use super::identity::{self, Identity};
 use super::memory::{BodyComparison, History, LastRequest, Memory, Predecessor, Recall, Recalled};
 use super::record::ParseStatus;
 use super::route::Route;
-use crate::detect::{Decision, Engine, EngineState};
+use crate::detect::{Decision, EngineState};
 use crate::dialect::Dialect;
 use crate::intervene::service::ConversationState;
+use crate::policy::Policy;
 use crate::request_bytes::RequestBytes;
 use crate::store::redact::summary;
 use crate::transcript::{Step, Transcript};
@@ -35,7 +37,6 @@ use crate::transcript::{Step, Transcript};
 /// What the analysis keeps between requests, so that each costs work for its new messages
 /// and steps only.
 pub struct Analyser {
-    pub engine: Engine,
     pub memory: Memory,
 }
 
@@ -51,6 +52,8 @@ pub struct Arrival<'a> {
 
 /// What the analysis made of a request.
 pub struct Analysis {
+    /// The policy the request falls under.
+    pub policy: Arc<Policy>,
     pub identity: Identity,
     pub dialect: Option<Dialect>,
     pub model: Option<String>,
@@ -92,12 +95,15 @@ pub struct Logged {
 }
 
 impl Analyser {
-    /// Reads the conversation in a request and decides on it. `standing` says what the
-    /// conversation is subject to (sticky halts, resumes): the interventions' state.
+    /// Reads the conversation in a request and decides on it. `policy` chooses the policy
+    /// from the model the request asks for (`None`: it names none, or was not read);
+    /// `standing` says what the conversation is subject to (sticky halts, resumes): the
+    /// interventions' state.
     pub fn analyse(
         &self,
         arrival: Arrival<'_>,
-        standing: impl FnOnce(&str, &Transcript) -> ConversationState,
+        policy: impl FnOnce(Option<&str>) -> Arc<Policy>,
+        standing: impl FnOnce(&Policy, &str, &Transcript) -> ConversationState,
     ) -> Analysis {
         let Arrival {
             route,
@@ -107,20 +113,29 @@ impl Analyser {
             earlier,
         } = arrival;
         let fallback = || identity::fallback(headers, route.path);
-        let unread = |stated: Option<Identity>, dialect, parse, parse_error| Analysis {
-            identity: stated.unwrap_or_else(fallback),
-            dialect,
-            model: None,
-            stream: route.dialect.is_some_and(|(_, stream_path)| stream_path),
-            parse,
-            parse_error,
-            parsed: None,
-        };
+        let path_model = Dialect::model_from_path(route.path);
+        let unread =
+            |policy: Arc<Policy>, stated: Option<Identity>, dialect, parse, parse_error| Analysis {
+                policy,
+                identity: stated.unwrap_or_else(fallback),
+                dialect,
+                model: None,
+                stream: route.dialect.is_some_and(|(_, stream_path)| stream_path),
+                parse,
+                parse_error,
+                parsed: None,
+            };
         let (Some((dialect, stream_path)), Some(found)) = (route.dialect, earlier.finish(body))
         else {
             return Analysis {
                 stream: false,
-                ..unread(stated, None, ParseStatus::NotConversation, None)
+                ..unread(
+                    policy(path_model),
+                    stated,
+                    None,
+                    ParseStatus::NotConversation,
+                    None,
+                )
             };
         };
         let Predecessor {
@@ -142,7 +157,14 @@ impl Analyser {
                 // Forwarded untouched all the same; the log says why it was not read.
                 let reason = summary(&e.to_string(), 200);
                 tracing::warn!(path = route.path, dialect = dialect.as_str(), error = %reason, "request body not parsed; forwarded untouched");
-                return unread(stated, Some(dialect), ParseStatus::Unparsed, Some(reason));
+                let policy = policy(path_model);
+                return unread(
+                    policy,
+                    stated,
+                    Some(dialect),
+                    ParseStatus::Unparsed,
+                    Some(reason),
+                );
             }
         };
         let History {
@@ -160,10 +182,12 @@ impl Analyser {
             None => head.or_else(|| identity::from_head(&transcript)),
         };
         let identity = stated.or_else(|| head.clone()).unwrap_or_else(fallback);
-        let conversation = standing(&identity.id, &transcript);
+        let model = model.or_else(|| path_model.map(str::to_string));
+        let policy = policy(model.as_deref());
+        let conversation = standing(&policy, &identity.id, &transcript);
         // An operator's resume changes the store facts: the cached fold is stale.
         let cached = fold.filter(|_| !conversation.refold);
-        let (decision, state, _) = self.engine.decide_shared(
+        let (decision, state, _) = policy.engine.decide_shared(
             &transcript,
             &conversation.facts,
             cached,
@@ -171,7 +195,8 @@ impl Analyser {
             tools.as_ref(),
         );
         Analysis {
-            model: model.or_else(|| Dialect::model_from_path(route.path).map(str::to_string)),
+            policy,
+            model,
             stream,
             dialect: Some(dialect),
             parse: ParseStatus::Parsed,

@@ -29,10 +29,13 @@ use super::{errors, upstream, App};
 use crate::detect::Decision;
 use crate::dialect::{Dialect, HaltReply, UpstreamFailure};
 use crate::intervene::{Applied, Effect, RequestInfo};
+use crate::policy::{Mode, Policy, Traffic};
 use crate::request_bytes::RequestBytes;
 use crate::store::{next_request_id, now_ms, ConversationSeen, Label, RequestRow};
 
 pub const DECISION_HEADER: &str = "x-loopwarden-decision";
+/// Every answer names the policy its request fell under.
+pub const POLICY_HEADER: &str = "x-loopwarden-policy";
 
 /// The proxy handler: every request for a path that is not the proxy's own ([`super::own`]).
 pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
@@ -43,6 +46,21 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let route = route::route(resolved.as_deref().unwrap_or(&parts.uri), &parts.headers);
 
     let stated = identity::stated(&parts.headers, route.conversation);
+    let policies = app.policies.current();
+    let dialect = route.dialect.map(|(dialect, _)| dialect);
+    let traffic = Traffic::of(
+        &parts.headers,
+        route.team,
+        route.query,
+        dialect,
+        policies.needs_key_id(),
+    );
+    let select = |model: Option<&str>| {
+        policies.select(&Traffic {
+            model,
+            ..traffic.clone()
+        })
+    };
     let max = app.config.server.max_body_bytes;
     let refusal = if parts.method == http::Method::CONNECT {
         Some(Refusal::Connect)
@@ -55,10 +73,13 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     } else {
         None
     };
+    let path_model = || Dialect::model_from_path(route.path);
     if let Some(refusal) = refusal {
-        return refuse(&app, &parts, &route, stated, refusal, started, started_ms);
+        let policy = select(path_model());
+        return refuse(
+            &app, &policy, &parts, &route, stated, refusal, started, started_ms,
+        );
     }
-    let dialect = route.dialect.map(|(dialect, _)| dialect);
     let mut earlier = BodyComparison::new(
         &app.analyser.memory,
         dialect,
@@ -68,7 +89,10 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         Ok(body) => body,
         Err(e) => {
             let refusal = Refusal::of_body(&e, max);
-            return refuse(&app, &parts, &route, stated, refusal, started, started_ms);
+            let policy = select(path_model());
+            return refuse(
+                &app, &policy, &parts, &route, stated, refusal, started, started_ms,
+            );
         }
     };
     // The client's sending, which the overhead includes: logged apart so that the proxy's
@@ -82,10 +106,13 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         stated,
         earlier,
     };
-    let mut analysis = app.analyser.analyse(arrival, |conversation, transcript| {
-        app.interventions
-            .conversation_state(conversation, transcript)
-    });
+    let mut analysis = app
+        .analyser
+        .analyse(arrival, select, |policy, conversation, transcript| {
+            app.interventions
+                .conversation_state(policy, conversation, transcript)
+        });
+    drop(policies);
     let request_id = next_request_id();
     let stream = analysis.stream;
     // Gemini streams a JSON array unless asked for SSE.
@@ -109,6 +136,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         request_id,
     );
 
+    let policy = analysis.policy.clone();
     // Responses are decoded for the log only when the request itself was read.
     let capture_dialect = analysis.parsed.as_ref().map(|p| p.dialect);
     let mut finished = new_record(&app, &parts, &route, &body, analysis, applied, started_ms);
@@ -117,11 +145,14 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     finished.row.body_read_us = Some(body_read.as_micros() as i64);
     let stamp = Stamp {
         conversation: HeaderValue::from_str(&finished.row.conversation_id).ok(),
+        // A shadow policy's answer carries nothing of what it would have done.
         decision: finished
             .row
             .decision
             .as_deref()
+            .filter(|_| policy.mode != Mode::Shadow)
             .and_then(|d| HeaderValue::from_str(d).ok()),
+        policy: HeaderValue::from_str(&policy.name).ok(),
     };
     let held_stamp = stamp.clone();
     // The upstream and the URL to send to, worked out once from the route.
@@ -141,7 +172,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         Some(held) if stream && !json_array => {
             // The client asked for a stream: keep it alive with SSE comments while a human
             // decides; the answer then follows in the same stream.
-            let mut response = intervention::held_stream(&app, async move {
+            let mut response = intervention::held_stream(&policy, async move {
                 let (effect, applied) = intervention::decide_held(&dispatch.app, *held).await;
                 finished.row.applied = applied.as_str().into();
                 dispatch.send(effect, finished, None).await
@@ -160,8 +191,10 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
 
 /// Answers a request the proxy refuses, and logs it: in `requests` only, under the id it
 /// states or a fallback (it was not read, so it makes no conversation).
+#[allow(clippy::too_many_arguments)]
 fn refuse(
     app: &App,
+    policy: &Policy,
     parts: &http::request::Parts,
     route: &Route<'_>,
     stated: Option<identity::Identity>,
@@ -184,7 +217,7 @@ fn refuse(
         status: i64::from(refusal.status().as_u16()),
         outcome: Outcome::Rejected.as_str().into(),
         proxy_overhead_us: started.elapsed().as_micros() as i64,
-        ..request_row(parts, route, id.id, started_ms)
+        ..request_row(parts, route, policy, id.id, started_ms)
     };
     let finished = Finished {
         row,
@@ -195,6 +228,13 @@ fn refuse(
         response: None,
     };
     app.store.log_deferred(Box::new(finished));
+    let mut response = response;
+    Stamp {
+        conversation: None,
+        decision: None,
+        policy: HeaderValue::from_str(&policy.name).ok(),
+    }
+    .apply(&mut response);
     response
 }
 
@@ -233,8 +273,15 @@ fn plan(
         transcript: std::borrow::Cow::Borrowed(&p.transcript),
     };
     let decision = std::mem::replace(&mut p.decision, Decision::observe());
-    let mut planned =
-        intervention::plan(app, decision, &p.conversation, &p.state, &req, request_id);
+    let mut planned = intervention::plan(
+        app,
+        &analysis.policy,
+        decision,
+        &p.conversation,
+        &p.state,
+        &req,
+        request_id,
+    );
     p.decision = std::mem::replace(&mut planned.decision, Decision::observe());
     planned
 }
@@ -256,6 +303,7 @@ async fn answer_held(
 struct Stamp {
     conversation: Option<HeaderValue>,
     decision: Option<HeaderValue>,
+    policy: Option<HeaderValue>,
 }
 
 impl Stamp {
@@ -266,6 +314,9 @@ impl Stamp {
         }
         if let Some(v) = &self.decision {
             headers.insert(HeaderName::from_static(DECISION_HEADER), v.clone());
+        }
+        if let Some(v) = &self.policy {
+            headers.insert(HeaderName::from_static(POLICY_HEADER), v.clone());
         }
     }
 }
@@ -516,6 +567,7 @@ fn new_record(
     started_ms: i64,
 ) -> Finished {
     let Analysis {
+        policy,
         identity,
         dialect,
         model,
@@ -542,7 +594,7 @@ fn new_record(
         decision: decision.as_ref().map(|d| d.action.as_str().into()),
         applied: applied.as_str().into(),
         request_bytes: body.len() as i64,
-        ..request_row(parts, route, identity.id.clone(), started_ms)
+        ..request_row(parts, route, &policy, identity.id.clone(), started_ms)
     };
     let conversation = parse.is_conversation().then(|| ConversationSeen {
         id: identity.id,
@@ -569,6 +621,7 @@ fn new_record(
 fn request_row(
     parts: &http::request::Parts,
     route: &Route<'_>,
+    policy: &Policy,
     conversation_id: String,
     started_ms: i64,
 ) -> RequestRow {
@@ -598,6 +651,7 @@ fn request_row(
         input_tokens: None,
         output_tokens: None,
         stop_reason: None,
+        policy: Some(Label::from(policy.name.to_string())),
     }
 }
 

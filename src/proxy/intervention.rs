@@ -17,9 +17,12 @@ use crate::dialect::{HaltReply, ResponseTurn};
 use crate::intervene::pause::Ticket;
 use crate::intervene::service::ConversationState;
 use crate::intervene::{Applied, Effect, RequestInfo};
+use crate::policy::Policy;
 
 /// A request held for a human.
 pub struct Held {
+    /// The policy it was held under: its pause settings, and its rulings after the verdict.
+    pub policy: Arc<Policy>,
     pub ticket: Ticket,
     pub decision: Decision,
     pub request: RequestInfo<'static>,
@@ -42,6 +45,7 @@ pub struct Planned {
 /// A request's ruling, carried out. Only called for requests whose history was parsed.
 pub fn plan(
     app: &App,
+    policy: &Arc<Policy>,
     decision: Decision,
     conversation: &ConversationState,
     state: &EngineState,
@@ -50,13 +54,14 @@ pub fn plan(
 ) -> Planned {
     let acted = app
         .interventions
-        .plan(decision, conversation, req, request_id);
+        .plan(policy, decision, conversation, req, request_id);
     let effect = acted.carried.effect;
     let held = matches!(effect, Effect::Hold).then(|| {
-        let (ticket, info) = app.interventions.hold(&acted.decision, req);
+        let (ticket, info) = app.interventions.hold(policy, &acted.decision, req);
         let client = super::upstream::thread_client(&app.client);
-        super::held::notify(&client, &app.interventions.config().pause, &info);
+        super::held::notify(&client, &policy.intervene().pause, &info);
         Box::new(Held {
+            policy: policy.clone(),
             ticket,
             decision: acted.decision.clone(),
             request: req.to_owned(),
@@ -65,7 +70,8 @@ pub fn plan(
     });
     let forwards = matches!(effect, Effect::Forward | Effect::ForwardModified(_));
     // The state is copied only for the rare response that may complete a loop.
-    let guard = (forwards && app.interventions.armed(&app.analyser.engine, state)).then(|| Guard {
+    let guard = (forwards && app.interventions.armed(policy, state)).then(|| Guard {
+        policy: policy.clone(),
         state: state.clone(),
         request: req.to_owned(),
         request_id,
@@ -82,25 +88,27 @@ pub fn plan(
 /// Waits for the verdict on a held request; what it chooses, carried out.
 pub async fn decide_held(app: &App, held: Held) -> (Effect, Applied) {
     let Held {
+        policy,
         ticket,
         decision,
         request,
         request_id,
     } = held;
-    let (verdict, by) = app.interventions.verdict(ticket).await;
+    let (verdict, by) = app.interventions.verdict(&policy, ticket).await;
     let carried = app
         .interventions
-        .after_verdict(verdict, by, &decision, &request, request_id);
+        .after_verdict(&policy, verdict, by, &decision, &request, request_id);
     (carried.effect, carried.applied)
 }
 
 /// A held streaming request is answered at once with an SSE stream of `: keep-alive`
-/// comments; `then` produces the real answer, whose body follows in the same stream.
-pub fn held_stream<F>(app: &Arc<App>, then: F) -> Response
+/// comments (every `keepalive_secs` of the policy's pause settings); `then` produces the
+/// real answer, whose body follows in the same stream.
+pub fn held_stream<F>(policy: &Policy, then: F) -> Response
 where
     F: std::future::Future<Output = Response> + Send + 'static,
 {
-    let interval = std::time::Duration::from_secs(app.interventions.config().pause.keepalive_secs);
+    let interval = std::time::Duration::from_secs(policy.intervene().pause.keepalive_secs);
     let body = super::held::keepalive_body(interval, async move { then.await.into_body() });
     let mut response = Response::new(body);
     response.headers_mut().insert(
@@ -129,6 +137,7 @@ pub fn answer(reply: HaltReply) -> Response {
 
 /// What the response side needs to block a call that completes a loop.
 pub struct Guard {
+    policy: Arc<Policy>,
     state: EngineState,
     request: RequestInfo<'static>,
     request_id: i64,
@@ -151,17 +160,17 @@ impl Guard {
             };
             app.interventions
                 .check_response(
-                    &app.analyser.engine,
+                    &self.policy,
                     &self.state,
                     &turn,
                     &self.request,
                     self.request_id,
                 )
                 .map(|(decision, stop)| {
-                    let text =
-                        app.interventions
-                            .intervener
-                            .halt_text(&decision, stop, &self.request);
+                    let text = self
+                        .policy
+                        .intervener
+                        .halt_text(&decision, stop, &self.request);
                     let _ = blocked.set(decision);
                     text
                 })
@@ -177,14 +186,14 @@ impl Guard {
             return None;
         }
         let (decision, stop) = app.interventions.check_response(
-            &app.analyser.engine,
+            &self.policy,
             &self.state,
             &turn,
             &self.request,
             self.request_id,
         )?;
-        let reply = app
-            .interventions
+        let reply = self
+            .policy
             .intervener
             .halt_reply(&decision, stop, &self.request);
         Some((decision, reply))

@@ -45,7 +45,6 @@ use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
 use crate::config::Config;
-use crate::detect::Engine;
 use crate::store::{Store, StoreOptions};
 
 /// Options of `loopwarden serve`.
@@ -76,8 +75,11 @@ pub struct App {
     /// The upstream client of the thread that called [`start`] (the others have their own:
     /// [`upstream::use_thread_client`]).
     pub client: upstream::Client,
-    /// The message cache, each conversation's fold and last request, and the engine.
+    /// The message cache, each conversation's fold and last request.
     pub analyser: analysis::Analyser,
+    /// The policies in force (each with its engine and intervention settings), swapped
+    /// whole on a reload.
+    pub policies: Arc<crate::policy::live::Live>,
     pub store: Store,
     /// Sticky halts, held requests and the intervention log (`crate::intervene`).
     pub interventions: crate::intervene::service::Interventions,
@@ -134,6 +136,12 @@ impl Running {
     pub async fn flush_log(&self) {
         self.app.store.flush().await;
     }
+
+    /// Reads the config file again and puts its policies in force when it is valid (what
+    /// SIGHUP does).
+    pub fn reload(&self, trigger: &'static str) -> crate::policy::live::Reload {
+        self.app.policies.reload(trigger)
+    }
 }
 
 /// Opens the log, binds the listener and serves until [`Running::shutdown`].
@@ -160,17 +168,19 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let addr = listener.local_addr()?;
     let (spread, handed) = spread::Spread::new(threads);
     let idle = Duration::from_secs(config.cache.idle_secs);
-    let interventions = crate::intervene::service::Interventions::open(
-        config.intervene.clone(),
-        &config.detect,
-        store.clone(),
-    )
-    .await?;
+    let interventions = crate::intervene::service::Interventions::open(store.clone()).await?;
+    let policies = Arc::new(crate::policy::live::Live::new(
+        crate::policy::PolicySet::of(&config)?,
+        config.clone(),
+    ));
+    if config.source.is_some() {
+        crate::policy::live::watch(Arc::downgrade(&policies));
+    }
     let app = Arc::new(App {
         interventions,
+        policies,
         client: upstream::Client::new(&config.upstream),
         analyser: analysis::Analyser {
-            engine: Engine::new(config.detect.clone()),
             memory: memory::Memory::new(&config.cache),
         },
         store,
@@ -412,12 +422,16 @@ pub fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
         // Listened for before the proxy says it listens: a supervisor (or a test) may stop
         // it as soon as it reads that line, and a signal that came first would kill it
         // without writing out the log.
-        let stop = Shutdown::listen()?;
+        let mut signals = Signals::listen()?;
         // The one line a user (or a script) needs: where to point the agents.
         println!("loopwarden listening on {}", running.url());
         use std::io::Write;
         let _ = std::io::stdout().flush();
-        stop.wait().await;
+        while signals.next().await == Signal::Reload {
+            // Reading and checking a config file is quick; requests meanwhile go on
+            // under the policies in force.
+            running.reload("signal");
+        }
         tracing::info!("shutting down: finishing in-flight requests and writing the log");
         running.shutdown().await?;
         tracing::info!("log written; bye");
@@ -432,10 +446,18 @@ fn colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
     terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-/// SIGTERM, Ctrl-C or SIGHUP, listened for from [`Shutdown::listen`] on. SIGHUP stops the
-/// proxy cleanly too (the log written out): unhandled, it killed the process on the spot.
-/// Reloading the configuration on it is not built yet.
-struct Shutdown {
+/// What a signal asks of the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signal {
+    /// SIGTERM or Ctrl-C: finish the requests in flight, write out the log, exit.
+    Stop,
+    /// SIGHUP: read the config file again (`crate::policy::live`).
+    Reload,
+}
+
+/// The signals the proxy acts on, listened for from [`Signals::listen`] on (a signal
+/// unlistened for would kill the process on the spot, the log not written out).
+struct Signals {
     #[cfg(unix)]
     terminate: tokio::signal::unix::Signal,
     #[cfg(unix)]
@@ -444,32 +466,32 @@ struct Shutdown {
     hangup: tokio::signal::unix::Signal,
 }
 
-impl Shutdown {
-    fn listen() -> std::io::Result<Shutdown> {
+impl Signals {
+    fn listen() -> std::io::Result<Signals> {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{signal, SignalKind};
-            Ok(Shutdown {
+            Ok(Signals {
                 terminate: signal(SignalKind::terminate())?,
                 interrupt: signal(SignalKind::interrupt())?,
                 hangup: signal(SignalKind::hangup())?,
             })
         }
         #[cfg(not(unix))]
-        Ok(Shutdown {})
+        Ok(Signals {})
     }
 
-    async fn wait(mut self) {
+    async fn next(&mut self) -> Signal {
         #[cfg(unix)]
         tokio::select! {
-            _ = self.terminate.recv() => {}
-            _ = self.interrupt.recv() => {}
-            _ = self.hangup.recv() => {}
+            _ = self.terminate.recv() => Signal::Stop,
+            _ = self.interrupt.recv() => Signal::Stop,
+            _ = self.hangup.recv() => Signal::Reload,
         }
         #[cfg(not(unix))]
         {
             let _ = tokio::signal::ctrl_c().await;
-            let _ = &mut self;
+            Signal::Stop
         }
     }
 }

@@ -41,6 +41,8 @@ pub fn router(app: Arc<App>) -> Router {
             "/admin/api/conversations/{id}/halt",
             post(admin::halt_conversation),
         )
+        .route("/admin/api/policies", get(admin::policies))
+        .route("/admin/api/policies/reload", post(admin::reload_policies))
         .route("/admin/api/pending", get(admin::pending))
         .route("/admin/api/pending/{id}", post(admin::decide_pending))
         // Unknown admin calls go through the access rule too: a caller without access

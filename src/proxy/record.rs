@@ -221,6 +221,7 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
                 applied: row.applied.to_string(),
                 step: Some(next_step as i64),
                 reason: decision.reason.into(),
+                policy: row.policy.as_deref().map(str::to_string),
             })));
         }
     }

@@ -1,5 +1,5 @@
-//! Where a request goes: which upstream, which path, which wire format, and the
-//! conversation a `/c/{id}` prefix names. Pure functions of the request line and headers.
+//! Where a request goes: which upstream, which path, which wire format, the conversation a
+//! `/c/{id}` prefix names and the team a `/t/{team}` prefix names. Pure functions of the request line and headers.
 
 use std::borrow::Cow;
 
@@ -53,25 +53,33 @@ pub struct Route<'a> {
     pub query: Option<&'a str>,
     /// The conversation named by a `/c/{id}` prefix.
     pub conversation: Option<&'a str>,
+    /// The team named by a `/t/{team}` prefix (what policies match on: `crate::policy`).
+    pub team: Option<&'a str>,
     /// The wire format when the path is a conversation endpoint, and whether the path
     /// itself asks for a stream (Gemini `:streamGenerateContent`).
     pub dialect: Option<(Dialect, bool)>,
 }
 
-/// Routes a request. Prefixes `/c/{id}` and `/openai|/anthropic|/gemini` may come in
-/// either order; each is removed before forwarding.
+/// Routes a request. Prefixes `/t/{team}`, `/c/{id}` and `/openai|/anthropic|/gemini` may
+/// come in any order, each at most once; each is removed before forwarding.
 pub fn route<'a>(uri: &'a Uri, headers: &HeaderMap) -> Route<'a> {
     let mut path = uri.path();
     let mut conversation = None;
+    let mut team = None;
     let mut explicit = None;
     loop {
         let (first, rest) = split_first_segment(path);
-        if first == "c" && conversation.is_none() {
-            let (id, rest) = split_first_segment(rest);
-            if id.is_empty() {
+        let named = match first {
+            "c" if conversation.is_none() => Some(&mut conversation),
+            "t" if team.is_none() => Some(&mut team),
+            _ => None,
+        };
+        if let Some(slot) = named {
+            let (name, rest) = split_first_segment(rest);
+            if name.is_empty() {
                 break;
             }
-            conversation = Some(id);
+            *slot = Some(name);
             path = rest;
         } else if let Some(upstream) = Upstream::from_prefix(first).filter(|_| explicit.is_none()) {
             explicit = Some(upstream);
@@ -92,6 +100,7 @@ pub fn route<'a>(uri: &'a Uri, headers: &HeaderMap) -> Route<'a> {
         path,
         query: uri.query(),
         conversation,
+        team,
         dialect,
     }
 }

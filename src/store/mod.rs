@@ -118,6 +118,8 @@ pub struct RequestRow {
     pub input_tokens: Option<i64>,
     pub output_tokens: Option<i64>,
     pub stop_reason: Option<String>,
+    /// The policy the request was under.
+    pub policy: Option<Label>,
 }
 
 /// A tool call, with its result once the history carries it.
@@ -162,6 +164,7 @@ pub struct DecisionRow {
     pub applied: String,
     pub step: Option<i64>,
     pub reason: Masked,
+    pub policy: Option<String>,
 }
 
 /// One intervention (see `crate::intervene` and `migrations/0002_interventions.sql`).
@@ -176,6 +179,7 @@ pub struct InterventionRow {
     pub detector: String,
     pub reason: Masked,
     pub finding: Masked,
+    pub policy: Option<String>,
 }
 
 /// Anything the log records.
@@ -443,6 +447,7 @@ mod tests {
             input_tokens: None,
             output_tokens: None,
             stop_reason: None,
+            policy: Some("default".into()),
         }))
     }
 
@@ -989,6 +994,7 @@ mod tests {
                 applied: "nudged".into(),
                 step: Some(3),
                 reason: "repeat".into(),
+                policy: Some("ci".into()),
             })),
         );
         let (one_batch, each_alone, _dirs) = one_batch_and_one_by_one(&records).await;

@@ -76,7 +76,7 @@ pub(crate) async fn timeline(pool: &SqlitePool, id: &str) -> Result<Option<Timel
     .await?;
     let interventions = sqlx::query_as(
         "SELECT conversation_id, request_id, created_ms, action, applied, source, detector,
-                reason, finding
+                reason, finding, policy
          FROM interventions WHERE conversation_id = ?1 ORDER BY created_ms, id",
     )
     .bind(id)

@@ -171,12 +171,12 @@ trait ChunkedRow {
 /// A row whose id is already in (also earlier in the same statement) replaces it, as it
 /// did one by one.
 impl ChunkedRow for RequestRow {
-    const COLUMNS: usize = 25;
+    const COLUMNS: usize = 26;
     const INSERT: &'static str = "INSERT OR REPLACE INTO requests
            (id, conversation_id, started_ms, method, path, upstream, dialect, model,
             stream, parse, parse_error, steps, decision, applied, status, outcome,
             request_bytes, response_bytes, upstream_latency_us, upstream_total_us,
-            proxy_overhead_us, body_read_us, input_tokens, output_tokens, stop_reason)";
+            proxy_overhead_us, body_read_us, input_tokens, output_tokens, stop_reason, policy)";
 
     fn chunks<'s, 'c>(statements: &'s mut Statements<'c>) -> &'s mut Chunks<'c> {
         &mut statements.requests
@@ -210,6 +210,7 @@ impl ChunkedRow for RequestRow {
             &r.input_tokens,
             &r.output_tokens,
             &r.stop_reason,
+            &r.policy,
         ];
         bind_all(stmt, first, values)
     }
@@ -328,13 +329,14 @@ impl Sql {
             }
             Sql::Decision => {
                 "INSERT OR REPLACE INTO decisions
-                   (request_id, conversation_id, created_ms, action, applied, step, reason)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+                   (request_id, conversation_id, created_ms, action, applied, step, reason,
+                    policy)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
             }
             Sql::Intervention => {
                 "INSERT INTO interventions (conversation_id, request_id, created_ms, action,
-                   applied, source, detector, reason, finding)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                   applied, source, detector, reason, finding, policy)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
             }
         }
     }
@@ -544,7 +546,8 @@ fn write_one(statements: &mut Statements<'_>, record: &Record) -> rusqlite::Resu
                 d.action,
                 d.applied,
                 d.step,
-                d.reason
+                d.reason,
+                d.policy
             ])?;
         }
         Record::Intervention(i) => {
@@ -557,7 +560,8 @@ fn write_one(statements: &mut Statements<'_>, record: &Record) -> rusqlite::Resu
                 i.source,
                 i.detector,
                 i.reason,
-                i.finding
+                i.finding,
+                i.policy
             ])?;
         }
     }

@@ -1,0 +1,191 @@
+//! Which policy a request falls under, from what it carries without any change to the
+//! client: the team its base URL or a header names, its API key's fingerprint, the client,
+//! the model and the API.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dialect::Dialect;
+use crate::glob;
+
+/// The `match` table of a policy. Every selector given must hold (and); within one
+/// selector's list, any pattern may (or). Patterns are globs (`crate::glob`). A policy
+/// with no selector never matches on its own: it is a base other policies inherit.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Selector {
+    /// `/t/{team}` in the base URL, or the `x-loopwarden-team` header.
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub team: Vec<String>,
+    /// The API key's fingerprint, as `loopwarden key-id` prints it.
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub key_id: Vec<String>,
+    /// The client, as [`Client::as_str`] names it.
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub client: Vec<String>,
+    /// The `user-agent` header (for a client the list above does not name).
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub user_agent: Vec<String>,
+    /// The model the request asks for.
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub model: Vec<String>,
+    /// The wire format: `openai_chat`, `openai_responses`, `anthropic`, `gemini`.
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub api: Vec<String>,
+}
+
+/// `"x"` or `["x", "y"]`: a user writing one value should not need the brackets.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
+}
+
+/// What a request says about itself that policies match on.
+#[derive(Debug, Clone, Default)]
+pub struct Traffic<'a> {
+    pub team: Option<&'a str>,
+    /// The key's fingerprint, worked out only when some policy matches on keys.
+    pub key_id: Option<String>,
+    pub client: Client,
+    pub user_agent: &'a str,
+    pub model: Option<&'a str>,
+    pub api: Option<Dialect>,
+}
+
+/// The header that names a request's team when its base URL cannot (`/t/{team}` wins).
+pub const TEAM_HEADER: &str = "x-loopwarden-team";
+
+impl<'a> Traffic<'a> {
+    /// What a request carries that policies match on, but the model (known once the body
+    /// is read). The key's fingerprint is worked out only when `with_key_id`.
+    pub fn of(
+        headers: &'a http::HeaderMap,
+        team_prefix: Option<&'a str>,
+        query: Option<&'a str>,
+        api: Option<Dialect>,
+        with_key_id: bool,
+    ) -> Traffic<'a> {
+        let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+        let user_agent = header(http::header::USER_AGENT.as_str()).unwrap_or("");
+        Traffic {
+            team: team_prefix.or_else(|| header(TEAM_HEADER).map(str::trim)),
+            key_id: with_key_id
+                .then(|| super::key_id::key_of(headers, query).map(super::key_id::of))
+                .flatten(),
+            client: Client::of(user_agent),
+            user_agent,
+            model: None,
+            api,
+        }
+    }
+}
+
+/// The clients loopwarden knows by their `user-agent` (CLIENTS.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Client {
+    ClaudeCode,
+    Codex,
+    GeminiCli,
+    Opencode,
+    /// mini-swe-agent speaks through litellm or the OpenAI Python SDK and names itself in
+    /// neither: any client of those two counts as it.
+    MiniSweAgent,
+    #[default]
+    Other,
+}
+
+impl Client {
+    pub const ALL: [Client; 6] = [
+        Client::ClaudeCode,
+        Client::Codex,
+        Client::GeminiCli,
+        Client::Opencode,
+        Client::MiniSweAgent,
+        Client::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Client::ClaudeCode => "claude-code",
+            Client::Codex => "codex",
+            Client::GeminiCli => "gemini-cli",
+            Client::Opencode => "opencode",
+            Client::MiniSweAgent => "mini-swe-agent",
+            Client::Other => "other",
+        }
+    }
+
+    /// The client a `user-agent` names.
+    pub fn of(user_agent: &str) -> Client {
+        let prefixes: [(&str, Client); 7] = [
+            ("claude-cli/", Client::ClaudeCode),
+            ("codex", Client::Codex),
+            ("GeminiCLI", Client::GeminiCli),
+            ("opencode/", Client::Opencode),
+            ("litellm/", Client::MiniSweAgent),
+            ("OpenAI/Python", Client::MiniSweAgent),
+            ("mini-swe-agent", Client::MiniSweAgent),
+        ];
+        prefixes
+            .iter()
+            .find(|(p, _)| user_agent.starts_with(p))
+            .map_or(Client::Other, |(_, c)| *c)
+    }
+}
+
+impl Selector {
+    /// Whether the policy has anything to match on.
+    pub fn is_empty(&self) -> bool {
+        self.team.is_empty()
+            && self.key_id.is_empty()
+            && self.client.is_empty()
+            && self.user_agent.is_empty()
+            && self.model.is_empty()
+            && self.api.is_empty()
+    }
+
+    /// Whether a request falls under it. An empty selector matches nothing.
+    pub fn matches(&self, traffic: &Traffic<'_>) -> bool {
+        !self.is_empty()
+            && any(&self.team, traffic.team)
+            && any(&self.key_id, traffic.key_id.as_deref())
+            && any(&self.client, Some(traffic.client.as_str()))
+            && any(&self.user_agent, Some(traffic.user_agent))
+            && any(&self.model, traffic.model)
+            && any(&self.api, traffic.api.map(Dialect::as_str))
+    }
+
+    /// Checks the values: clients and APIs from their vocabularies, key ids as printed.
+    pub fn validate(&self) -> Result<(), String> {
+        let clients: Vec<&str> = Client::ALL.iter().map(|c| c.as_str()).collect();
+        if let Some(c) = self.client.iter().find(|c| !clients.contains(&c.as_str())) {
+            return Err(format!(
+                "`match.client`: {c:?} is not a client loopwarden knows ({}); `match.user_agent` matches any other",
+                clients.join(", ")
+            ));
+        }
+        let apis: Vec<&str> = Dialect::ALL.iter().map(|d| d.as_str()).collect();
+        if let Some(a) = self.api.iter().find(|a| !apis.contains(&a.as_str())) {
+            return Err(format!("`match.api`: {a:?} is none of {}", apis.join(", ")));
+        }
+        if let Some(k) = self.key_id.iter().find(|k| !super::key_id::looks_like(k)) {
+            return Err(format!(
+                "`match.key_id`: {k:?} is not a key id (`loopwarden key-id` prints one: {} hex digits)",
+                super::key_id::LEN
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// No patterns: anything (the selector does not ask). Patterns: a value, matching one.
+fn any(patterns: &[String], value: Option<&str>) -> bool {
+    patterns.is_empty() || value.is_some_and(|v| patterns.iter().any(|p| glob::matches(p, v)))
+}
