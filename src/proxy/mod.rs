@@ -79,6 +79,8 @@ pub struct App {
     /// The message cache, each conversation's fold and last request, and the engine.
     pub analyser: analysis::Analyser,
     pub store: Store,
+    /// Each conversation's spend, charged as answers end (`crate::budget::Ledger`).
+    pub ledger: crate::budget::Ledger,
     /// Sticky halts, held requests and the intervention log (`crate::intervene`).
     pub interventions: crate::intervene::service::Interventions,
     /// Open client connections per serving thread, and where the next one goes.
@@ -166,7 +168,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         store.clone(),
     )
     .await?;
+    let ledger = crate::budget::Ledger::new(config.prices.clone());
+    let restored = ledger.restore_from(&store, crate::store::now_ms()).await?;
+    tracing::debug!(conversations = restored, "spend restored from the log");
     let app = Arc::new(App {
+        ledger,
         interventions,
         client: upstream::Client::new(&config.upstream),
         analyser: analysis::Analyser {
@@ -377,6 +383,7 @@ fn spawn_sweeper(app: std::sync::Weak<App>, idle: Duration) {
             tick.tick().await;
             let Some(app) = app.upgrade() else { return };
             app.analyser.memory.sweep();
+            app.ledger.sweep(crate::store::now_ms());
         }
     });
 }

@@ -26,7 +26,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::oneshot;
 
-pub use query::{ConversationSummary, OverheadStats, Timeline};
+pub use query::{ConversationSummary, LoggedSpend, OverheadStats, Timeline};
 pub use redact::Masked;
 pub use writer::Deferred;
 
@@ -115,9 +115,15 @@ pub struct RequestRow {
     pub proxy_overhead_us: i64,
     /// Request head to the body's last byte (`migrations/0003_body_read.sql`).
     pub body_read_us: Option<i64>,
+    /// The answer's tokens, split by how they are billed (`crate::budget::Usage`;
+    /// `migrations/0008_spend.sql`).
     pub input_tokens: Option<i64>,
     pub output_tokens: Option<i64>,
     pub stop_reason: Option<String>,
+    pub cached_input_tokens: Option<i64>,
+    pub cache_write_tokens: Option<i64>,
+    /// US dollars; `None` when the usage or the model's price is unknown.
+    pub cost_usd: Option<f64>,
 }
 
 /// A tool call, with its result once the history carries it.
@@ -355,6 +361,13 @@ impl Store {
         }
     }
 
+    /// The spend of each conversation answered since `since_ms` (ms since the epoch).
+    pub async fn recent_spend(&self, since_ms: i64) -> Result<Vec<LoggedSpend>, Error> {
+        match &self.backend {
+            Backend::Sqlite(db) => Ok(sqlite::read::recent_spend(&db.pool(), since_ms).await?),
+        }
+    }
+
     /// Every conversation's stored control.
     pub async fn controls(&self) -> Result<Vec<Control>, Error> {
         match &self.backend {
@@ -443,6 +456,9 @@ mod tests {
             input_tokens: None,
             output_tokens: None,
             stop_reason: None,
+            cached_input_tokens: None,
+            cache_write_tokens: None,
+            cost_usd: None,
         }))
     }
 
