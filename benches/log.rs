@@ -48,6 +48,9 @@ fn request(id: i64) -> Record {
         input_tokens: Some(51_234),
         output_tokens: Some(42),
         stop_reason: Some("tool_use".into()),
+        cached_input_tokens: Some(48_000),
+        cache_write_tokens: Some(3_000),
+        cost_usd: Some(0.0311),
     }))
 }
 

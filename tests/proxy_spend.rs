@@ -56,8 +56,8 @@ fn script() -> Script {
 fn list_price(api: Api) -> [f64; 4] {
     match api {
         Api::Chat | Api::Responses => [5.0, 0.5, 5.0, 30.0], // gpt-5.5
-        Api::Anthropic => [4.0, 0.2, 5.0, 20.0],            // claude-opus-5-5
-        Api::Gemini => [0.75, 0.075, 0.75, 3.75],           // gemini-3.8-flash
+        Api::Anthropic => [4.0, 0.2, 5.0, 20.0],             // claude-opus-5-5
+        Api::Gemini => [0.75, 0.075, 0.75, 3.75],            // gemini-3.8-flash
     }
 }
 
@@ -76,7 +76,10 @@ fn counted(api: Api, u: Usage) -> Usage {
 
 fn dollars(api: Api, u: &Usage) -> f64 {
     let [i, c, w, o] = list_price(api);
-    (u.input as f64 * i + u.cached_input as f64 * c + u.cache_write as f64 * w + u.output as f64 * o)
+    (u.input as f64 * i
+        + u.cached_input as f64 * c
+        + u.cache_write as f64 * w
+        + u.output as f64 * o)
         / 1e6
 }
 
@@ -135,7 +138,11 @@ fn assert_spend(entry: &Value, api: Api, what: &str) {
     assert_eq!(entry["cached_input"], usage.cached_input, "{what}");
     assert_eq!(entry["cache_write"], usage.cache_write, "{what}");
     assert_eq!(entry["output"], usage.output, "{what}");
-    assert_eq!((&entry["unpriced"], &entry["unreported"]), (&json!(0), &json!(0)), "{what}");
+    assert_eq!(
+        (&entry["unpriced"], &entry["unreported"]),
+        (&json!(0), &json!(0)),
+        "{what}"
+    );
     assert_eq!(entry["policy"], "default", "{what}");
     assert_close(&entry["dollars"], cost, what);
 }
@@ -184,7 +191,10 @@ async fn the_admin_api_totals_are_the_usage_of_every_api_at_list_prices_and_surv
     assert_eq!(default["output"], all.output);
     assert_close(&default["dollars"], all_dollars, "default policy");
     // Newest first: the last conversation run leads.
-    assert_eq!(spend["conversations"][0]["id"], conversation_id(Api::Gemini, true));
+    assert_eq!(
+        spend["conversations"][0]["id"],
+        conversation_id(Api::Gemini, true)
+    );
 
     // One conversation's spend, with its timeline.
     let id = conversation_id(Api::Anthropic, true);
@@ -203,7 +213,12 @@ async fn the_admin_api_totals_are_the_usage_of_every_api_at_list_prices_and_surv
         .await;
     let (usage, cost) = expected(Api::Anthropic);
     assert_eq!(
-        (&rows[0]["input"], &rows[0]["cached"], &rows[0]["write"], &rows[0]["output"]),
+        (
+            &rows[0]["input"],
+            &rows[0]["cached"],
+            &rows[0]["write"],
+            &rows[0]["output"]
+        ),
         (
             &json!(usage.input),
             &json!(usage.cached_input),
@@ -250,12 +265,20 @@ async fn an_unpriced_model_costs_nothing_and_a_stream_without_usage_is_marked() 
 
     let spend = get(&proxy, "/admin/api/spend").await;
     let unpriced = find(&spend, "unpriced");
-    assert_eq!((&unpriced["unpriced"], &unpriced["dollars"]), (&json!(1), &json!(0.0)));
+    assert_eq!(
+        (&unpriced["unpriced"], &unpriced["dollars"]),
+        (&json!(1), &json!(0.0))
+    );
     assert_eq!(unpriced["input"], TURNS[0].input + TURNS[0].cache_write);
     let silent = find(&spend, "silent");
-    assert_eq!((&silent["unreported"], &silent["output"]), (&json!(1), &json!(0)));
+    assert_eq!(
+        (&silent["unreported"], &silent["output"]),
+        (&json!(1), &json!(0))
+    );
     let rows = proxy
-        .rows("SELECT conversation_id, input_tokens, cost_usd FROM requests ORDER BY conversation_id")
+        .rows(
+            "SELECT conversation_id, input_tokens, cost_usd FROM requests ORDER BY conversation_id",
+        )
         .await;
     assert_eq!(
         rows,

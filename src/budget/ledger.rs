@@ -190,7 +190,9 @@ impl Ledger {
             .clone()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Spend, foldhash::fast::RandomState>> {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, Spend, foldhash::fast::RandomState>> {
         self.inner
             .conversations
             .lock()
@@ -208,17 +210,19 @@ impl Ledger {
             self.report_unpriced(c.model.unwrap_or(""));
         }
         let mut map = self.lock();
-        let spend = map.entry(c.conversation.to_string()).or_insert_with(|| Spend {
-            policy: Arc::from(c.policy),
-            requests: 0,
-            unreported: 0,
-            unpriced: 0,
-            steps: 0,
-            usage: Usage::default(),
-            dollars: 0.0,
-            first_ms: c.started_ms,
-            last_ms: c.now_ms,
-        });
+        let spend = map
+            .entry(c.conversation.to_string())
+            .or_insert_with(|| Spend {
+                policy: Arc::from(c.policy),
+                requests: 0,
+                unreported: 0,
+                unpriced: 0,
+                steps: 0,
+                usage: Usage::default(),
+                dollars: 0.0,
+                first_ms: c.started_ms,
+                last_ms: c.now_ms,
+            });
         if *spend.policy != *c.policy {
             spend.policy = Arc::from(c.policy);
         }
@@ -249,7 +253,11 @@ impl Ledger {
             .unwrap_or_else(|e| e.into_inner());
         // Bounded: a client naming a new model on every request must not grow it forever.
         if seen.len() < 1024 && seen.insert(model.to_string()) {
-            tracing::warn!(model, priced = false, "no price for this model: its answers cost $0 (add it to [prices])");
+            tracing::warn!(
+                model,
+                priced = false,
+                "no price for this model: its answers cost $0 (add it to [prices])"
+            );
         }
     }
 
@@ -402,7 +410,7 @@ fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -461,14 +469,27 @@ mod tests {
     #[test]
     fn charges_add_up_per_conversation() {
         let ledger = ledger();
-        assert_eq!(charge(&ledger, "a", 1_000_000, 10), Cost { dollars: 1.0, priced: true });
+        assert_eq!(
+            charge(&ledger, "a", 1_000_000, 10),
+            Cost {
+                dollars: 1.0,
+                priced: true
+            }
+        );
         charge(&ledger, "a", 500_000, 20);
         charge(&ledger, "b", 7, 15);
         let a = ledger.spend("a").unwrap();
-        assert_eq!((a.requests, a.usage.input, a.first_ms, a.last_ms), (2, 1_500_000, 10, 20));
+        assert_eq!(
+            (a.requests, a.usage.input, a.first_ms, a.last_ms),
+            (2, 1_500_000, 10, 20)
+        );
         assert!((a.dollars - 1.5).abs() < 1e-12);
         assert_eq!(ledger.spend("b").unwrap().requests, 1);
-        let ids: Vec<String> = ledger.conversations(10).into_iter().map(|(id, _)| id).collect();
+        let ids: Vec<String> = ledger
+            .conversations(10)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
         assert_eq!(ids, ["a", "b"], "the most recently charged first");
         let totals = ledger.policies();
         assert_eq!(totals.len(), 1);
@@ -482,12 +503,21 @@ mod tests {
             conversation: "a",
             policy: "ci",
             model: Some("mock-model"),
-            usage: Some(Usage { output: 10, ..Usage::default() }),
+            usage: Some(Usage {
+                output: 10,
+                ..Usage::default()
+            }),
             history_steps: 3,
             started_ms: 0,
             now_ms: 1,
         });
-        assert_eq!(cost, Cost { dollars: 0.0, priced: false });
+        assert_eq!(
+            cost,
+            Cost {
+                dollars: 0.0,
+                priced: false
+            }
+        );
         ledger.charge(&Charge {
             conversation: "a",
             policy: "ci",
@@ -498,7 +528,10 @@ mod tests {
             now_ms: 3,
         });
         let a = ledger.spend("a").unwrap();
-        assert_eq!((a.requests, a.unpriced, a.unreported, a.tokens(), a.steps), (2, 1, 1, 10, 5));
+        assert_eq!(
+            (a.requests, a.unpriced, a.unreported, a.tokens(), a.steps),
+            (2, 1, 1, 10, 5)
+        );
         assert_eq!(&*a.policy, "ci");
     }
 
@@ -526,14 +559,20 @@ mod tests {
         ledger.restore([logged("new"), logged("back")]);
         assert_eq!(ledger.spend("new").unwrap().requests, 1, "live figures win");
         let back = ledger.spend("back").unwrap();
-        assert_eq!((back.requests, back.steps, back.tokens(), back.dollars), (99, 8, 10, 0.5));
+        assert_eq!(
+            (back.requests, back.steps, back.tokens(), back.dollars),
+            (99, 8, 10, 0.5)
+        );
         assert_eq!(&*back.policy, "default");
     }
 
     #[test]
     fn no_cap_and_no_spend_are_within() {
         let ledger = ledger();
-        assert_eq!(ledger.status("x", 1000, &BudgetConfig::default(), 0), BudgetStatus::Within);
+        assert_eq!(
+            ledger.status("x", 1000, &BudgetConfig::default(), 0),
+            BudgetStatus::Within
+        );
         let steps = budget(|b| b.steps = 10);
         assert_eq!(ledger.status("x", 7, &steps, 0), BudgetStatus::Within);
     }
@@ -563,11 +602,29 @@ mod tests {
         charge(&ledger, "c", 1_000_000, 0); // $5.00
         let spent = ledger.status("c", 0, &dollars, 0);
         assert_eq!(spent.text().as_deref(), Some("$5.00 of $5.00"));
-        assert!(matches!(spent, BudgetStatus::Spent { cap: Cap::Dollars, .. }));
+        assert!(matches!(
+            spent,
+            BudgetStatus::Spent {
+                cap: Cap::Dollars,
+                ..
+            }
+        ));
         // Steps exactly at the cap, tokens exactly at it.
         let steps = budget(|b| b.steps = 40);
-        assert!(matches!(ledger.status("c", 40, &steps, 0), BudgetStatus::Spent { cap: Cap::Steps, .. }));
-        assert!(matches!(ledger.status("c", 32, &steps, 0), BudgetStatus::Near { cap: Cap::Steps, .. }));
+        assert!(matches!(
+            ledger.status("c", 40, &steps, 0),
+            BudgetStatus::Spent {
+                cap: Cap::Steps,
+                ..
+            }
+        ));
+        assert!(matches!(
+            ledger.status("c", 32, &steps, 0),
+            BudgetStatus::Near {
+                cap: Cap::Steps,
+                ..
+            }
+        ));
         assert_eq!(ledger.status("c", 31, &steps, 0), BudgetStatus::Within);
         let tokens = budget(|b| b.tokens = 5_000_000);
         assert_eq!(
@@ -588,10 +645,28 @@ mod tests {
         });
         // Steps 50% and tokens 9%: dollars (90%) decide.
         let status = ledger.status("c", 50, &caps, 2_000);
-        assert!(matches!(status, BudgetStatus::Near { cap: Cap::Dollars, .. }), "{status:?}");
+        assert!(
+            matches!(
+                status,
+                BudgetStatus::Near {
+                    cap: Cap::Dollars,
+                    ..
+                }
+            ),
+            "{status:?}"
+        );
         // Steps at 100% beat dollars at 90%.
         let status = ledger.status("c", 100, &caps, 2_000);
-        assert!(matches!(status, BudgetStatus::Spent { cap: Cap::Steps, .. }), "{status:?}");
+        assert!(
+            matches!(
+                status,
+                BudgetStatus::Spent {
+                    cap: Cap::Steps,
+                    ..
+                }
+            ),
+            "{status:?}"
+        );
         // Ten minutes after the first request, the clock beats steps at 100%.
         let status = ledger.status("c", 100, &caps, 1_000 + 660_000);
         assert_eq!(

@@ -108,7 +108,9 @@ impl<'de> Deserialize<'de> for Prices {
         impl<'de> Visitor<'de> for Entries {
             type Value = Prices;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a table of model globs, each with input, output, cached_input, cache_write")
+                f.write_str(
+                    "a table of model globs, each with input, output, cached_input, cache_write",
+                )
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Prices, A::Error> {
                 let mut entries = Vec::new();
@@ -238,16 +240,34 @@ mod tests {
     fn the_models_the_clients_use_are_priced_by_their_family() {
         let prices = Prices::default();
         let opus = prices.price("claude-opus-5-5").unwrap();
-        assert_eq!((opus.input, opus.cached_input, opus.cache_write, opus.output), (4.0, 0.2, 5.0, 20.0));
-        assert_eq!(prices.price("claude-sonnet-4-5-20250929").unwrap().input, 3.0);
+        assert_eq!(
+            (opus.input, opus.cached_input, opus.cache_write, opus.output),
+            (4.0, 0.2, 5.0, 20.0)
+        );
+        assert_eq!(
+            prices.price("claude-sonnet-4-5-20250929").unwrap().input,
+            3.0
+        );
         assert_eq!(prices.price("gpt-5.5").unwrap().output, 30.0);
         assert_eq!(prices.price("gpt-5.5-pro").unwrap().output, 180.0);
         assert_eq!(prices.price("gpt-4.1-mini-2025-04-14").unwrap().input, 0.4);
-        assert_eq!(prices.price("gemini-3.8-flash").unwrap().cached_input, 0.075);
+        assert_eq!(
+            prices.price("gemini-3.8-flash").unwrap().cached_input,
+            0.075
+        );
         assert_eq!(prices.price("gemini-3.5-flash-lite").unwrap().input, 0.3);
         // Not guessed: a model nobody priced costs nothing, and says so.
         assert_eq!(prices.price("mock-model"), None);
-        assert_eq!(prices.cost("mock-model", &Usage { input: 1_000_000, ..Usage::default() }), 0.0);
+        assert_eq!(
+            prices.cost(
+                "mock-model",
+                &Usage {
+                    input: 1_000_000,
+                    ..Usage::default()
+                }
+            ),
+            0.0
+        );
     }
 
     #[test]
@@ -278,13 +298,16 @@ mod tests {
         // The built-in list still prices what the user's entries do not match.
         assert_eq!(prices.price("claude-opus-5-5").unwrap().input, 4.0);
         // File order, not alphabetical order: "a*" sorts before "ab" but comes second.
-        let prices = parse("[prices]\nab = { input = 1, output = 1 }\n\"a*\" = { input = 2, output = 2 }\n").unwrap();
+        let prices =
+            parse("[prices]\nab = { input = 1, output = 1 }\n\"a*\" = { input = 2, output = 2 }\n")
+                .unwrap();
         assert_eq!(prices.price("ab").unwrap().input, 1.0);
     }
 
     #[test]
     fn a_negative_or_missing_price_is_an_error_naming_its_key() {
-        let e = parse("[prices]\n\"my-model*\" = { input = 1, output = 2, cached_input = -0.1 }\n").unwrap_err();
+        let e = parse("[prices]\n\"my-model*\" = { input = 1, output = 2, cached_input = -0.1 }\n")
+            .unwrap_err();
         assert!(e.contains(r#"prices."my-model*".cached_input"#), "{e}");
         let e = parse("[prices]\nm = { input = -1, output = 2 }\n").unwrap_err();
         assert!(e.contains(r#"prices."m".input"#), "{e}");

@@ -103,7 +103,9 @@ mod tests {
     fn openai_chat_counts_its_cached_tokens_inside_the_prompt() {
         let usage = r#""usage":{"prompt_tokens":1000,"completion_tokens":50,"total_tokens":1050,
             "prompt_tokens_details":{"cached_tokens":900},"completion_tokens_details":{"reasoning_tokens":20}}"#;
-        let json = format!(r#"{{"choices":[{{"message":{{"role":"assistant","content":"hi"}},"finish_reason":"stop"}}],{usage}}}"#);
+        let json = format!(
+            r#"{{"choices":[{{"message":{{"role":"assistant","content":"hi"}},"finish_reason":"stop"}}],{usage}}}"#
+        );
         assert_eq!(decoded(Dialect::OpenAiChat, &json), EXPECTED);
         // The usage comes last, in a chunk without choices (`include_usage`).
         let usage = usage.replace('\n', "");
@@ -156,7 +158,9 @@ mod tests {
     #[test]
     fn gemini_counts_cached_input_inside_the_prompt_and_thoughts_as_output() {
         let usage = r#""usageMetadata":{"promptTokenCount":1000,"cachedContentTokenCount":900,"candidatesTokenCount":30,"thoughtsTokenCount":20,"totalTokenCount":1050}"#;
-        let json = format!(r#"{{"candidates":[{{"content":{{"role":"model","parts":[{{"text":"hi"}}]}},"finishReason":"STOP"}}],{usage}}}"#);
+        let json = format!(
+            r#"{{"candidates":[{{"content":{{"role":"model","parts":[{{"text":"hi"}}]}},"finishReason":"STOP"}}],{usage}}}"#
+        );
         assert_eq!(decoded(Dialect::Gemini, &json), EXPECTED);
         // Each chunk repeats the counts so far; the last one's hold.
         let stream = format!(

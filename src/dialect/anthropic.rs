@@ -17,7 +17,8 @@ use super::stream::PartialCall;
 use super::{
     answer_json, args_from_raw, content_text, insert_after, offered_tools, push_into_array,
     push_line, random_id, replace_span, span_of, Content, ContentText, Dialect, HaltToolCall,
-    ParseError, Reported, RequestView, ResponseTurn, StreamEventKind, TextPart, TopLevel, UpstreamFailure,
+    ParseError, Reported, RequestView, ResponseTurn, StreamEventKind, TextPart, TopLevel,
+    UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 

@@ -17,8 +17,8 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::{
     answer_json, args_from_raw, insert_after, offered_tools, push_into_array, random_id,
-    value_text, Dialect, HaltToolCall, ParseError, Reported, RequestView, ResponseTurn, StreamEventKind,
-    TopLevel, UpstreamFailure,
+    value_text, Dialect, HaltToolCall, ParseError, Reported, RequestView, ResponseTurn,
+    StreamEventKind, TopLevel, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 

@@ -16,8 +16,8 @@ use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
     answer_json, args_from_text, insert_after, offered_tools, random_id, unix_now, Content,
-    ContentText, Dialect, HaltToolCall, ParseError, Reported, RequestView, ResponseTurn, StreamEventKind,
-    TextPart, TopLevel, UpstreamFailure,
+    ContentText, Dialect, HaltToolCall, ParseError, Reported, RequestView, ResponseTurn,
+    StreamEventKind, TextPart, TopLevel, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 

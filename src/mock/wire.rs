@@ -491,11 +491,7 @@ fn responses(
                 "call_id": c.id("call"), "name": c.call.name, "arguments": c.arguments_text()}),
         });
     }
-    let u = usage_or_estimate(
-        ctx,
-        scripted,
-        Value::Array(items.clone()).to_string().len(),
-    );
+    let u = usage_or_estimate(ctx, scripted, Value::Array(items.clone()).to_string().len());
     let (input_tokens, output_tokens) = (prompt_with_cache(&u), u.output);
     let usage = json!({"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": u.cached_input},
         "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},

@@ -362,7 +362,10 @@ mod tests {
         assert!(Capture {
             dialect: Dialect::OpenAiChat,
             event_stream: false,
-            chunks: vec![Bytes::from_static(b"{\"choices\""), Bytes::from_static(b": [")],
+            chunks: vec![
+                Bytes::from_static(b"{\"choices\""),
+                Bytes::from_static(b": [")
+            ],
         }
         .decode()
         .is_none());
@@ -431,14 +434,22 @@ mod tests {
         assert!(read.is_unique(), "the capture's chunks are dropped");
         let row = &f.row;
         assert_eq!(
-            (row.input_tokens, row.cached_input_tokens, row.cache_write_tokens, row.output_tokens),
+            (
+                row.input_tokens,
+                row.cached_input_tokens,
+                row.cache_write_tokens,
+                row.output_tokens
+            ),
             (Some(1000), Some(10000), Some(2000), Some(500))
         );
         // 1000×$4 + 10000×$0.20 + 2000×$5 + 500×$20 per million.
         assert!((row.cost_usd.unwrap() - 0.026).abs() < 1e-12);
         assert_eq!(f.response.as_ref().unwrap().text, "hi");
         let spend = ledger.spend("conv").unwrap();
-        assert_eq!((spend.requests, spend.steps, spend.first_ms, spend.last_ms), (1, 3, 100, 200));
+        assert_eq!(
+            (spend.requests, spend.steps, spend.first_ms, spend.last_ms),
+            (1, 3, 100, 200)
+        );
         assert_eq!(&*spend.policy, "ci");
 
         // A model without a price: the tokens are logged, the cost is unknown (NULL).
