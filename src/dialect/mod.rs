@@ -179,6 +179,13 @@ pub struct ResponseTurn {
     pub stop_reason: Option<String>,
 }
 
+/// OpenAI's `prompt_tokens_details` (Chat) and `input_tokens_details` (Responses).
+#[derive(Deserialize, Default)]
+struct InputDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
 /// Token counts one answer (or one event of a stream) reports; `None`: not said here.
 #[derive(Debug, Clone, Copy, Default)]
 struct Reported {

@@ -16,8 +16,8 @@ use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
     answer_json, args_from_text, insert_after, offered_tools, random_id, unix_now, Content,
-    ContentText, Dialect, HaltToolCall, ParseError, Reported, RequestView, ResponseTurn,
-    StreamEventKind, TextPart, TopLevel, UpstreamFailure,
+    ContentText, Dialect, HaltToolCall, InputDetails, ParseError, Reported, RequestView,
+    ResponseTurn, StreamEventKind, TextPart, TopLevel, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -125,13 +125,7 @@ struct Usage {
     #[serde(default)]
     completion_tokens: Option<u64>,
     #[serde(default)]
-    prompt_tokens_details: Option<PromptDetails>,
-}
-
-#[derive(Deserialize, Default)]
-struct PromptDetails {
-    #[serde(default)]
-    cached_tokens: Option<u64>,
+    prompt_tokens_details: Option<InputDetails>,
 }
 
 impl Usage {

@@ -18,8 +18,9 @@ use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
     answer_json, args_from_raw, args_from_text, offered_tools, push_into_array, random_id,
-    replace_span, span_of, unix_now, Content, ContentText, Dialect, HaltToolCall, ParseError,
-    RawMessage, Reported, RequestView, ResponseTurn, StreamEventKind, TextPart, TopLevel,
+    replace_span, span_of, unix_now, Content, ContentText, Dialect, HaltToolCall, InputDetails,
+    ParseError, RawMessage, Reported, RequestView, ResponseTurn, StreamEventKind, TextPart,
+    TopLevel,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -147,12 +148,6 @@ struct Usage {
     output_tokens: Option<u64>,
     #[serde(default)]
     input_tokens_details: Option<InputDetails>,
-}
-
-#[derive(Deserialize, Default)]
-struct InputDetails {
-    #[serde(default)]
-    cached_tokens: Option<u64>,
 }
 
 impl Usage {

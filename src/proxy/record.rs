@@ -372,36 +372,10 @@ mod tests {
     }
 
     fn finished(model: &str) -> Finished {
-        let row = crate::store::RequestRow {
-            id: 1,
-            conversation_id: "conv".into(),
-            started_ms: 100,
-            method: "POST".into(),
-            path: "/v1/messages".into(),
-            upstream: "anthropic".into(),
-            dialect: Some("anthropic".into()),
-            model: Some(model.into()),
-            stream: true,
-            parse: "parsed".into(),
-            parse_error: None,
-            steps: Some(2),
-            decision: None,
-            applied: "forwarded".into(),
-            status: 200,
-            outcome: "complete".into(),
-            request_bytes: 0,
-            response_bytes: 0,
-            upstream_latency_us: None,
-            upstream_total_us: None,
-            proxy_overhead_us: 0,
-            body_read_us: None,
-            input_tokens: None,
-            output_tokens: None,
-            stop_reason: None,
-            cached_input_tokens: None,
-            cache_write_tokens: None,
-            cost_usd: None,
-        };
+        let mut row = crate::store::RequestRow::sample(1);
+        row.conversation_id = "conv".into();
+        row.started_ms = 100;
+        row.model = Some(model.into());
         Finished {
             row,
             conversation: None,

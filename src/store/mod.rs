@@ -126,6 +126,43 @@ pub struct RequestRow {
     pub cost_usd: Option<f64>,
 }
 
+impl RequestRow {
+    /// A complete Anthropic request of conversation `c`, for tests.
+    #[cfg(test)]
+    pub(crate) fn sample(id: i64) -> RequestRow {
+        RequestRow {
+            id,
+            conversation_id: "c".into(),
+            started_ms: id,
+            method: "POST".into(),
+            path: "/v1/messages".into(),
+            upstream: "anthropic".into(),
+            dialect: Some("anthropic".into()),
+            model: None,
+            stream: true,
+            parse: "parsed".into(),
+            parse_error: None,
+            steps: Some(0),
+            decision: Some("observe".into()),
+            applied: "forwarded".into(),
+            status: 200,
+            outcome: "complete".into(),
+            request_bytes: 10,
+            response_bytes: 20,
+            upstream_latency_us: Some(5),
+            upstream_total_us: Some(9),
+            proxy_overhead_us: 1,
+            body_read_us: Some(0),
+            input_tokens: None,
+            output_tokens: None,
+            stop_reason: None,
+            cached_input_tokens: None,
+            cache_write_tokens: None,
+            cost_usd: None,
+        }
+    }
+}
+
 /// A tool call, with its result once the history carries it.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct ToolCallRow {
@@ -430,36 +467,7 @@ mod tests {
     use super::*;
 
     fn request(id: i64) -> Record {
-        Record::Request(Box::new(RequestRow {
-            id,
-            conversation_id: "c".into(),
-            started_ms: id,
-            method: "POST".into(),
-            path: "/v1/messages".into(),
-            upstream: "anthropic".into(),
-            dialect: Some("anthropic".into()),
-            model: None,
-            stream: true,
-            parse: "parsed".into(),
-            parse_error: None,
-            steps: Some(0),
-            decision: Some("observe".into()),
-            applied: "forwarded".into(),
-            status: 200,
-            outcome: "complete".into(),
-            request_bytes: 10,
-            response_bytes: 20,
-            upstream_latency_us: Some(5),
-            upstream_total_us: Some(9),
-            proxy_overhead_us: 1,
-            body_read_us: Some(0),
-            input_tokens: None,
-            output_tokens: None,
-            stop_reason: None,
-            cached_input_tokens: None,
-            cache_write_tokens: None,
-            cost_usd: None,
-        }))
+        Record::Request(Box::new(RequestRow::sample(id)))
     }
 
     async fn open(dir: &tempfile::TempDir, queue_capacity: usize, batch_window: Duration) -> Store {
