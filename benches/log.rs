@@ -49,6 +49,9 @@ fn request(id: i64) -> Record {
         output_tokens: Some(42),
         stop_reason: Some("tool_use".into()),
         policy: Some("default".into()),
+        cached_input_tokens: Some(48_000),
+        cache_write_tokens: Some(3_000),
+        cost_usd: Some(0.0311),
     }))
 }
 

@@ -26,6 +26,9 @@ pub struct Config {
     pub intervene: crate::intervene::InterveneConfig,
     /// Caps per conversation; owned and documented by `crate::budget`.
     pub budget: crate::budget::BudgetConfig,
+    /// US dollars per million tokens by model glob, tried before the built-in list prices
+    /// (`crate::budget::Prices`).
+    pub prices: crate::budget::Prices,
     /// What the log keeps beyond the metadata (`crate::store::LogConfig`).
     pub log: crate::store::LogConfig,
     /// Named policies, tried in file order (`crate::policy`).
@@ -160,6 +163,7 @@ impl Default for Config {
             detect: DetectConfig::default(),
             intervene: Default::default(),
             budget: Default::default(),
+            prices: Default::default(),
             log: Default::default(),
             policies: Vec::new(),
             source: None,

@@ -3,9 +3,21 @@
 //! conversation past `warn_at` of any cap gets a reminder to wrap up; one that reaches a cap
 //! gets the protocol-correct halt reply and stays halted like any halt.
 //!
+//! What is spent: [`Usage`] (the tokens of an answer, in the same terms for every API),
+//! [`Prices`] (the `[prices]` table and the built-in list prices), and the [`Ledger`] (each
+//! conversation's spend, and where it stands against its budget: [`Ledger::status`]).
+//!
 //! The `[budget]` table is the global setting; a policy overrides it (`crate::policy`).
 //! Not to be confused with the `budget` detector (`[detect.budget]`), which shrinks and
 //! grows an adaptive step allowance with the run's progress and takes part in detection.
+
+mod ledger;
+mod prices;
+mod usage;
+
+pub use ledger::{BudgetStatus, Cap, Charge, Cost, Ledger, PolicySpend, Spend};
+pub use prices::{Price, Prices, BUILT_IN};
+pub use usage::Usage;
 
 use serde::{Deserialize, Serialize};
 
@@ -15,7 +27,8 @@ use serde::{Deserialize, Serialize};
 pub struct BudgetConfig {
     /// Steps (assistant turns) per conversation.
     pub steps: u64,
-    /// Tokens per conversation, input plus output, as the responses' usage reports them.
+    /// Tokens per conversation: input (cached or not, cache writes too) plus output, as the
+    /// responses' usage reports them (`Usage::total`).
     pub tokens: u64,
     /// US dollars per conversation, from the usage and the price table (`[prices]`).
     pub dollars: f64,

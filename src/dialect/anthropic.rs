@@ -17,7 +17,8 @@ use super::stream::PartialCall;
 use super::{
     answer_json, args_from_raw, content_text, insert_after, offered_tools, push_into_array,
     push_line, random_id, replace_span, span_of, Content, ContentText, Dialect, HaltToolCall,
-    ParseError, RequestView, ResponseTurn, StreamEventKind, TextPart, TopLevel, UpstreamFailure,
+    ParseError, Reported, RequestView, ResponseTurn, StreamEventKind, TextPart, TopLevel,
+    UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -169,6 +170,22 @@ struct Usage {
     input_tokens: Option<u64>,
     #[serde(default)]
     output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+}
+
+impl Usage {
+    fn reported(self) -> Reported {
+        Reported {
+            input: self.input_tokens,
+            output: self.output_tokens,
+            cached_input: self.cache_read_input_tokens,
+            cache_write: self.cache_creation_input_tokens,
+            thoughts: None,
+        }
+    }
 }
 
 /// An answer, its content read in the same pass (`C`: [`Content`]), or kept raw for an
@@ -202,14 +219,14 @@ pub(super) fn parse_response(body: &[u8]) -> Result<ResponseTurn, ParseError> {
         Some(Item::Assistant { text, calls }) => (text, calls),
         _ => (String::new(), Vec::new()),
     };
-    let usage = usage.unwrap_or_default();
-    Ok(ResponseTurn {
+    let mut turn = ResponseTurn {
         text,
         calls,
-        input_tokens: usage.input_tokens,
-        output_tokens: usage.output_tokens,
         stop_reason,
-    })
+        ..Default::default()
+    };
+    turn.report_usage(usage.unwrap_or_default().reported());
+    Ok(turn)
 }
 
 /// One streamed event, with the fields of every event type we read.
@@ -286,9 +303,9 @@ impl Stream {
                 self.started = true;
                 if let Some(m) = ev.message {
                     self.model = m.model;
+                    // The input's counts (cache reads and writes too); the output's so far.
                     if let Some(u) = m.usage {
-                        self.turn.input_tokens = u.input_tokens;
-                        self.turn.output_tokens = u.output_tokens;
+                        self.turn.report_usage(u.reported());
                     }
                 }
                 (StreamEventKind::Other, Vec::new())
@@ -372,9 +389,9 @@ impl Stream {
                 if let Some(reason) = ev.delta.and_then(|d| d.stop_reason) {
                     self.turn.stop_reason = Some(reason);
                 }
+                // The output's final count; the input's counts again, when it repeats them.
                 if let Some(u) = ev.usage {
-                    self.turn.input_tokens = u.input_tokens.or(self.turn.input_tokens);
-                    self.turn.output_tokens = u.output_tokens.or(self.turn.output_tokens);
+                    self.turn.report_usage(u.reported());
                 }
                 (StreamEventKind::MessageEnd, Vec::new())
             }

@@ -17,8 +17,8 @@ use serde_json::json;
 use super::framing::{write_sse, Frame};
 use super::{
     answer_json, args_from_raw, insert_after, offered_tools, push_into_array, random_id,
-    value_text, Dialect, HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind,
-    TopLevel, UpstreamFailure,
+    value_text, Dialect, HaltToolCall, ParseError, Reported, RequestView, ResponseTurn,
+    StreamEventKind, TopLevel, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -326,6 +326,22 @@ struct UsageMetadata {
     prompt_token_count: Option<u64>,
     #[serde(default)]
     candidates_token_count: Option<u64>,
+    #[serde(default)]
+    cached_content_token_count: Option<u64>,
+    #[serde(default)]
+    thoughts_token_count: Option<u64>,
+}
+
+impl UsageMetadata {
+    fn reported(self) -> Reported {
+        Reported {
+            input: self.prompt_token_count,
+            output: self.candidates_token_count,
+            cached_input: self.cached_content_token_count,
+            cache_write: None,
+            thoughts: self.thoughts_token_count,
+        }
+    }
 }
 
 /// What one response object held.
@@ -356,9 +372,9 @@ fn add_response(turn: &mut ResponseTurn, resp: Response) -> Added {
             finished = true;
         }
     }
+    // Each streamed object repeats the counts so far; the last one's are the answer's.
     if let Some(usage) = resp.usage_metadata {
-        turn.input_tokens = usage.prompt_token_count.or(turn.input_tokens);
-        turn.output_tokens = usage.candidates_token_count.or(turn.output_tokens);
+        turn.report_usage(usage.reported());
     }
     Added {
         text: had_text,

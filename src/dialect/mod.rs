@@ -161,13 +161,59 @@ impl<'a> RawMessage<'a> {
 }
 
 /// What the model answered in one response.
+///
+/// The token counts are the answer's own, in its API's terms, `None` where it said nothing:
+/// what `input_tokens` includes differs from API to API (cache reads are part of it in
+/// OpenAI's and Gemini's, apart in Anthropic's). `crate::budget::Usage::of` is the one place
+/// that reads them into common terms.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ResponseTurn {
     pub text: String,
     pub calls: Vec<ToolCall>,
+    /// `prompt_tokens`, `input_tokens`, `promptTokenCount`.
     pub input_tokens: Option<u64>,
+    /// `completion_tokens`, `output_tokens` (reasoning included), `candidatesTokenCount`
+    /// (Gemini's thoughts not included: [`ResponseTurn::thought_tokens`]).
     pub output_tokens: Option<u64>,
+    /// Input read from the provider's prompt cache: `prompt_tokens_details.cached_tokens`,
+    /// `input_tokens_details.cached_tokens`, `cache_read_input_tokens`,
+    /// `cachedContentTokenCount`.
+    pub cached_input_tokens: Option<u64>,
+    /// Input written to the prompt cache (Anthropic's `cache_creation_input_tokens`).
+    pub cache_write_tokens: Option<u64>,
+    /// Gemini's `thoughtsTokenCount`: billed as output, counted apart from it.
+    pub thought_tokens: Option<u64>,
     pub stop_reason: Option<String>,
+}
+
+/// OpenAI's `prompt_tokens_details` (Chat) and `input_tokens_details` (Responses).
+#[derive(Deserialize, Default)]
+struct InputDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+/// Token counts one answer (or one event of a stream) reports; `None`: not said here.
+#[derive(Debug, Clone, Copy, Default)]
+struct Reported {
+    input: Option<u64>,
+    output: Option<u64>,
+    cached_input: Option<u64>,
+    cache_write: Option<u64>,
+    thoughts: Option<u64>,
+}
+
+impl ResponseTurn {
+    /// Takes the counts an answer or a stream event reports; what it does not report keeps
+    /// its earlier value (streams spread usage over events: Anthropic's input in
+    /// `message_start`, its output in `message_delta`).
+    fn report_usage(&mut self, r: Reported) {
+        self.input_tokens = r.input.or(self.input_tokens);
+        self.output_tokens = r.output.or(self.output_tokens);
+        self.cached_input_tokens = r.cached_input.or(self.cached_input_tokens);
+        self.cache_write_tokens = r.cache_write.or(self.cache_write_tokens);
+        self.thought_tokens = r.thoughts.or(self.thought_tokens);
+    }
 }
 
 /// How to answer a request loopwarden halts without calling the upstream.

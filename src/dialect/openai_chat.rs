@@ -16,8 +16,8 @@ use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
     answer_json, args_from_text, insert_after, offered_tools, random_id, unix_now, Content,
-    ContentText, Dialect, HaltToolCall, ParseError, RequestView, ResponseTurn, StreamEventKind,
-    TextPart, TopLevel, UpstreamFailure,
+    ContentText, Dialect, HaltToolCall, InputDetails, ParseError, Reported, RequestView,
+    ResponseTurn, StreamEventKind, TextPart, TopLevel, UpstreamFailure,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -124,6 +124,19 @@ struct Usage {
     prompt_tokens: Option<u64>,
     #[serde(default)]
     completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<InputDetails>,
+}
+
+impl Usage {
+    fn reported(self) -> Reported {
+        Reported {
+            input: self.prompt_tokens,
+            output: self.completion_tokens,
+            cached_input: self.prompt_tokens_details.and_then(|d| d.cached_tokens),
+            ..Default::default()
+        }
+    }
 }
 
 /// `M`: the message read in place ([`Message`]), or kept raw ([`RawValue`]) for a
@@ -160,12 +173,8 @@ pub(super) fn parse_response(body: &[u8]) -> Result<ResponseTurn, ParseError> {
 }
 
 fn response_turn<M>(resp: Response<M>, items: impl FnOnce(M) -> Vec<Item>) -> ResponseTurn {
-    let usage = resp.usage.unwrap_or_default();
-    let mut turn = ResponseTurn {
-        input_tokens: usage.prompt_tokens,
-        output_tokens: usage.completion_tokens,
-        ..Default::default()
-    };
+    let mut turn = ResponseTurn::default();
+    turn.report_usage(resp.usage.unwrap_or_default().reported());
     // Clients ask for one choice; the first is the answer.
     if let Some(choice) = resp.choices.into_iter().next() {
         turn.stop_reason = choice.finish_reason;
@@ -256,9 +265,9 @@ impl Stream {
         self.id = self.id.take().or(chunk.id);
         self.created = self.created.or(chunk.created);
         self.model = self.model.take().or(chunk.model);
+        // Only with `stream_options.include_usage`, in a last chunk without choices.
         if let Some(u) = chunk.usage {
-            self.turn.input_tokens = u.prompt_tokens.or(self.turn.input_tokens);
-            self.turn.output_tokens = u.completion_tokens.or(self.turn.output_tokens);
+            self.turn.report_usage(u.reported());
         }
         let mut kind = StreamEventKind::Other;
         let mut finished = false;

@@ -18,8 +18,9 @@ use super::framing::{write_sse, Frame};
 use super::stream::PartialCall;
 use super::{
     answer_json, args_from_raw, args_from_text, offered_tools, push_into_array, random_id,
-    replace_span, span_of, unix_now, Content, ContentText, Dialect, HaltToolCall, ParseError,
-    RawMessage, RequestView, ResponseTurn, StreamEventKind, TextPart, TopLevel,
+    replace_span, span_of, unix_now, Content, ContentText, Dialect, HaltToolCall, InputDetails,
+    ParseError, RawMessage, Reported, RequestView, ResponseTurn, StreamEventKind, TextPart,
+    TopLevel,
 };
 use crate::transcript::{Item, ToolCall, ToolResult};
 
@@ -145,6 +146,19 @@ struct Usage {
     input_tokens: Option<u64>,
     #[serde(default)]
     output_tokens: Option<u64>,
+    #[serde(default)]
+    input_tokens_details: Option<InputDetails>,
+}
+
+impl Usage {
+    fn reported(self) -> Reported {
+        Reported {
+            input: self.input_tokens,
+            output: self.output_tokens,
+            cached_input: self.input_tokens_details.and_then(|d| d.cached_tokens),
+            ..Default::default()
+        }
+    }
 }
 
 /// An answer, its `output` items read in the same pass (`I`: [`InputItem`]), or kept raw
@@ -183,9 +197,7 @@ impl<I> Response<I> {
                 }
             }
         }
-        let usage = self.usage.unwrap_or_default();
-        turn.input_tokens = usage.input_tokens;
-        turn.output_tokens = usage.output_tokens;
+        turn.report_usage(self.usage.unwrap_or_default().reported());
         // "incomplete" says little; its reason (max_output_tokens...) says why.
         turn.stop_reason = self
             .incomplete_details
@@ -369,8 +381,10 @@ impl Stream {
                         self.turn.text = full.text;
                         self.turn.calls = full.calls;
                     }
+                    // Usage comes with the whole response, in `response.completed`.
                     self.turn.input_tokens = full.input_tokens;
                     self.turn.output_tokens = full.output_tokens;
+                    self.turn.cached_input_tokens = full.cached_input_tokens;
                     self.turn.stop_reason = full.stop_reason;
                 }
                 (StreamEventKind::MessageEnd, none)

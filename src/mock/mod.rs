@@ -15,7 +15,8 @@
 //!     "then": {"text": "served once two 429s were given"}},
 //!    {"text": "cut short", "break_after_events": 3},
 //!    {"hang": true},
-//!    {"text": "JSON even to a stream request", "force_json": true}
+//!    {"text": "JSON even to a stream request", "force_json": true},
+//!    {"text": "billed so", "usage": {"input": 100, "cached_input": 900, "cache_write": 0, "output": 50}}
 //!  ],
 //!  "after_end": "end_text", "end_text": "Done.",
 //!  "side_text": "OK", "side_rules": [{"match": "complexity_score", "text": "{...}"}],
@@ -23,7 +24,10 @@
 //! ```
 //!
 //! `input` makes a freeform call (a Responses `custom_tool_call`; `{"input": …}` arguments on
-//! the other APIs). Tool-call ids carry the turn index (`call_t3_0_…`), which keeps the turn
+//! the other APIs). `usage` is the answer's usage in `crate::budget::Usage`'s terms, reported
+//! in each API's own (cache reads inside OpenAI's and Gemini's prompt counts, a quarter of
+//! Gemini's output as thoughts; `cache_write` is Anthropic's, ordinary input elsewhere);
+//! without it the counts are estimated from the sizes, nothing cached. Tool-call ids carry the turn index (`call_t3_0_…`), which keeps the turn
 //! count right when a client splits or trims its history.
 
 mod history;

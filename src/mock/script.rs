@@ -79,6 +79,8 @@ pub struct Turn {
     pub hang: bool,
     /// Answer with a JSON body even when the request asked for a stream.
     pub force_json: bool,
+    /// The usage to report (in each API's terms); by default estimated from the sizes.
+    pub usage: Option<crate::budget::Usage>,
 }
 
 /// A tool call the model makes. `input` makes it a freeform (custom) tool call such as

@@ -4,6 +4,8 @@
 use bytes::Bytes;
 use serde_json::{json, Value};
 
+use crate::budget::Usage;
+
 use super::script::{ErrorReply, ToolCall, Turn};
 
 /// The conversation APIs the mock answers.
@@ -78,12 +80,28 @@ pub fn render_turn(ctx: &Ctx<'_>, turn: &Turn) -> Reply {
     let stream = ctx.api.wants_stream(ctx.body) && !turn.force_json;
     let calls = mint_calls(ctx, &turn.tool_calls);
     let text = turn.text.as_deref().unwrap_or("");
+    let usage = turn.usage;
     match ctx.api {
-        Api::Anthropic => anthropic(ctx, text, &calls, stream),
-        Api::Chat => chat(ctx, text, &calls, stream),
-        Api::Responses => responses(ctx, text, &calls, stream),
-        Api::Gemini { sse, .. } => gemini(ctx, text, &calls, stream, sse),
+        Api::Anthropic => anthropic(ctx, text, &calls, stream, usage),
+        Api::Chat => chat(ctx, text, &calls, stream, usage),
+        Api::Responses => responses(ctx, text, &calls, stream, usage),
+        Api::Gemini { sse, .. } => gemini(ctx, text, &calls, stream, sse, usage),
     }
+}
+
+/// The usage an answer reports: the script's, or the sizes' estimate with nothing cached.
+fn usage_or_estimate(ctx: &Ctx<'_>, scripted: Option<Usage>, output_len: usize) -> Usage {
+    scripted.unwrap_or(Usage {
+        input: approx_tokens(ctx.body_len),
+        output: approx_tokens(output_len),
+        ..Usage::default()
+    })
+}
+
+/// The prompt count of the APIs whose count includes the cached input (OpenAI, Gemini):
+/// they bill no cache writes, so a scripted write is ordinary input there.
+fn prompt_with_cache(u: &Usage) -> u64 {
+    u.input + u.cached_input + u.cache_write
 }
 
 /// An error answer in the API's own error shape, unless the script gives the body.
@@ -243,14 +261,19 @@ fn sse(events: Vec<Bytes>, headers: Vec<(String, String)>) -> Reply {
 
 // ------------------------------------------------------------------------ Anthropic Messages
 
-fn anthropic(ctx: &Ctx<'_>, text: &str, calls: &[Minted<'_>], stream: bool) -> Reply {
+fn anthropic(
+    ctx: &Ctx<'_>,
+    text: &str,
+    calls: &[Minted<'_>],
+    stream: bool,
+    scripted: Option<Usage>,
+) -> Reply {
     let msg_id = format!("msg_mock_{}", rand_id(24));
     let stop = if calls.is_empty() {
         "end_turn"
     } else {
         "tool_use"
     };
-    let input_tokens = approx_tokens(ctx.body_len);
     let mut blocks = Vec::new();
     if !text.is_empty() || calls.is_empty() {
         blocks.push(json!({"type": "text", "text": text}));
@@ -261,10 +284,16 @@ fn anthropic(ctx: &Ctx<'_>, text: &str, calls: &[Minted<'_>], stream: bool) -> R
                            "input": c.arguments_value()}),
         );
     }
-    let output_tokens = approx_tokens(Value::Array(blocks.clone()).to_string().len());
+    let u = usage_or_estimate(
+        ctx,
+        scripted,
+        Value::Array(blocks.clone()).to_string().len(),
+    );
+    let output_tokens = u.output;
+    // Anthropic's input excludes the cache reads and writes, counted apart.
     let usage = |out: u64| {
-        json!({"input_tokens": input_tokens, "cache_creation_input_tokens": 0,
-               "cache_read_input_tokens": 0, "output_tokens": out, "service_tier": "standard"})
+        json!({"input_tokens": u.input, "cache_creation_input_tokens": u.cache_write,
+               "cache_read_input_tokens": u.cached_input, "output_tokens": out, "service_tier": "standard"})
     };
     let headers = vec![(
         "request-id".to_string(),
@@ -342,7 +371,13 @@ fn anthropic(ctx: &Ctx<'_>, text: &str, calls: &[Minted<'_>], stream: bool) -> R
 
 // ------------------------------------------------------------------ OpenAI Chat Completions
 
-fn chat(ctx: &Ctx<'_>, text: &str, calls: &[Minted<'_>], stream: bool) -> Reply {
+fn chat(
+    ctx: &Ctx<'_>,
+    text: &str,
+    calls: &[Minted<'_>],
+    stream: bool,
+    scripted: Option<Usage>,
+) -> Reply {
     let id = format!("chatcmpl-mock{}", rand_id(24));
     let created = now_secs();
     let finish = if calls.is_empty() {
@@ -357,12 +392,15 @@ fn chat(ctx: &Ctx<'_>, text: &str, calls: &[Minted<'_>], stream: bool) -> Reply 
                         "function": {"name": c.call.name, "arguments": c.arguments_text()}})
         })
         .collect();
-    let prompt_tokens = approx_tokens(ctx.body_len);
-    let completion_tokens =
-        approx_tokens(text.len() + Value::Array(wire_calls.clone()).to_string().len());
+    let u = usage_or_estimate(
+        ctx,
+        scripted,
+        text.len() + Value::Array(wire_calls.clone()).to_string().len(),
+    );
+    let (prompt_tokens, completion_tokens) = (prompt_with_cache(&u), u.output);
     let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": u.cached_input},
         "completion_tokens_details": {"reasoning_tokens": 0}});
     if !stream {
         let content = if text.is_empty() && !calls.is_empty() {
@@ -428,7 +466,13 @@ fn chat(ctx: &Ctx<'_>, text: &str, calls: &[Minted<'_>], stream: bool) -> Reply 
 
 // ------------------------------------------------------------------------ OpenAI Responses
 
-fn responses(ctx: &Ctx<'_>, text: &str, calls: &[Minted<'_>], stream: bool) -> Reply {
+fn responses(
+    ctx: &Ctx<'_>,
+    text: &str,
+    calls: &[Minted<'_>],
+    stream: bool,
+    scripted: Option<Usage>,
+) -> Reply {
     let resp_id = format!("resp_mock_{}", rand_id(24));
     let created = now_secs();
     let mut items = Vec::new();
@@ -447,9 +491,9 @@ fn responses(ctx: &Ctx<'_>, text: &str, calls: &[Minted<'_>], stream: bool) -> R
                 "call_id": c.id("call"), "name": c.call.name, "arguments": c.arguments_text()}),
         });
     }
-    let input_tokens = approx_tokens(ctx.body_len);
-    let output_tokens = approx_tokens(Value::Array(items.clone()).to_string().len());
-    let usage = json!({"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+    let u = usage_or_estimate(ctx, scripted, Value::Array(items.clone()).to_string().len());
+    let (input_tokens, output_tokens) = (prompt_with_cache(&u), u.output);
+    let usage = json!({"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": u.cached_input},
         "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": input_tokens + output_tokens});
     let response = |status: &str, output: Value, usage: Value| {
@@ -580,24 +624,45 @@ fn responses(ctx: &Ctx<'_>, text: &str, calls: &[Minted<'_>], stream: bool) -> R
 
 // ------------------------------------------------------------------------------- Gemini
 
-fn gemini(ctx: &Ctx<'_>, text: &str, calls: &[Minted<'_>], stream: bool, sse_mode: bool) -> Reply {
+fn gemini(
+    ctx: &Ctx<'_>,
+    text: &str,
+    calls: &[Minted<'_>],
+    stream: bool,
+    sse_mode: bool,
+    scripted: Option<Usage>,
+) -> Reply {
     let response_id = rand_id(16);
-    let prompt_tokens = approx_tokens(ctx.body_len);
     let call_parts: Vec<Value> = calls
         .iter()
         .map(|c| json!({"functionCall": {"name": c.call.name, "args": c.arguments_value(), "id": c.id("gc")}}))
         .collect();
-    let candidates_tokens =
-        approx_tokens(text.len() + Value::Array(call_parts.clone()).to_string().len());
+    let u = usage_or_estimate(
+        ctx,
+        scripted,
+        text.len() + Value::Array(call_parts.clone()).to_string().len(),
+    );
+    // The prompt count includes the cached input; the thoughts (a quarter of a scripted
+    // output) are counted apart from the candidates', and billed as output.
+    let prompt_tokens = prompt_with_cache(&u);
+    let thoughts = if scripted.is_some() { u.output / 4 } else { 0 };
+    let candidates_tokens = u.output - thoughts;
     let chunk = |parts: Vec<Value>, last: bool| {
         let mut candidate = json!({"content": {"role": "model", "parts": parts}, "index": 0});
         if last {
             candidate["finishReason"] = json!("STOP");
         }
         let out = if last { candidates_tokens } else { 0 };
-        json!({"candidates": [candidate],
-            "usageMetadata": {"promptTokenCount": prompt_tokens, "candidatesTokenCount": out,
-                              "totalTokenCount": prompt_tokens + out},
+        let mut usage = json!({"promptTokenCount": prompt_tokens, "candidatesTokenCount": out,
+                               "totalTokenCount": prompt_tokens + out + thoughts});
+        // Gemini leaves out the counts that are zero.
+        if u.cached_input > 0 {
+            usage["cachedContentTokenCount"] = json!(u.cached_input);
+        }
+        if thoughts > 0 {
+            usage["thoughtsTokenCount"] = json!(thoughts);
+        }
+        json!({"candidates": [candidate], "usageMetadata": usage,
             "modelVersion": ctx.model, "responseId": response_id})
     };
     let text_parts = if text.is_empty() && !calls.is_empty() {

@@ -191,13 +191,48 @@ pub async fn conversations(
     }
 }
 
-/// `GET /admin/api/conversations/{id}`: the timeline.
+/// `GET /admin/api/conversations/{id}`: the timeline, and the conversation's `spend` (null
+/// when nothing was charged to it lately).
 pub async fn conversation(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+    #[derive(serde::Serialize)]
+    struct WithSpend {
+        #[serde(flatten)]
+        timeline: crate::store::Timeline,
+        spend: Option<crate::budget::Spend>,
+    }
     match app.store.timeline(&id).await {
-        Ok(Some(timeline)) => Json(timeline).into_response(),
+        Ok(Some(timeline)) => Json(WithSpend {
+            timeline,
+            spend: app.ledger.spend(&id),
+        })
+        .into_response(),
         Ok(None) => no_such_conversation(),
         Err(e) => internal(e),
     }
+}
+
+/// `GET /admin/api/spend?limit=N`: totals per policy, and the conversations (the most
+/// recently charged first, at most N, 100 by default) with their spend. Covers what the
+/// ledger holds: the conversations charged in the last day (`crate::budget::Ledger`).
+pub async fn spend(State(app): State<Arc<App>>, Query(params): Query<ListParams>) -> Response {
+    #[derive(serde::Serialize)]
+    struct Conversation {
+        id: String,
+        #[serde(flatten)]
+        spend: crate::budget::Spend,
+    }
+    let limit = params.limit.unwrap_or(100).clamp(1, 10_000) as usize;
+    let conversations: Vec<Conversation> = app
+        .ledger
+        .conversations(limit)
+        .into_iter()
+        .map(|(id, spend)| Conversation { id, spend })
+        .collect();
+    Json(serde_json::json!({
+        "policies": app.ledger.policies(),
+        "conversations": conversations,
+    }))
+    .into_response()
 }
 
 fn no_such_conversation() -> Response {

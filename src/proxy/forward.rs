@@ -462,7 +462,7 @@ impl Dispatch {
         finished.row.proxy_overhead_us =
             ((sent - self.started) + headers_at.elapsed()).as_micros() as i64;
         // The block check reads only answers it can decode, and only when a block is possible.
-        let store = self.app.store.clone();
+        let store = super::tee::Sinks::of(&self.app);
         let body = match guard.filter(|_| capture.is_some()) {
             None => Body::new(TeeBody::new(
                 up_body,
@@ -651,6 +651,9 @@ fn request_row(
         input_tokens: None,
         output_tokens: None,
         stop_reason: None,
+        cached_input_tokens: None,
+        cache_write_tokens: None,
+        cost_usd: None,
         policy: Some(Label::from(policy.name.to_string())),
     }
 }

@@ -81,6 +81,8 @@ pub struct App {
     /// whole on a reload.
     pub policies: Arc<crate::policy::live::Live>,
     pub store: Store,
+    /// Each conversation's spend, charged as answers end (`crate::budget::Ledger`).
+    pub ledger: crate::budget::Ledger,
     /// Sticky halts, held requests and the intervention log (`crate::intervene`).
     pub interventions: crate::intervene::service::Interventions,
     /// Open client connections per serving thread, and where the next one goes.
@@ -176,7 +178,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     if config.source.is_some() {
         crate::policy::live::watch(Arc::downgrade(&policies));
     }
+    let ledger = crate::budget::Ledger::new(config.prices.clone());
+    let restored = ledger.restore_from(&store, crate::store::now_ms()).await?;
+    tracing::debug!(conversations = restored, "spend restored from the log");
     let app = Arc::new(App {
+        ledger,
         interventions,
         policies,
         client: upstream::Client::new(&config.upstream),
@@ -387,6 +393,7 @@ fn spawn_sweeper(app: std::sync::Weak<App>, idle: Duration) {
             tick.tick().await;
             let Some(app) = app.upgrade() else { return };
             app.analyser.memory.sweep();
+            app.ledger.sweep(crate::store::now_ms());
         }
     });
 }

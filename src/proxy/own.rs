@@ -33,6 +33,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/admin/api/conversations", get(admin::conversations))
         .route("/admin/api/conversations/{id}", get(admin::conversation))
         .route("/admin/api/stats", get(admin::stats))
+        .route("/admin/api/spend", get(admin::spend))
         .route(
             "/admin/api/conversations/{id}/resume",
             post(admin::resume_conversation),

@@ -1,17 +1,18 @@
 //! The recorder: turns each finished request into log rows, off the request path.
 //!
 //! A request hands over a [`Finished`] when its response has ended (or failed): the request
-//! row, the decision, the history steps that are new to the log, and the response bytes
-//! the tee captured. It goes onto the store's queue as it is ([`crate::store::Store::log_deferred`]:
-//! a `try_push`; when the log falls behind, requests are dropped and counted, and never wait),
-//! and the store's writer thread works out the rows: it decodes the response with the
-//! dialect (new tool calls, token usage) and hashes and summarizes tool calls. One hand-off
-//! per request, to a thread that wakes once per batch.
+//! row, the decision, the history steps that are new to the log, and the answer the tee
+//! decoded ([`Finished::settle`], which also charges it to the conversation's spend). It goes
+//! onto the store's queue as it is ([`crate::store::Store::log_deferred`]: a `try_push`; when
+//! the log falls behind, requests are dropped and counted, and never wait), and the store's
+//! writer thread works out the rows: it hashes and summarizes tool calls. One hand-off per
+//! request, to a thread that wakes once per batch.
 
 use std::borrow::Cow;
 
 use bytes::Bytes;
 
+use crate::budget::{Charge, Ledger, Usage};
 use crate::detect::{Action, Decision};
 use crate::dialect::{Dialect, ResponseTurn};
 use crate::store::redact::{summary, summary_of};
@@ -108,7 +109,8 @@ pub struct Finished {
     pub history: Vec<Step>,
     /// Index the response's assistant turn gets: the number of steps in the history.
     pub next_step: usize,
-    pub response: Option<Captured>,
+    /// The answer, decoded when its body ended whole ([`Finished::settle`]).
+    pub response: Option<ResponseTurn>,
 }
 
 /// A response as the tee captures it while it flows.
@@ -120,24 +122,57 @@ pub struct Capture {
     pub chunks: Vec<Bytes>,
 }
 
-/// A whole captured response, as the log's writer decodes it.
-pub struct Captured {
-    pub dialect: Dialect,
-    pub event_stream: bool,
-    pub body: Bytes,
+impl Capture {
+    /// The answer it holds: an event stream goes through the dialect's stream decoder
+    /// chunk by chunk, a JSON answer is parsed whole. `None`: the dialect cannot read it.
+    pub fn decode(self) -> Option<ResponseTurn> {
+        if self.event_stream {
+            let mut decoder = self.dialect.stream_decoder();
+            for chunk in &self.chunks {
+                decoder.feed(chunk);
+            }
+            return Some(decoder.finish());
+        }
+        match self.chunks.as_slice() {
+            [one] => self.dialect.parse_response(one),
+            chunks => self.dialect.parse_response(&chunks.concat()),
+        }
+        .ok()
+    }
 }
 
-impl Capture {
-    /// The response in one buffer of its own size. A captured chunk is a slice of the
-    /// upstream connection's read buffer and keeps all of that buffer alive; when the log
-    /// writer is behind, its queue holds thousands of finished requests, and the pinned
-    /// read buffers (not the responses) were most of the proxy's memory under load.
-    pub fn finish(self) -> Captured {
-        Captured {
-            dialect: self.dialect,
-            event_stream: self.event_stream,
-            body: Bytes::from(self.chunks.concat()),
+impl Finished {
+    /// Decodes an answer that arrived whole and charges it to its conversation in the
+    /// ledger, under `policy`; its usage (in `crate::budget::Usage`'s terms) and cost go
+    /// in the row. Called as the body ends (`super::tee`): the conversation's next request
+    /// must see this answer's spend, and only a whole answer can be read. Decoding here,
+    /// once, rather than on the log's thread also means the captured chunks (slices of the
+    /// upstream connection's read buffers, which they keep alive) are let go at once.
+    pub fn settle(&mut self, capture: Capture, ledger: &Ledger, now_ms: i64) {
+        let dialect = capture.dialect;
+        let Some(turn) = capture.decode() else {
+            return;
+        };
+        let usage = Usage::of(dialect, &turn);
+        let row = &mut self.row;
+        let cost = ledger.charge(&Charge {
+            conversation: &row.conversation_id,
+            policy: row.policy.as_deref().unwrap_or(crate::policy::config::DEFAULT),
+            model: row.model.as_deref(),
+            usage,
+            history_steps: self.next_step as u64,
+            started_ms: row.started_ms,
+            now_ms,
+        });
+        if let Some(u) = usage {
+            let count = |n: u64| Some(i64::try_from(n).unwrap_or(i64::MAX));
+            row.input_tokens = count(u.input);
+            row.cached_input_tokens = count(u.cached_input);
+            row.cache_write_tokens = count(u.cache_write);
+            row.output_tokens = count(u.output);
+            row.cost_usd = cost.priced.then_some(cost.dollars);
         }
+        self.response = Some(turn);
     }
 }
 
@@ -190,12 +225,10 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
             out.push(tool_call(step.index, i, c.call, c.result));
         }
     }
-    if let Some(turn) = response.as_ref().and_then(decode) {
+    if let Some(turn) = response {
         for (i, call) in turn.calls.into_iter().enumerate() {
             out.push(tool_call(next_step, i, call, None));
         }
-        row.input_tokens = turn.input_tokens.map(|n| n as i64);
-        row.output_tokens = turn.output_tokens.map(|n| n as i64);
         row.stop_reason = turn.stop_reason;
     }
     if let Some(decision) = decision {
@@ -226,18 +259,6 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
         }
     }
     out.push(Record::Request(Box::new(row)));
-}
-
-/// The new assistant turn in a captured response: an event stream goes through the
-/// dialect's stream decoder, a JSON answer is parsed whole. A response the dialect cannot
-/// read is logged without its calls and usage.
-fn decode(captured: &Captured) -> Option<ResponseTurn> {
-    if captured.event_stream {
-        let mut decoder = captured.dialect.stream_decoder();
-        decoder.feed(&captured.body);
-        return Some(decoder.finish());
-    }
-    captured.dialect.parse_response(&captured.body).ok()
 }
 
 fn call_hash_hex(call: &ToolCall) -> String {
@@ -310,16 +331,17 @@ mod tests {
     #[test]
     fn a_json_answer_gives_its_calls_usage_and_stop_reason_and_a_broken_message_only_the_last_two()
     {
-        let answer = |message: &str| Captured {
+        let answer = |message: &str| Capture {
             dialect: Dialect::OpenAiChat,
             event_stream: false,
-            body: Bytes::from(format!(
+            chunks: vec![Bytes::from(format!(
                 r#"{{"id":"x","choices":[{{"index":0,"message":{message},"finish_reason":"tool_calls"}}],"usage":{{"prompt_tokens":12,"completion_tokens":3}}}}"#
-            )),
+            ))],
         };
-        let turn = decode(&answer(
+        let turn = answer(
             r#"{"role":"assistant","content":"Reading.","tool_calls":[{"id":"c1","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"a.rs\"}"}}]}"#,
-        ))
+        )
+        .decode()
         .unwrap();
         assert_eq!(turn.text, "Reading.");
         assert_eq!(turn.calls.len(), 1);
@@ -331,34 +353,94 @@ mod tests {
         assert_eq!((turn.input_tokens, turn.output_tokens), (Some(12), Some(3)));
         assert_eq!(turn.stop_reason.as_deref(), Some("tool_calls"));
         // No role: the message reads as nothing, the rest of the answer is kept.
-        let turn = decode(&answer(r#"{"content":"Reading.","tool_calls":7}"#)).unwrap();
+        let turn = answer(r#"{"content":"Reading.","tool_calls":7}"#)
+            .decode()
+            .unwrap();
         assert!(turn.calls.is_empty() && turn.text.is_empty());
         assert_eq!((turn.input_tokens, turn.output_tokens), (Some(12), Some(3)));
         assert_eq!(turn.stop_reason.as_deref(), Some("tool_calls"));
-        // Not JSON: nothing.
-        assert!(decode(&Captured {
+        // Not JSON, even cut in two chunks: nothing.
+        assert!(Capture {
             dialect: Dialect::OpenAiChat,
             event_stream: false,
-            body: Bytes::from_static(b"{\"choices\": ["),
-        })
+            chunks: vec![
+                Bytes::from_static(b"{\"choices\""),
+                Bytes::from_static(b": [")
+            ],
+        }
+        .decode()
         .is_none());
     }
 
+    fn finished(model: &str) -> Finished {
+        let mut row = crate::store::RequestRow::sample(1);
+        row.conversation_id = "conv".into();
+        row.started_ms = 100;
+        row.model = Some(model.into());
+        Finished {
+            row,
+            conversation: None,
+            decision: None,
+            history: Vec::new(),
+            next_step: 2,
+            response: None,
+        }
+    }
+
+    /// A settled answer is charged to its conversation, its usage and cost are in its row,
+    /// and the read buffers its chunks were sliced from are let go.
     #[test]
-    fn a_compacted_capture_holds_the_response_and_not_the_read_buffers() {
-        // Two events sliced out of one 64 KiB read buffer, as hyper hands them over.
+    fn a_settled_answer_is_charged_and_keeps_no_read_buffer() {
+        // Two pieces of one answer sliced out of one 64 KiB read buffer, as hyper hands
+        // them over.
+        let answer = br#"{"content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":1000,"cache_read_input_tokens":10000,"cache_creation_input_tokens":2000,"output_tokens":500}}"#;
         let mut buffer = vec![b' '; 64 * 1024];
-        buffer[..12].copy_from_slice(b"data: {\"a\"}\n");
-        buffer[100..112].copy_from_slice(b"data: {\"b\"}\n");
+        buffer[..40].copy_from_slice(&answer[..40]);
+        buffer[100..100 + answer.len() - 40].copy_from_slice(&answer[40..]);
         let read = Bytes::from(buffer);
-        let capture = super::Capture {
-            dialect: crate::dialect::Dialect::OpenAiChat,
-            event_stream: true,
-            chunks: vec![read.slice(..12), read.slice(100..112)],
+        let capture = Capture {
+            dialect: Dialect::Anthropic,
+            event_stream: false,
+            chunks: vec![read.slice(..40), read.slice(100..100 + answer.len() - 40)],
         };
-        let captured = capture.finish();
-        assert_eq!(&captured.body[..], b"data: {\"a\"}\ndata: {\"b\"}\n");
-        // Dropping the read buffer's last other handle frees it: the capture owns a copy.
-        assert!(read.is_unique());
+        let ledger = Ledger::new(crate::budget::Prices::default());
+        let mut f = finished("claude-opus-5-5");
+        f.row.policy = Some("ci".into());
+        f.settle(capture, &ledger, 200);
+        assert!(read.is_unique(), "the capture's chunks are dropped");
+        let row = &f.row;
+        assert_eq!(
+            (
+                row.input_tokens,
+                row.cached_input_tokens,
+                row.cache_write_tokens,
+                row.output_tokens
+            ),
+            (Some(1000), Some(10000), Some(2000), Some(500))
+        );
+        // 1000×$4 + 10000×$0.20 + 2000×$5 + 500×$20 per million.
+        assert!((row.cost_usd.unwrap() - 0.026).abs() < 1e-12);
+        assert_eq!(f.response.as_ref().unwrap().text, "hi");
+        let spend = ledger.spend("conv").unwrap();
+        assert_eq!(
+            (spend.requests, spend.steps, spend.first_ms, spend.last_ms),
+            (1, 3, 100, 200)
+        );
+        assert_eq!(&*spend.policy, "ci");
+
+        // A model without a price: the tokens are logged, the cost is unknown (NULL).
+        let mut f = finished("mock-model");
+        f.row.policy = Some("ci".into());
+        f.settle(
+            Capture {
+                dialect: Dialect::Anthropic,
+                event_stream: false,
+                chunks: vec![Bytes::from_static(answer)],
+            },
+            &ledger,
+            300,
+        );
+        assert_eq!((f.row.input_tokens, f.row.cost_usd), (Some(1000), None));
+        assert_eq!(ledger.spend("conv").unwrap().unpriced, 1);
     }
 }

@@ -19,6 +19,7 @@ use hyper::body::Incoming;
 
 use super::record::{Capture, Finished, Outcome};
 use super::upstream::BodyError;
+use crate::budget::Ledger;
 use crate::store::Store;
 
 /// Responses larger than this are forwarded whole but not decoded for the log.
@@ -30,11 +31,26 @@ pub struct TeeBody<B: Body = Incoming> {
     pending: Option<Box<Pending>>,
 }
 
+/// Where a finished request goes: the log's queue, and the ledger its answer is charged to.
+#[derive(Clone)]
+pub struct Sinks {
+    pub store: Store,
+    pub ledger: Ledger,
+}
+
+impl Sinks {
+    pub fn of(app: &super::App) -> Sinks {
+        Sinks {
+            store: app.store.clone(),
+            ledger: app.ledger.clone(),
+        }
+    }
+}
+
 /// The log entry of a request whose response is still flowing.
 pub struct Pending {
     pub finished: Finished,
-    /// Where the finished request goes (the log's queue).
-    pub store: Store,
+    pub sinks: Sinks,
     /// When the request was sent upstream, for the upstream's total time.
     pub sent: Instant,
     /// Response bytes kept for decoding; `None` when not wanted or over the limit.
@@ -51,13 +67,13 @@ pub type Blocked = std::sync::Arc<std::sync::OnceLock<crate::detect::Decision>>;
 impl Pending {
     pub fn new(
         finished: Finished,
-        store: Store,
+        sinks: Sinks,
         sent: Instant,
         capture: Option<Capture>,
     ) -> Pending {
         Pending {
             finished,
-            store,
+            sinks,
             sent,
             capture,
             blocked: None,
@@ -96,7 +112,7 @@ impl<B: Body> TeeBody<B> {
         };
         let Pending {
             mut finished,
-            store,
+            sinks,
             sent,
             capture,
             blocked,
@@ -112,10 +128,10 @@ impl<B: Body> TeeBody<B> {
         finished.row.response_bytes = response_bytes as i64;
         finished.row.upstream_total_us = Some(sent.elapsed().as_micros() as i64);
         // Only a response that arrived whole can be decoded meaningfully.
-        finished.response = capture
-            .filter(|_| outcome == Outcome::Complete)
-            .map(Capture::finish);
-        store.log_deferred(Box::new(finished));
+        if let Some(capture) = capture.filter(|_| outcome == Outcome::Complete) {
+            finished.settle(capture, &sinks.ledger, crate::store::now_ms());
+        }
+        sinks.store.log_deferred(Box::new(finished));
     }
 }
 
@@ -137,6 +153,13 @@ where
                 if let Some(data) = frame.data_ref() {
                     this.observe(data);
                 }
+                // The body's end is settled (its answer charged to the conversation's
+                // spend) before the client can have the whole answer: a client cannot send
+                // the conversation's next request, which must see this spend, before it.
+                // A body of known length ends with its last frame, handed on only now.
+                if this.inner.is_end_stream() {
+                    this.finish(Outcome::Complete);
+                }
             }
             Poll::Ready(Some(Err(e))) => {
                 let outcome = Outcome::of_body_error(e);
@@ -146,6 +169,7 @@ where
                 }
                 this.finish(outcome);
             }
+            // A chunked body ends here, before its last chunk marker goes out.
             Poll::Ready(None) => this.finish(Outcome::Complete),
             Poll::Pending => {}
         }

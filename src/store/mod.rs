@@ -26,7 +26,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::oneshot;
 
-pub use query::{ConversationSummary, OverheadStats, Timeline};
+pub use query::{ConversationSummary, LoggedSpend, OverheadStats, Timeline};
 pub use redact::Masked;
 pub use writer::Deferred;
 
@@ -115,11 +115,55 @@ pub struct RequestRow {
     pub proxy_overhead_us: i64,
     /// Request head to the body's last byte (`migrations/0003_body_read.sql`).
     pub body_read_us: Option<i64>,
+    /// The answer's tokens, split by how they are billed (`crate::budget::Usage`;
+    /// `migrations/0008_spend.sql`).
     pub input_tokens: Option<i64>,
     pub output_tokens: Option<i64>,
     pub stop_reason: Option<String>,
     /// The policy the request was under.
     pub policy: Option<Label>,
+    pub cached_input_tokens: Option<i64>,
+    pub cache_write_tokens: Option<i64>,
+    /// US dollars; `None` when the usage or the model's price is unknown.
+    pub cost_usd: Option<f64>,
+}
+
+impl RequestRow {
+    /// A complete Anthropic request of conversation `c`, for tests.
+    #[cfg(test)]
+    pub(crate) fn sample(id: i64) -> RequestRow {
+        RequestRow {
+            id,
+            conversation_id: "c".into(),
+            started_ms: id,
+            method: "POST".into(),
+            path: "/v1/messages".into(),
+            upstream: "anthropic".into(),
+            dialect: Some("anthropic".into()),
+            model: None,
+            stream: true,
+            parse: "parsed".into(),
+            parse_error: None,
+            steps: Some(0),
+            decision: Some("observe".into()),
+            applied: "forwarded".into(),
+            status: 200,
+            outcome: "complete".into(),
+            request_bytes: 10,
+            response_bytes: 20,
+            upstream_latency_us: Some(5),
+            upstream_total_us: Some(9),
+            proxy_overhead_us: 1,
+            body_read_us: Some(0),
+            input_tokens: None,
+            output_tokens: None,
+            stop_reason: None,
+            cached_input_tokens: None,
+            cache_write_tokens: None,
+            cost_usd: None,
+            policy: Some("default".into()),
+        }
+    }
 }
 
 /// A tool call, with its result once the history carries it.
@@ -359,6 +403,13 @@ impl Store {
         }
     }
 
+    /// The spend of each conversation answered since `since_ms` (ms since the epoch).
+    pub async fn recent_spend(&self, since_ms: i64) -> Result<Vec<LoggedSpend>, Error> {
+        match &self.backend {
+            Backend::Sqlite(db) => Ok(sqlite::read::recent_spend(&db.pool(), since_ms).await?),
+        }
+    }
+
     /// Every conversation's stored control.
     pub async fn controls(&self) -> Result<Vec<Control>, Error> {
         match &self.backend {
@@ -421,34 +472,7 @@ mod tests {
     use super::*;
 
     fn request(id: i64) -> Record {
-        Record::Request(Box::new(RequestRow {
-            id,
-            conversation_id: "c".into(),
-            started_ms: id,
-            method: "POST".into(),
-            path: "/v1/messages".into(),
-            upstream: "anthropic".into(),
-            dialect: Some("anthropic".into()),
-            model: None,
-            stream: true,
-            parse: "parsed".into(),
-            parse_error: None,
-            steps: Some(0),
-            decision: Some("observe".into()),
-            applied: "forwarded".into(),
-            status: 200,
-            outcome: "complete".into(),
-            request_bytes: 10,
-            response_bytes: 20,
-            upstream_latency_us: Some(5),
-            upstream_total_us: Some(9),
-            proxy_overhead_us: 1,
-            body_read_us: Some(0),
-            input_tokens: None,
-            output_tokens: None,
-            stop_reason: None,
-            policy: Some("default".into()),
-        }))
+        Record::Request(Box::new(RequestRow::sample(id)))
     }
 
     async fn open(dir: &tempfile::TempDir, queue_capacity: usize, batch_window: Duration) -> Store {

@@ -40,6 +40,28 @@ pub struct Timeline {
     pub interventions: Vec<InterventionRow>,
 }
 
+/// One conversation's spend summed from its logged answers (`migrations/0008_spend.sql`),
+/// to put back in the ledger at start (`crate::budget::Ledger::restore`).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct LoggedSpend {
+    pub conversation_id: String,
+    /// Answers that stated their usage.
+    pub requests: i64,
+    /// The largest history a request carried.
+    pub steps: Option<i64>,
+    pub input_tokens: i64,
+    pub cached_input_tokens: i64,
+    pub cache_write_tokens: i64,
+    pub output_tokens: i64,
+    pub cost_usd: f64,
+    /// Answers whose model had no price.
+    pub unpriced: i64,
+    pub first_ms: i64,
+    pub last_ms: i64,
+    /// The policy of its last request.
+    pub policy: Option<String>,
+}
+
 /// The proxy's own overhead over the latest requests, for the admin API (issue 5: users
 /// must be able to see what the proxy costs them in production).
 #[derive(Debug, Clone, Serialize)]

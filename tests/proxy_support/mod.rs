@@ -28,7 +28,19 @@ impl TestProxy {
     }
 
     pub async fn start_with(upstream: &str, adjust: impl FnOnce(&mut Config)) -> TestProxy {
-        let dir = tempfile::tempdir().unwrap();
+        TestProxy::start_in(upstream, tempfile::tempdir().unwrap(), adjust).await
+    }
+
+    /// A proxy on the log another one left in `dir` (a restart).
+    pub async fn start_on(upstream: &str, dir: tempfile::TempDir) -> TestProxy {
+        TestProxy::start_in(upstream, dir, |_| {}).await
+    }
+
+    async fn start_in(
+        upstream: &str,
+        dir: tempfile::TempDir,
+        adjust: impl FnOnce(&mut Config),
+    ) -> TestProxy {
         let mut config = Config::default();
         config.server.listen = "127.0.0.1:0".into();
         config.store.db = format!("sqlite://{}", dir.path().join("log.db").display());

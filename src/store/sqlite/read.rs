@@ -3,7 +3,7 @@
 
 use sqlx::SqlitePool;
 
-use crate::store::query::{ConversationSummary, OverheadStats, Timeline};
+use crate::store::query::{ConversationSummary, LoggedSpend, OverheadStats, Timeline};
 
 const SUMMARY_SELECT: &str = "
     SELECT c.id, c.id_source, c.client, c.dialect, c.model, c.first_seen_ms, c.last_seen_ms,
@@ -106,4 +106,35 @@ pub(crate) async fn overhead(pool: &SqlitePool, last: i64) -> Result<OverheadSta
         .fetch_all(pool)
         .await?;
     Ok(OverheadStats::of(&rows))
+}
+
+/// The spend of each conversation answered since `since_ms`, summed from its requests'
+/// usage. The range is on the id, the table's rowid, which starts with the request's start
+/// time (`crate::store::next_request_id`): SQLite reads only the rows of the period, with
+/// no index on `started_ms`.
+pub(crate) async fn recent_spend(
+    pool: &SqlitePool,
+    since_ms: i64,
+) -> Result<Vec<LoggedSpend>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT conversation_id,
+                count(*) AS requests,
+                max(steps) AS steps,
+                coalesce(sum(input_tokens), 0) AS input_tokens,
+                coalesce(sum(cached_input_tokens), 0) AS cached_input_tokens,
+                coalesce(sum(cache_write_tokens), 0) AS cache_write_tokens,
+                coalesce(sum(output_tokens), 0) AS output_tokens,
+                coalesce(sum(cost_usd), 0.0) AS cost_usd,
+                sum(cost_usd IS NULL) AS unpriced,
+                min(started_ms) AS first_ms,
+                max(started_ms) AS last_ms,
+                (SELECT l.policy FROM requests l WHERE l.conversation_id = requests.conversation_id
+                 ORDER BY l.started_ms DESC, l.id DESC LIMIT 1) AS policy
+         FROM requests
+         WHERE id >= ?1 AND (input_tokens IS NOT NULL OR output_tokens IS NOT NULL)
+         GROUP BY conversation_id",
+    )
+    .bind(since_ms << 20)
+    .fetch_all(pool)
+    .await
 }
