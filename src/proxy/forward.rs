@@ -190,8 +190,9 @@ fn refuse(
         row,
         conversation: None,
         decision: None,
-        history: Vec::new(),
+        history: Default::default(),
         next_step: 0,
+        log_content: false,
         response: None,
     };
     app.store.log_deferred(Box::new(finished));
@@ -530,7 +531,7 @@ fn new_record(
             let Logged { next_step, history } = logged;
             (Some(next_step as i64), Some(decision), history, next_step)
         }
-        None => (None, None, Vec::new(), 0),
+        None => (None, None, Default::default(), 0),
     };
     let row = RequestRow {
         dialect: dialect.map(|d| d.as_str().into()),
@@ -560,6 +561,7 @@ fn new_record(
         decision,
         history,
         next_step,
+        log_content: app.config.log.content,
         response: None,
     }
 }
