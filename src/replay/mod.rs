@@ -7,6 +7,11 @@
 //! and each turn through the response-side check: what the proxy would have decided, and
 //! one JSON line is printed per intervention. A run stops at its first halt, pause or
 //! block, as the agent would have.
+//!
+//! With `--db` instead of a file, the conversations the proxy's log kept whole are
+//! replayed with a candidate config beside the current one ([`log`]).
+
+pub mod log;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -31,10 +36,32 @@ use crate::transcript::{Item, Transcript};
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReplayArgs {
     /// JSONL file: one object per line with `id` and `messages` (OpenAI Chat format).
-    pub file: std::path::PathBuf,
-    /// Config file (TOML) whose `[detect]` table to use.
+    #[arg(required_unless_present = "db", conflicts_with = "db")]
+    pub file: Option<std::path::PathBuf>,
+    /// Config file (TOML) whose `[detect]` table to use (with `--db`: the current config).
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,
+    /// Replay the conversations of this log (`sqlite://PATH` or a path) whose content was
+    /// logged (`[log] content = true`) with `--candidate`, and print what would change.
+    #[arg(long, requires = "candidate")]
+    pub db: Option<String>,
+    /// With `--db`: the config file (TOML) to try, whose `[detect]` table is compared
+    /// with `--config`'s (default: the built-in settings).
+    #[arg(long, requires = "db")]
+    pub candidate: Option<std::path::PathBuf>,
+    /// With `--db`: conversations with a step logged on or after this day (YYYY-MM-DD,
+    /// UTC) or Unix millisecond.
+    #[arg(long, requires = "db")]
+    pub since: Option<String>,
+    /// With `--db`: ... and on or before this day (or before this Unix millisecond).
+    #[arg(long, requires = "db")]
+    pub until: Option<String>,
+    /// With `--db`: conversations with a request logged under this policy.
+    #[arg(long, requires = "db")]
+    pub policy: Option<String>,
+    /// With `--db`: this conversation only.
+    #[arg(long, requires = "db")]
+    pub conversation: Option<String>,
     /// Also print harm and savings figures (needs `resolved` labels in the input).
     #[arg(long)]
     pub summary: bool,
@@ -442,10 +469,16 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         Some(p) => load_config(p)?,
         None => DetectConfig::default(),
     };
+    if let Some(db) = &args.db {
+        return run_log(&args, db, config);
+    }
+    let Some(path) = &args.file else {
+        anyhow::bail!("replay needs a JSONL file or --db");
+    };
     let analyser = analyser(Engine::new(config));
     let engine = &analyser.engine;
-    let file = std::fs::File::open(&args.file)
-        .with_context(|| format!("opening {}", args.file.display()))?;
+    let file =
+        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let reader = std::io::BufReader::new(file);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
@@ -461,7 +494,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
             }
         }
         let result = replay_line(&analyser, &line)
-            .with_context(|| format!("{}: line {}", args.file.display(), n + 1))?;
+            .with_context(|| format!("{}: line {}", path.display(), n + 1))?;
         for i in &result.interventions {
             serde_json::to_writer(&mut out, i)?;
             out.write_all(b"\n")?;
@@ -475,6 +508,43 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         let mut err = std::io::stderr().lock();
         print_figures(&mut err, &results)?;
     }
+    out.flush()?;
+    Ok(())
+}
+
+/// `replay --db`: the logged conversations with the current config (`--config`) and the
+/// candidate. Both resolve from the files' top-level `[detect]`, whatever the policy.
+// TODO(policies): resolve each policy's `[detect]` from the files' policy sets.
+fn run_log(args: &ReplayArgs, db: &str, current: DetectConfig) -> anyhow::Result<()> {
+    let candidate = match &args.candidate {
+        Some(p) => load_config(p)?,
+        None => anyhow::bail!("--db needs --candidate"),
+    };
+    let selection = log::Selection {
+        since_ms: args
+            .since
+            .as_deref()
+            .map(|t| log::parse_time(t, false))
+            .transpose()
+            .context("--since")?,
+        until_ms: args
+            .until
+            .as_deref()
+            .map(|t| log::parse_time(t, true))
+            .transpose()
+            .context("--until")?,
+        policy: args.policy.clone(),
+        conversation: args.conversation.clone(),
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    log::replay(
+        db,
+        &selection,
+        &|_| current.clone(),
+        &|_| candidate.clone(),
+        &mut out,
+    )?;
     out.flush()?;
     Ok(())
 }
