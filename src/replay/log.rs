@@ -102,7 +102,10 @@ impl Summary {
         self.changed_conversations += usize::from(!c.changes.is_empty());
         self.decisions_changed += c.changes.len();
         for change in &c.changes {
-            let (was, will) = (change.current.action.stops(), change.candidate.action.stops());
+            let (was, will) = (
+                change.current.action.stops(),
+                change.candidate.action.stops(),
+            );
             self.halts_added += usize::from(will && !was);
             self.halts_removed += usize::from(was && !will);
         }
@@ -155,9 +158,12 @@ pub fn replay(
             summary.incomplete += 1;
             continue;
         };
-        let (now, then) = engines
-            .entry(policy.clone())
-            .or_insert_with(|| (Engine::new(current(&policy)), Engine::new(candidate(&policy))));
+        let (now, then) = engines.entry(policy.clone()).or_insert_with(|| {
+            (
+                Engine::new(current(&policy)),
+                Engine::new(candidate(&policy)),
+            )
+        });
         let compared = Compared {
             changes: compare(now, then, &transcript),
             steps: transcript.steps.len(),
@@ -281,7 +287,9 @@ impl Log {
                 |r| r.get(0),
             )
             .optional()?;
-        Ok(policy.flatten().unwrap_or_else(|| DEFAULT_POLICY.to_string()))
+        Ok(policy
+            .flatten()
+            .unwrap_or_else(|| DEFAULT_POLICY.to_string()))
     }
 
     /// The conversation's transcript: its head and its steps from the first on, up to
@@ -324,8 +332,9 @@ fn db_path(db: &str) -> anyhow::Result<PathBuf> {
     if !db.starts_with("sqlite:") {
         return Ok(Path::new(db).to_path_buf());
     }
-    let options: sqlx::sqlite::SqliteConnectOptions =
-        db.parse().with_context(|| format!("not a sqlite URL: {db}"))?;
+    let options: sqlx::sqlite::SqliteConnectOptions = db
+        .parse()
+        .with_context(|| format!("not a sqlite URL: {db}"))?;
     Ok(options.get_filename().to_path_buf())
 }
 
@@ -385,7 +394,10 @@ mod tests {
             action,
             detector: detector.into(),
         };
-        assert_eq!(v(Action::Nudge, "read_loop").to_string(), "nudge(read_loop)");
+        assert_eq!(
+            v(Action::Nudge, "read_loop").to_string(),
+            "nudge(read_loop)"
+        );
         assert_eq!(v(Action::Observe, "").to_string(), "observe");
         assert_eq!(v(Action::Halt, "").to_string(), "halt");
     }

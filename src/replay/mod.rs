@@ -477,8 +477,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
     };
     let analyser = analyser(Engine::new(config));
     let engine = &analyser.engine;
-    let file =
-        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let reader = std::io::BufReader::new(file);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
