@@ -216,6 +216,23 @@ async fn without_log_content_nothing_of_the_content_is_stored_and_there_is_nothi
     ]);
     assert!(ok, "{err}");
     assert!(out.starts_with("nothing to replay"), "{out}");
+    // A candidate naming a detector that does not exist is refused, with the names.
+    let misspelt = write(
+        setup.dir.path(),
+        "misspelt.toml",
+        "[detect.patterns.read-loop]\nresponse = \"halt\"\n",
+    );
+    let (ok, _, err) = replay(&[
+        "--db".as_ref(),
+        db(&setup).as_os_str(),
+        "--candidate".as_ref(),
+        misspelt.as_ref(),
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("\"read-loop\"") && err.contains("read_loop"),
+        "{err}"
+    );
 }
 
 #[tokio::test]

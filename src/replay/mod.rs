@@ -136,19 +136,13 @@ impl RunResult {
     }
 }
 
-/// Reads the `[detect]` table of a config file (other tables belong to the proxy).
+/// Reads the `[detect]` table of a config file, loaded and checked as `serve` loads it
+/// (without the environment): a misspelt key or detector name is an error here too, not a
+/// table silently ignored while a candidate is tried.
 pub fn load_config(path: &std::path::Path) -> anyhow::Result<DetectConfig> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading config {}", path.display()))?;
-    let value: toml::Value =
-        toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?;
-    match value.get("detect") {
-        Some(t) => t
-            .clone()
-            .try_into()
-            .with_context(|| format!("reading [detect] of {}", path.display())),
-        None => Ok(DetectConfig::default()),
-    }
+    let config = crate::config::Config::load(Some(path), |_| None)
+        .with_context(|| format!("reading [detect] of {}", path.display()))?;
+    Ok(config.detect)
 }
 
 /// The analysis a replay runs its requests through: the proxy's, with its caches.
