@@ -145,10 +145,7 @@ async fn a_logged_loop_replayed_with_a_stricter_candidate_shows_the_decisions_th
             REQUESTS - 1
         )
     );
-    let printed: Vec<String> = expected
-        .iter()
-        .map(|c| format!("  step {}: {} -> {}", c.step, c.current, c.candidate))
-        .collect();
+    let printed: Vec<String> = expected.iter().map(|c| format!("  {c}")).collect();
     assert_eq!(lines[1..=printed.len()], printed[..], "{out}");
     // The candidate stops the loop earlier than the shipped config: the first change
     // is an earlier intervention, and the summary counts what changed.

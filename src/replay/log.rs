@@ -72,6 +72,17 @@ pub struct Change {
     pub candidate: Verdict,
 }
 
+impl std::fmt::Display for Change {
+    /// `step 14: nudge(read_loop) -> halt(read_loop)`
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "step {}: {} -> {}",
+            self.step, self.current, self.candidate
+        )
+    }
+}
+
 /// One conversation replayed with both configs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Compared {
@@ -187,11 +198,7 @@ fn write_conversation(out: &mut impl Write, c: &Compared) -> std::io::Result<()>
         c.id, c.policy, c.steps
     )?;
     for change in &c.changes {
-        writeln!(
-            out,
-            "  step {}: {} -> {}",
-            change.step, change.current, change.candidate
-        )?;
+        writeln!(out, "  {change}")?;
     }
     Ok(())
 }
