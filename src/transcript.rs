@@ -106,7 +106,35 @@ pub struct Transcript {
     pub steps: Vec<Step>,
 }
 
+/// What a transcript holds before its first step: the instructions and the task. The log
+/// keeps it beside the steps' content (`log.content`), so that `loopwarden replay` can
+/// rebuild the transcript ([`Head::with_steps`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Head {
+    pub system: Vec<String>,
+    pub task: Vec<String>,
+}
+
+impl Head {
+    /// The transcript of this head and these steps (in order, indexed from 0).
+    pub fn with_steps(self, steps: Vec<Step>) -> Transcript {
+        Transcript {
+            system: self.system,
+            task: self.task,
+            steps,
+        }
+    }
+}
+
 impl Transcript {
+    /// A copy of its head (everything but the steps).
+    pub fn head(&self) -> Head {
+        Head {
+            system: self.system.clone(),
+            task: self.task.clone(),
+        }
+    }
+
     /// Groups wire-ordered items into steps, pairing results with calls by id.
     pub fn from_items(items: impl IntoIterator<Item = Item>) -> Transcript {
         let mut t = Transcript::default();

@@ -176,6 +176,11 @@ impl PolicySet {
         self.iter().find(|p| &*p.name == name)
     }
 
+    /// The policy of that name, else the default (where traffic it matched would go).
+    pub fn named_or_default(&self, name: &str) -> &Arc<Policy> {
+        self.named(name).unwrap_or(&self.default)
+    }
+
     /// Carries the match counts of `before`'s policies over to the same names here.
     fn keep_counts(&self, before: &PolicySet) {
         for p in self.iter() {

@@ -23,7 +23,9 @@ use std::sync::Arc;
 use http::HeaderMap;
 
 use super::identity::{self, Identity};
-use super::memory::{BodyComparison, History, LastRequest, Memory, Predecessor, Recall, Recalled};
+use super::memory::{
+    BodyComparison, History, LastRequest, Memory, NewSteps, Predecessor, Recall, Recalled,
+};
 use super::record::ParseStatus;
 use super::route::Route;
 use crate::detect::{Decision, EngineState};
@@ -32,7 +34,7 @@ use crate::intervene::service::ConversationState;
 use crate::policy::Policy;
 use crate::request_bytes::RequestBytes;
 use crate::store::redact::summary;
-use crate::transcript::{Step, Transcript};
+use crate::transcript::Transcript;
 
 /// What the analysis keeps between requests, so that each costs work for its new messages
 /// and steps only.
@@ -91,7 +93,7 @@ pub struct Logged {
     /// Steps in the history: the index the response's assistant turn gets.
     pub next_step: usize,
     /// The history steps not yet logged (with their results).
-    pub history: Vec<Step>,
+    pub history: NewSteps,
 }
 
 impl Analyser {

@@ -223,8 +223,9 @@ fn refuse(
         row,
         conversation: None,
         decision: None,
-        history: Vec::new(),
+        history: Default::default(),
         next_step: 0,
+        log_content: false,
         response: None,
     };
     app.store.log_deferred(Box::new(finished));
@@ -582,7 +583,7 @@ fn new_record(
             let Logged { next_step, history } = logged;
             (Some(next_step as i64), Some(decision), history, next_step)
         }
-        None => (None, None, Vec::new(), 0),
+        None => (None, None, Default::default(), 0),
     };
     let row = RequestRow {
         dialect: dialect.map(|d| d.as_str().into()),
@@ -612,6 +613,7 @@ fn new_record(
         decision,
         history,
         next_step,
+        log_content: policy.log.content,
         response: None,
     }
 }

@@ -12,14 +12,16 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
+use super::memory::NewSteps;
 use crate::budget::{Charge, Ledger, Usage};
 use crate::detect::{Action, Decision};
 use crate::dialect::{Dialect, ResponseTurn};
 use crate::store::redact::{summary, summary_of};
 use crate::store::{
-    ConversationSeen, DecisionRow, Deferred, FindingRow, Masked, Record, RequestRow, ToolCallRow,
+    ContentRow, ConversationSeen, DecisionRow, Deferred, FindingRow, Masked, Record, RequestRow,
+    ToolCallRow,
 };
-use crate::transcript::{Step, ToolCall, ToolResult};
+use crate::transcript::{ToolCall, ToolResult};
 
 /// How a request ended (`requests.outcome`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,10 +107,13 @@ pub struct Finished {
     pub conversation: Option<ConversationSeen>,
     /// The engine's decision, for requests whose history was parsed.
     pub decision: Option<Decision>,
-    /// History steps not yet logged (with their results).
-    pub history: Vec<Step>,
+    /// History steps not yet logged (with their results), and the conversation's head when
+    /// they start at its first step.
+    pub history: NewSteps,
     /// Index the response's assistant turn gets: the number of steps in the history.
     pub next_step: usize,
+    /// Keep the new steps' and the head's whole content (`log.content`), masked.
+    pub log_content: bool,
     /// The answer, decoded when its body ended whole ([`Finished::settle`]).
     pub response: Option<ResponseTurn>,
 }
@@ -157,7 +162,10 @@ impl Finished {
         let row = &mut self.row;
         let cost = ledger.charge(&Charge {
             conversation: &row.conversation_id,
-            policy: row.policy.as_deref().unwrap_or(crate::policy::config::DEFAULT),
+            policy: row
+                .policy
+                .as_deref()
+                .unwrap_or(crate::policy::config::DEFAULT),
             model: row.model.as_deref(),
             usage,
             history_steps: self.next_step as u64,
@@ -189,6 +197,7 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
         decision,
         history,
         next_step,
+        log_content,
         response,
     } = finished;
     let conversation_id = row.conversation_id.clone();
@@ -220,7 +229,10 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
         conversation.overhead_us = row.proxy_overhead_us;
         out.push(Record::Conversation(conversation));
     }
-    for step in history {
+    if log_content {
+        contents(&history, &conversation_id, row.id, at, out);
+    }
+    for step in history.steps {
         for (i, c) in step.calls.into_iter().enumerate() {
             out.push(tool_call(step.index, i, c.call, c.result));
         }
@@ -259,6 +271,33 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
         }
     }
     out.push(Record::Request(Box::new(row)));
+}
+
+/// The content rows of a request's new steps (and of the head, when they start at the
+/// first step), each masked string by string: the whole of what the history carried, so
+/// that the conversation's transcript can be rebuilt from the log.
+fn contents(
+    new: &NewSteps,
+    conversation_id: &str,
+    request_id: i64,
+    at: i64,
+    out: &mut Vec<Record>,
+) {
+    let row = |step: Option<i64>, content: Masked| {
+        Record::Content(Box::new(ContentRow {
+            conversation_id: conversation_id.to_string(),
+            step,
+            content,
+            request_id,
+            seen_ms: at,
+        }))
+    };
+    if let Some(head) = &new.head {
+        out.push(row(None, Masked::json(head)));
+    }
+    for step in &new.steps {
+        out.push(row(Some(step.index as i64), Masked::json(step)));
+    }
 }
 
 fn call_hash_hex(call: &ToolCall) -> String {
@@ -381,8 +420,9 @@ mod tests {
             row,
             conversation: None,
             decision: None,
-            history: Vec::new(),
+            history: Default::default(),
             next_step: 2,
+            log_content: false,
             response: None,
         }
     }

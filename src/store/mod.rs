@@ -226,6 +226,20 @@ pub struct InterventionRow {
     pub policy: Option<String>,
 }
 
+/// A conversation's content (`log.content`, `migrations/0009_content.sql`): one step as
+/// JSON ([`crate::transcript::Step`]), or the conversation's head
+/// ([`crate::transcript::Head`]), credentials masked in every string ([`Masked::json`]).
+#[derive(Debug, Clone)]
+pub struct ContentRow {
+    pub conversation_id: String,
+    /// The step's index; `None`: the head.
+    pub step: Option<i64>,
+    pub content: Masked,
+    /// The request whose history carried it (the last one to write the row).
+    pub request_id: i64,
+    pub seen_ms: i64,
+}
+
 /// Anything the log records.
 #[derive(Debug, Clone)]
 pub enum Record {
@@ -235,6 +249,7 @@ pub enum Record {
     Finding(Box<FindingRow>),
     Decision(Box<DecisionRow>),
     Intervention(Box<InterventionRow>),
+    Content(Box<ContentRow>),
 }
 
 /// Counters of the log's health, shown by the admin API.

@@ -30,6 +30,37 @@ impl Masked {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// `value` as JSON text with credentials masked in each of its strings (object keys
+    /// too). Masking the JSON text as a whole could cut across its quotes and escapes (a
+    /// PEM block runs to the end of the text when its last line was masked) and leave it
+    /// unreadable; string by string, the text stays JSON and reads back as `value`'s type.
+    pub fn json(value: &impl Serialize) -> Masked {
+        let mut value = serde_json::to_value(value).unwrap_or_default();
+        mask_strings(&mut value);
+        Masked(serde_json::to_string(&value).unwrap_or_default())
+    }
+}
+
+/// Masks every string in a JSON value, in place.
+fn mask_strings(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => {
+            if let Cow::Owned(masked) = mask(s) {
+                *s = masked;
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(mask_strings),
+        Value::Object(map) => {
+            let entries = std::mem::take(map);
+            for (key, mut v) in entries {
+                mask_strings(&mut v);
+                map.insert(mask(&key).into_owned(), v);
+            }
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => {}
+    }
 }
 
 impl From<&str> for Masked {
@@ -309,6 +340,23 @@ mod tests {
             serde_json::to_string(&m).unwrap(),
             "\"run with [redacted]\""
         );
+    }
+
+    #[test]
+    fn json_is_masked_string_by_string_and_stays_json() {
+        let value = serde_json::json!({
+            "command": "curl -H 'Authorization: Bearer abc.def-123' x",
+            "out": ["-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----", "ok \"quoted\""],
+            "sk-proj-Q2x7VbN4kL9mT1rZ8wY3": 1,
+        });
+        let masked = Masked::json(&value);
+        let back: serde_json::Value = serde_json::from_str(&masked).unwrap();
+        assert_eq!(back["command"], redact(value["command"].as_str().unwrap()));
+        assert!(!masked.contains("abc.def-123"));
+        assert_eq!(back["out"][0], "-----BEGIN RSA PRIVATE KEY-----[redacted]");
+        assert_eq!(back["out"][1], "ok \"quoted\"");
+        assert_eq!(back["[redacted]"], 1);
+        assert!(!masked.contains("Q2x7VbN4") && !masked.contains("MIIEow"));
     }
 
     #[test]

@@ -42,7 +42,7 @@ pub use history::{History, ItemList, LastRequest, MessageCache};
 
 use crate::config::CacheConfig;
 use crate::detect::EngineState;
-use crate::transcript::Step;
+use crate::transcript::{Head, Step};
 
 /// Keyed by conversation; foldhash costs a fraction of SipHash on keys this short (still
 /// seeded per process).
@@ -146,14 +146,15 @@ impl Memory {
 
     /// The one put of a request: `last` (its transcript kept with it) becomes the
     /// conversation's last request and `fold` its fold. Returns the steps of that
-    /// transcript the log does not have yet (new, or that gained results), and records
+    /// transcript the log does not have yet (new, or that gained results; with the head when
+    /// they start at the first step), and records
     /// that everything up to the first step with an unanswered call will have been logged.
     pub fn put(
         &self,
         recall: Recall,
         last: LastRequest,
         fold: Option<Arc<EngineState>>,
-    ) -> Vec<Step> {
+    ) -> NewSteps {
         let bytes = 2 * last.body_len() + SLOT_OVERHEAD;
         let (steps, over) = {
             let mut state = recall.slot.lock();
@@ -308,12 +309,22 @@ impl Recall {
     }
 }
 
+/// What a request adds to the log: the steps of its history not logged yet, and, when they
+/// start at the conversation's first step, the conversation's head (its instructions and
+/// task), which the log keeps with the steps' content (`log.content`). The head is copied
+/// once per conversation (and again if the conversation was forgotten and comes back).
+#[derive(Debug, Default)]
+pub struct NewSteps {
+    pub steps: Vec<Step>,
+    pub head: Option<Head>,
+}
+
 impl Remembered {
     /// The steps of `last`'s kept transcript that still need logging, and records how far
     /// the log will be once they are.
-    fn steps_to_log(&mut self, last: &LastRequest) -> Vec<Step> {
+    fn steps_to_log(&mut self, last: &LastRequest) -> NewSteps {
         let Some(transcript) = last.transcript() else {
-            return Vec::new();
+            return NewSteps::default();
         };
         let steps = &transcript.steps;
         let from = self.logged.min(steps.len());
@@ -324,7 +335,10 @@ impl Remembered {
         // Never move back: a shorter side request (a title request under the same
         // session id) must not make the next main request log its whole history again.
         self.logged = self.logged.max(first_open);
-        steps[from..].to_vec()
+        NewSteps {
+            steps: steps[from..].to_vec(),
+            head: (from == 0 && !steps.is_empty()).then(|| transcript.head()),
+        }
     }
 }
 
@@ -417,12 +431,18 @@ mod tests {
     #[test]
     fn each_request_logs_only_what_is_new() {
         let memory = memory(1 << 30);
-        let logged = |turns, open| {
+        let put = |turns, open| {
             let last = request(&memory, turns, open);
-            memory.put(memory.recall("a"), last, None).len()
+            memory.put(memory.recall("a"), last, None)
         };
-        assert_eq!(logged(2, 0), 2);
-        assert_eq!(logged(3, 0), 1);
+        let logged = |turns, open| put(turns, open).steps.len();
+        // No step yet: nothing, not even the head.
+        assert!(put(0, 0).head.is_none());
+        // The head comes with the first step, once.
+        let first = put(2, 0);
+        assert_eq!(first.steps.len(), 2);
+        assert_eq!(first.head.map(|h| h.task), Some(vec!["fix it".to_string()]));
+        assert!(put(3, 0).head.is_none());
         // A step whose call has no result yet is logged again next time.
         assert_eq!(logged(4, 1), 1);
         assert_eq!(logged(4, 0), 1);

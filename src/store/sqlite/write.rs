@@ -294,10 +294,12 @@ enum Sql {
     ToolCall,
     Decision,
     Intervention,
+    HeadContent,
+    StepContent,
 }
 
 impl Sql {
-    const COUNT: usize = 4;
+    const COUNT: usize = 6;
 
     fn text(self) -> &'static str {
         match self {
@@ -341,6 +343,17 @@ impl Sql {
                 "INSERT INTO interventions (conversation_id, request_id, created_ms, action,
                    applied, source, detector, reason, finding, policy)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+            }
+            // The latest sighting wins: a step's later copy carries more of its results.
+            Sql::HeadContent => {
+                "INSERT OR REPLACE INTO conversation_content
+                   (conversation_id, content, request_id, seen_ms)
+                 VALUES (?1, ?2, ?3, ?4)"
+            }
+            Sql::StepContent => {
+                "INSERT OR REPLACE INTO step_content
+                   (conversation_id, step, content, request_id, seen_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5)"
             }
         }
     }
@@ -568,6 +581,25 @@ fn write_one(statements: &mut Statements<'_>, record: &Record) -> rusqlite::Resu
                 i.policy
             ])?;
         }
+        Record::Content(c) => match c.step {
+            None => {
+                statements.get(Sql::HeadContent)?.execute(params![
+                    c.conversation_id,
+                    c.content,
+                    c.request_id,
+                    c.seen_ms
+                ])?;
+            }
+            Some(step) => {
+                statements.get(Sql::StepContent)?.execute(params![
+                    c.conversation_id,
+                    step,
+                    c.content,
+                    c.request_id,
+                    c.seen_ms
+                ])?;
+            }
+        },
     }
     Ok(())
 }

@@ -7,6 +7,11 @@
 //! and each turn through the response-side check: what the proxy would have decided, and
 //! one JSON line is printed per intervention. A run stops at its first halt, pause or
 //! block, as the agent would have.
+//!
+//! With `--db` instead of a file, the conversations the proxy's log kept whole are
+//! replayed with a candidate config beside the current one ([`log`]).
+
+pub mod log;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -20,7 +25,7 @@ use crate::config::CacheConfig;
 use crate::detect::{Action, DetectConfig, Engine, StoreFacts};
 use crate::dialect::{Dialect, ResponseTurn};
 use crate::intervene::service::ConversationState;
-use crate::policy::Policy;
+use crate::policy::{Policy, PolicySet};
 use crate::proxy::analysis::{Analyser, Arrival};
 use crate::proxy::identity;
 use crate::proxy::memory::{BodyComparison, Memory};
@@ -32,10 +37,32 @@ use crate::transcript::{Item, Transcript};
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReplayArgs {
     /// JSONL file: one object per line with `id` and `messages` (OpenAI Chat format).
-    pub file: std::path::PathBuf,
-    /// Config file (TOML) whose `[detect]` table to use.
+    #[arg(required_unless_present = "db", conflicts_with = "db")]
+    pub file: Option<std::path::PathBuf>,
+    /// Config file (TOML) whose `[detect]` table to use (with `--db`: the current config).
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,
+    /// Replay the conversations of this log (`sqlite://PATH` or a path) whose content was
+    /// logged (`[log] content = true`) with `--candidate`, and print what would change.
+    #[arg(long, requires = "candidate")]
+    pub db: Option<String>,
+    /// With `--db`: the config file (TOML) to try, whose `[detect]` table is compared
+    /// with `--config`'s (default: the built-in settings).
+    #[arg(long, requires = "db")]
+    pub candidate: Option<std::path::PathBuf>,
+    /// With `--db`: conversations with a step logged on or after this day (YYYY-MM-DD,
+    /// UTC) or Unix millisecond.
+    #[arg(long, requires = "db")]
+    pub since: Option<String>,
+    /// With `--db`: ... and on or before this day (or before this Unix millisecond).
+    #[arg(long, requires = "db")]
+    pub until: Option<String>,
+    /// With `--db`: conversations with a request logged under this policy.
+    #[arg(long, requires = "db")]
+    pub policy: Option<String>,
+    /// With `--db`: this conversation only.
+    #[arg(long, requires = "db")]
+    pub conversation: Option<String>,
     /// Also print harm and savings figures (needs `resolved` labels in the input).
     #[arg(long)]
     pub summary: bool,
@@ -110,19 +137,13 @@ impl RunResult {
     }
 }
 
-/// Reads the `[detect]` table of a config file (other tables belong to the proxy).
+/// Reads the `[detect]` table of a config file, loaded and checked as `serve` loads it
+/// (without the environment): a misspelt key or detector name is an error here too, not a
+/// table silently ignored while a candidate is tried.
 pub fn load_config(path: &std::path::Path) -> anyhow::Result<DetectConfig> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading config {}", path.display()))?;
-    let value: toml::Value =
-        toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?;
-    match value.get("detect") {
-        Some(t) => t
-            .clone()
-            .try_into()
-            .with_context(|| format!("reading [detect] of {}", path.display())),
-        None => Ok(DetectConfig::default()),
-    }
+    let config = crate::config::Config::load(Some(path), |_| None)
+        .with_context(|| format!("reading [detect] of {}", path.display()))?;
+    Ok(config.detect)
 }
 
 /// The analysis a replay runs its requests through: the proxy's, with its caches, under
@@ -463,10 +484,15 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         Some(p) => load_config(p)?,
         None => DetectConfig::default(),
     };
+    if let Some(db) = &args.db {
+        return run_log(&args, db);
+    }
+    let Some(path) = &args.file else {
+        anyhow::bail!("replay needs a JSONL file or --db");
+    };
     let replayer = Replayer::new(config);
     let engine = replayer.engine();
-    let file = std::fs::File::open(&args.file)
-        .with_context(|| format!("opening {}", args.file.display()))?;
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let reader = std::io::BufReader::new(file);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
@@ -482,7 +508,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
             }
         }
         let result = replay_line(&replayer, &line)
-            .with_context(|| format!("{}: line {}", args.file.display(), n + 1))?;
+            .with_context(|| format!("{}: line {}", path.display(), n + 1))?;
         for i in &result.interventions {
             serde_json::to_writer(&mut out, i)?;
             out.write_all(b"\n")?;
@@ -496,6 +522,54 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         let mut err = std::io::stderr().lock();
         print_figures(&mut err, &results)?;
     }
+    out.flush()?;
+    Ok(())
+}
+
+/// `replay --db`: the logged conversations with the current config (`--config`, else the
+/// defaults) and the candidate. Each conversation is replayed under the detection settings
+/// of the policy it was logged under, as each file resolves that policy (a policy a file
+/// does not have falls to that file's `default`, as its traffic would).
+fn run_log(args: &ReplayArgs, db: &str) -> anyhow::Result<()> {
+    let policies = |path: Option<&std::path::Path>| -> anyhow::Result<PolicySet> {
+        let config = match path {
+            Some(p) => crate::config::Config::load(Some(p), |_| None)
+                .with_context(|| format!("reading {}", p.display()))?,
+            None => crate::config::Config::default(),
+        };
+        Ok(PolicySet::of(&config)?)
+    };
+    let Some(candidate) = &args.candidate else {
+        anyhow::bail!("--db needs --candidate");
+    };
+    let current = policies(args.config.as_deref())?;
+    let candidate = policies(Some(candidate))?;
+    let detect = |set: &PolicySet, name: &str| set.named_or_default(name).detect().clone();
+    let selection = log::Selection {
+        since_ms: args
+            .since
+            .as_deref()
+            .map(|t| log::parse_time(t, false))
+            .transpose()
+            .context("--since")?,
+        until_ms: args
+            .until
+            .as_deref()
+            .map(|t| log::parse_time(t, true))
+            .transpose()
+            .context("--until")?,
+        policy: args.policy.clone(),
+        conversation: args.conversation.clone(),
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    log::replay(
+        db,
+        &selection,
+        &|name| detect(&current, name),
+        &|name| detect(&candidate, name),
+        &mut out,
+    )?;
     out.flush()?;
     Ok(())
 }

@@ -1,0 +1,411 @@
+//! `loopwarden replay --db`: the conversations the log kept whole (`[log] content = true`)
+//! replayed with a candidate config beside the current one, so that a team tries a change
+//! on last week's traffic before it applies it.
+//!
+//! Each conversation's transcript is rebuilt from its stored head and steps
+//! (`migrations/0009_content.sql`), and [`Engine::decisions`] (the proxy's decision for
+//! each request, the one sequence `replay` and the tests share) runs over it once per
+//! config. What is printed is where the two differ, up to where both configs have stopped
+//! the run (after that the agent would have received neither's decisions).
+//!
+//! The detection config of a conversation comes from a resolver given the name of the
+//! policy its requests were logged under, so that each conversation is replayed with its
+//! own policy's settings.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+
+use crate::detect::{Action, Decision, DetectConfig, Engine, StoreFacts};
+use crate::transcript::{Head, Step, Transcript};
+
+/// The policy a conversation is replayed under when the log names none (a log written
+/// before policies, or a request without one).
+pub const DEFAULT_POLICY: &str = "default";
+
+/// Which logged conversations to replay.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// Conversations with a step logged at or after this time (Unix ms)...
+    pub since_ms: Option<i64>,
+    /// ...and before this one.
+    pub until_ms: Option<i64>,
+    /// Conversations with a request logged under this policy.
+    pub policy: Option<String>,
+    pub conversation: Option<String>,
+}
+
+/// A decision as the comparison shows it: `nudge(read_loop)`, `observe`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub action: Action,
+    pub detector: String,
+}
+
+impl Verdict {
+    fn of(d: &Decision) -> Verdict {
+        Verdict {
+            action: d.action,
+            detector: d.detector.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.action, self.detector.as_str()) {
+            (Action::Observe, _) | (_, "") => f.write_str(self.action.as_str()),
+            (action, detector) => write!(f, "{}({detector})", action.as_str()),
+        }
+    }
+}
+
+/// A request whose decision the candidate changes. `step`: the request's index, the
+/// number of steps its history held (as `loopwarden replay` prints it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub step: usize,
+    pub current: Verdict,
+    pub candidate: Verdict,
+}
+
+impl std::fmt::Display for Change {
+    /// `step 14: nudge(read_loop) -> halt(read_loop)`
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "step {}: {} -> {}",
+            self.step, self.current, self.candidate
+        )
+    }
+}
+
+/// One conversation replayed with both configs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compared {
+    pub id: String,
+    pub policy: String,
+    pub steps: usize,
+    pub changes: Vec<Change>,
+}
+
+/// What a replay from the log found, over all conversations.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub conversations: usize,
+    /// Conversations with content but without their first step (content switched on
+    /// midway, or rows lost): not replayed.
+    pub incomplete: usize,
+    pub changed_conversations: usize,
+    pub decisions_changed: usize,
+    /// Requests the candidate stops (halt, pause, block) that the current config did not.
+    pub halts_added: usize,
+    /// Requests the current config stops that the candidate does not.
+    pub halts_removed: usize,
+}
+
+impl Summary {
+    fn add(&mut self, c: &Compared) {
+        self.conversations += 1;
+        self.changed_conversations += usize::from(!c.changes.is_empty());
+        self.decisions_changed += c.changes.len();
+        for change in &c.changes {
+            let (was, will) = (
+                change.current.action.stops(),
+                change.candidate.action.stops(),
+            );
+            self.halts_added += usize::from(will && !was);
+            self.halts_removed += usize::from(was && !will);
+        }
+    }
+}
+
+/// Each request's decision under both engines, and where they differ, up to the request
+/// where both have stopped the run.
+pub fn compare(current: &Engine, candidate: &Engine, transcript: &Transcript) -> Vec<Change> {
+    let store = StoreFacts::default();
+    let before = current.decisions(transcript, &store);
+    let after = candidate.decisions(transcript, &store);
+    let first_stop = |ds: &[(usize, Decision)]| {
+        ds.iter()
+            .find(|(_, d)| d.action.stops())
+            .map_or(usize::MAX, |(k, _)| *k)
+    };
+    let last = first_stop(&before).max(first_stop(&after));
+    before
+        .iter()
+        .zip(&after)
+        .take_while(|((k, _), _)| *k <= last)
+        .filter_map(|((k, b), (_, a))| {
+            let (current, candidate) = (Verdict::of(b), Verdict::of(a));
+            (current != candidate).then_some(Change {
+                step: *k,
+                current,
+                candidate,
+            })
+        })
+        .collect()
+}
+
+/// Replays the selected conversations of the log at `db` (a `sqlite://` URL or a path)
+/// with the detection configs `current` and `candidate` resolve for each one's policy,
+/// and writes, per conversation, each request whose decision changes, then the summary.
+pub fn replay(
+    db: &str,
+    selection: &Selection,
+    current: &dyn Fn(&str) -> DetectConfig,
+    candidate: &dyn Fn(&str) -> DetectConfig,
+    out: &mut impl Write,
+) -> anyhow::Result<Summary> {
+    let log = Log::open(db)?;
+    let mut engines: HashMap<String, (Engine, Engine)> = HashMap::new();
+    let mut summary = Summary::default();
+    for id in log.conversations(selection)? {
+        let policy = log.policy_of(&id)?;
+        let Some(transcript) = log.transcript(&id)? else {
+            summary.incomplete += 1;
+            continue;
+        };
+        let (now, then) = engines.entry(policy.clone()).or_insert_with(|| {
+            (
+                Engine::new(current(&policy)),
+                Engine::new(candidate(&policy)),
+            )
+        });
+        let compared = Compared {
+            changes: compare(now, then, &transcript),
+            steps: transcript.steps.len(),
+            id,
+            policy,
+        };
+        summary.add(&compared);
+        write_conversation(out, &compared)?;
+    }
+    write_summary(out, &summary)?;
+    Ok(summary)
+}
+
+fn write_conversation(out: &mut impl Write, c: &Compared) -> std::io::Result<()> {
+    if c.changes.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "conversation {} (policy {}, {} steps)",
+        c.id, c.policy, c.steps
+    )?;
+    for change in &c.changes {
+        writeln!(out, "  {change}")?;
+    }
+    Ok(())
+}
+
+fn write_summary(out: &mut impl Write, s: &Summary) -> std::io::Result<()> {
+    if s.conversations == 0 && s.incomplete == 0 {
+        return writeln!(
+            out,
+            "nothing to replay: no conversation content in the log for this selection \
+             (content is logged only with `[log] content = true`)"
+        );
+    }
+    writeln!(
+        out,
+        "replayed {} conversations ({} skipped: their first steps are not in the log); \
+         {} changed, {} decisions changed; would-be halts: {} added, {} removed",
+        s.conversations,
+        s.incomplete,
+        s.changed_conversations,
+        s.decisions_changed,
+        s.halts_added,
+        s.halts_removed
+    )
+}
+
+/// The log, read-only.
+struct Log {
+    conn: Connection,
+    /// Whether the log's rows name their policy (`requests.policy`, written by versions
+    /// with policies).
+    has_policy: bool,
+}
+
+impl Log {
+    fn open(db: &str) -> anyhow::Result<Log> {
+        let path = db_path(db)?;
+        if !path.exists() {
+            anyhow::bail!("no log at {}", path.display());
+        }
+        let conn = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .with_context(|| format!("opening the log {}", path.display()))?;
+        let columns = |table: &str| -> anyhow::Result<Vec<String>> {
+            let mut stmt = conn.prepare(&format!("PRAGMA table_info({table})"))?;
+            let names = stmt.query_map([], |r| r.get::<_, String>(1))?;
+            Ok(names.collect::<Result<_, _>>()?)
+        };
+        if columns("step_content")?.is_empty() {
+            anyhow::bail!(
+                "{} holds no conversation content (a log written before content logging: \
+                 open it once with this version of `loopwarden serve` to migrate it)",
+                path.display()
+            );
+        }
+        let has_policy = columns("requests")?.iter().any(|c| c == "policy");
+        Ok(Log { conn, has_policy })
+    }
+
+    /// The selected conversations with content, oldest first.
+    fn conversations(&self, s: &Selection) -> anyhow::Result<Vec<String>> {
+        if s.policy.is_some() && !self.has_policy {
+            anyhow::bail!("this log does not record policies: --policy cannot select from it");
+        }
+        let by_policy = if s.policy.is_some() {
+            "AND conversation_id IN (SELECT conversation_id FROM requests WHERE policy = ?4)"
+        } else {
+            "AND ?4 IS NULL"
+        };
+        let sql = format!(
+            "SELECT conversation_id FROM step_content
+             WHERE (?1 IS NULL OR seen_ms >= ?1) AND (?2 IS NULL OR seen_ms < ?2)
+               AND (?3 IS NULL OR conversation_id = ?3) {by_policy}
+             GROUP BY conversation_id ORDER BY min(seen_ms), conversation_id"
+        );
+        let mut stmt = self.conn.prepare(&sql)?;
+        let ids = stmt.query_map(
+            rusqlite::params![s.since_ms, s.until_ms, s.conversation, s.policy],
+            |r| r.get::<_, String>(0),
+        )?;
+        Ok(ids.collect::<Result<_, _>>()?)
+    }
+
+    /// The policy of a conversation's last request, where the log records one.
+    fn policy_of(&self, id: &str) -> anyhow::Result<String> {
+        if !self.has_policy {
+            return Ok(DEFAULT_POLICY.to_string());
+        }
+        let policy: Option<Option<String>> = self
+            .conn
+            .query_row(
+                "SELECT policy FROM requests WHERE conversation_id = ?1
+                 ORDER BY started_ms DESC, id DESC LIMIT 1",
+                [id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(policy
+            .flatten()
+            .unwrap_or_else(|| DEFAULT_POLICY.to_string()))
+    }
+
+    /// The conversation's transcript: its head and its steps from the first on, up to
+    /// the first one missing. `None` when its first step is not in the log.
+    fn transcript(&self, id: &str) -> anyhow::Result<Option<Transcript>> {
+        let head: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT content FROM conversation_content WHERE conversation_id = ?1",
+                [id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        // A missing head (rows lost) leaves the task empty, for both configs alike.
+        let head: Head = match head {
+            Some(text) => serde_json::from_str(&text)
+                .with_context(|| format!("{id}: the logged head is not readable"))?,
+            None => Head::default(),
+        };
+        let mut stmt = self.conn.prepare(
+            "SELECT step, content FROM step_content WHERE conversation_id = ?1 ORDER BY step",
+        )?;
+        let rows = stmt.query_map([id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?;
+        let mut steps: Vec<Step> = Vec::new();
+        for row in rows {
+            let (index, text) = row?;
+            if usize::try_from(index).ok() != Some(steps.len()) {
+                break;
+            }
+            let step: Step = serde_json::from_str(&text)
+                .with_context(|| format!("{id}: logged step {index} is not readable"))?;
+            steps.push(step);
+        }
+        Ok((!steps.is_empty()).then(|| head.with_steps(steps)))
+    }
+}
+
+/// The file a `--db` names: a `sqlite://` URL as `store.db` takes it, or a path.
+fn db_path(db: &str) -> anyhow::Result<PathBuf> {
+    if !db.starts_with("sqlite:") {
+        return Ok(Path::new(db).to_path_buf());
+    }
+    let options: sqlx::sqlite::SqliteConnectOptions = db
+        .parse()
+        .with_context(|| format!("not a sqlite URL: {db}"))?;
+    Ok(options.get_filename().to_path_buf())
+}
+
+/// A time as `--since`/`--until` take it: a day (`2026-11-19`, UTC midnight) or Unix
+/// milliseconds. `end_of_day`: a day stands for its end (`--until` includes the day).
+pub fn parse_time(text: &str, end_of_day: bool) -> anyhow::Result<i64> {
+    if let Ok(ms) = text.parse::<i64>() {
+        return Ok(ms);
+    }
+    let parts: Vec<&str> = text.split('-').collect();
+    let [y, m, d] = parts.as_slice() else {
+        anyhow::bail!("{text:?}: expected a day (YYYY-MM-DD) or Unix milliseconds");
+    };
+    let (y, m, d): (i64, u32, u32) = (
+        y.parse().context("year")?,
+        m.parse().context("month")?,
+        d.parse().context("day")?,
+    );
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        anyhow::bail!("{text:?}: not a day");
+    }
+    let days = days_from_civil(y, m, d) + i64::from(end_of_day);
+    Ok(days * 86_400_000)
+}
+
+/// Days from 1970-01-01 to a day of the proleptic Gregorian calendar (Howard Hinnant's
+/// `days_from_civil`).
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn days_are_read_as_utc_midnights() {
+        assert_eq!(parse_time("1970-01-01", false).unwrap(), 0);
+        assert_eq!(parse_time("1970-01-01", true).unwrap(), 86_400_000);
+        // 2026-11-19T00:00:00Z
+        assert_eq!(parse_time("2026-11-19", false).unwrap(), 1_795_046_400_000);
+        assert_eq!(parse_time("2000-03-01", false).unwrap(), 951_868_800_000);
+        assert_eq!(parse_time("1234", false).unwrap(), 1234);
+        assert!(parse_time("2026-13-01", false).is_err());
+        assert!(parse_time("yesterday", false).is_err());
+    }
+
+    #[test]
+    fn verdicts_read_as_action_and_detector() {
+        let v = |action, detector: &str| Verdict {
+            action,
+            detector: detector.into(),
+        };
+        assert_eq!(
+            v(Action::Nudge, "read_loop").to_string(),
+            "nudge(read_loop)"
+        );
+        assert_eq!(v(Action::Observe, "").to_string(), "observe");
+        assert_eq!(v(Action::Halt, "").to_string(), "halt");
+    }
+}

@@ -1,0 +1,283 @@
+//! Conversation content in the log (`[log] content`) and `loopwarden replay --db`: a looping
+//! conversation goes through the real proxy in front of the scripted mock, its steps are
+//! logged whole (and masked), and the replay from that SQLite file with a stricter
+//! candidate prints the decisions that change.
+
+mod intervene_support;
+
+use std::path::Path;
+use std::process::Command;
+
+use intervene_support::*;
+use loopwarden::detect::{DetectConfig, Engine};
+use loopwarden::dialect::Dialect;
+use loopwarden::replay::log::compare;
+use loopwarden::transcript::{Head, Step, Transcript};
+
+const DIALECT: Dialect = Dialect::OpenAiChat;
+/// Requests of the conversation: the k-th carries k runs of the failing test.
+const REQUESTS: usize = 12;
+
+/// Runs the looping conversation `id` through a proxy logging content or not, with
+/// detection off so that every request reaches the mock (and its history the log).
+/// Returns the setup (its log is written out) and the last request's transcript.
+async fn run_loop(id: &str, content: bool, text: &LoopText) -> (Setup, Transcript) {
+    let setup = Setup::start(looping_script(DIALECT), |c| {
+        c.log.content = content;
+        c.detect.enabled = false;
+    })
+    .await;
+    let mut last = None;
+    for k in 0..REQUESTS {
+        let body = loop_body_with(DIALECT, k, false, None, text);
+        let resp = setup.post(&path(DIALECT, id, false), &body).await;
+        assert!(resp.status().is_success(), "request {k}");
+        last = Some(body);
+    }
+    setup.proxy.flush_log().await;
+    let body = last.unwrap().to_string();
+    let transcript = DIALECT
+        .parse_request(body.as_bytes(), false)
+        .unwrap()
+        .transcript;
+    (setup, transcript)
+}
+
+fn db(setup: &Setup) -> std::path::PathBuf {
+    setup.dir.path().join("log.db")
+}
+
+/// The log's content rows: the head and the steps, as JSON text.
+fn stored(db: &Path) -> (Vec<String>, Vec<(i64, String)>) {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let heads = conn
+        .prepare("SELECT content FROM conversation_content")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<Vec<String>, _>>()
+        .unwrap();
+    let steps = conn
+        .prepare("SELECT step, content FROM step_content ORDER BY step")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<Vec<(i64, String)>, _>>()
+        .unwrap();
+    (heads, steps)
+}
+
+fn write(dir: &Path, name: &str, toml: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+fn replay(args: &[&std::ffi::OsStr]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_loopwarden"))
+        .arg("replay")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// A candidate stricter than the shipped config: a failing command is a loop at its
+/// second run, and the nudge-only patterns halt.
+const STRICTER: &str = r#"
+[detect.thresholds]
+fail_loop_runs = 2
+
+[detect.patterns.near_duplicate]
+response = "halt"
+"#;
+
+#[tokio::test]
+async fn a_logged_loop_replayed_with_a_stricter_candidate_shows_the_decisions_that_change() {
+    let (setup, transcript) = run_loop("loop-1", true, &LoopText::default()).await;
+
+    // The log holds the conversation whole: its head and every step, as the proxy read them.
+    let (heads, steps) = stored(&db(&setup));
+    assert_eq!(heads.len(), 1);
+    let head: Head = serde_json::from_str(&heads[0]).unwrap();
+    assert_eq!(head.task, transcript.task);
+    assert_eq!(head.system, transcript.system);
+    let steps: Vec<Step> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, (index, json))| {
+            assert_eq!(*index, i as i64);
+            serde_json::from_str(json).unwrap()
+        })
+        .collect();
+    assert_eq!(steps, transcript.steps);
+    assert_eq!(steps.len(), REQUESTS - 1);
+
+    // What the replay must print: the decisions the candidate changes on that transcript.
+    let dir = setup.dir.path();
+    let current = write(dir, "current.toml", "");
+    let candidate = write(dir, "candidate.toml", STRICTER);
+    let expected = compare(
+        &Engine::new(DetectConfig::default()),
+        &Engine::new(loopwarden::replay::load_config(&candidate).unwrap()),
+        &transcript,
+    );
+    assert!(!expected.is_empty(), "the candidate changes something");
+    let url = format!("sqlite://{}", db(&setup).display());
+    let (ok, out, err) = replay(&[
+        "--db".as_ref(),
+        url.as_ref(),
+        "--config".as_ref(),
+        current.as_ref(),
+        "--candidate".as_ref(),
+        candidate.as_ref(),
+    ]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!(
+            "conversation loop-1 (policy default, {} steps)",
+            REQUESTS - 1
+        )
+    );
+    let printed: Vec<String> = expected.iter().map(|c| format!("  {c}")).collect();
+    assert_eq!(lines[1..=printed.len()], printed[..], "{out}");
+    // The candidate stops the loop earlier than the shipped config: the first change
+    // is an earlier intervention, and the summary counts what changed.
+    assert!(expected[0].candidate.action.as_str() != "observe", "{out}");
+    let summary = lines.last().unwrap();
+    assert!(
+        summary.starts_with(&format!(
+            "replayed 1 conversations (0 skipped: their first steps are not in the log); 1 changed, {} decisions changed",
+            expected.len()
+        )),
+        "{summary}"
+    );
+
+    // The same candidate as the current config: nothing changes.
+    let (ok, out, err) = replay(&[
+        "--db".as_ref(),
+        url.as_ref(),
+        "--config".as_ref(),
+        candidate.as_ref(),
+        "--candidate".as_ref(),
+        candidate.as_ref(),
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.trim(),
+        "replayed 1 conversations (0 skipped: their first steps are not in the log); 0 changed, 0 decisions changed; would-be halts: 0 added, 0 removed"
+    );
+
+    // A period or a conversation that selects nothing: nothing to replay.
+    for args in [
+        ["--until", "1970-01-02"],
+        ["--since", "2999-01-01"],
+        ["--conversation", "another"],
+    ] {
+        let (ok, out, err) = replay(&[
+            "--db".as_ref(),
+            url.as_ref(),
+            "--candidate".as_ref(),
+            candidate.as_ref(),
+            args[0].as_ref(),
+            args[1].as_ref(),
+        ]);
+        assert!(ok, "{err}");
+        assert!(out.starts_with("nothing to replay"), "{args:?}: {out}");
+    }
+}
+
+#[tokio::test]
+async fn without_log_content_nothing_of_the_content_is_stored_and_there_is_nothing_to_replay() {
+    let (setup, _) = run_loop("loop-2", false, &LoopText::default()).await;
+    let (heads, steps) = stored(&db(&setup));
+    assert!(heads.is_empty() && steps.is_empty());
+    // The rest of the log is there as always.
+    let conn = rusqlite::Connection::open(db(&setup)).unwrap();
+    let calls: i64 = conn
+        .query_row("SELECT count(*) FROM tool_calls", [], |r| r.get(0))
+        .unwrap();
+    assert!(calls >= (REQUESTS - 1) as i64);
+    let candidate = write(setup.dir.path(), "candidate.toml", STRICTER);
+    let (ok, out, err) = replay(&[
+        "--db".as_ref(),
+        db(&setup).as_os_str(),
+        "--candidate".as_ref(),
+        candidate.as_ref(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("nothing to replay"), "{out}");
+    // A candidate naming a detector that does not exist is refused, with the names.
+    let misspelt = write(
+        setup.dir.path(),
+        "misspelt.toml",
+        "[detect.patterns.read-loop]\nresponse = \"halt\"\n",
+    );
+    let (ok, _, err) = replay(&[
+        "--db".as_ref(),
+        db(&setup).as_os_str(),
+        "--candidate".as_ref(),
+        misspelt.as_ref(),
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("\"read-loop\"") && err.contains("read_loop"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn credentials_in_tool_calls_and_results_are_masked_in_the_stored_content() {
+    let text = LoopText {
+        task: "Fix the deploy script; the key is sk-proj-Q2x7VbN4kL9mT1rZ8wY3uH6p".into(),
+        command: "curl -H 'Authorization: Bearer tok-9f8e7d6c5b4a' https://api.example.com/x"
+            .into(),
+        result: "HTTP 401\nOPENAI_API_KEY=sk-proj-Z9y8X7w6V5u4T3s2R1q0\n-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAq8Lm2Nv7\n-----END RSA PRIVATE KEY-----\ndone \"quoted\"".into(),
+        thought: String::new(),
+    };
+    let (setup, transcript) = run_loop("loop-3", true, &text).await;
+    let (heads, steps) = stored(&db(&setup));
+    assert_eq!(steps.len(), REQUESTS - 1);
+    for secret in ["Q2x7VbN4", "tok-9f8e7d6c5b4a", "Z9y8X7w6", "MIIEowIBAAKC"] {
+        assert!(
+            heads.iter().all(|h| !h.contains(secret)),
+            "{secret} in the head"
+        );
+        assert!(
+            steps.iter().all(|(_, s)| !s.contains(secret)),
+            "{secret} in a step"
+        );
+    }
+    // Masked string by string: each row still reads back as a step, with the rest kept.
+    let step: Step = serde_json::from_str(&steps[0].1).unwrap();
+    let result = step.calls[0].result.as_ref().unwrap();
+    assert!(
+        result
+            .text
+            .starts_with("HTTP 401\nOPENAI_API_KEY=[redacted]"),
+        "{}",
+        result.text
+    );
+    assert!(
+        result
+            .text
+            .ends_with("-----BEGIN RSA PRIVATE KEY-----[redacted]\ndone \"quoted\""),
+        "{}",
+        result.text
+    );
+    assert_eq!(
+        step.calls[0].call.name,
+        transcript.steps[0].calls[0].call.name
+    );
+    let head: Head = serde_json::from_str(&heads[0]).unwrap();
+    assert_eq!(
+        head.task,
+        vec!["Fix the deploy script; the key is [redacted]".to_string()]
+    );
+}
