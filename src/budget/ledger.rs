@@ -81,6 +81,16 @@ pub enum Cap {
 }
 
 impl Cap {
+    /// How a sentence names the budget: "the dollar budget".
+    pub fn noun(self) -> &'static str {
+        match self {
+            Cap::Steps => "step",
+            Cap::Tokens => "token",
+            Cap::Dollars => "dollar",
+            Cap::WallClock => "time",
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Cap::Steps => "steps",
@@ -125,6 +135,20 @@ pub enum BudgetStatus {
 }
 
 impl BudgetStatus {
+    /// The status of a conversation a human let go on after a stop: a spent cap no longer
+    /// stops it (that would answer every request with the halt again), it keeps reminding.
+    pub fn lifted(self) -> BudgetStatus {
+        match self {
+            BudgetStatus::Spent { cap, used, limit } => BudgetStatus::Near {
+                cap,
+                share: 1.0,
+                used,
+                limit,
+            },
+            other => other,
+        }
+    }
+
     /// `$4.12 of $5.00` for a reminder or a halt; `None` when within.
     pub fn text(&self) -> Option<String> {
         match self {

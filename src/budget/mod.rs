@@ -51,6 +51,11 @@ impl Default for BudgetConfig {
 }
 
 impl BudgetConfig {
+    /// No cap is set: nothing to look up for a request.
+    pub fn is_unlimited(&self) -> bool {
+        self.steps == 0 && self.tokens == 0 && self.dollars == 0.0 && self.wall_clock_secs == 0
+    }
+
     /// Checks the values; `(key, problem)` names the first wrong one.
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
         if !(self.dollars >= 0.0 && self.dollars.is_finite()) {

@@ -46,6 +46,8 @@ pub struct InterveneConfig {
     pub nudge_text: String,
     /// Reminder appended for a replan (the stronger nudge after a nudge did not help).
     pub replan_text: String,
+    /// Reminder appended once a conversation nears a budget cap (`[budget] warn_at`).
+    pub wrap_up_text: String,
     /// The text of a halt reply when the run was going in circles.
     pub halt_text: String,
     /// The text of a halt reply when a hard budget (steps, tokens) was spent.
@@ -131,6 +133,7 @@ impl Default for InterveneConfig {
         InterveneConfig {
             enabled: true,
             nudge_text: text::NUDGE.into(),
+            wrap_up_text: text::WRAP_UP.into(),
             replan_text: text::REPLAN.into(),
             halt_text: text::HALT.into(),
             budget_halt_text: text::BUDGET_HALT.into(),
@@ -282,7 +285,7 @@ impl Intervener {
         if ruling.shadow {
             let would = match ruling.act {
                 Act::Forward => None,
-                Act::Remind(Reminder::Nudge) => Some(Would::Nudge),
+                Act::Remind(Reminder::Nudge | Reminder::WrapUp) => Some(Would::Nudge),
                 Act::Remind(Reminder::Replan) => Some(Would::Replan),
                 Act::RollBack => Some(Would::RollBack),
                 Act::Halt(_) => Some(Would::Halt),
@@ -317,6 +320,7 @@ impl Intervener {
     ) -> (Effect, Applied) {
         let (template, applied) = match reminder {
             Reminder::Nudge => (&self.config.nudge_text, Applied::Nudged),
+            Reminder::WrapUp => (&self.config.wrap_up_text, Applied::Nudged),
             Reminder::Replan => (&self.config.replan_text, Applied::Replanned),
         };
         let goal = text::goal_line(&req.transcript);

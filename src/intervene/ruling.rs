@@ -13,7 +13,8 @@
 //! [`super::Intervener::carry_out`]'s; logging it and making a halt sticky,
 //! [`super::service::Interventions`]'.
 
-use crate::detect::{Action, Decision};
+use crate::budget::BudgetStatus;
+use crate::detect::{Action, Decision, Finding};
 
 use super::controls::Standing;
 use super::pause::DecidedBy;
@@ -65,6 +66,8 @@ pub enum Reminder {
     Nudge,
     /// The stronger reminder, after a nudge did not help.
     Replan,
+    /// The run nears a cap of its budget: finish up.
+    WrapUp,
 }
 
 /// Who made a ruling (`interventions.source`).
@@ -116,17 +119,18 @@ pub struct Ruling {
     pub shadow: bool,
 }
 
-/// What happens to a request, from the engine's decision, the conversation's standing, the
-/// `[intervene]` switches and the policy's mode. The mode bends detection's rulings only:
-/// a conversation an operator (or a human's verdict) halted stays halted in every mode,
-/// since a person asked for it.
+/// What happens to a request, from the engine's decision, the conversation's standing, its
+/// budget, the `[intervene]` switches and the policy's mode. The mode bends the policy's
+/// own rulings only (detection's and the budget's): a conversation an operator (or a
+/// human's verdict) halted stays halted in every mode, since a person asked for it.
 pub fn rule(
     decision: Decision,
     standing: &Standing,
+    budget: &BudgetStatus,
     config: &InterveneConfig,
     mode: Mode,
 ) -> Ruling {
-    let mut ruling = rule_enforced(decision, standing, config);
+    let mut ruling = rule_enforced(decision, standing, budget, config);
     if ruling.source != Source::Policy {
         return ruling;
     }
@@ -145,7 +149,12 @@ pub fn rule(
 }
 
 /// [`rule`] under an enforcing policy.
-fn rule_enforced(decision: Decision, standing: &Standing, config: &InterveneConfig) -> Ruling {
+fn rule_enforced(
+    decision: Decision,
+    standing: &Standing,
+    budget: &BudgetStatus,
+    config: &InterveneConfig,
+) -> Ruling {
     let mut decision = decision;
     if !config.enabled {
         return Ruling {
@@ -185,6 +194,16 @@ fn rule_enforced(decision: Decision, standing: &Standing, config: &InterveneConf
         }
         Standing::Free { .. } => {}
     }
+    if let BudgetStatus::Spent { .. } = budget {
+        // A hard cap: the run stops before the call that would spend more, whatever
+        // detection says, and without waiting for a human (`on_stop` is for loops).
+        return Ruling {
+            decision: budget_decision(budget, Action::Halt),
+            act: Act::Halt(Stop::Budget),
+            source: Source::Policy,
+            shadow: false,
+        };
+    }
     if config.on_stop == StopMode::Pause && matches!(decision.action, Action::Halt | Action::Block)
     {
         decision.action = Action::Pause;
@@ -200,6 +219,15 @@ fn rule_enforced(decision: Decision, standing: &Standing, config: &InterveneConf
         Action::Pause => Act::Hold,
         Action::Halt | Action::Block => Act::Halt(Stop::of(&decision)),
     };
+    if act == Act::Forward && matches!(budget, BudgetStatus::Near { .. }) {
+        // Detection has nothing stronger to say: the wrap-up reminder.
+        return Ruling {
+            decision: budget_decision(budget, Action::Nudge),
+            act: Act::Remind(Reminder::WrapUp),
+            source: Source::Policy,
+            shadow: false,
+        };
+    }
     Ruling {
         decision,
         act,
@@ -207,6 +235,39 @@ fn rule_enforced(decision: Decision, standing: &Standing, config: &InterveneConf
         shadow: false,
     }
 }
+
+/// The decision a budget makes: its finding says which cap and how far (`$4.12 of $5.00`),
+/// and is hard (a spent budget, not a loop) when the cap is reached.
+fn budget_decision(budget: &BudgetStatus, action: Action) -> Decision {
+    let (cap, spent) = match budget {
+        BudgetStatus::Spent { cap, .. } => (*cap, true),
+        BudgetStatus::Near { cap, .. } => (*cap, false),
+        BudgetStatus::Within => return Decision::observe(),
+    };
+    let amount = budget.text().unwrap_or_default();
+    let summary = match spent {
+        true => format!("the {} budget is spent ({amount})", cap.noun()),
+        false => format!("{amount} of the {} budget used", cap.noun()),
+    };
+    let mut finding = Finding::new(
+        BUDGET_DETECTOR,
+        1.0,
+        Vec::new(),
+        summary.clone(),
+        "finish the current step, summarize what is done and what is left, and stop",
+    );
+    finding.hard = spent;
+    Decision {
+        action,
+        findings: vec![finding],
+        reason: summary,
+        detector: BUDGET_DETECTOR.into(),
+    }
+}
+
+/// The name a budget's decisions are logged under (`interventions.detector`): not a
+/// detector's, so that a team's budget stops are never counted as loops.
+pub const BUDGET_DETECTOR: &str = "budget_cap";
 
 /// What happens to a held request once `by` gave `verdict` on `decision` (the one it was
 /// held for). The ruling's decision is the verdict's action, for the log. A human's halt
@@ -234,6 +295,7 @@ pub fn rule_verdict(verdict: Verdict, by: DecidedBy, decision: &Decision) -> Rul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::budget::Cap;
 
     fn decided(action: Action) -> Decision {
         Decision {
@@ -302,7 +364,13 @@ mod tests {
             (Nudge,    config(false, H, true), halted(), Nudge, Act::Forward, Source::Policy),
         ];
         for (action, config, standing, acted, act, source) in table {
-            let r = rule(decided(action), &standing, &config, Mode::Enforce);
+            let r = rule(
+                decided(action),
+                &standing,
+                &BudgetStatus::Within,
+                &config,
+                Mode::Enforce,
+            );
             assert_eq!(
                 (r.decision.action, r.act, r.source),
                 (acted, act, source),
@@ -379,16 +447,146 @@ mod tests {
         spent.hard = true;
         budget.findings = vec![spent];
         let config = config(true, StopMode::Halt, false);
-        let r = rule(budget.clone(), &Standing::free(), &config, Mode::Enforce);
+        let r = rule(
+            budget.clone(),
+            &Standing::free(),
+            &BudgetStatus::Within,
+            &config,
+            Mode::Enforce,
+        );
         assert_eq!(r.act, Act::Halt(Stop::Budget));
         let r = rule_verdict(Verdict::Halt, DecidedBy::Timeout, &budget);
         assert_eq!(r.act, Act::Halt(Stop::Budget));
         let r = rule(
             decided(Action::Halt),
             &Standing::free(),
+            &BudgetStatus::Within,
             &config,
             Mode::Enforce,
         );
         assert_eq!(r.act, Act::Halt(Stop::Loop));
+    }
+
+    fn near() -> BudgetStatus {
+        BudgetStatus::Near {
+            cap: Cap::Dollars,
+            share: 0.85,
+            used: "$4.25".into(),
+            limit: "$5.00".into(),
+        }
+    }
+
+    fn spent() -> BudgetStatus {
+        BudgetStatus::Spent {
+            cap: Cap::Dollars,
+            used: "$5.02".into(),
+            limit: "$5.00".into(),
+        }
+    }
+
+    #[test]
+    fn a_budget_reminds_near_its_cap_and_halts_at_it() {
+        let config = config(true, StopMode::Pause, false);
+        let free = Standing::free();
+        let r = rule(
+            decided(Action::Observe),
+            &free,
+            &near(),
+            &config,
+            Mode::Enforce,
+        );
+        assert_eq!(r.act, Act::Remind(Reminder::WrapUp));
+        assert_eq!(r.decision.detector, BUDGET_DETECTOR);
+        assert!(
+            r.decision.reason.contains("$4.25 of $5.00"),
+            "{}",
+            r.decision.reason
+        );
+        // Detection's stronger word wins over the wrap-up reminder.
+        let r = rule(
+            decided(Action::Replan),
+            &free,
+            &near(),
+            &config,
+            Mode::Enforce,
+        );
+        assert_eq!(r.act, Act::Remind(Reminder::Replan));
+        // A spent cap halts, whatever detection says, and not through a human's pause.
+        let r = rule(
+            decided(Action::Nudge),
+            &free,
+            &spent(),
+            &config,
+            Mode::Enforce,
+        );
+        assert_eq!(r.act, Act::Halt(Stop::Budget));
+        assert!(r.decision.spent_budget());
+        assert!(r.decision.reason.contains("dollar budget is spent"));
+        // A halted conversation stays halted for the reason it was halted.
+        let halted = Standing::Halted {
+            reason: "by hand".into(),
+            stop: Stop::Operator,
+        };
+        let r = rule(
+            decided(Action::Observe),
+            &halted,
+            &spent(),
+            &config,
+            Mode::Enforce,
+        );
+        assert_eq!(
+            (r.act, r.source),
+            (Act::Halt(Stop::Operator), Source::Sticky)
+        );
+    }
+
+    #[test]
+    fn modes_bend_the_policys_rulings_and_never_a_persons() {
+        let config = config(true, StopMode::Halt, true);
+        let free = Standing::free();
+        let within = BudgetStatus::Within;
+        for action in [Action::Halt, Action::Block, Action::Pause] {
+            let r = rule(decided(action), &free, &within, &config, Mode::NudgeOnly);
+            assert_eq!(r.act, Act::Remind(Reminder::Replan), "{action:?}");
+            assert!(!r.shadow);
+        }
+        let r = rule(
+            decided(Action::Nudge),
+            &free,
+            &spent(),
+            &config,
+            Mode::NudgeOnly,
+        );
+        assert_eq!(
+            r.act,
+            Act::Remind(Reminder::Replan),
+            "a spent budget reminds only"
+        );
+        for (action, budget, act) in [
+            (Action::Halt, &within, Act::Halt(Stop::Loop)),
+            (Action::Nudge, &within, Act::Remind(Reminder::Nudge)),
+            (Action::Rollback, &within, Act::RollBack),
+            (Action::Observe, &spent(), Act::Halt(Stop::Budget)),
+        ] {
+            let r = rule(decided(action), &free, budget, &config, Mode::Shadow);
+            assert_eq!((r.act, r.shadow), (act, true), "{action:?}");
+        }
+        let r = rule(
+            decided(Action::Observe),
+            &free,
+            &within,
+            &config,
+            Mode::Shadow,
+        );
+        assert_eq!((r.act, r.shadow), (Act::Forward, false));
+        // An operator's halt holds in every mode.
+        let halted = Standing::Halted {
+            reason: "by hand".into(),
+            stop: Stop::Operator,
+        };
+        for mode in [Mode::Shadow, Mode::NudgeOnly] {
+            let r = rule(decided(Action::Observe), &halted, &within, &config, mode);
+            assert_eq!((r.act, r.shadow), (Act::Halt(Stop::Operator), false));
+        }
     }
 }

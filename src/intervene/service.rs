@@ -12,6 +12,7 @@ use super::controls::{human_messages, Control, Controls, Standing};
 use super::pause::{DecidedBy, FindingInfo, HeldInfo, Pending, Ticket};
 use super::ruling::{self, Act, Ruling, Source, Stop};
 use super::{Applied, Carried, RequestInfo, Verdict, Would};
+use crate::budget::{BudgetStatus, Ledger};
 use crate::detect::{Action, Decision, EngineState, StoreFacts};
 use crate::dialect::ResponseTurn;
 use crate::policy::{Mode, Policy};
@@ -25,6 +26,8 @@ pub struct Interventions {
     pub controls: Controls,
     pub pending: Pending,
     store: Store,
+    /// What each conversation spent, for its policy's budget.
+    ledger: Ledger,
 }
 
 /// What a request is subject to before the engine decides.
@@ -59,7 +62,7 @@ pub struct Acted {
 
 impl Interventions {
     /// Loads the sticky-halt state from the store's database.
-    pub async fn open(store: Store) -> anyhow::Result<Interventions> {
+    pub async fn open(store: Store, ledger: Ledger) -> anyhow::Result<Interventions> {
         let controls = Controls::load(store.clone())
             .await
             .map_err(|e| anyhow::anyhow!("cannot read conversation_controls: {e}"))?;
@@ -67,6 +70,7 @@ impl Interventions {
             controls,
             pending: Pending::default(),
             store,
+            ledger,
         })
     }
 
@@ -140,7 +144,14 @@ impl Interventions {
         req: &RequestInfo<'_>,
         request_id: i64,
     ) -> Acted {
-        let ruling = ruling::rule(decision, &state.standing, policy.intervene(), policy.mode);
+        let budget = self.budget(policy, req);
+        let ruling = ruling::rule(
+            decision,
+            &state.standing,
+            &budget,
+            policy.intervene(),
+            policy.mode,
+        );
         let carried = policy.intervener.carry_out(&ruling, req);
         if carried.applied != Applied::Forwarded {
             self.log_ruling(policy, &ruling, req, Some(request_id), carried.applied);
@@ -153,6 +164,22 @@ impl Interventions {
         Acted {
             decision: ruling.decision,
             carried,
+        }
+    }
+
+    /// Where the conversation stands against its policy's budget. Once a human let it go
+    /// on after a stop (it has a control), a spent cap reminds but no longer stops it.
+    fn budget(&self, policy: &Policy, req: &RequestInfo<'_>) -> BudgetStatus {
+        if policy.budget.is_unlimited() {
+            return BudgetStatus::Within;
+        }
+        let steps = req.transcript.steps.len() as u64;
+        let status = self
+            .ledger
+            .status(&req.conversation, steps, &policy.budget, now_ms());
+        match self.controls.contains(&req.conversation) {
+            true => status.lifted(),
+            false => status,
         }
     }
 
@@ -252,7 +279,13 @@ impl Interventions {
         if decision.action != Action::Block {
             return None;
         }
-        let ruling = ruling::rule(decision, &Standing::free(), policy.intervene(), policy.mode);
+        let ruling = ruling::rule(
+            decision,
+            &Standing::free(),
+            &BudgetStatus::Within,
+            policy.intervene(),
+            policy.mode,
+        );
         if ruling.shadow {
             self.log_ruling(
                 policy,

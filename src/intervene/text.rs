@@ -20,6 +20,11 @@ Your goal: {goal}\n\
 Stop and replan before the next action: write a short summary of what you have tried so \
 far and why it did not work, then pick a different approach from the ones you tried. {suggestion}";
 
+/// Default reminder when a run nears one of its budget's caps (`budget.warn_at`).
+pub const WRAP_UP: &str = "[loopwarden] This run is close to its budget: {reason}. \
+Wrap up now: finish or drop the step you are on, then write a short summary of what is \
+done, what is left and how to check it, and stop.";
+
 /// Default text of a halt reply when the run was going in circles.
 pub const HALT: &str = "[loopwarden] I stopped this run: {reason}. \
 It was going in circles, so a human should look at it before it continues. To resume, send a new message in this \

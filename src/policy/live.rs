@@ -5,7 +5,7 @@
 //! reload: a request reads the set in force with one atomic load.
 //!
 //! Only what a policy holds is reloaded (`[detect]`, `[intervene]`, `[budget]`, `[log]`,
-//! `[[policy]]`); the listener, the upstreams, the store, the caches and the admin token
+//! `[[policy]]`), and the price table (`[prices]`); the listener, the upstreams, the store, the caches and the admin token
 //! need a restart, and a reload that changes them says so.
 
 use std::sync::{Arc, Mutex};
@@ -29,6 +29,8 @@ pub struct Live {
     /// The config file's text as last read (`None`: no file, or not read yet).
     seen: Mutex<Option<String>>,
     last: Mutex<Option<Reload>>,
+    /// What else a valid new config applies (the price table).
+    on_apply: Box<dyn Fn(&Config) + Send + Sync>,
 }
 
 /// What the last reload came to (`GET /admin/api/policies`).
@@ -54,7 +56,11 @@ pub enum Outcome {
 }
 
 impl Live {
-    pub fn new(set: PolicySet, started: Config) -> Live {
+    pub fn new(
+        set: PolicySet,
+        started: Config,
+        on_apply: Box<dyn Fn(&Config) + Send + Sync>,
+    ) -> Live {
         let seen = started
             .source
             .as_ref()
@@ -64,6 +70,7 @@ impl Live {
             started,
             seen: Mutex::new(seen),
             last: Mutex::new(None),
+            on_apply,
         }
     }
 
@@ -111,6 +118,7 @@ impl Live {
             Ok((config, set)) => {
                 set.keep_counts(&self.current());
                 self.current.store(Arc::new(set));
+                (self.on_apply)(&config);
                 let needs_restart = self.needs_restart(&config);
                 self.report(trigger, Ok(needs_restart))
             }

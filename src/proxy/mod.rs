@@ -170,17 +170,21 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let addr = listener.local_addr()?;
     let (spread, handed) = spread::Spread::new(threads);
     let idle = Duration::from_secs(config.cache.idle_secs);
-    let interventions = crate::intervene::service::Interventions::open(store.clone()).await?;
+    let ledger = crate::budget::Ledger::new(config.prices.clone());
+    let restored = ledger.restore_from(&store, crate::store::now_ms()).await?;
+    tracing::debug!(conversations = restored, "spend restored from the log");
+    let interventions =
+        crate::intervene::service::Interventions::open(store.clone(), ledger.clone()).await?;
+    let prices = ledger.clone();
     let policies = Arc::new(crate::policy::live::Live::new(
         crate::policy::PolicySet::of(&config)?,
         config.clone(),
+        // The price table is the one setting outside the policies that a reload applies.
+        Box::new(move |config: &Config| prices.set_prices(config.prices.clone())),
     ));
     if config.source.is_some() {
         crate::policy::live::watch(Arc::downgrade(&policies));
     }
-    let ledger = crate::budget::Ledger::new(config.prices.clone());
-    let restored = ledger.restore_from(&store, crate::store::now_ms()).await?;
-    tracing::debug!(conversations = restored, "spend restored from the log");
     let app = Arc::new(App {
         ledger,
         interventions,
