@@ -245,7 +245,11 @@ async fn a_sigterm_right_after_the_listening_line_is_a_clean_stop() {
 async fn a_sighup_reloads_the_config_and_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("loopwarden.toml");
-    std::fs::write(&config, "[[policy]]\nname = \"ci\"\nmatch = { team = \"ci\" }\n").unwrap();
+    std::fs::write(
+        &config,
+        "[[policy]]\nname = \"ci\"\nmatch = { team = \"ci\" }\n",
+    )
+    .unwrap();
     let db = format!("sqlite://{}", dir.path().join("log.db").display());
     let config_arg = config.display().to_string();
     let served = Served::start(&["--db", &db, "--config", &config_arg], &[]).await;

@@ -190,3 +190,184 @@ impl PolicySet {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detect::config::Response;
+
+    fn set(toml: &str) -> Result<PolicySet, String> {
+        let config: Config = toml::from_str(toml).map_err(|e| e.to_string())?;
+        PolicySet::of(&config).map_err(|e| e.to_string())
+    }
+
+    fn traffic(team: Option<&str>, user_agent: &str, model: Option<&str>) -> Traffic<'static> {
+        let user_agent: &'static str = Box::leak(user_agent.to_string().into_boxed_str());
+        Traffic {
+            team: team.map(|t| &*Box::leak(t.to_string().into_boxed_str())),
+            key_id: None,
+            client: Client::of(user_agent),
+            user_agent,
+            model: model.map(|m| &*Box::leak(m.to_string().into_boxed_str())),
+            api: Some(crate::dialect::Dialect::Anthropic),
+        }
+    }
+
+    const TEAMS: &str = r#"
+        [detect.thresholds]
+        fail_loop_runs = 4
+
+        [[policy]]
+        name = "strict"
+        [policy.detect.thresholds]
+        read_loop_reads = 2
+        [policy.budget]
+        dollars = 5.0
+
+        [[policy]]
+        name = "ci"
+        inherit = "strict"
+        mode = "enforce"
+        match = { team = "ci" }
+        [policy.detect.patterns.fail_loop]
+        response = "halt"
+
+        [[policy]]
+        name = "devs"
+        mode = "nudge-only"
+        match = { client = ["claude-code", "codex"] }
+
+        [[policy]]
+        name = "sonnet-ci"
+        match = { team = "ci", model = "claude-sonnet-*" }
+
+        [[policy]]
+        name = "default"
+        mode = "shadow"
+    "#;
+
+    #[test]
+    fn settings_merge_defaults_global_inherited_own() {
+        let set = set(TEAMS).unwrap();
+        let ci = set.named("ci").unwrap();
+        let t = &ci.detect().thresholds;
+        // Global, inherited, default: each key from the strongest level that sets it.
+        assert_eq!(t.fail_loop_runs, 4);
+        assert_eq!(t.read_loop_reads, 2);
+        assert_eq!(
+            t.edit_revert_returns,
+            DetectConfig::default().thresholds.edit_revert_returns
+        );
+        assert_eq!(ci.detect().policy("fail_loop").response, Response::Halt);
+        assert_eq!(ci.budget.dollars, 5.0, "inherited");
+        assert_eq!(ci.mode, Mode::Enforce);
+        let devs = set.named("devs").unwrap();
+        assert_eq!(devs.detect().thresholds.read_loop_reads, 3, "not inherited");
+        assert_eq!(devs.detect().thresholds.fail_loop_runs, 4, "global");
+        assert_eq!(set.named("default").unwrap().mode, Mode::Shadow);
+    }
+
+    #[test]
+    fn the_first_match_in_file_order_wins_and_the_rest_falls_to_default() {
+        let set = set(TEAMS).unwrap();
+        let pick = |t: Traffic<'static>| set.select(&t).name.to_string();
+        assert_eq!(pick(traffic(Some("ci"), "curl/8", None)), "ci");
+        // Matches `sonnet-ci` too, but `ci` comes first.
+        assert_eq!(
+            pick(traffic(
+                Some("ci"),
+                "claude-cli/2.1",
+                Some("claude-sonnet-4-5")
+            )),
+            "ci"
+        );
+        assert_eq!(
+            pick(traffic(
+                None,
+                "claude-cli/2.1.330 (external, sdk-cli)",
+                None
+            )),
+            "devs"
+        );
+        assert_eq!(
+            pick(traffic(Some("web"), "codex_exec/0.169.0", None)),
+            "devs"
+        );
+        assert_eq!(pick(traffic(Some("web"), "opencode/1.18", None)), "default");
+        // `strict` has no match: a base only.
+        assert_eq!(pick(traffic(None, "curl/8", None)), "default");
+        assert_eq!(set.named("ci").unwrap().matched(), 2);
+        assert_eq!(set.named("strict").unwrap().matched(), 0);
+    }
+
+    #[test]
+    fn key_model_and_api_selectors() {
+        let key = key_id::of("sk-team-b-0123");
+        let set = set(&format!(
+            r#"
+            [[policy]]
+            name = "team-b"
+            match = {{ key_id = "{key}" }}
+            [[policy]]
+            name = "gemini-flash"
+            match = {{ api = "gemini", model = "gemini-*-flash*" }}
+            "#
+        ))
+        .unwrap();
+        assert!(set.needs_key_id());
+        let mut t = traffic(None, "x", None);
+        t.key_id = Some(key.clone());
+        assert_eq!(&*set.select(&t).name, "team-b");
+        t.key_id = Some(key_id::of("sk-other"));
+        assert_eq!(&*set.select(&t).name, "default");
+        let mut t = traffic(None, "x", Some("gemini-2.5-flash"));
+        assert_eq!(&*set.select(&t).name, "default", "the API is anthropic");
+        t.api = Some(crate::dialect::Dialect::Gemini);
+        assert_eq!(&*set.select(&t).name, "gemini-flash");
+    }
+
+    #[test]
+    fn mistakes_are_errors_that_name_the_policy_and_the_key() {
+        let cases = [
+            (
+                "[[policy]]\nname = \"a\"\nmatch = { team = \"x\" }\n[policy.detect.thresholds]\nread_loop_read = 2\n",
+                &["\"a\"", "read_loop_read", "read_loop_reads"][..],
+            ),
+            (
+                "[[policy]]\nname = \"a\"\nmatch = { team = \"x\" }\n[policy.detect.patterns.read-loop]\nresponse = \"off\"\n",
+                &["\"a\"", "read-loop", "read_loop"],
+            ),
+            ("[[policy]]\nname = \"a\"\ninherit = \"b\"\n", &["inherit", "\"b\""]),
+            (
+                "[[policy]]\nname = \"a\"\ninherit = \"b\"\n[[policy]]\nname = \"b\"\ninherit = \"a\"\n",
+                &["itself"],
+            ),
+            ("[[policy]]\nname = \"default\"\nmatch = { team = \"x\" }\n", &["default", "match"]),
+            ("[[policy]]\nname = \"a\"\n[[policy]]\nname = \"a\"\n", &["two policies"]),
+            ("[[policy]]\nname = \"a\"\nmatch = { client = \"cursor\" }\n", &["match.client", "claude-code"]),
+            ("[[policy]]\nname = \"a\"\nmatch = { key_id = \"sk-live-123\" }\n", &["match.key_id"]),
+            ("[[policy]]\nname = \"a\"\nmode = \"log-only\"\n", &["log-only", "shadow"]),
+            ("[[policy]]\nname = \"a\"\nmatch = { teams = \"x\" }\n", &["teams"]),
+            ("[[policy]]\nname = \"a\"\n[policy.budget]\nwarn_at = 2.0\n", &["budget.warn_at"]),
+        ];
+        for (toml, words) in cases {
+            let e = set(toml).unwrap_err();
+            for w in words {
+                assert!(e.contains(w), "{toml}\n=> {e}\n(missing {w})");
+            }
+        }
+    }
+
+    #[test]
+    fn without_policies_the_global_tables_are_the_default() {
+        let mut config = Config::default();
+        config.detect.thresholds.fail_loop_runs = 7;
+        config.intervene.block = false;
+        let set = PolicySet::of(&config).unwrap();
+        let names: Vec<&str> = set.iter().map(|p| &*p.name).collect();
+        assert_eq!(names, ["default"]);
+        let default = set.named("default").unwrap();
+        assert_eq!(default.detect(), &config.detect);
+        assert_eq!(default.intervene(), &config.intervene);
+    }
+}
