@@ -1,6 +1,10 @@
 //! Policies over real HTTP: which policy a request falls under (team in the base URL or a
 //! header, API key, client, model, API; first match in file order; default), what each mode
 //! does to a looping conversation, budgets crossed in each API, and reloads under load.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests start their servers as they like"
+)]
 
 mod intervene_support;
 mod proxy_support;
@@ -101,7 +105,9 @@ async fn each_request_falls_under_the_first_policy_that_matches_and_says_so() {
         b["model"] = json!("gpt-5.5-mini");
         b
     };
-    let cases: Vec<(&str, Vec<(&'static str, String)>, Value, &str)> = vec![
+    // (path, headers, body, the policy it falls under)
+    type Case = (&'static str, Vec<(&'static str, String)>, Value, &'static str);
+    let cases: Vec<Case> = vec![
         ("/t/ci/v1/chat/completions", vec![], body.clone(), "ci"),
         // The team prefix combines with the conversation and upstream prefixes.
         (
