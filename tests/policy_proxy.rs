@@ -106,7 +106,12 @@ async fn each_request_falls_under_the_first_policy_that_matches_and_says_so() {
         b
     };
     // (path, headers, body, the policy it falls under)
-    type Case = (&'static str, Vec<(&'static str, String)>, Value, &'static str);
+    type Case = (
+        &'static str,
+        Vec<(&'static str, String)>,
+        Value,
+        &'static str,
+    );
     let cases: Vec<Case> = vec![
         ("/t/ci/v1/chat/completions", vec![], body.clone(), "ci"),
         // The team prefix combines with the conversation and upstream prefixes.
@@ -330,6 +335,36 @@ async fn shadow_passes_every_byte_and_logs_what_enforce_would_do() {
             }
         }
     }
+}
+
+/// Two teams whose agents run the same task with the same system prompt (and state no
+/// conversation id) are two conversations: a halt of one is not the other's.
+#[tokio::test]
+async fn two_teams_with_the_same_task_are_two_conversations() {
+    let dialect = Dialect::Anthropic;
+    let mock = MockServer::start(looping_script(dialect)).await.unwrap();
+    let (proxy, _dir) = start(&teams("k"), &mock.url()).await;
+    let body = loop_body(dialect, first_k(dialect, Action::Halt), false, None).to_string();
+    let post = |team: &str| {
+        client()
+            .post(format!("{}/t/{team}/v1/messages", proxy.url()))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+    };
+    let ci = post("ci").await.unwrap();
+    assert_eq!(header(&ci, "x-loopwarden-decision"), "halt");
+    let ci_id = header(&ci, "x-loopwarden-conversation");
+    assert!(ci_id.starts_with("ci:h-"), "{ci_id}");
+    let dev = post("dev").await.unwrap();
+    let dev_id = header(&dev, "x-loopwarden-conversation");
+    assert_eq!(dev_id, ci_id.replacen("ci:", "dev:", 1));
+    let (_, calls, _) = read_answer(dialect, false, &dev.bytes().await.unwrap());
+    assert!(
+        !calls.is_empty(),
+        "the dev team's run is not under ci's halt"
+    );
+    assert_eq!(mock.requests().len(), 1);
 }
 
 /// Under nudge-only the loop gets reminders, the strongest where enforce would stop, and

@@ -457,6 +457,7 @@ impl Proxy {
             headers,
             body: &body,
             stated,
+            team: None,
             earlier,
         };
         let analysis = self.analyser.analyse(

@@ -72,10 +72,12 @@ impl<'a> Traffic<'a> {
         api: Option<Dialect>,
         with_key_id: bool,
     ) -> Traffic<'a> {
-        let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
-        let user_agent = header(http::header::USER_AGENT.as_str()).unwrap_or("");
+        let user_agent = headers
+            .get(http::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
         Traffic {
-            team: team_prefix.or_else(|| header(TEAM_HEADER).map(str::trim)),
+            team: team_of(headers, team_prefix),
             key_id: with_key_id
                 .then(|| super::key_id::key_of(headers, query).map(super::key_id::of))
                 .flatten(),
@@ -85,6 +87,16 @@ impl<'a> Traffic<'a> {
             api,
         }
     }
+}
+
+/// The team a request names: its `/t/{team}` prefix, else its `x-loopwarden-team` header.
+pub fn team_of<'a>(headers: &'a http::HeaderMap, team_prefix: Option<&'a str>) -> Option<&'a str> {
+    team_prefix.or_else(|| {
+        headers
+            .get(TEAM_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    })
 }
 
 /// The clients loopwarden knows by their `user-agent` (CLIENTS.md).

@@ -49,6 +49,9 @@ pub struct Arrival<'a> {
     pub headers: &'a HeaderMap,
     pub body: &'a RequestBytes,
     pub stated: Option<Identity>,
+    /// The team the request names (`/t/{team}`, `x-loopwarden-team`): the namespace of the
+    /// identities the proxy derives ([`Identity::in_team`]).
+    pub team: Option<&'a str>,
     pub earlier: BodyComparison<'a>,
 }
 
@@ -112,9 +115,10 @@ impl Analyser {
             headers,
             body,
             stated,
+            team,
             earlier,
         } = arrival;
-        let fallback = || identity::fallback(headers, route.path);
+        let fallback = || identity::fallback(headers, route.path).in_team(team);
         let path_model = Dialect::model_from_path(route.path);
         let unread =
             |policy: Arc<Policy>, stated: Option<Identity>, dialect, parse, parse_error| Analysis {
@@ -183,7 +187,10 @@ impl Analyser {
             Some(_) => None,
             None => head.or_else(|| identity::from_head(&transcript)),
         };
-        let identity = stated.or_else(|| head.clone()).unwrap_or_else(fallback);
+        let identity = match stated {
+            Some(stated) => stated,
+            None => head.clone().map_or_else(fallback, |h| h.in_team(team)),
+        };
         let model = model.or_else(|| path_model.map(str::to_string));
         let policy = policy(model.as_deref());
         let conversation = standing(&policy, &identity.id, &transcript);

@@ -104,6 +104,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         headers: &parts.headers,
         body: &body,
         stated,
+        team: traffic.team,
         earlier,
     };
     let mut analysis = app
@@ -203,7 +204,8 @@ fn refuse(
     started_ms: i64,
 ) -> Response {
     let response = errors::refused(route.upstream, refusal);
-    let id = stated.unwrap_or_else(|| identity::fallback(&parts.headers, route.path));
+    let team = crate::policy::select::team_of(&parts.headers, route.team);
+    let id = stated.unwrap_or_else(|| identity::fallback(&parts.headers, route.path).in_team(team));
     let parse = match route.dialect {
         Some(_) => ParseStatus::Unparsed,
         None => ParseStatus::NotConversation,

@@ -116,6 +116,28 @@ pub fn from_head(transcript: &Transcript) -> Option<Identity> {
     })
 }
 
+impl Identity {
+    /// The identity within `team`'s namespace (the team a policy matches on): one the
+    /// proxy derived (a head hash, the fallback) gets the team in front, so that two teams
+    /// running the same task with the same system prompt are two conversations, each with
+    /// its own halts and budget. An id the client stated is its own and unique already.
+    pub fn in_team(self, team: Option<&str>) -> Identity {
+        let Some(team) = team.filter(|t| !t.is_empty()) else {
+            return self;
+        };
+        match self.source {
+            IdSource::Header(_) | IdSource::Path => self,
+            IdSource::HeadHash | IdSource::Fallback => {
+                let team = make(team, self.source).id;
+                Identity {
+                    id: format!("{team}:{}", self.id),
+                    source: self.source,
+                }
+            }
+        }
+    }
+}
+
 /// Last resort for a request with no id and no readable history: one bucket per client
 /// and endpoint, so such requests are at least grouped, not lost.
 pub fn fallback(headers: &HeaderMap, path: &str) -> Identity {

@@ -306,6 +306,7 @@ impl<'a> Requests<'a> {
             headers: &self.headers,
             body,
             stated: Some(self.conversation.clone()),
+            team: None,
             earlier,
         };
         let analysis = analyser.analyse(

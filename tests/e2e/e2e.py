@@ -9,6 +9,9 @@ Scenarios, per client:
            client finishes normally and loopwarden changes nothing.
   loop     the model loops (same failing test, same read, an edit and its revert): loopwarden
            nudges, then halts, and the client stops by itself with the halt as its last word.
+  teams    the loop twice through one loopwarden with two policies: under /t/ci (enforce)
+           the client is halted; under /t/dev (shadow) it runs to the script's end untouched,
+           and the log tells the two apart.
 
 Usage: tests/e2e/run.sh [--clients claude,codex,...] [--scenarios control,loop] [--direct]
 Prints one line per check and ends with `N passed, N failed`.
@@ -76,7 +79,19 @@ def loop_script(client, repo):
     return {"turns": turns, "end_text": UNHALTED, "side_text": SIDE_TEXT, "side_rules": SIDE_RULES}
 
 
-SCENARIOS = {"control": control_script, "loop": loop_script}
+SCENARIOS = {"control": control_script, "loop": loop_script, "teams": loop_script}
+
+# The policies of the `teams` scenario: one team enforced, one in shadow.
+TEAMS_CONFIG = '''
+[[policy]]
+name = "ci"
+match = { team = "ci" }
+
+[[policy]]
+name = "dev"
+mode = "shadow"
+match = { team = "dev" }
+'''
 
 
 # ------------------------------------------------------------------------------ reporting
@@ -153,12 +168,15 @@ def start_mock(binary, script_path, capture, log):
     return proc, int(m.group(1))
 
 
-def start_serve(binary, mock_port, db, log):
+def start_serve(binary, mock_port, db, log, config=None):
     port = free_port()
     upstream = f"http://127.0.0.1:{mock_port}"
     env = dict(os.environ, LOOPWARDEN_OPENAI_BASE_URL=upstream, LOOPWARDEN_ANTHROPIC_BASE_URL=upstream,
                LOOPWARDEN_GEMINI_BASE_URL=upstream, RUST_LOG=os.environ.get("RUST_LOG", "info"))
-    proc = Proc([binary, "serve", "--listen", f"127.0.0.1:{port}", "--db", f"sqlite://{db}"], log, env=env)
+    argv = [binary, "serve", "--listen", f"127.0.0.1:{port}", "--db", f"sqlite://{db}"]
+    if config:
+        argv += ["--config", str(config)]
+    proc = Proc(argv, log, env=env)
     if not wait_for_port(port, proc):
         proc.stop()
         raise RuntimeError(f"loopwarden serve did not start, see {log}")
@@ -257,6 +275,8 @@ def query(db, sql):
 # ------------------------------------------------------------------------------ one run
 
 def run_one(client, scenario, args, report):
+    if scenario == "teams":
+        return run_teams(client, args, report)
     label = f"{client.name}/{scenario}"
     run_dir = Path(args.out) / client.name / scenario
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
@@ -407,6 +427,78 @@ def check_loop(label, repo, client, script, stdout, run_dir, last, exchanges, mo
     halted = any(a in ("halt", "block") and how != "forwarded" for a, how in rows) if ok else False
     report.check(f"{label} log holds the applied nudge (or replan/rollback) and halt", nudged and halted,
                  f"decisions {short(applied, 160)}" if ok else rows)
+
+
+def run_teams(client, args, report):
+    """The looping script twice through one loopwarden: the `ci` team's run under an
+    enforcing policy, the `dev` team's under a shadow one."""
+    label = f"{client.name}/teams"
+    run_dir = Path(args.out) / client.name / "teams"
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    run_dir.mkdir(parents=True)
+    if args.direct:
+        report.skip(label, "--direct: no loopwarden in the path")
+        return
+    # One repository, made afresh for each team's run, and one script for both: the mock
+    # answers by the turns in each request's history.
+    repo = Path(args.out) / "repos" / f"{client.name}-teams"
+    script = loop_script(client, repo)
+    script_path = run_dir / "script.json"
+    script_path.write_text(json.dumps(script, indent=1))
+    config = run_dir / "loopwarden.toml"
+    config.write_text(TEAMS_CONFIG)
+    capture, db = run_dir / "mock.jsonl", run_dir / "loopwarden.db"
+    runs = {}
+    procs = []
+    try:
+        mock, mock_port = start_mock(args.binary, script_path, capture, run_dir / "mock.log")
+        procs.append(mock)
+        serve, port = start_serve(args.binary, mock_port, db, run_dir / "serve.log", config)
+        procs.append(serve)
+        for team in ("ci", "dev"):
+            C.make_repo(repo)
+            team_dir = run_dir / team
+            team_dir.mkdir()
+            with Tap(port) as tap:
+                rc, stdout = run_client(client, repo, team_dir, f"{tap.url}/t/{team}")
+                runs[team] = (rc, stdout, list(tap.exchanges), client.last_message(stdout, team_dir))
+    except RuntimeError as e:
+        report.check(f"{label} setup", False, str(e))
+        return
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    mock_recs = read_capture(capture)
+    for team, (rc, _, exchanges, last) in runs.items():
+        print(f"---- {label}/{team}: exit {rc}, {len(exchanges)} client requests, "
+              f"last message: {short(last)!r}  ({run_dir / team})", flush=True)
+        report.check(f"{label}/{team} client exit status 0", rc == 0, f"got {rc}")
+    _, _, ci, ci_last = runs["ci"]
+    _, _, dev, dev_last = runs["dev"]
+    halts = [i for i, ex in enumerate(ci) if b"[loopwarden]" in ex.response]
+    report.check(f"{label}/ci halted", bool(halts) and "loopwarden" in ci_last.lower(), repr(short(ci_last)))
+    report.check(f"{label}/dev got no word of loopwarden",
+                 not any(b"[loopwarden]" in ex.response for ex in dev), f"{len(dev)} answers")
+    report.check(f"{label}/dev ran to the end of the script", UNHALTED in dev_last, repr(short(dev_last)))
+    received = {r["sha256"] for r in mock_recs}
+    report.check(f"{label}/dev every request reached the mock byte for byte",
+                 all(ex.sha256 in received for ex in dev),
+                 f"{sum(1 for ex in dev if ex.sha256 not in received)} of {len(dev)} differ")
+    report.check(f"{label}/dev answers carry no decision",
+                 all(ex.decision is None for ex in dev), f"{sorted({str(ex.decision) for ex in dev})}")
+    rows = query(db, "select policy, applied from interventions where policy is not null")
+    ok = isinstance(rows, list)
+    by_policy = {}
+    for policy, applied in rows if ok else []:
+        by_policy.setdefault(policy, set()).add(applied)
+    report.check(f"{label} log: ci's interventions applied, dev's only would-be",
+                 ok and "halted" in by_policy.get("ci", set())
+                 and by_policy.get("dev") and all(a.startswith("would_") for a in by_policy["dev"])
+                 and "would_halt" in by_policy["dev"],
+                 f"{ {k: sorted(v) for k, v in by_policy.items()} }" if ok else rows)
+    policies = query(db, "select distinct policy from requests order by policy")
+    report.check(f"{label} log: every request names its team's policy",
+                 policies == [("ci",), ("dev",)], f"{policies}")
 
 
 # ------------------------------------------------------------------------------ main
