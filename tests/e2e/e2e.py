@@ -479,7 +479,13 @@ def run_teams(client, args, report):
     report.check(f"{label}/ci halted", bool(halts) and "loopwarden" in ci_last.lower(), repr(short(ci_last)))
     report.check(f"{label}/dev got no word of loopwarden",
                  not any(b"[loopwarden]" in ex.response for ex in dev), f"{len(dev)} answers")
-    report.check(f"{label}/dev ran to the end of the script", UNHALTED in dev_last, repr(short(dev_last)))
+    dev_bodies = {ex.sha256 for ex in dev}
+    dev_turns = [r["turn"] for r in mock_recs if r["sha256"] in dev_bodies and r.get("answer") == "turn"]
+    n_turns = len(script["turns"])
+    # Its client read every scripted turn (mini-swe-agent then asks again: it ends on a
+    # command of its own, which the script never sends).
+    report.check(f"{label}/dev ran to the end of the script", max(dev_turns, default=-1) >= n_turns - 1,
+                 f"last turn {max(dev_turns, default=None)} of {n_turns}; last message {short(dev_last)!r}")
     received = {r["sha256"] for r in mock_recs}
     report.check(f"{label}/dev every request reached the mock byte for byte",
                  all(ex.sha256 in received for ex in dev),
