@@ -26,7 +26,8 @@
 #   building this checkout's), PGO=1 (measure scripts/build_pgo.sh's build, made first),
 #   IDLE=0 (skip the idle-conversation memory check, scripts/idle_memory.py), IDLE_WAVES (12),
 #   DRIVER (a load driver already built), MOCK_BIN (the binary whose `mock` is the upstream;
-#   default BIN).
+#   default BIN). PEERS may add `policies`: loopwarden again, with the ten policies of
+#   scripts/bench_policies.toml (POLICIES to name another file), on LW_PORT + 1.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -117,16 +118,22 @@ EOF
       STARTED+=("${PID[nginx]}")
       URL[nginx]=http://127.0.0.1:$NGINX_PORT
       wait_healthy "$NGINX_PORT" 50 0.1 / || { say "nginx did not start"; continue; } ;;
-    loopwarden)
-      rm -f "$DB" "$DB-wal" "$DB-shm"
-      # Default config: detection on, logging on. RUST_LOG=warn: what a production deployment runs.
+    loopwarden | policies)
+      port=$LW_PORT db=$DB config=()
+      if [ "$peer" = policies ]; then
+        port=$((LW_PORT + 1)) db=${DB%.db}-policies.db
+        config=(--config "${POLICIES:-$ROOT/scripts/bench_policies.toml}")
+      fi
+      rm -f "$db" "$db-wal" "$db-shm"
+      # Default config (or the ten policies): detection on, logging on. RUST_LOG=warn: what
+      # a production deployment runs.
       # shellcheck disable=SC2046
       env $(upstream_env "http://127.0.0.1:$MOCK_PORT") RUST_LOG=${RUST_LOG:-warn} \
-        "$BIN" serve --listen "127.0.0.1:$LW_PORT" --db "sqlite://$DB" >"$OUT/loopwarden.log" 2>&1 &
-      PID[loopwarden]=$!
-      STARTED+=("${PID[loopwarden]}")
-      URL[loopwarden]=http://127.0.0.1:$LW_PORT
-      wait_healthy "$LW_PORT" || { say "loopwarden did not start: $(tail -3 "$OUT/loopwarden.log")"; exit 1; } ;;
+        "$BIN" serve --listen "127.0.0.1:$port" --db "sqlite://$db" "${config[@]}" >"$OUT/$peer.log" 2>&1 &
+      PID[$peer]=$!
+      STARTED+=("${PID[$peer]}")
+      URL[$peer]=http://127.0.0.1:$port
+      wait_healthy "$port" || { say "$peer did not start: $(tail -3 "$OUT/$peer.log")"; exit 1; } ;;
     *) say "unknown peer $peer"; exit 2 ;;
   esac
   ACTIVE+=("$peer")
@@ -181,6 +188,10 @@ echo
 python3 "$ROOT/scripts/bench_summary.py" "$OUT" | tee "$OUT/summary.md"
 echo
 python3 "$ROOT/scripts/bench_ratios.py" "$OUT" "$DB" | tee "$OUT/ratios.md"
+if [[ " ${ACTIVE[*]} " == *" policies "* ]]; then
+  echo
+  OURS=policies python3 "$ROOT/scripts/bench_ratios.py" "$OUT" "${DB%.db}-policies.db" | tee "$OUT/ratios-policies.md"
+fi
 if [ "${IDLE:-1}" = 1 ]; then
   echo
   echo "### Memory kept per idle conversation"

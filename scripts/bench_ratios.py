@@ -16,7 +16,8 @@ import os
 import sqlite3
 import sys
 
-OURS, REF, DIRECT = "loopwarden", "nginx", "direct"
+# OURS: the peer measured against nginx (`policies`: loopwarden with ten policies).
+OURS, REF, DIRECT = os.environ.get("OURS", "loopwarden"), "nginx", "direct"
 
 
 def load_summary(run):
