@@ -232,7 +232,6 @@ pub enum Would {
     RollBack,
     Halt,
     Hold,
-    Block,
 }
 
 impl Applied {
@@ -253,7 +252,6 @@ impl Applied {
             Applied::Would(Would::RollBack) => "would_roll_back",
             Applied::Would(Would::Halt) => "would_halt",
             Applied::Would(Would::Hold) => "would_hold",
-            Applied::Would(Would::Block) => "would_block",
         }
     }
 }

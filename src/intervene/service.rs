@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::controls::{human_messages, Control, Controls, Standing};
 use super::pause::{DecidedBy, FindingInfo, HeldInfo, Pending, Ticket};
 use super::ruling::{self, Act, Ruling, Source, Stop};
-use super::{Applied, Carried, RequestInfo, Verdict, Would};
+use super::{Applied, Carried, RequestInfo, Verdict};
 use crate::budget::{BudgetStatus, Ledger};
 use crate::detect::{Action, Decision, EngineState, StoreFacts};
 use crate::dialect::ResponseTurn;
@@ -287,13 +287,7 @@ impl Interventions {
             policy.mode,
         );
         if ruling.shadow {
-            self.log_ruling(
-                policy,
-                &ruling,
-                req,
-                Some(request_id),
-                Applied::Would(Would::Block),
-            );
+            // Not reached: a shadow policy is never armed. Were it, it would block nothing.
             return None;
         }
         match ruling.act {
