@@ -4,34 +4,53 @@
 //! model ids use `[`/`]` nowhere, and a pattern a reader must decode is a pattern misread.
 
 /// Whether `text` matches `pattern` as a whole.
+///
+/// Walks the UTF-8 bytes (every request's policy is chosen with these, so nothing is
+/// allocated): `*` and `?` are ASCII and so never part of another character's encoding, a
+/// literal character matches exactly when its bytes do, and `?` steps over one whole
+/// character. The greedy walk keeps one backtrack point (the last `*`): never worse than
+/// pattern × text, so a hostile model name costs no more than that.
 pub fn matches(pattern: &str, text: &str) -> bool {
-    let pattern: Vec<char> = pattern.chars().collect();
-    let text: Vec<char> = text.chars().collect();
-    // The classic greedy walk with one backtrack point (the last `*`): linear in practice,
-    // and never worse than pattern × text, so a hostile model name costs no more than that.
+    let (pattern, text) = (pattern.as_bytes(), text.as_bytes());
     let (mut p, mut t) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while t < text.len() {
         match pattern.get(p) {
-            Some('*') => {
+            Some(b'*') => {
                 star = Some((p, t));
                 p += 1;
             }
-            Some(&c) if c == '?' || c == text[t] => {
+            Some(b'?') => {
+                p += 1;
+                t += char_len(text[t]);
+            }
+            Some(&c) if c == text[t] => {
                 p += 1;
                 t += 1;
             }
             _ => match star {
                 Some((sp, st)) => {
+                    // The star takes one more character and the rest is tried again.
+                    let st = st + char_len(text[st]);
+                    star = Some((sp, st));
                     p = sp + 1;
-                    t = st + 1;
-                    star = Some((sp, st + 1));
+                    t = st;
                 }
                 None => return false,
             },
         }
     }
-    pattern[p..].iter().all(|&c| c == '*')
+    pattern[p.min(pattern.len())..].iter().all(|&c| c == b'*')
+}
+
+/// Bytes of the UTF-8 character that starts with `first`.
+fn char_len(first: u8) -> usize {
+    match first {
+        0xF0.. => 4,
+        0xE0.. => 3,
+        0xC0.. => 2,
+        _ => 1,
+    }
 }
 
 #[cfg(test)]
@@ -54,5 +73,15 @@ mod tests {
         assert!(!matches("a*b", "aXbY"));
         assert!(matches("", ""));
         assert!(!matches("", "x"));
+    }
+
+    #[test]
+    fn a_question_mark_is_one_character_whatever_its_bytes() {
+        assert!(matches("t?am", "téam"));
+        assert!(matches("équipe-?", "équipe-ü"));
+        assert!(!matches("t?m", "téam"));
+        assert!(matches("*é", "caféé"));
+        assert!(matches("*?", "é"));
+        assert!(!matches("??", "é"));
     }
 }

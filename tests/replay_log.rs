@@ -281,3 +281,70 @@ async fn credentials_in_tool_calls_and_results_are_masked_in_the_stored_content(
         vec!["Fix the deploy script; the key is [redacted]".to_string()]
     );
 }
+
+/// Policies of the replay below: `ci` for the team's traffic, the rest `default`.
+const TEAMS: &str = r#"
+[[policy]]
+name = "ci"
+match = { team = "ci" }
+"#;
+
+/// Each conversation is replayed under its own policy as each file resolves it: a
+/// candidate that changes only `ci`'s thresholds changes only `ci`'s conversation, and
+/// `--policy` picks conversations by the policy they were logged under.
+#[tokio::test]
+async fn each_conversation_is_replayed_under_the_policy_it_was_logged_under() {
+    let setup = Setup::start(looping_script(DIALECT), |c| {
+        let teams: loopwarden::config::Config = toml::from_str(TEAMS).unwrap();
+        c.policies = teams.policies;
+        c.log.content = true;
+        c.detect.enabled = false;
+    })
+    .await;
+    for (team, id) in [("ci", "ci-loop"), ("qa", "qa-loop")] {
+        for k in 0..REQUESTS {
+            let body = loop_body(DIALECT, k, false, None);
+            let path = format!("/t/{team}{}", path(DIALECT, id, false));
+            assert!(setup.post(&path, &body).await.status().is_success());
+        }
+    }
+    setup.proxy.flush_log().await;
+    let dir = setup.dir.path();
+    let current = write(dir, "current.toml", TEAMS);
+    let candidate = write(
+        dir,
+        "candidate.toml",
+        &format!("{TEAMS}[policy.detect.thresholds]\nfail_loop_runs = 2\n"),
+    );
+    let url = format!("sqlite://{}", db(&setup).display());
+    let run = |extra: &[&str]| {
+        let mut args: Vec<&std::ffi::OsStr> = vec![
+            "--db".as_ref(),
+            url.as_ref(),
+            "--config".as_ref(),
+            current.as_ref(),
+            "--candidate".as_ref(),
+            candidate.as_ref(),
+        ];
+        args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
+        let (ok, out, err) = replay(&args);
+        assert!(ok, "{err}");
+        out
+    };
+    let all = run(&[]);
+    assert!(all.contains("conversation ci-loop (policy ci"), "{all}");
+    assert!(
+        all.contains("conversation qa-loop (policy default") || !all.contains("qa-loop"),
+        "{all}"
+    );
+    let ci_part = all.split("conversation ci-loop").nth(1).unwrap();
+    assert!(ci_part.contains("step "), "ci's decisions change: {all}");
+    // Only ci's thresholds changed: qa's conversation has no changed step.
+    if let Some(qa_part) = all.split("conversation qa-loop").nth(1) {
+        let qa_part = qa_part.split("conversation ").next().unwrap();
+        assert!(!qa_part.contains("step "), "{all}");
+    }
+    let default_only = run(&["--policy", "default"]);
+    assert!(!default_only.contains("ci-loop"), "{default_only}");
+    assert!(!default_only.contains(" -> "), "{default_only}");
+}
