@@ -37,6 +37,16 @@ pub struct Config {
     /// The file this was loaded from: what a reload reads again (`crate::policy::live`).
     #[serde(skip)]
     pub source: Option<std::path::PathBuf>,
+    /// The `serve` flags applied over the file (a reload applies them again).
+    #[serde(skip)]
+    pub flags: Flags,
+}
+
+/// The `serve` flags that set a key (they win over the file and the environment).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Flags {
+    pub listen: Option<String>,
+    pub db: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -167,6 +177,7 @@ impl Default for Config {
             log: Default::default(),
             policies: Vec::new(),
             source: None,
+            flags: Flags::default(),
         }
     }
 }
@@ -274,6 +285,10 @@ impl Config {
         listen: Option<String>,
         db: Option<String>,
     ) -> Result<Config, ConfigError> {
+        self.flags = Flags {
+            listen: listen.clone(),
+            db: db.clone(),
+        };
         let mut from_flag = Vec::new();
         if let Some(listen) = listen {
             self.set("server.listen", listen);

@@ -282,6 +282,8 @@ async fn a_sighup_reloads_the_config_and_keeps_serving() {
     }
     assert_eq!(last["trigger"], "signal", "{last}");
     assert_eq!(last["outcome"], "applied", "{last}");
+    // The flags (`--db`, `--listen`) apply again: nothing reads as changed.
+    assert_eq!(last["needs_restart"], serde_json::json!([]), "{last}");
     let names: Vec<String> = policies().await["policies"]
         .as_array()
         .unwrap()

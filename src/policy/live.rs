@@ -96,8 +96,8 @@ impl Live {
         Some(self.reload("file"))
     }
 
-    /// Reads the config file again (with the environment, as at start) and swaps in its
-    /// policies when it is valid.
+    /// Reads the config file again (with the environment and the flags, as at start) and
+    /// swaps in its policies when it is valid.
     pub fn reload(&self, trigger: &'static str) -> Reload {
         let Some(path) = self.started.source.clone() else {
             return self.report(
@@ -108,7 +108,9 @@ impl Live {
         if let (Ok(text), Ok(mut seen)) = (std::fs::read_to_string(&path), self.seen.lock()) {
             *seen = Some(text);
         }
+        let flags = self.started.flags.clone();
         let loaded = Config::load(Some(&path), |var| std::env::var(var).ok())
+            .and_then(|config| config.with_flags(flags.listen, flags.db))
             .map_err(|e| e.to_string())
             .and_then(|config| {
                 let set = PolicySet::of(&config).map_err(|e| e.to_string())?;
