@@ -35,6 +35,9 @@ enum Command {
     /// Print the fingerprint of the API key read from stdin, for a policy's `match.key_id`
     /// (the key itself never goes into the config or the log).
     KeyId,
+    /// Check the config's policies and list them in the order they are tried; with a
+    /// request's team, key, user-agent, model or API, say which policy it falls under.
+    Policies(loopwarden::policy::explain::PoliciesArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -46,6 +49,7 @@ fn main() -> std::process::ExitCode {
         Command::Mock(args) => loopwarden::mock::run(args),
         Command::Demo(args) => loopwarden::demo::run(args),
         Command::KeyId => loopwarden::policy::key_id::run(),
+        Command::Policies(args) => loopwarden::policy::explain::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -690,3 +690,64 @@ async fn a_reload_under_load_fails_no_request_and_a_broken_file_changes_nothing(
     );
     proxy.shutdown().await.unwrap();
 }
+
+/// `loopwarden policies` checks a config as `serve` would read it and says where a request
+/// would go; a mistake is the same error `serve` gives, naming the key.
+#[test]
+fn the_policies_command_lists_the_order_and_places_a_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, teams("sk-team-b-secret")).unwrap();
+    let run = |args: &[&str], stdin: &str| {
+        use std::io::Write;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_loopwarden"))
+            .arg("policies")
+            .arg("--config")
+            .arg(&path)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, out, err) = run(&[], "");
+    assert!(ok, "{err}");
+    let names: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        names,
+        ["ci", "team-b", "devs", "cheap-models", "dev", "default"]
+    );
+    let (_, out, _) = run(&["--key", "-"], "sk-team-b-secret\n");
+    assert!(out.contains("falls under: team-b (enforce)"), "{out}");
+    let (_, out, _) = run(&["--user-agent", "codex_exec/0.169.0", "--team", "qa"], "");
+    assert!(out.contains("falls under: devs (nudge-only)"), "{out}");
+    let (_, out, _) = run(&["--model", "gpt-5.5-mini", "--api", "openai_chat"], "");
+    assert!(out.contains("falls under: cheap-models"), "{out}");
+    std::fs::write(
+        &path,
+        "[[policy]]\nname = \"x\"\n[policy.detect.thresholds]\nread_loop_read = 2\n",
+    )
+    .unwrap();
+    let (ok, _, err) = run(&[], "");
+    assert!(!ok);
+    assert!(
+        err.contains("\"x\"") && err.contains("read_loop_read"),
+        "{err}"
+    );
+}

@@ -10,6 +10,7 @@
 //! a reload (`live`); a request keeps the policy it started under.
 
 pub mod config;
+pub mod explain;
 pub mod key_id;
 pub mod live;
 pub mod select;

@@ -14,22 +14,46 @@ use crate::glob;
 #[serde(deny_unknown_fields)]
 pub struct Selector {
     /// `/t/{team}` in the base URL, or the `x-loopwarden-team` header.
-    #[serde(default, deserialize_with = "one_or_many")]
+    #[serde(
+        default,
+        deserialize_with = "one_or_many",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub team: Vec<String>,
     /// The API key's fingerprint, as `loopwarden key-id` prints it.
-    #[serde(default, deserialize_with = "one_or_many")]
+    #[serde(
+        default,
+        deserialize_with = "one_or_many",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub key_id: Vec<String>,
     /// The client, as [`Client::as_str`] names it.
-    #[serde(default, deserialize_with = "one_or_many")]
+    #[serde(
+        default,
+        deserialize_with = "one_or_many",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub client: Vec<String>,
     /// The `user-agent` header (for a client the list above does not name).
-    #[serde(default, deserialize_with = "one_or_many")]
+    #[serde(
+        default,
+        deserialize_with = "one_or_many",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub user_agent: Vec<String>,
     /// The model the request asks for.
-    #[serde(default, deserialize_with = "one_or_many")]
+    #[serde(
+        default,
+        deserialize_with = "one_or_many",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub model: Vec<String>,
     /// The wire format: `openai_chat`, `openai_responses`, `anthropic`, `gemini`.
-    #[serde(default, deserialize_with = "one_or_many")]
+    #[serde(
+        default,
+        deserialize_with = "one_or_many",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub api: Vec<String>,
 }
 
