@@ -28,6 +28,8 @@ pub struct Interventions {
     store: Store,
     /// What each conversation spent, for its policy's budget.
     ledger: Ledger,
+    /// Counts each intervention logged (`/metrics`).
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 /// What a request is subject to before the engine decides.
@@ -62,7 +64,11 @@ pub struct Acted {
 
 impl Interventions {
     /// Loads the sticky-halt state from the store's database.
-    pub async fn open(store: Store, ledger: Ledger) -> anyhow::Result<Interventions> {
+    pub async fn open(
+        store: Store,
+        ledger: Ledger,
+        metrics: std::sync::Arc<crate::metrics::Metrics>,
+    ) -> anyhow::Result<Interventions> {
         let controls = Controls::load(store.clone())
             .await
             .map_err(|e| anyhow::anyhow!("cannot read conversation_controls: {e}"))?;
@@ -71,6 +77,7 @@ impl Interventions {
             pending: Pending::default(),
             store,
             ledger,
+            metrics,
         })
     }
 
@@ -416,6 +423,8 @@ impl Interventions {
             reason = %row.reason,
             "intervention"
         );
+        self.metrics
+            .intervention(e.action, &row.applied, e.detector, e.policy);
         self.store.log(Record::Intervention(Box::new(row)));
     }
 }

@@ -26,6 +26,7 @@ pub mod memory;
 pub mod own;
 pub mod record;
 pub mod route;
+pub mod scrape;
 pub mod spread;
 pub mod tee;
 pub mod upstream;
@@ -89,6 +90,8 @@ pub struct App {
     pub spread: spread::Spread,
     /// Every open client connection's state, the limits that reap them, the cap.
     pub connections: Arc<connection::Connections>,
+    /// What `/metrics` exposes ([`scrape`]).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// A running proxy (in-process): its address, and a handle to stop it cleanly.
@@ -173,8 +176,13 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let ledger = crate::budget::Ledger::new(config.prices.clone());
     let restored = ledger.restore_from(&store, crate::store::now_ms()).await?;
     tracing::debug!(conversations = restored, "spend restored from the log");
-    let interventions =
-        crate::intervene::service::Interventions::open(store.clone(), ledger.clone()).await?;
+    let metrics = Arc::new(crate::metrics::Metrics::default());
+    let interventions = crate::intervene::service::Interventions::open(
+        store.clone(),
+        ledger.clone(),
+        metrics.clone(),
+    )
+    .await?;
     let prices = ledger.clone();
     let policies = Arc::new(crate::policy::live::Live::new(
         crate::policy::PolicySet::of(&config)?,
@@ -199,6 +207,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         ))),
         config,
         spread,
+        metrics,
     });
     spawn_sweeper(Arc::downgrade(&app), idle);
     crate::store::redact::warm_up();

@@ -56,6 +56,7 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/", get(index))
         .route("/healthz", get(healthz))
+        .route("/metrics", get(super::scrape::metrics))
         .merge(admin)
         .fallback(not_found)
         .with_state(app)
