@@ -46,6 +46,9 @@ pub struct Config {
 pub struct ServerConfig {
     /// Address to listen on (`LOOPWARDEN_LISTEN`, `--listen`).
     pub listen: String,
+    /// The proxy's URL as its users reach it, for the links in alerts. Empty: `http://` and
+    /// the listen address.
+    pub public_url: String,
     /// Largest request body the proxy reads; larger ones get a 413 in the API's error shape.
     pub max_body_bytes: usize,
     /// Serving threads, each with its own event loop and upstream pool; each new connection
@@ -143,6 +146,7 @@ impl Default for Config {
         Config {
             server: ServerConfig {
                 listen: "127.0.0.1:8788".into(),
+                public_url: String::new(),
                 max_body_bytes: 64 * 1024 * 1024,
                 threads: 0,
                 header_timeout_secs: 30,

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use super::alerts::{Alert, AlertEvent, AlertSink};
 use super::controls::{human_messages, Control, Controls, Standing};
 use super::pause::{DecidedBy, FindingInfo, HeldInfo, Pending, Ticket};
 use super::ruling::{self, Act, Ruling, Source, Stop};
@@ -30,6 +31,8 @@ pub struct Interventions {
     ledger: Ledger,
     /// Counts each intervention logged (`/metrics`).
     metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// Where alerts go (`super::alerts`); none: not sent.
+    alerts: Option<AlertSink>,
 }
 
 /// What a request is subject to before the engine decides.
@@ -78,7 +81,16 @@ impl Interventions {
             store,
             ledger,
             metrics,
+            alerts: None,
         })
+    }
+
+    /// Sends the alerts of the policies' `[intervene.alerts]` to `sink`.
+    pub fn with_alerts(self, sink: AlertSink) -> Interventions {
+        Interventions {
+            alerts: Some(sink),
+            ..self
+        }
     }
 
     /// Makes a halt on the request path sticky for the run `req` belongs to.
@@ -386,6 +398,7 @@ impl Interventions {
         applied: Applied,
     ) {
         let d = &ruling.decision;
+        let finding = d.lead().map(|f| f.summary.as_str()).unwrap_or("");
         self.log(Logged {
             conversation: &req.conversation,
             policy: Some(&policy.name),
@@ -395,8 +408,27 @@ impl Interventions {
             source: ruling.source,
             detector: &d.detector,
             reason: &d.reason,
-            finding: d.lead().map(|f| f.summary.as_str()).unwrap_or(""),
+            finding,
         });
+        let config = &policy.intervene().alerts;
+        let (Some(sink), Some(event)) = (&self.alerts, AlertEvent::of(ruling, applied)) else {
+            return;
+        };
+        if config.webhooks.is_empty() || !config.on.contains(&event) {
+            return;
+        }
+        sink(
+            config,
+            Alert {
+                event,
+                policy: policy.name.to_string(),
+                conversation: req.conversation.to_string(),
+                detector: d.detector.to_string(),
+                reason: crate::store::Masked::from(d.reason.as_str()).to_string(),
+                finding: crate::store::Masked::from(finding).to_string(),
+                at_ms: now_ms(),
+            },
+        );
     }
 
     fn log(&self, e: Logged<'_>) {
