@@ -34,6 +34,8 @@ pub struct Config {
     /// Named policies, tried in file order (`crate::policy`).
     #[serde(rename = "policy")]
     pub policies: Vec<crate::policy::config::PolicyTable>,
+    /// Who may read `/metrics` (`crate::proxy::scrape`).
+    pub metrics: MetricsConfig,
     /// The file this was loaded from: what a reload reads again (`crate::policy::live`).
     #[serde(skip)]
     pub source: Option<std::path::PathBuf>,
@@ -54,6 +56,9 @@ pub struct Flags {
 pub struct ServerConfig {
     /// Address to listen on (`LOOPWARDEN_LISTEN`, `--listen`).
     pub listen: String,
+    /// The proxy's URL as its users reach it, for the links in alerts. Empty: `http://` and
+    /// the listen address.
+    pub public_url: String,
     /// Largest request body the proxy reads; larger ones get a 413 in the API's error shape.
     pub max_body_bytes: usize,
     /// Serving threads, each with its own event loop and upstream pool; each new connection
@@ -120,6 +125,14 @@ pub struct AdminConfig {
     pub token: String,
 }
 
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Bearer token for `/metrics` (`LOOPWARDEN_METRICS_TOKEN`), for a scraper that must not
+    /// hold the admin token. Empty: the admin API's rules (`crate::proxy::admin::check`).
+    pub token: String,
+}
+
 /// What the proxy remembers between requests (see `proxy::memory`): every request resends
 /// the whole history, so each message is parsed once and found again by its bytes, and each
 /// conversation's last request, transcript and detection state are kept to read the next
@@ -143,6 +156,7 @@ impl Default for Config {
         Config {
             server: ServerConfig {
                 listen: "127.0.0.1:8788".into(),
+                public_url: String::new(),
                 max_body_bytes: 64 * 1024 * 1024,
                 threads: 0,
                 header_timeout_secs: 30,
@@ -176,6 +190,7 @@ impl Default for Config {
             prices: Default::default(),
             log: Default::default(),
             policies: Vec::new(),
+            metrics: MetricsConfig::default(),
             source: None,
             flags: Flags::default(),
         }
@@ -222,6 +237,7 @@ const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("LOOPWARDEN_ANTHROPIC_BASE_URL", "upstream.anthropic"),
     ("LOOPWARDEN_GEMINI_BASE_URL", "upstream.gemini"),
     ("LOOPWARDEN_ADMIN_TOKEN", "admin.token"),
+    ("LOOPWARDEN_METRICS_TOKEN", "metrics.token"),
 ];
 
 impl Config {
@@ -275,6 +291,7 @@ impl Config {
             "upstream.anthropic" => self.upstream.anthropic = value,
             "upstream.gemini" => self.upstream.gemini = value,
             "admin.token" => self.admin.token = value,
+            "metrics.token" => self.metrics.token = value,
             _ => {}
         }
     }
@@ -379,6 +396,12 @@ impl Config {
         }
         if self.admin.token.chars().any(|c| c.is_whitespace()) {
             return Err(invalid("admin.token", "must not contain whitespace".into()));
+        }
+        if self.metrics.token.chars().any(|c| c.is_whitespace()) {
+            return Err(invalid(
+                "metrics.token",
+                "must not contain whitespace".into(),
+            ));
         }
         self.intervene
             .validate()

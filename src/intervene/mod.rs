@@ -16,6 +16,7 @@
 //! clients spin), never an HTTP error (clients retry errors for minutes); agents that reject
 //! a text-only reply get a tool-call halt from their [`profile`].
 
+pub mod alerts;
 pub mod controls;
 pub mod pause;
 pub mod profile;
@@ -67,6 +68,8 @@ pub struct InterveneConfig {
     /// human (see `[intervene.pause]`).
     pub on_stop: StopMode,
     pub pause: PauseConfig,
+    /// Webhooks on halts, blocks, budget stops and held requests (`[intervene.alerts]`).
+    pub alerts: alerts::AlertsConfig,
     /// How to halt each kind of agent; the first match wins, none means a text halt.
     pub profiles: Vec<AgentProfile>,
 }
@@ -143,6 +146,7 @@ impl Default for InterveneConfig {
             block: true,
             on_stop: StopMode::Halt,
             pause: PauseConfig::default(),
+            alerts: alerts::AlertsConfig::default(),
             profiles: profile::builtin(),
         }
     }
@@ -409,16 +413,19 @@ impl Intervener {
 impl InterveneConfig {
     /// Checks what serde cannot: `Err((key, problem))` names the key at fault.
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
-        for url in &self.pause.webhooks {
-            let parsed = url.parse::<http::Uri>().ok();
-            let web = parsed.as_ref().is_some_and(|u| {
-                matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some()
-            });
-            if !web {
-                return Err((
-                    "intervene.pause.webhooks",
-                    format!("{url:?} is not an http(s) URL"),
-                ));
+        let hooks = [
+            ("intervene.pause.webhooks", &self.pause.webhooks),
+            ("intervene.alerts.webhooks", &self.alerts.webhooks),
+        ];
+        for (key, urls) in hooks {
+            for url in urls {
+                let parsed = url.parse::<http::Uri>().ok();
+                let web = parsed.as_ref().is_some_and(|u| {
+                    matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some()
+                });
+                if !web {
+                    return Err((key, format!("{url:?} is not an http(s) URL")));
+                }
             }
         }
         for p in &self.profiles {

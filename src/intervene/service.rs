@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use super::alerts::{Alert, AlertEvent, AlertSink};
 use super::controls::{human_messages, Control, Controls, Standing};
 use super::pause::{DecidedBy, FindingInfo, HeldInfo, Pending, Ticket};
 use super::ruling::{self, Act, Ruling, Source, Stop};
@@ -28,6 +29,10 @@ pub struct Interventions {
     store: Store,
     /// What each conversation spent, for its policy's budget.
     ledger: Ledger,
+    /// Counts each intervention logged (`/metrics`).
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// Where alerts go (`super::alerts`); none: not sent.
+    alerts: Option<AlertSink>,
 }
 
 /// What a request is subject to before the engine decides.
@@ -62,7 +67,11 @@ pub struct Acted {
 
 impl Interventions {
     /// Loads the sticky-halt state from the store's database.
-    pub async fn open(store: Store, ledger: Ledger) -> anyhow::Result<Interventions> {
+    pub async fn open(
+        store: Store,
+        ledger: Ledger,
+        metrics: std::sync::Arc<crate::metrics::Metrics>,
+    ) -> anyhow::Result<Interventions> {
         let controls = Controls::load(store.clone())
             .await
             .map_err(|e| anyhow::anyhow!("cannot read conversation_controls: {e}"))?;
@@ -71,7 +80,17 @@ impl Interventions {
             pending: Pending::default(),
             store,
             ledger,
+            metrics,
+            alerts: None,
         })
+    }
+
+    /// Sends the alerts of the policies' `[intervene.alerts]` to `sink`.
+    pub fn with_alerts(self, sink: AlertSink) -> Interventions {
+        Interventions {
+            alerts: Some(sink),
+            ..self
+        }
     }
 
     /// Makes a halt on the request path sticky for the run `req` belongs to.
@@ -379,6 +398,7 @@ impl Interventions {
         applied: Applied,
     ) {
         let d = &ruling.decision;
+        let finding = d.lead().map(|f| f.summary.as_str()).unwrap_or("");
         self.log(Logged {
             conversation: &req.conversation,
             policy: Some(&policy.name),
@@ -388,8 +408,27 @@ impl Interventions {
             source: ruling.source,
             detector: &d.detector,
             reason: &d.reason,
-            finding: d.lead().map(|f| f.summary.as_str()).unwrap_or(""),
+            finding,
         });
+        let config = &policy.intervene().alerts;
+        let (Some(sink), Some(event)) = (&self.alerts, AlertEvent::of(ruling, applied)) else {
+            return;
+        };
+        if config.webhooks.is_empty() || !config.on.contains(&event) {
+            return;
+        }
+        sink(
+            config,
+            Alert {
+                event,
+                policy: policy.name.to_string(),
+                conversation: req.conversation.to_string(),
+                detector: d.detector.to_string(),
+                reason: crate::store::Masked::from(d.reason.as_str()).to_string(),
+                finding: crate::store::Masked::from(finding).to_string(),
+                at_ms: now_ms(),
+            },
+        );
     }
 
     fn log(&self, e: Logged<'_>) {
@@ -416,6 +455,8 @@ impl Interventions {
             reason = %row.reason,
             "intervention"
         );
+        self.metrics
+            .intervention(e.action, &row.applied, e.detector, e.policy);
         self.store.log(Record::Intervention(Box::new(row)));
     }
 }

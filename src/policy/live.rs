@@ -31,6 +31,8 @@ pub struct Live {
     last: Mutex<Option<Reload>>,
     /// What else a valid new config applies (the price table).
     on_apply: Box<dyn Fn(&Config) + Send + Sync>,
+    /// Reloads so far: applied, rejected (`/metrics`).
+    counts: [std::sync::atomic::AtomicU64; 2],
 }
 
 /// What the last reload came to (`GET /admin/api/policies`).
@@ -55,6 +57,15 @@ pub enum Outcome {
     Rejected,
 }
 
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Applied => "applied",
+            Outcome::Rejected => "rejected",
+        }
+    }
+}
+
 impl Live {
     pub fn new(
         set: PolicySet,
@@ -71,12 +82,22 @@ impl Live {
             seen: Mutex::new(seen),
             last: Mutex::new(None),
             on_apply,
+            counts: Default::default(),
         }
     }
 
     /// The policies in force.
     pub fn current(&self) -> Arc<PolicySet> {
         self.current.load_full()
+    }
+
+    /// How many reloads were applied and rejected since the start.
+    pub fn counts(&self) -> [(Outcome, u64); 2] {
+        let n = |o: Outcome| self.counts[o as usize].load(std::sync::atomic::Ordering::Relaxed);
+        [
+            (Outcome::Applied, n(Outcome::Applied)),
+            (Outcome::Rejected, n(Outcome::Rejected)),
+        ]
     }
 
     /// The last reload, if any.
@@ -158,6 +179,7 @@ impl Live {
         if let Ok(mut last) = self.last.lock() {
             *last = Some(reload.clone());
         }
+        self.counts[reload.outcome as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         reload
     }
 
@@ -169,6 +191,7 @@ impl Live {
             ("upstream", s.upstream != config.upstream),
             ("store", s.store != config.store),
             ("admin", s.admin != config.admin),
+            ("metrics", s.metrics != config.metrics),
             ("cache", s.cache != config.cache),
         ]
         .into_iter()

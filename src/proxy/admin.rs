@@ -35,7 +35,7 @@ pub enum Denied {
 }
 
 impl Denied {
-    fn status(self) -> StatusCode {
+    pub fn status(self) -> StatusCode {
         match self {
             Denied::WrongToken => StatusCode::UNAUTHORIZED,
             Denied::NotLoopback | Denied::ForeignHost | Denied::ForeignOrigin => {
@@ -45,7 +45,7 @@ impl Denied {
         }
     }
 
-    fn message(self) -> &'static str {
+    pub fn message(self) -> &'static str {
         match self {
             Denied::NotLoopback => {
                 "admin API: loopback clients only (set LOOPWARDEN_ADMIN_TOKEN to allow others)"

@@ -11,8 +11,7 @@ use super::upstream;
 use crate::intervene::pause::HeldInfo;
 use crate::intervene::PauseConfig;
 
-/// Posts a held request to every webhook, each in its own task with its own timeout: a
-/// slow or failing hook never delays the request or the other hooks.
+/// Posts a held request to every webhook ([`super::webhook::post_all`]).
 pub fn notify(client: &upstream::Client, config: &PauseConfig, info: &HeldInfo) {
     if config.webhooks.is_empty() {
         return;
@@ -28,24 +27,14 @@ pub fn notify(client: &upstream::Client, config: &PauseConfig, info: &HeldInfo) 
         },
     });
     let timeout = Duration::from_millis(config.webhook_timeout_ms);
-    let body = Bytes::from(payload.to_string());
-    for url in &config.webhooks {
-        let (client, body, url) = (client.clone(), body.clone(), url.clone());
-        crate::spawn::task("pause webhook", async move {
-            let Ok(uri) = url.parse::<http::Uri>() else {
-                tracing::warn!(%url, "pause webhook is not a URL");
-                return;
-            };
-            match tokio::time::timeout(timeout, client.post_json(&uri, body)).await {
-                Ok(Ok(status)) if status.is_success() => {}
-                Ok(Ok(status)) => {
-                    tracing::warn!(%url, status = status.as_u16(), "pause webhook refused")
-                }
-                Ok(Err(e)) => tracing::warn!(%url, error = %e, "pause webhook failed"),
-                Err(_) => tracing::warn!(%url, "pause webhook timed out"),
-            }
-        });
-    }
+    super::webhook::post_all(
+        client,
+        &config.webhooks,
+        &payload,
+        timeout,
+        "pause webhook",
+        |_| {},
+    );
 }
 
 /// The comment a held streaming request receives now and then; every SSE client ignores it.

@@ -26,9 +26,11 @@ pub mod memory;
 pub mod own;
 pub mod record;
 pub mod route;
+pub mod scrape;
 pub mod spread;
 pub mod tee;
 pub mod upstream;
+pub mod webhook;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -89,6 +91,8 @@ pub struct App {
     pub spread: spread::Spread,
     /// Every open client connection's state, the limits that reap them, the cap.
     pub connections: Arc<connection::Connections>,
+    /// What `/metrics` exposes ([`scrape`]).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// A running proxy (in-process): its address, and a handle to stop it cleanly.
@@ -173,8 +177,19 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let ledger = crate::budget::Ledger::new(config.prices.clone());
     let restored = ledger.restore_from(&store, crate::store::now_ms()).await?;
     tracing::debug!(conversations = restored, "spend restored from the log");
-    let interventions =
-        crate::intervene::service::Interventions::open(store.clone(), ledger.clone()).await?;
+    let metrics = Arc::new(crate::metrics::Metrics::default());
+    let client = upstream::Client::new(&config.upstream);
+    let interventions = crate::intervene::service::Interventions::open(
+        store.clone(),
+        ledger.clone(),
+        metrics.clone(),
+    )
+    .await?
+    .with_alerts(alert_sink(
+        client.clone(),
+        public_url(&config, addr),
+        metrics.clone(),
+    ));
     let prices = ledger.clone();
     let policies = Arc::new(crate::policy::live::Live::new(
         crate::policy::PolicySet::of(&config)?,
@@ -189,7 +204,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         ledger,
         interventions,
         policies,
-        client: upstream::Client::new(&config.upstream),
+        client,
         analyser: analysis::Analyser {
             memory: memory::Memory::new(&config.cache),
         },
@@ -199,6 +214,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         ))),
         config,
         spread,
+        metrics,
     });
     spawn_sweeper(Arc::downgrade(&app), idle);
     crate::store::redact::warm_up();
@@ -385,6 +401,38 @@ fn serve_thread(
         .build()?;
     upstream::use_thread_client(upstream::Client::new(&app.config.upstream));
     runtime.block_on(serve(incoming, me, app, router, stop))
+}
+
+/// `server.public_url`, or `http://` and the address the proxy listens on (a wildcard
+/// address read as this machine's loopback): where the links in alerts point.
+fn public_url(config: &Config, addr: SocketAddr) -> String {
+    match config.server.public_url.trim_end_matches('/') {
+        "" if addr.ip().is_unspecified() => format!("http://localhost:{}", addr.port()),
+        "" => format!("http://{addr}"),
+        url => url.to_string(),
+    }
+}
+
+/// Posts each alert to its policy's webhooks (`crate::intervene::alerts`), off the request
+/// path, each delivery counted in `/metrics`.
+fn alert_sink(
+    client: upstream::Client,
+    public_url: String,
+    metrics: Arc<crate::metrics::Metrics>,
+) -> crate::intervene::alerts::AlertSink {
+    Arc::new(move |config, alert| {
+        let body = alert.body(config.format, &public_url);
+        let metrics = metrics.clone();
+        let event = alert.event.as_str();
+        webhook::post_all(
+            &upstream::thread_client(&client),
+            &config.webhooks,
+            &body,
+            Duration::from_millis(config.timeout_ms),
+            "alert webhook",
+            move |delivered| metrics.alert(event, delivered),
+        );
+    })
 }
 
 /// Drops idle cache entries now and then; ends with the proxy.

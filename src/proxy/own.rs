@@ -1,6 +1,6 @@
 //! The proxy's own paths, answered here and never forwarded: `/` (what this is), `/healthz`,
 //! `/admin` and everything under it (the admin API), and `/metrics`, `/ui` and everything
-//! under it, kept for what is to come (a 404 until then). An agent whose base URL is the
+//! under it, kept for what is to come (a 404 until then). `/metrics` is `super::scrape`. An agent whose base URL is the
 //! bare proxy never reaches the upstream with these, and they are not logged as requests.
 
 use std::sync::Arc;
@@ -56,6 +56,7 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/", get(index))
         .route("/healthz", get(healthz))
+        .route("/metrics", get(super::scrape::metrics))
         .merge(admin)
         .fallback(not_found)
         .with_state(app)

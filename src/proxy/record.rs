@@ -184,6 +184,20 @@ impl Finished {
     }
 }
 
+impl Finished {
+    /// Counts the request in the metrics and queues it for the log: how every finished
+    /// request leaves the request path, so that `/metrics` counts what the log holds.
+    pub fn hand_over(self, store: &crate::store::Store, metrics: &crate::metrics::Metrics) {
+        let decision = self
+            .decision
+            .as_ref()
+            .filter(|d| d.action != Action::Observe)
+            .map(|d| d.action.as_str());
+        metrics.request(&self.row, decision);
+        store.log_deferred(Box::new(self));
+    }
+}
+
 impl Deferred for Finished {
     fn records(self: Box<Self>, out: &mut Vec<Record>) {
         record(*self, out);

@@ -36,6 +36,7 @@ pub struct TeeBody<B: Body = Incoming> {
 pub struct Sinks {
     pub store: Store,
     pub ledger: Ledger,
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 impl Sinks {
@@ -43,6 +44,7 @@ impl Sinks {
         Sinks {
             store: app.store.clone(),
             ledger: app.ledger.clone(),
+            metrics: app.metrics.clone(),
         }
     }
 }
@@ -131,7 +133,7 @@ impl<B: Body> TeeBody<B> {
         if let Some(capture) = capture.filter(|_| outcome == Outcome::Complete) {
             finished.settle(capture, &sinks.ledger, crate::store::now_ms());
         }
-        sinks.store.log_deferred(Box::new(finished));
+        finished.hand_over(&sinks.store, &sinks.metrics);
     }
 }
 

@@ -379,6 +379,11 @@ impl Store {
         }
     }
 
+    /// Entries queued and not yet taken by the writer (`/metrics`).
+    pub fn queue_depth(&self) -> usize {
+        self.writer.queue.depth()
+    }
+
     pub fn health(&self) -> StoreHealth {
         let counters = &self.writer.queue.counters;
         StoreHealth {

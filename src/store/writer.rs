@@ -107,6 +107,11 @@ impl Queue {
         true
     }
 
+    /// Entries waiting for the writer.
+    pub(super) fn depth(&self) -> usize {
+        self.lock().entries.len()
+    }
+
     pub(super) fn is_closed(&self) -> bool {
         self.lock().closed
     }
