@@ -34,7 +34,8 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
                    connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
 
 /// The headers every `/ui` answer carries: no framing (clickjacking), no sniffing, no
-/// caching of pages that show the log, no referrer.
+/// caching of pages that show the log, no referrer to other sites. (`no-referrer` would
+/// make the browser send `Origin: null` on the page's own writes, which are refused.)
 pub async fn page_headers(request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
     let headers = response.headers_mut();
@@ -42,7 +43,7 @@ pub async fn page_headers(request: Request, next: Next) -> Response {
         (header::X_FRAME_OPTIONS, "DENY"),
         (header::CONTENT_SECURITY_POLICY, CSP),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        (header::REFERRER_POLICY, "no-referrer"),
+        (header::REFERRER_POLICY, "same-origin"),
         (header::CACHE_CONTROL, "no-store"),
     ] {
         headers.insert(name, HeaderValue::from_static(value));
