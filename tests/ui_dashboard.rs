@@ -61,7 +61,10 @@ fn path(team: &str, conversation: &str) -> String {
 /// Sends the loop's request with `k` failing runs; the decision the answer carries.
 async fn send(setup: &Setup, team: &str, conversation: &str, k: usize) -> String {
     let r = setup
-        .post(&path(team, conversation), &loop_body(DIALECT, k, false, None))
+        .post(
+            &path(team, conversation),
+            &loop_body(DIALECT, k, false, None),
+        )
         .await;
     let decision = header(&r, "x-loopwarden-decision");
     r.bytes().await.unwrap();
@@ -192,7 +195,9 @@ async fn each_page_shows_live_traffic_and_its_buttons_act_on_the_conversation() 
                 let sent = setup.mock.requests().last().unwrap().body.clone();
                 assert_ne!(
                     sent.as_ref(),
-                    loop_body(DIALECT, halt_k, false, None).to_string().as_bytes(),
+                    loop_body(DIALECT, halt_k, false, None)
+                        .to_string()
+                        .as_bytes(),
                     "the nudge's reminder was added"
                 );
             }
@@ -222,7 +227,9 @@ async fn each_page_shows_live_traffic_and_its_buttons_act_on_the_conversation() 
     .map(|mut r| r.remove(0))
     .collect();
     assert_eq!(ids, Value::Array(newest_first));
-    browser.wait_for("tr.conversation[data-id=ci-loop]", "ci").await;
+    browser
+        .wait_for("tr.conversation[data-id=ci-loop]", "ci")
+        .await;
     browser.screenshot("conversations").await;
     let team = browser.wait_for("#filter-team", "").await;
     browser.type_into(&team, "ci").await;
@@ -233,7 +240,9 @@ async fn each_page_shows_live_traffic_and_its_buttons_act_on_the_conversation() 
              && document.querySelector('tr.conversation').dataset.id === 'ci-loop'",
         )
         .await;
-    browser.goto(&format!("{ui}#/conversations?decision=nudge")).await;
+    browser
+        .goto(&format!("{ui}#/conversations?decision=nudge"))
+        .await;
     browser
         .wait_until(
             "document.querySelectorAll('tr.conversation').length === 1 \
@@ -244,8 +253,12 @@ async fn each_page_shows_live_traffic_and_its_buttons_act_on_the_conversation() 
     // One conversation's timeline; resume, feedback, halt.
     browser.goto(&format!("{ui}#/conversation/ci-loop")).await;
     browser.wait_for("#halted", "halted").await;
-    browser.wait_for(".step .call code", "python3 test_calc.py").await;
-    browser.wait_for(".step .call .result", "AssertionError").await;
+    browser
+        .wait_for(".step .call code", "python3 test_calc.py")
+        .await;
+    browser
+        .wait_for(".step .call .result", "AssertionError")
+        .await;
     browser.wait_for(".finding", "").await;
     let halt = browser.wait_for(".intervention", "by policy").await;
     browser.screenshot("timeline").await;
@@ -285,22 +298,38 @@ async fn each_page_shows_live_traffic_and_its_buttons_act_on_the_conversation() 
         .unwrap();
     let _ = halt;
     browser
-        .click_on(&format!(".intervention[data-id='{halt_id}'] button.right"), "")
+        .click_on(
+            &format!(".intervention[data-id='{halt_id}'] button.right"),
+            "",
+        )
         .await;
     browser
-        .wait_for(&format!(".intervention[data-id='{halt_id}'] .verdict"), "right")
+        .wait_for(
+            &format!(".intervention[data-id='{halt_id}'] .verdict"),
+            "right",
+        )
         .await;
     let rows = query(
         &setup,
         "SELECT intervention_id, verdict, detector FROM feedback",
     );
-    assert_eq!(rows, vec![vec![Value::from(halt_id), Value::from("right"), Value::from(detector.clone())]]);
+    assert_eq!(
+        rows,
+        vec![vec![
+            Value::from(halt_id),
+            Value::from("right"),
+            Value::from(detector.clone())
+        ]]
+    );
     assert_eq!(precision(&setup, &detector).await, Some((1, 0, 0)));
     // A finding judged wrong.
     browser.click_on(".finding button.wrong", "").await;
     browser.wait_for(".finding .verdict", "wrong").await;
     assert_eq!(
-        query(&setup, "SELECT count(*) FROM feedback WHERE finding_id IS NOT NULL AND verdict = 'wrong'")[0][0],
+        query(
+            &setup,
+            "SELECT count(*) FROM feedback WHERE finding_id IS NOT NULL AND verdict = 'wrong'"
+        )[0][0],
         1
     );
 
@@ -321,13 +350,18 @@ async fn each_page_shows_live_traffic_and_its_buttons_act_on_the_conversation() 
     let percent = format!("{:.0} %", 100.0 * right as f64 / (right + wrong) as f64);
     browser.goto(&ui).await;
     browser
-        .wait_for(&format!("#precision tr.precision[data-detector='{detector}']"), &percent)
+        .wait_for(
+            &format!("#precision tr.precision[data-detector='{detector}']"),
+            &percent,
+        )
         .await;
     browser.screenshot("overview-feedback").await;
 
     // Policies: each with its match count.
     browser.goto(&format!("{ui}#/policies")).await;
-    let ask = browser.wait_for("tr.policy[data-name=ask]", "\"ask\"").await;
+    let ask = browser
+        .wait_for("tr.policy[data-name=ask]", "\"ask\"")
+        .await;
     let _ = ask;
     browser
         .wait_until(
@@ -341,9 +375,13 @@ async fn each_page_shows_live_traffic_and_its_buttons_act_on_the_conversation() 
     // is refused), its form post by the proxy; the conversation stays halted.
     let evil = evil_site(&setup.url("/admin/api/conversations/ci-loop/resume")).await;
     browser.goto(&evil).await;
-    browser.wait_until("document.title === 'fetch-failed'").await;
+    browser
+        .wait_until("document.title === 'fetch-failed'")
+        .await;
     browser.click(&browser.wait_for("#go", "").await).await;
-    browser.wait_until("document.body.innerText.includes('another origin')").await;
+    browser
+        .wait_until("document.body.innerText.includes('another origin')")
+        .await;
     assert!(halted(&setup, "ci-loop").await, "still halted");
     setup.proxy.flush_log().await;
     assert_eq!(
@@ -408,8 +446,18 @@ async fn a_client_off_this_machine_needs_the_token_and_the_browser_logs_in_once(
     };
     let open = start("0.0.0.0:0", "").await;
     let base = format!("http://{ip}:{}", open.proxy.addr().port());
-    for page in ["/ui", "/ui/", "/ui/app.js", "/admin/api/overview", "/ui/login"] {
-        let r = no_redirect().get(format!("{base}{page}")).send().await.unwrap();
+    for page in [
+        "/ui",
+        "/ui/",
+        "/ui/app.js",
+        "/admin/api/overview",
+        "/ui/login",
+    ] {
+        let r = no_redirect()
+            .get(format!("{base}{page}"))
+            .send()
+            .await
+            .unwrap();
         let status = r.status().as_u16();
         let body = r.text().await.unwrap();
         if page == "/ui/login" {
@@ -417,17 +465,28 @@ async fn a_client_off_this_machine_needs_the_token_and_the_browser_logs_in_once(
             assert_eq!(status, 303, "{page}");
         } else {
             assert_eq!(status, 403, "{page}: {body}");
-            assert!(!body.contains("<html") && !body.contains("function"), "{page}");
+            assert!(
+                !body.contains("<html") && !body.contains("function"),
+                "{page}"
+            );
         }
     }
 
     let token = "t0ken-for-the-dashboard";
     let guarded = start("0.0.0.0:0", token).await;
     let base = format!("http://{ip}:{}", guarded.proxy.addr().port());
-    let r = no_redirect().get(format!("{base}/ui/")).send().await.unwrap();
+    let r = no_redirect()
+        .get(format!("{base}/ui/"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 303);
     assert_eq!(header_of(&r, "location"), "/ui/login");
-    let r = no_redirect().get(format!("{base}/admin/api/overview")).send().await.unwrap();
+    let r = no_redirect()
+        .get(format!("{base}/admin/api/overview"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 401);
     let login = |body: &'static str, origin: Option<String>| {
         let mut request = no_redirect()
@@ -442,16 +501,25 @@ async fn a_client_off_this_machine_needs_the_token_and_the_browser_logs_in_once(
     let wrong = login("token=nope", None).await.unwrap();
     assert_eq!(wrong.status().as_u16(), 401);
     assert!(wrong.headers().get("set-cookie").is_none());
-    let foreign = login("token=t0ken-for-the-dashboard", Some("http://evil.example".into()))
-        .await
-        .unwrap();
+    let foreign = login(
+        "token=t0ken-for-the-dashboard",
+        Some("http://evil.example".into()),
+    )
+    .await
+    .unwrap();
     assert_eq!(foreign.status().as_u16(), 403);
     assert!(foreign.headers().get("set-cookie").is_none());
     let ok = login("token=t0ken-for-the-dashboard", None).await.unwrap();
     assert_eq!(ok.status().as_u16(), 303);
     let cookie = header_of(&ok, "set-cookie");
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
-    assert!(!cookie.contains(token), "the token itself is not the cookie");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(
+        !cookie.contains(token),
+        "the token itself is not the cookie"
+    );
     let session = cookie.split(';').next().unwrap().to_string();
     let page = no_redirect()
         .get(format!("{base}/ui/"))

@@ -251,7 +251,11 @@ pub async fn conversation(State(app): State<Arc<App>>, Path(id): Path<String>) -
             timeline,
             spend: app.ledger.spend(&id),
             alerts,
-            halted: app.interventions.controls.get(&id).is_some_and(|c| c.halted),
+            halted: app
+                .interventions
+                .controls
+                .get(&id)
+                .is_some_and(|c| c.halted),
         })
         .into_response(),
         Ok((None, _)) => no_such_conversation(),

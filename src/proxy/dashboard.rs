@@ -178,7 +178,8 @@ pub fn estimate_savings(runs: &[HaltedRun], now_ms: i64) -> Savings {
     for run in runs {
         let ran_minutes = ((run.halted_ms - run.first_ms) as f64 / 60_000.0).max(1.0);
         let until = run.resumed_ms.unwrap_or(now_ms);
-        let spared_minutes = ((until - run.halted_ms) as f64 / 60_000.0).clamp(0.0, ASSUMED_MINUTES);
+        let spared_minutes =
+            ((until - run.halted_ms) as f64 / 60_000.0).clamp(0.0, ASSUMED_MINUTES);
         savings.steps += run.steps as f64 / ran_minutes * spared_minutes;
         savings.dollars += run.cost_usd / ran_minutes * spared_minutes;
     }
@@ -247,9 +248,18 @@ pub async fn feedback(State(app): State<Arc<App>>, body: axum::body::Bytes) -> R
         (None, Some(id)) => Target::Intervention(id),
         _ => return admin::bad_request(&format!("{SHAPE}: exactly one id")),
     };
-    let note: String = parsed.note.unwrap_or_default().chars().take(NOTE_CHARS).collect();
+    let note: String = parsed
+        .note
+        .unwrap_or_default()
+        .chars()
+        .take(NOTE_CHARS)
+        .collect();
     let note = crate::store::Masked::from(note);
-    match app.store.give_feedback(target, parsed.verdict, note.as_str()).await {
+    match app
+        .store
+        .give_feedback(target, parsed.verdict, note.as_str())
+        .await
+    {
         Ok(Some(recorded)) => Json(serde_json::json!({ "feedback": recorded })).into_response(),
         Ok(None) => (
             StatusCode::NOT_FOUND,
@@ -264,7 +274,13 @@ pub async fn feedback(State(app): State<Arc<App>>, body: axum::body::Bytes) -> R
 mod tests {
     use super::*;
 
-    fn run(first_ms: i64, halted_ms: i64, steps: i64, cost_usd: f64, resumed_ms: Option<i64>) -> HaltedRun {
+    fn run(
+        first_ms: i64,
+        halted_ms: i64,
+        steps: i64,
+        cost_usd: f64,
+        resumed_ms: Option<i64>,
+    ) -> HaltedRun {
         HaltedRun {
             conversation_id: "c".into(),
             detector: "fail_loop".into(),

@@ -197,7 +197,9 @@ impl Store {
     /// A conversation's findings and interventions with their ids and verdicts.
     pub async fn alerts(&self, conversation: &str) -> Result<Alerts, Error> {
         match &self.backend {
-            Backend::Sqlite(db) => Ok(super::sqlite::dashboard::alerts(&db.pool(), conversation).await?),
+            Backend::Sqlite(db) => {
+                Ok(super::sqlite::dashboard::alerts(&db.pool(), conversation).await?)
+            }
         }
     }
 
@@ -256,7 +258,9 @@ impl Store {
     /// Requests and conversations, in all and since `since_ms`.
     pub async fn totals(&self, since_ms: i64) -> Result<Totals, Error> {
         match &self.backend {
-            Backend::Sqlite(db) => Ok(super::sqlite::dashboard::totals(&db.pool(), since_ms).await?),
+            Backend::Sqlite(db) => {
+                Ok(super::sqlite::dashboard::totals(&db.pool(), since_ms).await?)
+            }
         }
     }
 }

@@ -215,7 +215,11 @@ impl Browser {
 
     pub async fn text(&self, e: &Element) -> String {
         let v = self
-            .call(reqwest::Method::GET, &format!("/element/{}/text", e.0), None)
+            .call(
+                reqwest::Method::GET,
+                &format!("/element/{}/text", e.0),
+                None,
+            )
             .await;
         v.as_str().unwrap_or_default().to_string()
     }
