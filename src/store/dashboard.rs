@@ -86,13 +86,9 @@ pub struct Recorded {
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct FindingAlert {
     pub id: i64,
-    pub request_id: i64,
-    pub created_ms: i64,
-    pub detector: String,
-    pub confidence: f64,
-    pub step: Option<i64>,
-    pub summary: super::Masked,
-    pub suggestion: super::Masked,
+    #[serde(flatten)]
+    #[sqlx(flatten)]
+    pub finding: super::FindingRow,
     pub verdict: Option<String>,
     pub note: Option<String>,
 }
@@ -102,15 +98,9 @@ pub struct FindingAlert {
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct InterventionAlert {
     pub id: i64,
-    pub request_id: Option<i64>,
-    pub created_ms: i64,
-    pub action: String,
-    pub applied: String,
-    pub source: String,
-    pub detector: String,
-    pub reason: super::Masked,
-    pub finding: super::Masked,
-    pub policy: Option<String>,
+    #[serde(flatten)]
+    #[sqlx(flatten)]
+    pub intervention: super::InterventionRow,
     pub verdict: Option<String>,
     pub note: Option<String>,
     pub resumed: bool,

@@ -65,8 +65,8 @@ const LIFTED_HALTS: &str = "
 pub(crate) async fn alerts(pool: &SqlitePool, id: &str) -> Result<Alerts, sqlx::Error> {
     let findings = sqlx::query_as(&format!(
         "WITH {LATEST_FEEDBACK}
-         SELECT f.id, f.request_id, f.created_ms, f.detector, f.confidence, f.step, f.summary,
-                f.suggestion, l.verdict, l.note
+         SELECT f.id, f.request_id, f.conversation_id, f.created_ms, f.detector, f.confidence,
+                f.step, f.steps, f.summary, f.suggestion, l.verdict, l.note
          FROM findings f LEFT JOIN latest l ON l.finding_id = f.id
          WHERE f.conversation_id = ?1 ORDER BY f.created_ms, f.id"
     ))
@@ -75,8 +75,8 @@ pub(crate) async fn alerts(pool: &SqlitePool, id: &str) -> Result<Alerts, sqlx::
     .await?;
     let interventions = sqlx::query_as(&format!(
         "WITH {LATEST_FEEDBACK}, {LIFTED_HALTS}
-         SELECT i.id, i.request_id, i.created_ms, i.action, i.applied, i.source, i.detector,
-                i.reason, i.finding, i.policy, l.verdict, l.note,
+         SELECT i.id, i.conversation_id, i.request_id, i.created_ms, i.action, i.applied,
+                i.source, i.detector, i.reason, i.finding, i.policy, l.verdict, l.note,
                 EXISTS (SELECT 1 FROM lifted WHERE lifted.halt_id = i.id) AS resumed
          FROM interventions i LEFT JOIN latest l ON l.intervention_id = i.id
          WHERE i.conversation_id = ?1 ORDER BY i.created_ms, i.id"
