@@ -70,6 +70,11 @@ async fn the_proxy_s_own_paths_are_answered_here_and_paths_beside_them_go_upstre
                 assert_eq!(status, 200, "{path}");
                 assert!(body.ends_with("# EOF\n"), "{body}");
             }
+            // The dashboard's page (tests/ui_dashboard.rs).
+            "/ui" | "/ui/" => {
+                assert_eq!(status, 200, "{path}");
+                assert!(body.contains("/ui/app.js"), "{path}: {body}");
+            }
             "/" => {
                 assert_eq!(status, 200, "{path}");
                 let index: Value = serde_json::from_str(&body).unwrap();

@@ -87,26 +87,16 @@ pub fn check(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        if !constant_time_eq(presented.as_bytes(), token.as_bytes()) {
+        let by_header = constant_time_eq(presented.as_bytes(), token.as_bytes());
+        if !by_header && !has_session_cookie(headers, token) {
             return Err(Denied::WrongToken);
         }
     }
     if matches!(*method, Method::GET | Method::HEAD) {
         return Ok(());
     }
-    if let Some(origin) = headers.get(header::ORIGIN) {
-        let own = origin
-            .to_str()
-            .ok()
-            .and_then(|o| {
-                o.strip_prefix("http://")
-                    .or_else(|| o.strip_prefix("https://"))
-            })
-            .zip(host)
-            .is_some_and(|(origin, host)| origin.eq_ignore_ascii_case(host));
-        if !own {
-            return Err(Denied::ForeignOrigin);
-        }
+    if foreign_origin(headers) {
+        return Err(Denied::ForeignOrigin);
     }
     let json = headers
         .get(header::CONTENT_TYPE)
@@ -117,6 +107,50 @@ pub fn check(
         return Err(Denied::NotJson);
     }
     Ok(())
+}
+
+/// Whether the request states an `Origin` other than the `Host` it is sent to (a web
+/// page of another site, or `null`).
+pub fn foreign_origin(headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return false;
+    };
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    let own = origin
+        .to_str()
+        .ok()
+        .and_then(|o| {
+            o.strip_prefix("http://")
+                .or_else(|| o.strip_prefix("https://"))
+        })
+        .zip(host)
+        .is_some_and(|(origin, host)| origin.eq_ignore_ascii_case(host));
+    !own
+}
+
+/// The dashboard's session cookie (`crate::proxy::dashboard::login`).
+pub const SESSION_COOKIE: &str = "loopwarden_session";
+
+/// The session cookie's value for `token`: derived from it (the token itself is never
+/// put in a cookie), the same for every login until the token changes.
+pub fn session_cookie(token: &str) -> String {
+    blake3::derive_key("loopwarden 2026 admin session cookie", token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn has_session_cookie(headers: &HeaderMap, token: &str) -> bool {
+    let want = session_cookie(token);
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .any(|(name, value)| {
+            name == SESSION_COOKIE && constant_time_eq(value.as_bytes(), want.as_bytes())
+        })
 }
 
 /// Loopback, an IPv4 client of a listener on `[::]` (`::ffff:127.0.0.1`) included.
@@ -145,7 +179,7 @@ fn names_this_machine(host: &str, listen: Option<IpAddr>) -> bool {
     ip.is_some_and(|ip| is_loopback(ip) || (Some(ip) == listen && !ip.is_unspecified()))
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -159,13 +193,18 @@ pub async fn require_access(
     let listen = app.config.listen_addr().ok().map(|a| a.ip());
     let token = &app.config.admin.token;
     if let Err(denied) = check(token, listen, peer, request.method(), request.headers()) {
-        let body = Json(serde_json::json!({ "error": denied.message() }));
-        return (denied.status(), body).into_response();
+        return refusal(denied);
     }
     next.run(request).await
 }
 
-fn internal(e: crate::store::Error) -> Response {
+/// The answer to a call the access rules refused.
+pub fn refusal(denied: Denied) -> Response {
+    let body = Json(serde_json::json!({ "error": denied.message() }));
+    (denied.status(), body).into_response()
+}
+
+pub fn internal(e: crate::store::Error) -> Response {
     tracing::warn!(error = %e, "admin query failed");
     (
         StatusCode::INTERNAL_SERVER_ERROR,
@@ -179,13 +218,17 @@ pub struct ListParams {
     limit: Option<i64>,
 }
 
-/// `GET /admin/api/conversations?limit=N`: newest first, with counts.
+/// `GET /admin/api/conversations?limit=N`: newest first, with counts, the latest
+/// request's policy and the team; filtered by `policy`, `team`, `client`, `model` and
+/// `decision` (the latest request's) when given.
 pub async fn conversations(
     State(app): State<Arc<App>>,
     Query(params): Query<ListParams>,
+    Query(filter): Query<crate::store::dashboard::ConversationFilter>,
 ) -> Response {
     let limit = params.limit.unwrap_or(100).clamp(1, 10_000);
-    match app.store.conversations(limit).await {
+    let filter = filter.normalized();
+    match app.store.listed_conversations(&filter, limit).await {
         Ok(list) => Json(serde_json::json!({ "conversations": list })).into_response(),
         Err(e) => internal(e),
     }
@@ -199,14 +242,23 @@ pub async fn conversation(State(app): State<Arc<App>>, Path(id): Path<String>) -
         #[serde(flatten)]
         timeline: crate::store::Timeline,
         spend: Option<crate::budget::Spend>,
+        alerts: crate::store::dashboard::Alerts,
+        halted: bool,
     }
-    match app.store.timeline(&id).await {
-        Ok(Some(timeline)) => Json(WithSpend {
+    let read = tokio::try_join!(app.store.timeline(&id), app.store.alerts(&id));
+    match read {
+        Ok((Some(timeline), alerts)) => Json(WithSpend {
             timeline,
             spend: app.ledger.spend(&id),
+            alerts,
+            halted: app
+                .interventions
+                .controls
+                .get(&id)
+                .is_some_and(|c| c.halted),
         })
         .into_response(),
-        Ok(None) => no_such_conversation(),
+        Ok((None, _)) => no_such_conversation(),
         Err(e) => internal(e),
     }
 }
@@ -322,7 +374,7 @@ pub async fn decide_pending(
     }
 }
 
-fn bad_request(message: &str) -> Response {
+pub fn bad_request(message: &str) -> Response {
     (
         StatusCode::BAD_REQUEST,
         Json(serde_json::json!({ "error": message })),
@@ -368,8 +420,8 @@ pub async fn reload_policies(State(app): State<Arc<App>>) -> Response {
 
 /// `GET /admin/api/stats`: the proxy's own overhead and the log's health.
 pub async fn stats(State(app): State<Arc<App>>) -> Response {
-    match app.store.overhead(1000).await {
-        Ok(overhead) => {
+    match tokio::try_join!(app.store.overhead(1000), app.store.precision()) {
+        Ok((overhead, precision)) => {
             let held = app.analyser.memory.held();
             Json(serde_json::json!({
                 "proxy_overhead_us": overhead,
@@ -384,6 +436,9 @@ pub async fn stats(State(app): State<Arc<App>>) -> Response {
                 "connections": app.spread.open(),
                 // Connections closed at `server.max_connections` to make room, and refused.
                 "connections_at_cap": app.connections.at_cap(),
+                // Each detector's right / (right + wrong) from the feedback on its alerts
+                // (`POST /admin/api/feedback`; a halt a human lifted counts wrong).
+                "precision": precision,
             }))
             .into_response()
         }

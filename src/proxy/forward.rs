@@ -608,6 +608,7 @@ fn new_record(
         at_ms: started_ms,
         // Known once the response has ended: `super::record`.
         overhead_us: 0,
+        team: crate::policy::select::team_of(&parts.headers, route.team).map(str::to_string),
     });
     Finished {
         row,

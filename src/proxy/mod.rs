@@ -15,6 +15,7 @@ pub mod analysis;
 pub mod block;
 pub mod body;
 pub mod connection;
+pub mod dashboard;
 pub mod errors;
 pub mod forward;
 pub mod health;

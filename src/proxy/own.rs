@@ -1,6 +1,6 @@
 //! The proxy's own paths, answered here and never forwarded: `/` (what this is), `/healthz`,
-//! `/admin` and everything under it (the admin API), and `/metrics`, `/ui` and everything
-//! under it, kept for what is to come (a 404 until then). `/metrics` is `super::scrape`. An agent whose base URL is the
+//! `/admin` and everything under it (the admin API), `/ui` and everything under it (the
+//! dashboard: [`super::dashboard`]), and `/metrics` ([`super::scrape`]). An agent whose base URL is the
 //! bare proxy never reaches the upstream with these, and they are not logged as requests.
 
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use http::StatusCode;
 
-use super::{admin, App};
+use super::{admin, dashboard, App};
 
 /// Whether `path` is one of the proxy's own, which [`router`] answers. Every other request
 /// is forwarded, and goes straight to `forward::handle` rather than through the router:
@@ -46,6 +46,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/admin/api/policies/reload", post(admin::reload_policies))
         .route("/admin/api/pending", get(admin::pending))
         .route("/admin/api/pending/{id}", post(admin::decide_pending))
+        .route("/admin/api/overview", get(dashboard::overview))
+        .route("/admin/api/feedback", post(dashboard::feedback))
         // Unknown admin calls go through the access rule too: a caller without access
         // learns nothing of which calls exist.
         .route("/admin/{*rest}", any(not_found))
@@ -53,11 +55,28 @@ pub fn router(app: Arc<App>) -> Router {
             app.clone(),
             admin::require_access,
         ));
+    // The dashboard's pages, behind the same rules; its login form outside them.
+    let pages = Router::new()
+        .route("/ui", get(dashboard::index))
+        .route("/ui/", get(dashboard::index))
+        .route("/ui/app.js", get(dashboard::app_js))
+        .route("/ui/app.css", get(dashboard::app_css))
+        .route("/ui/{*rest}", any(not_found))
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            dashboard::require_page_access,
+        ))
+        .route(
+            "/ui/login",
+            get(dashboard::login_form).post(dashboard::login),
+        )
+        .layer(axum::middleware::from_fn(dashboard::page_headers));
     Router::new()
         .route("/", get(index))
         .route("/healthz", get(healthz))
         .route("/metrics", get(super::scrape::metrics))
         .merge(admin)
+        .merge(pages)
         .fallback(not_found)
         .with_state(app)
 }
@@ -71,6 +90,7 @@ async fn index() -> Response {
                   agent's OpenAI, Anthropic or Gemini base URL here",
         "health": "/healthz",
         "admin_api": "/admin/api/",
+        "dashboard": "/ui/",
     }))
     .into_response()
 }

@@ -13,6 +13,7 @@
 //!
 //! Schema: `migrations/` (embedded, applied at open).
 
+pub mod dashboard;
 pub mod query;
 pub mod redact;
 mod sqlite;
@@ -54,6 +55,9 @@ pub struct ConversationSeen {
     /// The request's `proxy_overhead_us`, added to the conversation's running sum (set when
     /// the request's row is logged: `crate::proxy::record`).
     pub overhead_us: i64,
+    /// The team the request named (`/t/{team}`, `x-loopwarden-team`), for the dashboard's
+    /// filter.
+    pub team: Option<String>,
 }
 
 /// The text of a column with a fixed vocabulary (a request's method, upstream, dialect,
@@ -657,6 +661,7 @@ mod tests {
                 model: model.map(Into::into),
                 at_ms,
                 overhead_us: at_ms * 10,
+                team: None,
             })
         };
         // Finished in this order, started out of it.

@@ -2,6 +2,7 @@
 //! read through a small sqlx pool ([`read`], the conversations' controls), and written by
 //! the log's writer thread on a rusqlite connection of its own ([`write`]).
 
+pub(crate) mod dashboard;
 pub(crate) mod read;
 pub(crate) mod write;
 

@@ -5,7 +5,7 @@ use sqlx::SqlitePool;
 
 use crate::store::query::{ConversationSummary, LoggedSpend, OverheadStats, Timeline};
 
-const SUMMARY_SELECT: &str = "
+pub(crate) const SUMMARY_SELECT: &str = "
     SELECT c.id, c.id_source, c.client, c.dialect, c.model, c.first_seen_ms, c.last_seen_ms,
            c.requests,
            (SELECT count(*) FROM tool_calls t WHERE t.conversation_id = c.id) AS tool_calls,

@@ -306,15 +306,16 @@ impl Sql {
             Sql::Conversation => {
                 "INSERT INTO conversations
                    (id, id_source, client, dialect, model, first_seen_ms, last_seen_ms, requests,
-                    proxy_overhead_us_sum)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                    proxy_overhead_us_sum, team)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
                  ON CONFLICT (id) DO UPDATE SET
                    last_seen_ms = max(last_seen_ms, excluded.last_seen_ms),
                    requests = requests + excluded.requests,
                    proxy_overhead_us_sum = proxy_overhead_us_sum + excluded.proxy_overhead_us_sum,
                    client = coalesce(client, excluded.client),
                    dialect = coalesce(excluded.dialect, dialect),
-                   model = coalesce(excluded.model, model)"
+                   model = coalesce(excluded.model, model),
+                   team = coalesce(team, excluded.team)"
             }
             // A result, once known, is never erased by a later sighting without one.
             Sql::ToolCall => {
@@ -458,6 +459,8 @@ struct Sightings<'a> {
     last_ms: i64,
     requests: i64,
     overhead_us: i64,
+    /// The first sighting's with one, as `coalesce(team, excluded.team)` keeps.
+    team: Option<&'a str>,
 }
 
 impl<'a> Sightings<'a> {
@@ -470,6 +473,7 @@ impl<'a> Sightings<'a> {
             last_ms: seen.at_ms,
             requests: 1,
             overhead_us: seen.overhead_us,
+            team: seen.team.as_deref(),
         }
     }
 
@@ -480,6 +484,7 @@ impl<'a> Sightings<'a> {
         self.last_ms = self.last_ms.max(seen.at_ms);
         self.requests += 1;
         self.overhead_us += seen.overhead_us;
+        self.team = self.team.or(seen.team.as_deref());
     }
 
     fn write(&self, statements: &mut Statements<'_>) -> rusqlite::Result<()> {
@@ -492,7 +497,8 @@ impl<'a> Sightings<'a> {
             self.first.at_ms,
             self.last_ms,
             self.requests,
-            self.overhead_us
+            self.overhead_us,
+            self.team
         ])?;
         Ok(())
     }

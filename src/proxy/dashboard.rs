@@ -1,0 +1,310 @@
+//! The dashboard: the page at `/ui` (its files in `ui/`, built into the binary), its login
+//! for a browser when `admin.token` is set, and the admin API calls only it needs
+//! (`/admin/api/overview`, `/admin/api/feedback`). Every page is drawn by `ui/app.js` from
+//! the admin API's JSON; the page's own writes go through the admin API's checks (JSON
+//! body, no foreign `Origin`: [`super::admin::check`]).
+//!
+//! Access: the same rules as the admin API. A browser cannot send a bearer token on a
+//! page load, so with a token set, `POST /ui/login` takes it once from a form and sets an
+//! `HttpOnly; SameSite=Strict` cookie that [`super::admin::check`] accepts in its place
+//! ([`super::admin::session_cookie`]). Strict means no other site's page sends it.
+
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Query, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::{Form, Json};
+use http::{header, HeaderMap, HeaderValue, StatusCode};
+use serde::{Deserialize, Serialize};
+
+use super::admin::{self, Denied};
+use super::App;
+use crate::store::dashboard::{HaltedRun, Target, Verdict};
+use crate::store::now_ms;
+
+const INDEX_HTML: &str = include_str!("../../ui/index.html");
+const LOGIN_HTML: &str = include_str!("../../ui/login.html");
+const APP_JS: &str = include_str!("../../ui/app.js");
+const APP_CSS: &str = include_str!("../../ui/app.css");
+
+/// Scripts and styles from this origin only (no inline script: a text that reached the
+/// page from the log cannot run), connections to this origin only, never in a frame.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+                   connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
+
+/// The headers every `/ui` answer carries: no framing (clickjacking), no sniffing, no
+/// caching of pages that show the log, no referrer to other sites. (`no-referrer` would
+/// make the browser send `Origin: null` on the page's own writes, which are refused.)
+pub async fn page_headers(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::CONTENT_SECURITY_POLICY, CSP),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "same-origin"),
+        (header::CACHE_CONTROL, "no-store"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+/// The admin API's access rules for the pages; a browser without the token is sent to
+/// the login form rather than shown a JSON error.
+pub async fn require_page_access(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let listen = app.config.listen_addr().ok().map(|a| a.ip());
+    let token = &app.config.admin.token;
+    match admin::check(token, listen, peer, request.method(), request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(Denied::WrongToken) => see_other("/ui/login"),
+        Err(denied) => admin::refusal(denied),
+    }
+}
+
+fn see_other(to: &'static str) -> Response {
+    (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response()
+}
+
+fn file(content_type: &'static str, body: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+/// `GET /ui`, `/ui/`: the page (its script draws whichever view the URL's `#` names).
+pub async fn index() -> Response {
+    file("text/html; charset=utf-8", INDEX_HTML)
+}
+
+pub async fn app_js() -> Response {
+    file("text/javascript; charset=utf-8", APP_JS)
+}
+
+pub async fn app_css() -> Response {
+    file("text/css; charset=utf-8", APP_CSS)
+}
+
+/// `GET /ui/login`: the token form (without a token set there is nothing to log in to).
+pub async fn login_form(State(app): State<Arc<App>>) -> Response {
+    if app.config.admin.token.is_empty() {
+        return see_other("/ui/");
+    }
+    login_page(StatusCode::OK, "")
+}
+
+fn login_page(status: StatusCode, message: &str) -> Response {
+    let html = LOGIN_HTML.replace("{{message}}", message);
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        html,
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+pub struct LoginForm {
+    token: String,
+}
+
+/// `POST /ui/login` (a form with `token`): the right token gets the session cookie. A
+/// form posted from another origin is refused, so no page can log a browser in to its
+/// own choice of session.
+pub async fn login(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    let token = &app.config.admin.token;
+    if token.is_empty() {
+        return see_other("/ui/");
+    }
+    if admin::foreign_origin(&headers) {
+        return admin::refusal(Denied::ForeignOrigin);
+    }
+    if !admin::constant_time_eq(form.token.trim().as_bytes(), token.as_bytes()) {
+        return login_page(StatusCode::UNAUTHORIZED, "That is not the admin token.");
+    }
+    let cookie = format!(
+        "{}={}; Path=/; HttpOnly; SameSite=Strict",
+        admin::SESSION_COOKIE,
+        admin::session_cookie(token)
+    );
+    let mut response = see_other("/ui/");
+    if let Ok(value) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
+#[derive(Deserialize)]
+pub struct OverviewParams {
+    hours: Option<i64>,
+}
+
+/// How long a halted run is assumed to have gone on without the halt, at most: until
+/// someone noticed, which without loopwarden is when a person looks, if the run has no cap.
+pub const ASSUMED_MINUTES: f64 = 30.0;
+
+/// What the overview says the estimate assumes.
+const ASSUMPTION: &str = "An estimate. Each halted run is assumed to have gone on at its pace \
+    before the halt (its steps and dollars per minute since its first request, over at least a \
+    minute) until someone noticed: until it was resumed, or for 30 minutes at most.";
+
+/// The overview's estimate of what the halts saved.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Savings {
+    pub estimate: bool,
+    pub assumption: &'static str,
+    pub halts: usize,
+    pub steps: f64,
+    pub dollars: f64,
+}
+
+/// Steps and dollars the halted runs would have spent had they gone on (see [`ASSUMPTION`]).
+pub fn estimate_savings(runs: &[HaltedRun], now_ms: i64) -> Savings {
+    let mut savings = Savings {
+        estimate: true,
+        assumption: ASSUMPTION,
+        halts: runs.len(),
+        steps: 0.0,
+        dollars: 0.0,
+    };
+    for run in runs {
+        let ran_minutes = ((run.halted_ms - run.first_ms) as f64 / 60_000.0).max(1.0);
+        let until = run.resumed_ms.unwrap_or(now_ms);
+        let spared_minutes =
+            ((until - run.halted_ms) as f64 / 60_000.0).clamp(0.0, ASSUMED_MINUTES);
+        savings.steps += run.steps as f64 / ran_minutes * spared_minutes;
+        savings.dollars += run.cost_usd / ran_minutes * spared_minutes;
+    }
+    savings
+}
+
+/// `GET /admin/api/overview?hours=24`: the overview's figures over the last `hours`
+/// (1 to 720): requests and conversations, what is live, the policies' interventions per
+/// bucket (a 24th of the window) by detector and policy, the halts' savings (an
+/// estimate), and each detector's precision from the feedback.
+pub async fn overview(
+    State(app): State<Arc<App>>,
+    Query(params): Query<OverviewParams>,
+) -> Response {
+    let hours = params.hours.unwrap_or(24).clamp(1, 720);
+    let now = now_ms();
+    let since_ms = now - hours * 3_600_000;
+    let bucket_ms = hours * 3_600_000 / 24;
+    let store = &app.store;
+    let (totals, counts, runs, precision) = match tokio::try_join!(
+        store.totals(since_ms),
+        store.intervention_counts(since_ms, bucket_ms),
+        store.halted_runs(since_ms),
+        store.precision(),
+    ) {
+        Ok(all) => all,
+        Err(e) => return admin::internal(e),
+    };
+    Json(serde_json::json!({
+        "window": { "hours": hours, "since_ms": since_ms, "bucket_ms": bucket_ms, "now_ms": now },
+        "totals": totals,
+        "live_conversations": app.analyser.memory.held().conversations,
+        "halted_conversations": app.interventions.controls.halted().len(),
+        "pending": app.interventions.pending.list().len(),
+        "interventions": counts,
+        "savings": estimate_savings(&runs, now),
+        "precision": precision,
+    }))
+    .into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FeedbackBody {
+    finding_id: Option<i64>,
+    intervention_id: Option<i64>,
+    verdict: Verdict,
+    #[serde(default)]
+    note: Option<String>,
+}
+
+/// Longest note kept, in characters.
+const NOTE_CHARS: usize = 1000;
+
+/// `POST /admin/api/feedback` with `{"finding_id" | "intervention_id": N, "verdict":
+/// "right" | "wrong", "note": "..."}`: a human's word on an alert; the latest one on an
+/// alert counts. 404 for an alert the log does not hold.
+pub async fn feedback(State(app): State<Arc<App>>, body: axum::body::Bytes) -> Response {
+    const SHAPE: &str = "expected {\"finding_id\" | \"intervention_id\": N, \"verdict\": \"right\" | \"wrong\", \"note\": \"...\"}";
+    let parsed: FeedbackBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return admin::bad_request(&format!("{SHAPE}: {e}")),
+    };
+    let target = match (parsed.finding_id, parsed.intervention_id) {
+        (Some(id), None) => Target::Finding(id),
+        (None, Some(id)) => Target::Intervention(id),
+        _ => return admin::bad_request(&format!("{SHAPE}: exactly one id")),
+    };
+    let note: String = parsed
+        .note
+        .unwrap_or_default()
+        .chars()
+        .take(NOTE_CHARS)
+        .collect();
+    let note = crate::store::Masked::from(note);
+    match app
+        .store
+        .give_feedback(target, parsed.verdict, note.as_str())
+        .await
+    {
+        Ok(Some(recorded)) => Json(serde_json::json!({ "feedback": recorded })).into_response(),
+        Ok(None) => (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({ "error": "no such finding or intervention" })),
+        )
+            .into_response(),
+        Err(e) => admin::internal(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(
+        first_ms: i64,
+        halted_ms: i64,
+        steps: i64,
+        cost_usd: f64,
+        resumed_ms: Option<i64>,
+    ) -> HaltedRun {
+        HaltedRun {
+            conversation_id: "c".into(),
+            detector: "fail_loop".into(),
+            halted_ms,
+            first_ms,
+            steps,
+            cost_usd,
+            resumed_ms,
+        }
+    }
+
+    #[test]
+    fn savings_go_on_at_the_run_s_pace_until_it_is_resumed_or_for_thirty_minutes() {
+        let min = 60_000;
+        // 10 steps and $2 over 10 minutes, resumed 5 minutes after the halt: 5 steps, $1.
+        let resumed = run(0, 10 * min, 10, 2.0, Some(15 * min));
+        // 4 steps and $1 over 2 minutes, still halted an hour later: 30 minutes of it.
+        let halted = run(0, 2 * min, 4, 1.0, None);
+        // A run of seconds is taken over a minute: 3 steps a minute, for 30 minutes.
+        let short = run(0, 1000, 3, 0.0, None);
+        let s = estimate_savings(&[resumed, halted, short], 2 * min + 60 * min);
+        assert_eq!(s.halts, 3);
+        assert!((s.steps - (5.0 + 60.0 + 90.0)).abs() < 1e-6, "{}", s.steps);
+        assert!((s.dollars - (1.0 + 15.0)).abs() < 1e-6, "{}", s.dollars);
+        assert!(s.estimate);
+    }
+}

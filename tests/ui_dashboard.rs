@@ -1,0 +1,565 @@
+//! The dashboard at `/ui` in a real headless Chromium (driven over WebDriver:
+//! `ui_support`), with live traffic from the scripted mock through the proxy: each page
+//! shows the right rows, its buttons change the log and what the conversation's next
+//! request gets, a page of another origin cannot act, and without the token a client
+//! that is not on this machine gets nothing. Screenshots of each page are saved
+//! (`ui_support::screenshot_dir`).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests start their servers as they like"
+)]
+
+mod intervene_support;
+mod ui_support;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use intervene_support::{client, first_k, header, loop_body, looping_script, Setup};
+use loopwarden::config::Config;
+use loopwarden::detect::Action;
+use loopwarden::dialect::Dialect;
+use loopwarden::mock::MockServer;
+use serde_json::Value;
+use ui_support::Browser;
+
+const DIALECT: Dialect = Dialect::OpenAiChat;
+
+/// CI's runs stop on a loop; team `ask` waits for a human instead.
+const POLICIES: &str = r#"
+[[policy]]
+name = "ask"
+match = { team = "ask" }
+[policy.intervene]
+on_stop = "pause"
+[policy.intervene.pause]
+timeout_secs = 600
+
+[[policy]]
+name = "ci"
+match = { team = "ci" }
+"#;
+
+async fn start(listen: &str, token: &str) -> Setup {
+    let mock = MockServer::start(looping_script(DIALECT)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config: Config = toml::from_str(POLICIES).unwrap();
+    config.server.listen = listen.into();
+    config.store.db = format!("sqlite://{}", dir.path().join("log.db").display());
+    config.upstream.openai = mock.url();
+    config.upstream.anthropic = mock.url();
+    config.upstream.gemini = mock.url();
+    config.admin.token = token.into();
+    let proxy = loopwarden::proxy::start(config).await.unwrap();
+    Setup { mock, proxy, dir }
+}
+
+fn path(team: &str, conversation: &str) -> String {
+    format!("/t/{team}/c/{conversation}/v1/chat/completions")
+}
+
+/// Sends the loop's request with `k` failing runs; the decision the answer carries.
+async fn send(setup: &Setup, team: &str, conversation: &str, k: usize) -> String {
+    let r = setup
+        .post(
+            &path(team, conversation),
+            &loop_body(DIALECT, k, false, None),
+        )
+        .await;
+    let decision = header(&r, "x-loopwarden-decision");
+    r.bytes().await.unwrap();
+    decision
+}
+
+/// The log's rows, read from the database file.
+fn query(setup: &Setup, sql: &str) -> Vec<Vec<Value>> {
+    let db = rusqlite::Connection::open(setup.dir.path().join("log.db")).unwrap();
+    let mut statement = db.prepare(sql).unwrap();
+    let n = statement.column_count();
+    let rows = statement
+        .query_map([], |row| {
+            (0..n)
+                .map(|i| {
+                    Ok(match row.get_ref(i)? {
+                        rusqlite::types::ValueRef::Null => Value::Null,
+                        rusqlite::types::ValueRef::Integer(v) => v.into(),
+                        rusqlite::types::ValueRef::Real(v) => v.into(),
+                        rusqlite::types::ValueRef::Text(t) => {
+                            String::from_utf8_lossy(t).into_owned().into()
+                        }
+                        rusqlite::types::ValueRef::Blob(_) => Value::Null,
+                    })
+                })
+                .collect()
+        })
+        .unwrap();
+    rows.map(Result::unwrap).collect()
+}
+
+async fn halted(setup: &Setup, id: &str) -> bool {
+    setup.proxy.flush_log().await;
+    let (_, v) = setup
+        .admin(&format!("/admin/api/conversations/{id}"), None)
+        .await;
+    v["halted"] == true
+}
+
+/// The precision line of `detector` in `GET /admin/api/stats`: (right, wrong, implied).
+async fn precision(setup: &Setup, detector: &str) -> Option<(i64, i64, i64)> {
+    let (_, stats) = setup.admin("/admin/api/stats", None).await;
+    stats["precision"].as_array()?.iter().find_map(|p| {
+        (p["detector"] == detector).then(|| {
+            (
+                p["right"].as_i64().unwrap(),
+                p["wrong"].as_i64().unwrap(),
+                p["implied_wrong"].as_i64().unwrap(),
+            )
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_page_shows_live_traffic_and_its_buttons_act_on_the_conversation() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let setup = Arc::new(start("127.0.0.1:0", "").await);
+    let halt_k = first_k(DIALECT, Action::Halt);
+    let nudge_k = first_k(DIALECT, Action::Nudge);
+
+    // Traffic: a CI run that loops until halted, a default-policy run that is nudged, and
+    // three runs of team `ask` held for a human.
+    for k in 1..=halt_k {
+        send(&setup, "ci", "ci-loop", k).await;
+    }
+    assert!(halted(&setup, "ci-loop").await);
+    assert_eq!(send(&setup, "dev", "dev-run", nudge_k).await, "nudge");
+    let mut held = Vec::new();
+    for id in ["ask-continue", "ask-nudge", "ask-halt"] {
+        let s = setup.clone();
+        held.push((
+            id,
+            tokio::spawn(async move { send(&s, "ask", id, halt_k).await }),
+        ));
+    }
+    setup.proxy.flush_log().await;
+    let ui = setup.url("/ui/");
+
+    // Overview: the figures and the chart of the interventions.
+    browser.goto(&ui).await;
+    browser.wait_for("#chart rect.bar", "").await;
+    let logged = query(&setup, "SELECT count(*) FROM requests")[0][0].clone();
+    browser
+        .wait_until(&format!(
+            "document.querySelector('#requests .value')?.innerText === '{logged}'"
+        ))
+        .await;
+    browser.wait_for("#assumption", "estimate").await;
+    browser.wait_for("#saved-steps", "1 halts").await;
+    browser.wait_for("#precision-none", "No feedback").await;
+    browser.screenshot("overview").await;
+
+    // Pending approvals: the three held requests, each decided by its button.
+    browser.goto(&format!("{ui}#/pending")).await;
+    browser
+        .wait_until("document.querySelectorAll('tr.pending').length === 3")
+        .await;
+    browser.wait_for("tr.pending .time-left", "s, then").await;
+    browser.screenshot("pending").await;
+    for (id, task) in held {
+        let forwarded_before = setup.mock.requests().len();
+        let (_, list) = setup.admin("/admin/api/pending", None).await;
+        let ticket = list["pending"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["conversation_id"] == id)
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let button = match id {
+            "ask-continue" => "button.continue",
+            "ask-nudge" => "button.nudge",
+            _ => "button.halt",
+        };
+        browser
+            .click_on(&format!("tr.pending[data-id='{ticket}'] {button}"), "")
+            .await;
+        assert_eq!(task.await.unwrap(), "pause");
+        let forwarded = setup.mock.requests().len() - forwarded_before;
+        match id {
+            "ask-continue" => assert_eq!(forwarded, 1),
+            "ask-nudge" => {
+                assert_eq!(forwarded, 1);
+                let sent = setup.mock.requests().last().unwrap().body.clone();
+                assert_ne!(
+                    sent.as_ref(),
+                    loop_body(DIALECT, halt_k, false, None)
+                        .to_string()
+                        .as_bytes(),
+                    "the nudge's reminder was added"
+                );
+            }
+            _ => {
+                assert_eq!(forwarded, 0, "halted");
+                assert_eq!(send(&setup, "ask", id, halt_k + 1).await, "halt");
+            }
+        }
+    }
+    browser
+        .wait_for("#no-pending", "No request is waiting")
+        .await;
+
+    // Conversations: every one (the held ones are logged once decided), newest first; then the team filter through the form.
+    browser.goto(&format!("{ui}#/conversations")).await;
+    browser
+        .wait_until("document.querySelectorAll('tr.conversation').length === 5")
+        .await;
+    let ids = browser
+        .eval("[...document.querySelectorAll('tr.conversation')].map(r => r.dataset.id)")
+        .await;
+    let newest_first: Vec<Value> = query(
+        &setup,
+        "SELECT id FROM conversations ORDER BY last_seen_ms DESC",
+    )
+    .into_iter()
+    .map(|mut r| r.remove(0))
+    .collect();
+    assert_eq!(ids, Value::Array(newest_first));
+    browser
+        .wait_for("tr.conversation[data-id=ci-loop]", "ci")
+        .await;
+    browser.screenshot("conversations").await;
+    let team = browser.wait_for("#filter-team", "").await;
+    browser.type_into(&team, "ci").await;
+    browser.click_on("#apply-filters", "").await;
+    browser
+        .wait_until(
+            "document.querySelectorAll('tr.conversation').length === 1 \
+             && document.querySelector('tr.conversation').dataset.id === 'ci-loop'",
+        )
+        .await;
+    browser
+        .goto(&format!("{ui}#/conversations?decision=nudge"))
+        .await;
+    browser
+        .wait_until(
+            "document.querySelectorAll('tr.conversation').length === 1 \
+             && document.querySelector('tr.conversation').dataset.id === 'dev-run'",
+        )
+        .await;
+
+    // One conversation's timeline; resume, feedback, halt.
+    browser.goto(&format!("{ui}#/conversation/ci-loop")).await;
+    browser.wait_for("#halted", "halted").await;
+    browser
+        .wait_for(".step .call code", "python3 test_calc.py")
+        .await;
+    browser
+        .wait_for(".step .call .result", "AssertionError")
+        .await;
+    browser.wait_for(".finding", "").await;
+    let halt = browser.wait_for(".intervention", "by policy").await;
+    browser.screenshot("timeline").await;
+    let forwarded_before = setup.mock.requests().len();
+    assert_eq!(send(&setup, "ci", "ci-loop", halt_k + 1).await, "halt");
+    assert_eq!(setup.mock.requests().len(), forwarded_before, "sticky");
+
+    browser.click_on("#resume", "").await;
+    browser.wait_for("#running", "").await;
+    assert!(!halted(&setup, "ci-loop").await);
+    assert_ne!(send(&setup, "ci", "ci-loop", halt_k + 1).await, "halt");
+    assert_eq!(setup.mock.requests().len(), forwarded_before + 1);
+    setup.proxy.flush_log().await;
+    let all = query(&setup, "SELECT action, applied, source, detector FROM interventions WHERE conversation_id = 'ci-loop'");
+    let detector = query(
+        &setup,
+        "SELECT detector FROM interventions WHERE conversation_id = 'ci-loop' AND action IN ('halt', 'block') AND source = 'policy'",
+    ).first().unwrap_or_else(|| panic!("{all:?}"))[0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        precision(&setup, &detector).await,
+        Some((0, 1, 1)),
+        "a halt a human lifted counts wrong"
+    );
+
+    // The halt was right after all: the explicit verdict replaces the implied one.
+    // The timeline shows the implied verdict on the halt the resume lifted.
+    let lifted = "[...document.querySelectorAll('.intervention')]\
+        .find(e => (e.querySelector('.verdict')?.innerText || '').includes('resumed'))";
+    browser.wait_until(&format!("{lifted} !== undefined")).await;
+    let halt_id = browser
+        .eval(&format!("Number({lifted}.dataset.id)"))
+        .await
+        .as_i64()
+        .unwrap();
+    let _ = halt;
+    browser
+        .click_on(
+            &format!(".intervention[data-id='{halt_id}'] button.right"),
+            "",
+        )
+        .await;
+    browser
+        .wait_for(
+            &format!(".intervention[data-id='{halt_id}'] .verdict"),
+            "right",
+        )
+        .await;
+    let rows = query(
+        &setup,
+        "SELECT intervention_id, verdict, detector FROM feedback",
+    );
+    assert_eq!(
+        rows,
+        vec![vec![
+            Value::from(halt_id),
+            Value::from("right"),
+            Value::from(detector.clone())
+        ]]
+    );
+    assert_eq!(precision(&setup, &detector).await, Some((1, 0, 0)));
+    // A finding judged wrong.
+    browser.click_on(".finding button.wrong", "").await;
+    browser.wait_for(".finding .verdict", "wrong").await;
+    assert_eq!(
+        query(
+            &setup,
+            "SELECT count(*) FROM feedback WHERE finding_id IS NOT NULL AND verdict = 'wrong'"
+        )[0][0],
+        1
+    );
+
+    browser.click_on("#halt", "").await;
+    browser.wait_for("#halted", "halted").await;
+    let before = setup.mock.requests().len();
+    assert_eq!(send(&setup, "ci", "ci-loop", halt_k + 2).await, "halt");
+    assert_eq!(setup.mock.requests().len(), before, "halted by hand");
+    setup.proxy.flush_log().await;
+    assert_eq!(
+        query(&setup, "SELECT source FROM conversation_controls WHERE conversation_id = 'ci-loop' AND halted = 1")[0][0],
+        "operator"
+    );
+
+    // Overview again: the precision from the feedback (the halt right, the finding wrong:
+    // 50 % when the finding is the halt's detector's).
+    let (right, wrong, _) = precision(&setup, &detector).await.unwrap();
+    let percent = format!("{:.0} %", 100.0 * right as f64 / (right + wrong) as f64);
+    browser.goto(&ui).await;
+    browser
+        .wait_for(
+            &format!("#precision tr.precision[data-detector='{detector}']"),
+            &percent,
+        )
+        .await;
+    browser.screenshot("overview-feedback").await;
+
+    // Policies: each with its match count.
+    browser.goto(&format!("{ui}#/policies")).await;
+    let ask = browser
+        .wait_for("tr.policy[data-name=ask]", "\"ask\"")
+        .await;
+    let _ = ask;
+    browser
+        .wait_until(
+            "Number(document.querySelector('tr.policy[data-name=ci] td.num').innerText) > 0",
+        )
+        .await;
+    browser.wait_for("#last-reload", "").await;
+    browser.screenshot("policies").await;
+
+    // A page of another origin: its JSON fetch is stopped by the browser (the preflight
+    // is refused), its form post by the proxy; the conversation stays halted.
+    let evil = evil_site(&setup.url("/admin/api/conversations/ci-loop/resume")).await;
+    browser.goto(&evil).await;
+    browser
+        .wait_until("document.title === 'fetch-failed'")
+        .await;
+    browser.click(&browser.wait_for("#go", "").await).await;
+    browser
+        .wait_until("document.body.innerText.includes('another origin')")
+        .await;
+    assert!(halted(&setup, "ci-loop").await, "still halted");
+    setup.proxy.flush_log().await;
+    assert_eq!(
+        query(&setup, "SELECT count(*) FROM interventions WHERE conversation_id = 'ci-loop' AND action = 'resume'")[0][0],
+        1,
+        "only the dashboard's resume"
+    );
+}
+
+/// A page on another loopback port that tries to resume a conversation through the
+/// visitor's browser: a JSON `fetch` at once, and a `text/plain` form made to look like
+/// JSON when `#go` is clicked.
+async fn evil_site(target: &str) -> String {
+    let page = format!(
+        r#"<!doctype html><html><head><title>evil</title></head><body>
+        <form id="f" method="post" action="{target}" enctype="text/plain">
+          <input type="hidden" name='{{"a":"' value='"}}'>
+          <button id="go" type="submit">go</button>
+        </form>
+        <script>
+          fetch("{target}", {{method: "POST", headers: {{"content-type": "application/json"}}, body: "{{}}"}})
+            .then(r => {{ document.title = "fetch-answered-" + r.status; }})
+            .catch(() => {{ document.title = "fetch-failed"; }});
+        </script></body></html>"#
+    );
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || {
+            let page = page.clone();
+            async move { axum::response::Html(page) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+/// This machine's address on its network (not loopback), if it has one.
+fn network_address() -> Option<IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// Listening on every address: a client reaching it through the network address is not
+/// loopback. Without a token it gets nothing; with one, the pages send it to the login
+/// form, whose cookie then opens them, in a real browser too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_off_this_machine_needs_the_token_and_the_browser_logs_in_once() {
+    let Some(ip) = network_address() else {
+        eprintln!("note: no network address besides loopback; test skipped");
+        return;
+    };
+    let no_redirect = || {
+        reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap()
+    };
+    let open = start("0.0.0.0:0", "").await;
+    let base = format!("http://{ip}:{}", open.proxy.addr().port());
+    for page in [
+        "/ui",
+        "/ui/",
+        "/ui/app.js",
+        "/admin/api/overview",
+        "/ui/login",
+    ] {
+        let r = no_redirect()
+            .get(format!("{base}{page}"))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let body = r.text().await.unwrap();
+        if page == "/ui/login" {
+            // Nothing to log in to without a token: sent to the page, which refuses.
+            assert_eq!(status, 303, "{page}");
+        } else {
+            assert_eq!(status, 403, "{page}: {body}");
+            assert!(
+                !body.contains("<html") && !body.contains("function"),
+                "{page}"
+            );
+        }
+    }
+
+    let token = "t0ken-for-the-dashboard";
+    let guarded = start("0.0.0.0:0", token).await;
+    let base = format!("http://{ip}:{}", guarded.proxy.addr().port());
+    let r = no_redirect()
+        .get(format!("{base}/ui/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 303);
+    assert_eq!(header_of(&r, "location"), "/ui/login");
+    let r = no_redirect()
+        .get(format!("{base}/admin/api/overview"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let login = |body: &'static str, origin: Option<String>| {
+        let mut request = no_redirect()
+            .post(format!("{base}/ui/login"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body);
+        if let Some(o) = origin {
+            request = request.header("origin", o);
+        }
+        request.send()
+    };
+    let wrong = login("token=nope", None).await.unwrap();
+    assert_eq!(wrong.status().as_u16(), 401);
+    assert!(wrong.headers().get("set-cookie").is_none());
+    let foreign = login(
+        "token=t0ken-for-the-dashboard",
+        Some("http://evil.example".into()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(foreign.status().as_u16(), 403);
+    assert!(foreign.headers().get("set-cookie").is_none());
+    let ok = login("token=t0ken-for-the-dashboard", None).await.unwrap();
+    assert_eq!(ok.status().as_u16(), 303);
+    let cookie = header_of(&ok, "set-cookie");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(
+        !cookie.contains(token),
+        "the token itself is not the cookie"
+    );
+    let session = cookie.split(';').next().unwrap().to_string();
+    let page = no_redirect()
+        .get(format!("{base}/ui/"))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status().as_u16(), 200);
+    assert_eq!(header_of(&page, "x-frame-options"), "DENY");
+    assert!(header_of(&page, "content-security-policy").contains("frame-ancestors 'none'"));
+    // The cookie opens the API, and writes still need JSON.
+    let plain = no_redirect()
+        .post(format!("{base}/admin/api/feedback"))
+        .header("cookie", &session)
+        .header("content-type", "text/plain")
+        .body(r#"{"finding_id": 1, "verdict": "wrong"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status().as_u16(), 415);
+
+    // The same in a browser: the login form once, then the pages.
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    browser.goto(&format!("{base}/ui/#/policies")).await;
+    let field = browser.wait_for("#token", "").await;
+    browser.screenshot("login").await;
+    browser.type_into(&field, token).await;
+    browser.click(&browser.wait_for("#login", "").await).await;
+    browser.wait_for("#requests .value", "").await;
+    browser.goto(&format!("{base}/ui/#/policies")).await;
+    browser.wait_for("tr.policy[data-name=ci]", "ci").await;
+    let _ = client;
+}
+
+fn header_of(r: &reqwest::Response, name: &str) -> String {
+    r.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
