@@ -31,6 +31,8 @@ pub struct Config {
     pub prices: crate::budget::Prices,
     /// What the log keeps beyond the metadata (`crate::store::LogConfig`).
     pub log: crate::store::LogConfig,
+    /// OpenTelemetry traces (`crate::telemetry`); off by default.
+    pub telemetry: crate::telemetry::TelemetryConfig,
     /// Named policies, tried in file order (`crate::policy`).
     #[serde(rename = "policy")]
     pub policies: Vec<crate::policy::config::PolicyTable>,
@@ -191,6 +193,7 @@ impl Default for Config {
             log: Default::default(),
             policies: Vec::new(),
             metrics: MetricsConfig::default(),
+            telemetry: Default::default(),
             source: None,
             flags: Flags::default(),
         }

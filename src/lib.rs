@@ -35,4 +35,5 @@ pub mod request_bytes;
 pub mod scan;
 pub mod spawn;
 pub mod store;
+pub mod telemetry;
 pub mod transcript;

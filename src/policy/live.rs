@@ -193,6 +193,7 @@ impl Live {
             ("admin", s.admin != config.admin),
             ("metrics", s.metrics != config.metrics),
             ("cache", s.cache != config.cache),
+            ("telemetry", s.telemetry != config.telemetry),
         ]
         .into_iter()
         .filter(|(_, changed)| *changed)

@@ -426,6 +426,8 @@ pub async fn stats(State(app): State<Arc<App>>) -> Response {
             Json(serde_json::json!({
                 "proxy_overhead_us": overhead,
                 "log": app.store.health(),
+                // OpenTelemetry spans sent, dropped (queue full) and failed (collector).
+                "traces": app.traces.counts(),
                 "cache": { "messages": held.messages, "bytes": held.message_bytes },
                 // Conversations whose state (last request, transcript, engine fold) is held
                 // in memory, and the bytes charged for it (`cache.conversation_max_bytes`);

@@ -230,7 +230,7 @@ fn refuse(
         log_content: false,
         response: None,
     };
-    finished.hand_over(&app.store, &app.metrics);
+    finished.hand_over(&app.store, &app.metrics, &app.traces);
     let mut response = response;
     Stamp {
         conversation: None,
@@ -368,7 +368,7 @@ impl Dispatch {
         finished.row.status = response.status().as_u16() as i64;
         finished.row.outcome = Outcome::Answered.as_str().into();
         finished.row.proxy_overhead_us = self.started.elapsed().as_micros() as i64;
-        finished.hand_over(&self.app.store, &self.app.metrics);
+        finished.hand_over(&self.app.store, &self.app.metrics, &self.app.traces);
         self.stamp.apply(&mut response);
         response
     }
@@ -542,7 +542,7 @@ impl Dispatch {
         finished.row.upstream_latency_us = sent.map(|_| waited.as_micros() as i64);
         finished.row.proxy_overhead_us =
             self.started.elapsed().saturating_sub(waited).as_micros() as i64;
-        finished.hand_over(&self.app.store, &self.app.metrics);
+        finished.hand_over(&self.app.store, &self.app.metrics, &self.app.traces);
         self.stamp.apply(&mut response);
         response
     }

@@ -94,6 +94,8 @@ pub struct App {
     pub connections: Arc<connection::Connections>,
     /// What `/metrics` exposes ([`scrape`]).
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Where the OpenTelemetry spans go (`crate::telemetry`; nowhere unless configured).
+    pub traces: Arc<crate::telemetry::Traces>,
 }
 
 /// A running proxy (in-process): its address, and a handle to stop it cleanly.
@@ -201,6 +203,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     if config.source.is_some() {
         crate::policy::live::watch(Arc::downgrade(&policies));
     }
+    let traces = Arc::new(crate::telemetry::Traces::start(&config.telemetry));
     let app = Arc::new(App {
         ledger,
         interventions,
@@ -216,6 +219,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         config,
         spread,
         metrics,
+        traces,
     });
     spawn_sweeper(Arc::downgrade(&app), idle);
     crate::store::redact::warm_up();

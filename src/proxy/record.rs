@@ -185,15 +185,22 @@ impl Finished {
 }
 
 impl Finished {
-    /// Counts the request in the metrics and queues it for the log: how every finished
-    /// request leaves the request path, so that `/metrics` counts what the log holds.
-    pub fn hand_over(self, store: &crate::store::Store, metrics: &crate::metrics::Metrics) {
+    /// Counts the request in the metrics, traces it, and queues it for the log: how every
+    /// finished request leaves the request path, so that `/metrics` and the traces count
+    /// what the log holds.
+    pub fn hand_over(
+        self,
+        store: &crate::store::Store,
+        metrics: &crate::metrics::Metrics,
+        traces: &crate::telemetry::Traces,
+    ) {
         let decision = self
             .decision
             .as_ref()
             .filter(|d| d.action != Action::Observe)
             .map(|d| d.action.as_str());
         metrics.request(&self.row, decision);
+        traces.record(&self);
         store.log_deferred(Box::new(self));
     }
 }

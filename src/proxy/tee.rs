@@ -37,6 +37,7 @@ pub struct Sinks {
     pub store: Store,
     pub ledger: Ledger,
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    pub traces: std::sync::Arc<crate::telemetry::Traces>,
 }
 
 impl Sinks {
@@ -45,6 +46,7 @@ impl Sinks {
             store: app.store.clone(),
             ledger: app.ledger.clone(),
             metrics: app.metrics.clone(),
+            traces: app.traces.clone(),
         }
     }
 }
@@ -133,7 +135,7 @@ impl<B: Body> TeeBody<B> {
         if let Some(capture) = capture.filter(|_| outcome == Outcome::Complete) {
             finished.settle(capture, &sinks.ledger, crate::store::now_ms());
         }
-        finished.hand_over(&sinks.store, &sinks.metrics);
+        finished.hand_over(&sinks.store, &sinks.metrics, &sinks.traces);
     }
 }
 
