@@ -27,7 +27,9 @@
 #   IDLE=0 (skip the idle-conversation memory check, scripts/idle_memory.py), IDLE_WAVES (12),
 #   DRIVER (a load driver already built), MOCK_BIN (the binary whose `mock` is the upstream;
 #   default BIN). PEERS may add `policies`: loopwarden again, with the ten policies of
-#   scripts/bench_policies.toml (POLICIES to name another file), on LW_PORT + 1.
+#   scripts/bench_policies.toml (POLICIES to name another file), on LW_PORT + 1; and
+#   `base`: another loopwarden binary (BASE_BIN), default config, on LW_PORT + 2, to
+#   measure a change against the build before it in the same rotation.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -118,18 +120,21 @@ EOF
       STARTED+=("${PID[nginx]}")
       URL[nginx]=http://127.0.0.1:$NGINX_PORT
       wait_healthy "$NGINX_PORT" 50 0.1 / || { say "nginx did not start"; continue; } ;;
-    loopwarden | policies)
-      port=$LW_PORT db=$DB config=()
+    loopwarden | policies | base)
+      port=$LW_PORT db=$DB config=() bin=$BIN
       if [ "$peer" = policies ]; then
         port=$((LW_PORT + 1)) db=${DB%.db}-policies.db
         config=(--config "${POLICIES:-$ROOT/scripts/bench_policies.toml}")
+      fi
+      if [ "$peer" = base ]; then
+        port=$((LW_PORT + 2)) db=${DB%.db}-base.db bin=${BASE_BIN:?BASE_BIN names the binary of the base peer}
       fi
       rm -f "$db" "$db-wal" "$db-shm"
       # Default config (or the ten policies): detection on, logging on. RUST_LOG=warn: what
       # a production deployment runs.
       # shellcheck disable=SC2046
       env $(upstream_env "http://127.0.0.1:$MOCK_PORT") RUST_LOG=${RUST_LOG:-warn} \
-        "$BIN" serve --listen "127.0.0.1:$port" --db "sqlite://$db" "${config[@]}" >"$OUT/$peer.log" 2>&1 &
+        "$bin" serve --listen "127.0.0.1:$port" --db "sqlite://$db" "${config[@]}" >"$OUT/$peer.log" 2>&1 &
       PID[$peer]=$!
       STARTED+=("${PID[$peer]}")
       URL[$peer]=http://127.0.0.1:$port
@@ -188,10 +193,12 @@ echo
 python3 "$ROOT/scripts/bench_summary.py" "$OUT" | tee "$OUT/summary.md"
 echo
 python3 "$ROOT/scripts/bench_ratios.py" "$OUT" "$DB" | tee "$OUT/ratios.md"
-if [[ " ${ACTIVE[*]} " == *" policies "* ]]; then
-  echo
-  OURS=policies python3 "$ROOT/scripts/bench_ratios.py" "$OUT" "${DB%.db}-policies.db" | tee "$OUT/ratios-policies.md"
-fi
+for other in policies base; do
+  if [[ " ${ACTIVE[*]} " == *" $other "* ]]; then
+    echo
+    OURS=$other python3 "$ROOT/scripts/bench_ratios.py" "$OUT" "${DB%.db}-$other.db" | tee "$OUT/ratios-$other.md"
+  fi
+done
 if [ "${IDLE:-1}" = 1 ]; then
   echo
   echo "### Memory kept per idle conversation"
