@@ -1,0 +1,153 @@
+//! The log in PostgreSQL (issue 36: several replicas on one database). Migrated at open
+//! (`migrations/postgres/`, the same tables and columns as SQLite's), read through a sqlx
+//! pool ([`read`], the conversations' controls), and written by the log's writer thread
+//! ([`write`]) on a connection of its own, with the same queue, batching, counters and
+//! retry policy as SQLite's (`super::writer`).
+
+pub(crate) mod read;
+pub(crate) mod write;
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+use super::writer::{self, Handle};
+use super::{Control, Label, Masked, StoreOptions};
+
+/// Whether a database URL names PostgreSQL (`postgres://` or `postgresql://`).
+pub fn is_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// How long the read side waits for a connection: a request for the admin API fails
+/// rather than hangs while the database is unreachable.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The read side of a PostgreSQL log.
+#[derive(Clone)]
+pub(crate) struct Postgres {
+    pool: PgPool,
+}
+
+/// Connects and migrates (replicas starting together migrate one at a time: sqlx holds an
+/// advisory lock while it migrates), and starts the writer thread.
+pub(super) async fn open(url: &str, options: StoreOptions) -> anyhow::Result<(Postgres, Handle)> {
+    // The error names no part of the URL: it may hold a password.
+    let connect: PgConnectOptions = url
+        .parse()
+        .map_err(|e| anyhow::anyhow!("bad PostgreSQL URL in store.db: {e}"))?;
+    let at = describe(&connect);
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_with(connect.clone())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open database {at}: {e}"))?;
+    sqlx::migrate!("./migrations/postgres")
+        .run(&pool)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot migrate database {at}: {e}"))?;
+    let handle = writer::start(&options, move |queue| write::run(connect, queue))
+        .map_err(|e| anyhow::anyhow!("cannot start the log writer: {e}"))?;
+    Ok((Postgres { pool }, handle))
+}
+
+/// Where the URL points, without its credentials, for messages.
+fn describe(connect: &PgConnectOptions) -> String {
+    let database = connect.get_database().unwrap_or("(default)");
+    format!(
+        "postgres://{}:{}/{database}",
+        connect.get_host(),
+        connect.get_port()
+    )
+}
+
+impl Postgres {
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Every conversation's stored control (one row per conversation ever halted).
+    pub(crate) async fn controls(&self) -> Result<Vec<Control>, sqlx::Error> {
+        sqlx::query_as("SELECT * FROM conversation_controls")
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    /// Stores a control, unless a newer one of the conversation is stored already.
+    pub(crate) async fn save_control(&self, c: &Control) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO conversation_controls (conversation_id, halted, reason, source, humans_at_halt, resume_pending, resumed_at, updated_ms, run_steps, run_digest)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+             ON CONFLICT(conversation_id) DO UPDATE SET halted = excluded.halted, reason = excluded.reason,
+               source = excluded.source, humans_at_halt = excluded.humans_at_halt,
+               resume_pending = excluded.resume_pending, resumed_at = excluded.resumed_at,
+               updated_ms = excluded.updated_ms, run_steps = excluded.run_steps,
+               run_digest = excluded.run_digest
+             WHERE excluded.updated_ms >= conversation_controls.updated_ms",
+        )
+        .bind(&c.conversation_id)
+        .bind(c.halted)
+        .bind(c.reason.as_str())
+        .bind(&c.source)
+        .bind(c.humans_at_halt)
+        .bind(c.resume_pending)
+        .bind(&c.resumed_at)
+        .bind(c.updated_ms)
+        .bind(c.run_steps)
+        .bind(&c.run_digest)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+/// A new, empty database on the server at `admin_url` (for tests: each test its own), and
+/// its URL.
+#[doc(hidden)]
+pub async fn scratch_database(admin_url: &str) -> anyhow::Result<String> {
+    use sqlx::Connection;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static MADE: AtomicU64 = AtomicU64::new(0);
+    let name = format!(
+        "lw_{}_{}_{}",
+        std::process::id(),
+        super::now_ms(),
+        MADE.fetch_add(1, Ordering::Relaxed)
+    );
+    let mut conn = sqlx::PgConnection::connect(admin_url).await?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut conn)
+        .await?;
+    conn.close().await?;
+    let (server, _) = admin_url
+        .rsplit_once('/')
+        .ok_or_else(|| anyhow::anyhow!("{admin_url}: no database in the URL"))?;
+    Ok(format!("{server}/{name}"))
+}
+
+/// Types kept as text, read back through `From<String>` (as in SQLite: `Masked` text read
+/// back is masked again).
+macro_rules! text_column {
+    ($($t:ty),*) => {$(
+        impl sqlx::Type<sqlx::Postgres> for $t {
+            fn type_info() -> sqlx::postgres::PgTypeInfo {
+                <String as sqlx::Type<sqlx::Postgres>>::type_info()
+            }
+            fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+                <String as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+            }
+        }
+
+        impl<'r> sqlx::Decode<'r, sqlx::Postgres> for $t {
+            fn decode(
+                value: sqlx::postgres::PgValueRef<'r>,
+            ) -> Result<$t, sqlx::error::BoxDynError> {
+                <String as sqlx::Decode<sqlx::Postgres>>::decode(value).map(<$t>::from)
+            }
+        }
+    )*};
+}
+
+text_column!(Label, Masked);
