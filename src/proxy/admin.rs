@@ -366,29 +366,32 @@ pub async fn reload_policies(State(app): State<Arc<App>>) -> Response {
     (status, Json(reload)).into_response()
 }
 
-/// `GET /admin/api/stats`: the proxy's own overhead and the log's health.
+/// `GET /admin/api/stats`: the proxy's own overhead and the log's health. The overhead is
+/// read from the log; the health is counted in memory, and answered even when the log
+/// cannot be read (a database down is when it matters most): `proxy_overhead_us` is then
+/// null and `log_read_error` says why.
 pub async fn stats(State(app): State<Arc<App>>) -> Response {
-    match app.store.overhead(1000).await {
-        Ok(overhead) => {
-            let held = app.analyser.memory.held();
-            Json(serde_json::json!({
-                "proxy_overhead_us": overhead,
-                "log": app.store.health(),
-                "cache": { "messages": held.messages, "bytes": held.message_bytes },
-                // Conversations whose state (last request, transcript, engine fold) is held
-                // in memory, and the bytes charged for it (`cache.conversation_max_bytes`);
-                // idle ones are dropped, so this falls back to 0 when agents stop.
-                "live_conversations": held.conversations,
-                "conversation_bytes": held.conversation_bytes,
-                // Open client connections on each serving thread (see `proxy::spread`).
-                "connections": app.spread.open(),
-                // Connections closed at `server.max_connections` to make room, and refused.
-                "connections_at_cap": app.connections.at_cap(),
-            }))
-            .into_response()
-        }
-        Err(e) => internal(e),
-    }
+    let (overhead, log_read_error) = match app.store.overhead(1000).await {
+        Ok(overhead) => (Some(overhead), None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    let held = app.analyser.memory.held();
+    Json(serde_json::json!({
+        "proxy_overhead_us": overhead,
+        "log": app.store.health(),
+        "log_read_error": log_read_error,
+        "cache": { "messages": held.messages, "bytes": held.message_bytes },
+        // Conversations whose state (last request, transcript, engine fold) is held
+        // in memory, and the bytes charged for it (`cache.conversation_max_bytes`);
+        // idle ones are dropped, so this falls back to 0 when agents stop.
+        "live_conversations": held.conversations,
+        "conversation_bytes": held.conversation_bytes,
+        // Open client connections on each serving thread (see `proxy::spread`).
+        "connections": app.spread.open(),
+        // Connections closed at `server.max_connections` to make room, and refused.
+        "connections_at_cap": app.connections.at_cap(),
+    }))
+    .into_response()
 }
 
 #[cfg(test)]
