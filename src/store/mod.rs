@@ -343,6 +343,8 @@ pub struct StoreHealth {
     pub failed: u64,
     pub retried: u64,
     pub reopened: u64,
+    /// Entries waiting in the queue now (at most `store.queue_capacity`).
+    pub queued: usize,
 }
 
 impl Store {
@@ -405,6 +407,7 @@ impl Store {
             failed: counters.failed.load(Ordering::Relaxed),
             retried: counters.retried.load(Ordering::Relaxed),
             reopened: counters.reopened.load(Ordering::Relaxed),
+            queued: self.writer.queue.len(),
         }
     }
 

@@ -107,6 +107,11 @@ impl Queue {
         true
     }
 
+    /// Entries waiting for the writer (the queue's depth).
+    pub(super) fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
     pub(super) fn is_closed(&self) -> bool {
         self.lock().closed
     }
