@@ -171,8 +171,12 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let (spread, handed) = spread::Spread::new(threads);
     let idle = Duration::from_secs(config.cache.idle_secs);
     let ledger = crate::budget::Ledger::new(config.prices.clone());
-    let restored = ledger.restore_from(&store, crate::store::now_ms()).await?;
-    tracing::debug!(conversations = restored, "spend restored from the log");
+    // Replicas sharing a database share spend through it instead (`crate::replicas`): the
+    // log's sums would count the others' answers twice.
+    if !store.is_shared() {
+        let restored = ledger.restore_from(&store, crate::store::now_ms()).await?;
+        tracing::debug!(conversations = restored, "spend restored from the log");
+    }
     let interventions =
         crate::intervene::service::Interventions::open(store.clone(), ledger.clone()).await?;
     let prices = ledger.clone();
@@ -201,6 +205,15 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         spread,
     });
     spawn_sweeper(Arc::downgrade(&app), idle);
+    if app.store.is_shared() {
+        let shared = crate::replicas::Shared {
+            store: app.store.clone(),
+            ledger: app.ledger.clone(),
+            controls: app.interventions.controls.clone(),
+        };
+        let alive = Arc::downgrade(&app);
+        crate::replicas::spawn(shared, move || alive.strong_count() > 0);
+    }
     crate::store::redact::warm_up();
 
     let router = own::router(app.clone());

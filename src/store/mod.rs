@@ -459,6 +459,37 @@ impl Store {
         }
     }
 
+    /// The controls changed since `since_ms` (by their `updated_ms`): another replica's
+    /// halts and resumes (`crate::replicas`).
+    pub async fn controls_since(&self, since_ms: i64) -> Result<Vec<Control>, Error> {
+        match &self.backend {
+            Backend::Sqlite(db) => Ok(db.controls_since(since_ms).await?),
+            Backend::Postgres(db) => Ok(db.controls_since(since_ms).await?),
+        }
+    }
+
+    /// Publishes this replica's spend of the conversations given (PostgreSQL: a shared
+    /// log; SQLite has no other replica, and keeps nothing).
+    pub async fn publish_spend(&self, replica: &str, spend: &[LoggedSpend]) -> Result<(), Error> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(()),
+            Backend::Postgres(db) => Ok(db.publish_spend(replica, spend).await?),
+        }
+    }
+
+    /// The other replicas' spend, summed per conversation, of the conversations any of
+    /// them published since `since_ms` (none in SQLite).
+    pub async fn others_spend(
+        &self,
+        replica: &str,
+        since_ms: i64,
+    ) -> Result<Vec<LoggedSpend>, Error> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(Vec::new()),
+            Backend::Postgres(db) => Ok(db.others_spend(replica, since_ms).await?),
+        }
+    }
+
     /// Stores a conversation's control, unless a newer one is stored already.
     pub async fn save_control(&self, control: &Control) -> Result<(), Error> {
         match &self.backend {
@@ -1258,7 +1289,11 @@ mod tests {
         assert_eq!(store.controls().await.unwrap(), vec![control(false, 11)]);
     }
 
-    /// Every table's columns, by name, as `(table, column)` in order.
+    /// PostgreSQL's tables of state shared by replicas (`migrations/postgres/0010_*`), which
+    /// one process keeps in memory: not log tables, not in SQLite.
+    const SHARED_ONLY: &[&str] = &["replica_spend"];
+
+    /// Every log table's columns, by name, as `(table, column)` in order.
     async fn columns(store: &Store) -> Vec<(String, String)> {
         let mut columns: Vec<(String, String)> = match &store.backend {
             Backend::Sqlite(db) => {
@@ -1273,8 +1308,10 @@ mod tests {
             Backend::Postgres(db) => {
                 sqlx::query_as(
                     "SELECT table_name::TEXT, column_name::TEXT FROM information_schema.columns
-                     WHERE table_schema = 'public' AND table_name NOT LIKE '_sqlx%'",
+                     WHERE table_schema = 'public' AND table_name NOT LIKE '_sqlx%'
+                       AND table_name <> ALL($1)",
                 )
+                .bind(SHARED_ONLY)
                 .fetch_all(db.pool())
                 .await
             }

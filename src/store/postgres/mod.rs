@@ -13,7 +13,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
 use super::writer::{self, Handle};
-use super::{Control, Label, Masked, StoreOptions};
+use super::{Control, Label, LoggedSpend, Masked, StoreOptions};
 
 /// Whether a database URL names PostgreSQL (`postgres://` or `postgresql://`).
 pub fn is_url(url: &str) -> bool {
@@ -73,6 +73,84 @@ impl Postgres {
         sqlx::query_as("SELECT * FROM conversation_controls")
             .fetch_all(&self.pool)
             .await
+    }
+
+    pub(crate) async fn controls_since(&self, since_ms: i64) -> Result<Vec<Control>, sqlx::Error> {
+        sqlx::query_as("SELECT * FROM conversation_controls WHERE updated_ms >= $1")
+            .bind(since_ms)
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    /// Replaces this replica's rows of the conversations given (`replica_spend`).
+    pub(crate) async fn publish_spend(
+        &self,
+        replica: &str,
+        spend: &[LoggedSpend],
+    ) -> Result<(), sqlx::Error> {
+        let now = super::now_ms();
+        for chunk in spend.chunks(1000) {
+            let mut q = sqlx::QueryBuilder::<sqlx::Postgres>::new(
+                "INSERT INTO replica_spend (replica, conversation_id, policy, requests, unpriced,
+                   steps, input_tokens, cached_input_tokens, cache_write_tokens, output_tokens,
+                   cost_usd, first_ms, last_ms, updated_ms) ",
+            );
+            q.push_values(chunk, |mut v, s| {
+                v.push_bind(replica)
+                    .push_bind(&s.conversation_id)
+                    .push_bind(&s.policy)
+                    .push_bind(s.requests)
+                    .push_bind(s.unpriced)
+                    .push_bind(s.steps)
+                    .push_bind(s.input_tokens)
+                    .push_bind(s.cached_input_tokens)
+                    .push_bind(s.cache_write_tokens)
+                    .push_bind(s.output_tokens)
+                    .push_bind(s.cost_usd)
+                    .push_bind(s.first_ms)
+                    .push_bind(s.last_ms)
+                    .push_bind(now);
+            });
+            q.push(
+                " ON CONFLICT (replica, conversation_id) DO UPDATE SET policy = excluded.policy,
+                   requests = excluded.requests, unpriced = excluded.unpriced,
+                   steps = excluded.steps, input_tokens = excluded.input_tokens,
+                   cached_input_tokens = excluded.cached_input_tokens,
+                   cache_write_tokens = excluded.cache_write_tokens,
+                   output_tokens = excluded.output_tokens, cost_usd = excluded.cost_usd,
+                   first_ms = excluded.first_ms, last_ms = excluded.last_ms,
+                   updated_ms = excluded.updated_ms",
+            );
+            q.build().execute(&self.pool).await?;
+        }
+        Ok(())
+    }
+
+    /// The other replicas' spend per conversation, for the conversations published since
+    /// `since_ms`; the policy is that of the latest answer.
+    pub(crate) async fn others_spend(
+        &self,
+        replica: &str,
+        since_ms: i64,
+    ) -> Result<Vec<LoggedSpend>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT conversation_id, sum(requests)::BIGINT AS requests, max(steps) AS steps,
+                    sum(input_tokens)::BIGINT AS input_tokens,
+                    sum(cached_input_tokens)::BIGINT AS cached_input_tokens,
+                    sum(cache_write_tokens)::BIGINT AS cache_write_tokens,
+                    sum(output_tokens)::BIGINT AS output_tokens, sum(cost_usd) AS cost_usd,
+                    sum(unpriced)::BIGINT AS unpriced, min(first_ms) AS first_ms,
+                    max(last_ms) AS last_ms,
+                    (array_agg(policy ORDER BY last_ms DESC))[1] AS policy
+             FROM replica_spend
+             WHERE replica <> $1 AND conversation_id IN
+               (SELECT conversation_id FROM replica_spend WHERE updated_ms >= $2 AND replica <> $1)
+             GROUP BY conversation_id",
+        )
+        .bind(replica)
+        .bind(since_ms)
+        .fetch_all(&self.pool)
+        .await
     }
 
     /// Stores a control, unless a newer one of the conversation is stored already.

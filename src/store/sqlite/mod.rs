@@ -115,6 +115,13 @@ impl Sqlite {
             .await
     }
 
+    pub(crate) async fn controls_since(&self, since_ms: i64) -> Result<Vec<Control>, sqlx::Error> {
+        sqlx::query_as("SELECT * FROM conversation_controls WHERE updated_ms >= ?1")
+            .bind(since_ms)
+            .fetch_all(&self.pool())
+            .await
+    }
+
     /// Stores a control, unless a newer one of the conversation is stored already.
     pub(crate) async fn save_control(&self, c: &Control) -> Result<(), sqlx::Error> {
         sqlx::query(
