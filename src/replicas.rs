@@ -7,7 +7,12 @@
 //!   since the last sync are merged in, the newest of each conversation winning;
 //! - spend: this replica publishes its own spend of the conversations it charged lately
 //!   (`replica_spend`, a row per replica and conversation), and reads back the others'
-//!   sums, which the ledger adds to its own.
+//!   sums, which the ledger adds to its own;
+//! - held requests (`crate::intervene::pause::Pending`): the verdicts given through other
+//!   replicas on the requests this one holds are delivered; and a heartbeat (`replicas`)
+//!   lets the others mark abandoned the held requests of a replica silent for
+//!   [`SILENT_MS`] (it died with them). A verdict also wakes its holder at once
+//!   (`LISTEN loopwarden_pending`): polling is the fallback.
 //!
 //! So a halt, a resume or another replica's spend is seen here at most about
 //! [`SYNC_EVERY`] × 2 after it was made (its writer's sync, then ours), plus the time a
@@ -18,6 +23,7 @@ use std::time::Duration;
 
 use crate::budget::Ledger;
 use crate::intervene::controls::Controls;
+use crate::intervene::pause::Pending;
 use crate::store::{now_ms, Store};
 
 /// How often a replica syncs. Two syncs (the publisher's and the reader's) stay within
@@ -27,28 +33,49 @@ pub const SYNC_EVERY: Duration = Duration::from_millis(250);
 /// How far before the last sync each read starts.
 const LOOKBACK_MS: i64 = 5_000;
 
-/// This process's name among the replicas: unique per start (host, process, time), so a
-/// restarted replica's earlier spend stays counted under its old name.
+/// A replica that has not synced for this long is taken for dead: its held requests are
+/// marked abandoned.
+pub const SILENT_MS: i64 = 10_000;
+
+/// A proxy's name among the replicas: unique per start (host, process, time, and a count
+/// for several in one process), so a restarted replica's earlier spend stays counted under
+/// its old name.
 pub fn replica_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static STARTED: AtomicU64 = AtomicU64::new(0);
     let host = std::env::var("HOSTNAME").unwrap_or_default();
-    format!("{host}:{}:{}", std::process::id(), now_ms())
+    let n = STARTED.fetch_add(1, Ordering::Relaxed);
+    format!("{host}:{}:{}:{n}", std::process::id(), now_ms())
 }
 
 /// What the sync reads and updates.
 pub struct Shared {
+    pub replica: String,
     pub store: Store,
     pub ledger: Ledger,
     pub controls: Controls,
+    pub pending: Pending,
 }
 
 /// Syncs every [`SYNC_EVERY`] while `alive` says so.
 pub fn spawn(shared: Shared, alive: impl Fn() -> bool + Send + 'static) {
     crate::spawn::task("replica sync", async move {
+        let mut woken = shared.store.listen_pending().await;
         let mut sync = Sync::new(shared);
         let mut tick = tokio::time::interval(SYNC_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while alive() {
-            tick.tick().await;
+            match &mut woken {
+                Some(listener) => {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = listener.recv() => {}
+                    }
+                }
+                None => {
+                    tick.tick().await;
+                }
+            }
             sync.once().await;
         }
     });
@@ -70,8 +97,8 @@ impl Sync {
     fn new(shared: Shared) -> Sync {
         let now = now_ms();
         Sync {
+            id: shared.replica.clone(),
             shared,
-            id: replica_id(),
             // Everything charged before this process started is in the log of an earlier
             // one (read back as another replica's).
             published_ms: now,
@@ -100,10 +127,20 @@ impl Sync {
 
     async fn exchange(&mut self, started: i64) -> Result<(), crate::store::Error> {
         let Shared {
+            replica,
             store,
             ledger,
             controls,
+            pending,
         } = &self.shared;
+        pending.take_verdicts().await?;
+        let abandoned = store.heartbeat(replica, SILENT_MS).await?;
+        if abandoned > 0 {
+            tracing::warn!(
+                abandoned,
+                "held requests of a replica that stopped syncing marked abandoned"
+            );
+        }
         let mine = ledger.charged_since(self.published_ms - LOOKBACK_MS);
         if !mine.is_empty() {
             store.publish_spend(&self.id, &mine).await?;

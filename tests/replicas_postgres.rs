@@ -7,6 +7,7 @@
     reason = "tests start their servers as they like"
 )]
 
+mod intervene_support;
 mod proxy_support;
 
 use std::future::Future;
@@ -14,6 +15,9 @@ use std::time::Duration;
 
 use loopwarden::budget::{Price, Prices, Usage};
 use loopwarden::config::Config;
+use loopwarden::detect::Action;
+use loopwarden::dialect::Dialect;
+use loopwarden::intervene::StopMode;
 use loopwarden::mock::{MockServer, Script, ToolCall, Turn};
 use proxy_support::{client, Api, TestProxy};
 use serde_json::{json, Value};
@@ -213,4 +217,123 @@ async fn a_dollar_budget_is_crossed_by_requests_spread_over_both_replicas() {
         spent(&a).await.filter(|d| (d - 3.0).abs() < 1e-9)
     })
     .await;
+}
+
+/// The id of the held request of `conversation` a replica lists, if it lists one.
+async fn listed(proxy: &TestProxy, conversation: &str) -> Option<String> {
+    let v = admin_get(proxy, "/admin/api/pending").await;
+    v["pending"]
+        .as_array()?
+        .iter()
+        .find(|p| p["conversation_id"] == conversation)
+        .and_then(|p| p["id"].as_str())
+        .map(String::from)
+}
+
+#[tokio::test]
+async fn a_request_held_on_one_replica_is_listed_and_decided_through_the_other() {
+    let dialect = Dialect::OpenAiChat;
+    let mock = MockServer::start(intervene_support::looping_script(dialect))
+        .await
+        .unwrap();
+    let Some((a, b)) = two_replicas(&mock.url(), |c| {
+        c.intervene.on_stop = StopMode::Pause;
+        c.intervene.pause.timeout_secs = 120;
+    })
+    .await
+    else {
+        return;
+    };
+    let body = intervene_support::loop_body(
+        dialect,
+        intervene_support::first_k(dialect, Action::Halt),
+        false,
+        None,
+    );
+    let url = a.url(&intervene_support::path(dialect, "held-across", false));
+    let held = tokio::spawn(async move {
+        let r = client()
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let decision = r
+            .headers()
+            .get("x-loopwarden-decision")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        (decision, r.bytes().await.unwrap())
+    });
+    // Held on A, listed by B.
+    let id = until("B lists the request A holds", || listed(&b, "held-across")).await;
+    assert_eq!(
+        listed(&a, "held-across").await.as_deref(),
+        Some(id.as_str())
+    );
+    let before = mock.requests().len();
+    // Decided through B: A forwards it (the verdict `continue`).
+    let (status, v) = admin_post(
+        &b,
+        &format!("/admin/api/pending/{id}"),
+        json!({"decision": "continue"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["pending"]["conversation_id"], "held-across");
+    let (decision, _) = held.await.unwrap();
+    assert_eq!(decision, "pause");
+    assert_eq!(mock.requests().len(), before + 1, "forwarded once decided");
+    // It is gone from both lists, and a second verdict finds nothing.
+    until("B no longer lists it", || async {
+        listed(&b, "held-across").await.is_none().then_some(())
+    })
+    .await;
+    let (status, _) = admin_post(
+        &b,
+        &format!("/admin/api/pending/{id}"),
+        json!({"decision": "halt"}),
+    )
+    .await;
+    assert_eq!(status, 404);
+}
+
+/// A replica that stops syncing (it died) leaves no approval hanging: the others mark its
+/// held requests abandoned and stop listing them. The dead replica is a row of the shared
+/// table whose replica never syncs.
+#[tokio::test]
+async fn the_held_requests_of_a_replica_that_died_are_marked_abandoned() {
+    let mock = MockServer::start(listing_script(None)).await.unwrap();
+    let Some((a, _b)) = two_replicas(&mock.url(), |_| {}).await else {
+        return;
+    };
+    let pool = sqlx::PgPool::connect(&a.db).await.unwrap();
+    sqlx::query(
+        "INSERT INTO pending_requests (id, replica, conversation_id, info, created_ms, state,
+           updated_ms)
+         VALUES ('p-dead', 'gone:1:1:0', 'orphan', '{\"id\": \"p-dead\", \"conversation_id\": \"orphan\"}',
+           1, 'held', 1)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    until("the orphan is marked abandoned", || async {
+        let state: String =
+            sqlx::query_scalar("SELECT state FROM pending_requests WHERE id = 'p-dead'")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        (state == "abandoned").then_some(())
+    })
+    .await;
+    assert_eq!(listed(&a, "orphan").await, None);
+    let (status, _) = admin_post(
+        &a,
+        "/admin/api/pending/p-dead",
+        json!({"decision": "continue"}),
+    )
+    .await;
+    assert_eq!(status, 404);
 }

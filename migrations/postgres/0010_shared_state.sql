@@ -24,3 +24,27 @@ CREATE TABLE replica_spend (
 );
 CREATE INDEX replica_spend_by_update ON replica_spend (updated_ms);
 CREATE INDEX conversation_controls_by_update ON conversation_controls (updated_ms);
+
+-- Requests held for a human (`crate::intervene::pause`): the replica holding one lists it
+-- here so that any replica's admin API lists and decides it; the holder polls for its
+-- verdicts (and is woken by NOTIFY loopwarden_pending). The row goes once the request is
+-- answered. `info` is the admin API's JSON of it.
+CREATE TABLE pending_requests (
+    id              TEXT PRIMARY KEY,
+    replica         TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    info            TEXT NOT NULL,
+    created_ms      BIGINT NOT NULL,
+    state           TEXT NOT NULL,      -- held | decided | abandoned (its replica stopped syncing)
+    verdict         TEXT,               -- continue | nudge | halt, once decided
+    updated_ms      BIGINT NOT NULL
+);
+CREATE INDEX pending_requests_by_replica ON pending_requests (replica, state);
+
+-- The replicas syncing now: each one's last sync. A held request whose replica has not
+-- synced for a while is marked abandoned by the others (its client's connection died
+-- with it).
+CREATE TABLE replicas (
+    id      TEXT PRIMARY KEY,
+    seen_ms BIGINT NOT NULL
+);

@@ -288,8 +288,10 @@ pub async fn halt_conversation(
 }
 
 /// `GET /admin/api/pending`: requests held for a human, oldest first.
+/// With replicas sharing a database, every replica's.
 pub async fn pending(State(app): State<Arc<App>>) -> Response {
-    Json(serde_json::json!({ "pending": app.interventions.pending.list() })).into_response()
+    let pending = app.interventions.pending.list_everywhere().await;
+    Json(serde_json::json!({ "pending": pending })).into_response()
 }
 
 #[derive(Deserialize)]
@@ -311,10 +313,11 @@ pub async fn decide_pending(
             ))
         }
     };
-    match app.interventions.pending.decide(&id, verdict) {
-        Some(held) => Json(serde_json::json!({ "decided": verdict.as_str(), "pending": held }))
+    match app.interventions.pending.decide_anywhere(&id, verdict).await {
+        Err(e) => internal(e),
+        Ok(Some(held)) => Json(serde_json::json!({ "decided": verdict.as_str(), "pending": held }))
             .into_response(),
-        None => (
+        Ok(None) => (
             StatusCode::NOT_FOUND,
             Json(serde_json::json!({ "error": "no request held under that id (decided, timed out or gone)" })),
         )

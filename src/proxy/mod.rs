@@ -206,10 +206,15 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     });
     spawn_sweeper(Arc::downgrade(&app), idle);
     if app.store.is_shared() {
+        let replica = crate::replicas::replica_id();
+        let pending = app.interventions.pending.clone();
+        pending.share(app.store.clone(), replica.clone());
         let shared = crate::replicas::Shared {
+            replica,
             store: app.store.clone(),
             ledger: app.ledger.clone(),
             controls: app.interventions.controls.clone(),
+            pending,
         };
         let alive = Arc::downgrade(&app);
         crate::replicas::spawn(shared, move || alive.strong_count() > 0);

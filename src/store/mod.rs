@@ -19,6 +19,7 @@ mod batch;
 pub mod postgres;
 pub mod query;
 pub mod redact;
+mod shared;
 mod sqlite;
 mod writer;
 
@@ -32,6 +33,7 @@ use tokio::sync::oneshot;
 
 pub use query::{ConversationSummary, LoggedSpend, OverheadStats, Timeline};
 pub use redact::Masked;
+pub use shared::PendingListener;
 pub use writer::Deferred;
 
 /// The `[log]` table: what the log keeps beyond what every request gets (its metadata, the
@@ -1291,7 +1293,7 @@ mod tests {
 
     /// PostgreSQL's tables of state shared by replicas (`migrations/postgres/0010_*`), which
     /// one process keeps in memory: not log tables, not in SQLite.
-    const SHARED_ONLY: &[&str] = &["replica_spend"];
+    const SHARED_ONLY: &[&str] = &["replica_spend", "pending_requests", "replicas"];
 
     /// Every log table's columns, by name, as `(table, column)` in order.
     async fn columns(store: &Store) -> Vec<(String, String)> {

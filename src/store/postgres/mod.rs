@@ -5,6 +5,7 @@
 //! retry policy as SQLite's (`super::writer`).
 
 pub(crate) mod read;
+pub(crate) mod shared;
 pub(crate) mod write;
 
 use std::time::Duration;
