@@ -19,6 +19,7 @@
 //! query takes. Reads go back [`LOOKBACK_MS`] before the last sync, so that a row stamped
 //! by a replica whose clock is a little behind, or committed late, is not missed.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::budget::Ledger;
@@ -57,28 +58,45 @@ pub struct Shared {
     pub pending: Pending,
 }
 
-/// Syncs every [`SYNC_EVERY`] while `alive` says so.
-pub fn spawn(shared: Shared, alive: impl Fn() -> bool + Send + 'static) {
-    crate::spawn::task("replica sync", async move {
+/// The running sync, shared by its task and the proxy's shutdown.
+pub struct Replicas {
+    sync: Arc<tokio::sync::Mutex<Sync>>,
+}
+
+impl Replicas {
+    /// Syncs once (so that the others' halts and spend are known before the first request),
+    /// then every [`SYNC_EVERY`], or at once when woken, while `alive` says so.
+    pub async fn start(shared: Shared, alive: impl Fn() -> bool + Send + 'static) -> Replicas {
         let mut woken = shared.store.listen_pending().await;
-        let mut sync = Sync::new(shared);
-        let mut tick = tokio::time::interval(SYNC_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        while alive() {
-            match &mut woken {
-                Some(listener) => {
-                    tokio::select! {
-                        _ = tick.tick() => {}
-                        _ = listener.recv() => {}
+        let sync = Arc::new(tokio::sync::Mutex::new(Sync::new(shared)));
+        sync.lock().await.once().await;
+        let task_sync = sync.clone();
+        crate::spawn::task("replica sync", async move {
+            let mut tick = tokio::time::interval(SYNC_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while alive() {
+                match &mut woken {
+                    Some(listener) => {
+                        tokio::select! {
+                            _ = tick.tick() => {}
+                            _ = listener.recv() => {}
+                        }
+                    }
+                    None => {
+                        tick.tick().await;
                     }
                 }
-                None => {
-                    tick.tick().await;
-                }
+                task_sync.lock().await.once().await;
             }
-            sync.once().await;
-        }
-    });
+        });
+        Replicas { sync }
+    }
+
+    /// One last sync at shutdown, once no request is served any more: this replica's
+    /// spend is published up to its last answer.
+    pub async fn last_sync(&self) {
+        self.sync.lock().await.once().await;
+    }
 }
 
 /// The sync's state: where each read resumes.

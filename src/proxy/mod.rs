@@ -101,6 +101,8 @@ pub struct Running {
     /// The other serving threads, each answering once its server has finished.
     others: Vec<oneshot::Receiver<std::io::Result<()>>>,
     app: Arc<App>,
+    /// The sync with the other replicas (a shared database only).
+    replicas: Option<crate::replicas::Replicas>,
 }
 
 impl Running {
@@ -129,6 +131,9 @@ impl Running {
             if let Ok(result) = done.await {
                 result?;
             }
+        }
+        if let Some(replicas) = &self.replicas {
+            replicas.last_sync().await;
         }
         self.app.store.flush().await;
         Ok(())
@@ -205,20 +210,23 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         spread,
     });
     spawn_sweeper(Arc::downgrade(&app), idle);
-    if app.store.is_shared() {
-        let replica = crate::replicas::replica_id();
-        let pending = app.interventions.pending.clone();
-        pending.share(app.store.clone(), replica.clone());
-        let shared = crate::replicas::Shared {
-            replica,
-            store: app.store.clone(),
-            ledger: app.ledger.clone(),
-            controls: app.interventions.controls.clone(),
-            pending,
-        };
-        let alive = Arc::downgrade(&app);
-        crate::replicas::spawn(shared, move || alive.strong_count() > 0);
-    }
+    let replicas = match app.store.is_shared() {
+        false => None,
+        true => {
+            let replica = crate::replicas::replica_id();
+            let pending = app.interventions.pending.clone();
+            pending.share(app.store.clone(), replica.clone());
+            let shared = crate::replicas::Shared {
+                replica,
+                store: app.store.clone(),
+                ledger: app.ledger.clone(),
+                controls: app.interventions.controls.clone(),
+                pending,
+            };
+            let alive = Arc::downgrade(&app);
+            Some(crate::replicas::Replicas::start(shared, move || alive.strong_count() > 0).await)
+        }
+    };
     crate::store::redact::warm_up();
 
     let router = own::router(app.clone());
@@ -253,6 +261,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         server,
         others,
         app,
+        replicas,
     })
 }
 

@@ -18,6 +18,7 @@
 mod batch;
 pub mod postgres;
 pub mod query;
+mod read;
 pub mod redact;
 mod shared;
 mod sqlite;
@@ -1221,14 +1222,12 @@ mod tests {
         let Backend::Sqlite(db) = &store.backend else {
             return;
         };
-        let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(&format!(
-            "EXPLAIN QUERY PLAN {}",
-            sqlite::read::OVERHEAD_SQL
-        ))
-        .bind(3)
-        .fetch_all(&db.pool())
-        .await
-        .unwrap();
+        let plan: Vec<(i64, i64, i64, String)> =
+            sqlx::query_as(&format!("EXPLAIN QUERY PLAN {}", read::OVERHEAD_SQL))
+                .bind(3)
+                .fetch_all(&db.pool())
+                .await
+                .unwrap();
         let plan: Vec<&str> = plan.iter().map(|(.., detail)| detail.as_str()).collect();
         assert!(
             plan.iter().all(|step| !step.contains("TEMP B-TREE")),
