@@ -457,8 +457,8 @@ impl Store {
     /// Every conversation's stored control.
     pub async fn controls(&self) -> Result<Vec<Control>, Error> {
         match &self.backend {
-            Backend::Sqlite(db) => Ok(db.controls().await?),
-            Backend::Postgres(db) => Ok(db.controls().await?),
+            Backend::Sqlite(db) => Ok(sqlite::read::controls(&db.pool()).await?),
+            Backend::Postgres(db) => Ok(postgres::read::controls(db.pool()).await?),
         }
     }
 
@@ -466,8 +466,8 @@ impl Store {
     /// halts and resumes (`crate::replicas`).
     pub async fn controls_since(&self, since_ms: i64) -> Result<Vec<Control>, Error> {
         match &self.backend {
-            Backend::Sqlite(db) => Ok(db.controls_since(since_ms).await?),
-            Backend::Postgres(db) => Ok(db.controls_since(since_ms).await?),
+            Backend::Sqlite(db) => Ok(sqlite::read::controls_since(&db.pool(), since_ms).await?),
+            Backend::Postgres(db) => Ok(postgres::read::controls_since(db.pool(), since_ms).await?),
         }
     }
 
@@ -496,8 +496,8 @@ impl Store {
     /// Stores a conversation's control, unless a newer one is stored already.
     pub async fn save_control(&self, control: &Control) -> Result<(), Error> {
         match &self.backend {
-            Backend::Sqlite(db) => Ok(db.save_control(control).await?),
-            Backend::Postgres(db) => Ok(db.save_control(control).await?),
+            Backend::Sqlite(db) => Ok(sqlite::read::save_control(&db.pool(), control).await?),
+            Backend::Postgres(db) => Ok(postgres::read::save_control(db.pool(), control).await?),
         }
     }
 }

@@ -1,6 +1,7 @@
-//! The admin API's reads, the same SQL for both backends: SQLite and PostgreSQL both take
-//! `$n` parameters (in the order they first appear), casts they both know, and `FILTER` on
-//! aggregates. Each backend's `read` module instantiates [`reads`] for its pool type.
+//! The admin API's reads and the conversations' controls, the same SQL for both backends:
+//! SQLite and PostgreSQL both take `$n` parameters (in the order they first appear), casts
+//! they both know, and `FILTER` on aggregates. Each backend's `read` module instantiates
+//! [`reads`] for its pool type.
 
 pub(super) const SUMMARY_SELECT: &str = "
     SELECT c.id, c.id_source, c.client, c.dialect, c.model, c.first_seen_ms, c.last_seen_ms,
@@ -144,6 +145,57 @@ macro_rules! reads {
             .bind(since_ms << 20)
             .fetch_all(pool)
             .await
+        }
+
+        /// Every conversation's stored control (one row per conversation ever halted).
+        pub(crate) async fn controls(pool: &$pool) -> Result<Vec<$crate::store::Control>, sqlx::Error> {
+            sqlx::query_as("SELECT * FROM conversation_controls")
+                .fetch_all(pool)
+                .await
+        }
+
+        /// The controls stored (or changed) since `since_ms`.
+        pub(crate) async fn controls_since(
+            pool: &$pool,
+            since_ms: i64,
+        ) -> Result<Vec<$crate::store::Control>, sqlx::Error> {
+            sqlx::query_as("SELECT * FROM conversation_controls WHERE updated_ms >= $1")
+                .bind(since_ms)
+                .fetch_all(pool)
+                .await
+        }
+
+        /// Stores a control, unless a newer one of the conversation is stored already: of
+        /// two replicas' changes to one conversation, the newer stays.
+        pub(crate) async fn save_control(
+            pool: &$pool,
+            c: &$crate::store::Control,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query(
+                "INSERT INTO conversation_controls (conversation_id, halted, reason, source,
+                   humans_at_halt, resume_pending, resumed_at, updated_ms, run_steps, run_digest)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                 ON CONFLICT(conversation_id) DO UPDATE SET halted = excluded.halted,
+                   reason = excluded.reason, source = excluded.source,
+                   humans_at_halt = excluded.humans_at_halt,
+                   resume_pending = excluded.resume_pending, resumed_at = excluded.resumed_at,
+                   updated_ms = excluded.updated_ms, run_steps = excluded.run_steps,
+                   run_digest = excluded.run_digest
+                 WHERE excluded.updated_ms >= conversation_controls.updated_ms",
+            )
+            .bind(&c.conversation_id)
+            .bind(c.halted)
+            .bind(c.reason.as_str())
+            .bind(&c.source)
+            .bind(c.humans_at_halt)
+            .bind(c.resume_pending)
+            .bind(&c.resumed_at)
+            .bind(c.updated_ms)
+            .bind(c.run_steps)
+            .bind(&c.run_digest)
+            .execute(pool)
+            .await?;
+            Ok(())
         }
     };
 }
