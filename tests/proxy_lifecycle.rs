@@ -54,6 +54,12 @@ async fn sigterm_finishes_the_stream_in_flight_and_writes_the_log(backend: Backe
     )
     .await;
     let url = served.url.clone();
+    let other = match backend {
+        Backend::Postgres => Some(
+            proxy_support::TestProxy::start_with(&mock.url(), |c| c.store.db = db.clone()).await,
+        ),
+        Backend::Sqlite => None,
+    };
 
     let quick = client()
         .post(format!("{url}/v1/chat/completions"))
@@ -84,6 +90,19 @@ async fn sigterm_finishes_the_stream_in_flight_and_writes_the_log(backend: Backe
     let (status, stderr) = served.finish().await;
     assert!(status.success(), "exit status {status:?}");
     assert!(stderr.contains("log written"), "{stderr}");
+
+    // On PostgreSQL it is one replica of two: the other, on the same database, sees every
+    // entry the stopped one wrote.
+    if let Some(other) = &other {
+        let r = client()
+            .get(other.url("/admin/api/conversations/in-flight"))
+            .send()
+            .await
+            .unwrap();
+        let timeline: serde_json::Value =
+            serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+        assert_eq!(timeline["requests"][0]["outcome"], "complete", "{timeline}");
+    }
 
     let rows = db_rows(
         &db,
