@@ -128,7 +128,9 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         self.pending.lock().remove(&self.id);
-        if let Some(shared) = self.pending.shared.get() {
+        // Off a runtime (a process tearing down) the next sync withdraws it instead.
+        let on_runtime = tokio::runtime::Handle::try_current().is_ok();
+        if let (Some(shared), true) = (self.pending.shared.get(), on_runtime) {
             let (store, id) = (shared.store.clone(), std::mem::take(&mut self.id));
             crate::spawn::task("held request withdrawal", async move {
                 if let Err(e) = store.release_shared(&id).await {
@@ -234,11 +236,14 @@ impl Pending {
         Ok(theirs.and_then(|json| serde_json::from_str(&json).ok()))
     }
 
-    /// Delivers the verdicts other replicas gave requests held here (`crate::replicas`).
+    /// Delivers the verdicts other replicas gave requests held here, and withdraws from
+    /// the shared list what is no longer held here (`crate::replicas`).
     pub async fn take_verdicts(&self) -> Result<(), crate::store::Error> {
         let Some(shared) = self.shared.get() else {
             return Ok(());
         };
+        let held: Vec<String> = self.lock().keys().cloned().collect();
+        shared.store.withdraw_gone(&shared.replica, &held).await?;
         for (id, verdict) in shared.store.take_verdicts(&shared.replica).await? {
             let verdict = serde_json::from_value(serde_json::Value::String(verdict));
             match verdict {

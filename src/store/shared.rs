@@ -71,6 +71,14 @@ impl Store {
         }
     }
 
+    /// Withdraws `replica`'s listed requests other than `held` (the ones it still holds).
+    pub async fn withdraw_gone(&self, replica: &str, held: &[String]) -> Result<(), Error> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(()),
+            Backend::Postgres(db) => Ok(pg::withdraw_gone(db.pool(), replica, held).await?),
+        }
+    }
+
     /// Says `replica` is alive, and marks abandoned the held requests of replicas silent
     /// for `silent_ms`; returns how many were.
     pub async fn heartbeat(&self, replica: &str, silent_ms: i64) -> Result<u64, Error> {

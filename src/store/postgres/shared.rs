@@ -124,3 +124,20 @@ pub(crate) async fn heartbeat(
     .await?;
     Ok(abandoned.rows_affected())
 }
+
+/// Withdraws this replica's listed requests that it no longer holds (their client went
+/// away while they were being listed, so the withdrawal came first).
+pub(crate) async fn withdraw_gone(
+    pool: &PgPool,
+    replica: &str,
+    held: &[String],
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "DELETE FROM pending_requests WHERE replica = $1 AND state = 'held' AND id <> ALL($2)",
+    )
+    .bind(replica)
+    .bind(held)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
