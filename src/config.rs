@@ -106,7 +106,9 @@ pub struct UpstreamConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
-    /// Database URL (`LOOPWARDEN_DB`, `--db`). SQLite: `sqlite://path` (created if missing).
+    /// Database URL (`LOOPWARDEN_DB`, `--db`). SQLite: `sqlite://path` (created if missing);
+    /// PostgreSQL: `postgres://user:password@host:port/database` (an existing database,
+    /// shared by several replicas: README "Running several replicas").
     pub db: String,
     /// Log entries (a finished request's rows, an intervention) waiting to be written; when
     /// full, new entries are dropped and counted, so a slow disk never delays a request.
@@ -349,11 +351,12 @@ impl Config {
         self.detect
             .check_patterns()
             .map_err(|problem| invalid("detect.patterns", problem))?;
-        if !self.store.db.starts_with("sqlite:") {
+        if !self.store.db.starts_with("sqlite:") && !crate::store::postgres::is_url(&self.store.db)
+        {
             return Err(invalid(
                 "store.db",
                 format!(
-                    "{:?} is not a supported database URL (expected sqlite://PATH)",
+                    "{:?} is not a supported database URL (expected sqlite://PATH or postgres://USER@HOST/DATABASE)",
                     self.store.db
                 ),
             ));
@@ -557,5 +560,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("server.listen") && e.contains("--listen"), "{e}");
+    }
+
+    #[test]
+    fn the_database_is_sqlite_or_postgres() {
+        for url in [
+            "sqlite://x.db",
+            "postgres://lw:secret@db:5432/loopwarden",
+            "postgresql://db/loopwarden",
+        ] {
+            let env = |var: &str| (var == "LOOPWARDEN_DB").then(|| url.to_string());
+            assert_eq!(Config::load(None, env).unwrap().store.db, url);
+        }
+        let env = |var: &str| (var == "LOOPWARDEN_DB").then(|| "mysql://db/x".to_string());
+        let e = Config::load(None, env).unwrap_err().to_string();
+        assert!(e.contains("store.db") && e.contains("postgres://"), "{e}");
     }
 }

@@ -31,6 +31,7 @@ pub mod normalize;
 pub mod policy;
 pub mod proxy;
 pub mod replay;
+pub mod replicas;
 pub mod request_bytes;
 pub mod scan;
 pub mod spawn;

@@ -9,16 +9,20 @@
 mod proxy_support;
 
 use loopwarden::mock::{MockServer, Script, ToolCall, Turn};
-use proxy_support::{client, closed_port, query_json, Api, Served};
+use proxy_support::{client, closed_port, db_rows, query_json, Api, Backend, Served};
 use serde_json::json;
 use tokio::process::Command;
 
 /// Starts `loopwarden serve` logging to `db` (at debug level).
 async fn serve(db: &std::path::Path, env: &[(&str, String)]) -> Served {
-    let db = format!("sqlite://{}", db.display());
+    serve_url(&format!("sqlite://{}", db.display()), env).await
+}
+
+/// Starts `loopwarden serve` logging to the database at `url`.
+async fn serve_url(url: &str, env: &[(&str, String)]) -> Served {
     let mut env = env.to_vec();
     env.push(("RUST_LOG", "debug".into()));
-    Served::start(&["--db", &db], &env).await
+    Served::start(&["--db", url], &env).await
 }
 
 async fn open_db(path: &std::path::Path) -> sqlx::SqlitePool {
@@ -27,14 +31,21 @@ async fn open_db(path: &std::path::Path) -> sqlx::SqlitePool {
         .unwrap()
 }
 
-#[tokio::test]
-async fn sigterm_finishes_the_stream_in_flight_and_writes_the_log() {
+on_both_backends!(sigterm_finishes_the_stream_in_flight_and_writes_the_log);
+
+async fn sigterm_finishes_the_stream_in_flight_and_writes_the_log(backend: Backend) {
     let mut script = Script::with_turns(vec![Turn::text(&"A slow streamed answer. ".repeat(10))]);
     script.chunk_delay_ms = 60;
     let mock = MockServer::start(script).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("log.db");
-    let served = serve(
+    let db = match backend {
+        Backend::Sqlite => format!("sqlite://{}", dir.path().join("log.db").display()),
+        Backend::Postgres => match proxy_support::postgres_db().await {
+            Some(db) => db,
+            None => return,
+        },
+    };
+    let served = serve_url(
         &db,
         &[
             ("LOOPWARDEN_OPENAI_BASE_URL", mock.url()),
@@ -43,6 +54,12 @@ async fn sigterm_finishes_the_stream_in_flight_and_writes_the_log() {
     )
     .await;
     let url = served.url.clone();
+    let other = match backend {
+        Backend::Postgres => Some(
+            proxy_support::TestProxy::start_with(&mock.url(), |c| c.store.db = db.clone()).await,
+        ),
+        Backend::Sqlite => None,
+    };
 
     let quick = client()
         .post(format!("{url}/v1/chat/completions"))
@@ -74,9 +91,21 @@ async fn sigterm_finishes_the_stream_in_flight_and_writes_the_log() {
     assert!(status.success(), "exit status {status:?}");
     assert!(stderr.contains("log written"), "{stderr}");
 
-    let pool = open_db(&db).await;
-    let rows = query_json(
-        &pool,
+    // On PostgreSQL it is one replica of two: the other, on the same database, sees every
+    // entry the stopped one wrote.
+    if let Some(other) = &other {
+        let r = client()
+            .get(other.url("/admin/api/conversations/in-flight"))
+            .send()
+            .await
+            .unwrap();
+        let timeline: serde_json::Value =
+            serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+        assert_eq!(timeline["requests"][0]["outcome"], "complete", "{timeline}");
+    }
+
+    let rows = db_rows(
+        &db,
         "SELECT conversation_id, outcome FROM requests ORDER BY conversation_id",
     )
     .await;
@@ -214,7 +243,7 @@ async fn a_bad_config_stops_the_start_naming_the_key() {
 
     let out = Command::new(env!("CARGO_BIN_EXE_loopwarden"))
         .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("LOOPWARDEN_DB", "postgres://nope")
+        .env("LOOPWARDEN_DB", "mysql://nope")
         .output()
         .await
         .unwrap();

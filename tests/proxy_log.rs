@@ -1,12 +1,20 @@
-//! What the log records, over real sockets and a real SQLite file: conversations, requests,
-//! tool calls with their results, conversation identity, and unparsed bodies.
+//! What the log records, over real sockets and a real database (each test on SQLite and on
+//! PostgreSQL): conversations, requests, tool calls with their results, conversation
+//! identity, and unparsed bodies.
 
 mod proxy_support;
 
 use loopwarden::mock::{MockServer, Script, ToolCall as MockCall, Turn};
 use loopwarden::transcript::ToolCall;
-use proxy_support::{client, Api, TestProxy, ALL_APIS};
+use proxy_support::{client, Api, Backend, TestProxy, ALL_APIS};
 use serde_json::{json, Value};
+
+on_both_backends!(
+    a_conversation_with_a_tool_call_is_logged_in_every_api,
+    the_new_call_is_logged_from_the_response_before_its_result_arrives,
+    conversation_identity_follows_the_documented_order,
+    a_body_that_does_not_parse_is_forwarded_untouched_and_logged_as_unparsed,
+);
 
 const TASK: &str = "Fix the failing test in calc.py";
 
@@ -39,10 +47,11 @@ async fn send(
     request.send().await.unwrap()
 }
 
-#[tokio::test]
-async fn a_conversation_with_a_tool_call_is_logged_in_every_api() {
+async fn a_conversation_with_a_tool_call_is_logged_in_every_api(backend: Backend) {
     let mock = MockServer::start(test_then_done()).await.unwrap();
-    let proxy = TestProxy::start(&mock.url()).await;
+    let Some(proxy) = TestProxy::on(backend, &mock.url()).await else {
+        return;
+    };
     for (api, stream) in [
         (Api::Chat, false),
         (Api::Responses, true),
@@ -184,10 +193,11 @@ async fn a_conversation_with_a_tool_call_is_logged_in_every_api() {
     }
 }
 
-#[tokio::test]
-async fn the_new_call_is_logged_from_the_response_before_its_result_arrives() {
+async fn the_new_call_is_logged_from_the_response_before_its_result_arrives(backend: Backend) {
     let mock = MockServer::start(test_then_done()).await.unwrap();
-    let proxy = TestProxy::start(&mock.url()).await;
+    let Some(proxy) = TestProxy::on(backend, &mock.url()).await else {
+        return;
+    };
     for api in ALL_APIS {
         let id = format!("resp-{api:?}");
         let r = send(
@@ -212,10 +222,11 @@ async fn the_new_call_is_logged_from_the_response_before_its_result_arrives() {
     }
 }
 
-#[tokio::test]
-async fn conversation_identity_follows_the_documented_order() {
+async fn conversation_identity_follows_the_documented_order(backend: Backend) {
     let mock = MockServer::start(test_then_done()).await.unwrap();
-    let proxy = TestProxy::start(&mock.url()).await;
+    let Some(proxy) = TestProxy::on(backend, &mock.url()).await else {
+        return;
+    };
     let body = Api::Chat.first_request(TASK, false);
     let id_of = |r: &reqwest::Response| {
         r.headers()["x-loopwarden-conversation"]
@@ -312,10 +323,13 @@ async fn conversation_identity_follows_the_documented_order() {
     );
 }
 
-#[tokio::test]
-async fn a_body_that_does_not_parse_is_forwarded_untouched_and_logged_as_unparsed() {
+async fn a_body_that_does_not_parse_is_forwarded_untouched_and_logged_as_unparsed(
+    backend: Backend,
+) {
     let mock = MockServer::start(test_then_done()).await.unwrap();
-    let proxy = TestProxy::start(&mock.url()).await;
+    let Some(proxy) = TestProxy::on(backend, &mock.url()).await else {
+        return;
+    };
     let bodies: [(&str, &[u8]); 3] = [
         (
             "/v1/chat/completions",

@@ -7,7 +7,7 @@ mod proxy_support;
 
 use loopwarden::budget::Usage;
 use loopwarden::mock::{MockServer, Script, ToolCall, Turn};
-use proxy_support::{client, Api, TestProxy, ALL_APIS};
+use proxy_support::{client, Api, Backend, TestProxy, ALL_APIS};
 use serde_json::{json, Value};
 
 /// What each turn of the script reports.
@@ -156,10 +156,18 @@ fn find<'a>(spend: &'a Value, id: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("{id} not in {spend}"))
 }
 
-#[tokio::test]
-async fn the_admin_api_totals_are_the_usage_of_every_api_at_list_prices_and_survive_a_restart() {
+on_both_backends!(
+    the_admin_api_totals_are_the_usage_of_every_api_at_list_prices_and_survive_a_restart,
+    an_unpriced_model_costs_nothing_and_a_stream_without_usage_is_marked,
+);
+
+async fn the_admin_api_totals_are_the_usage_of_every_api_at_list_prices_and_survive_a_restart(
+    backend: Backend,
+) {
     let mock = MockServer::start(script()).await.unwrap();
-    let proxy = TestProxy::start(&mock.url()).await;
+    let Some(proxy) = TestProxy::on(backend, &mock.url()).await else {
+        return;
+    };
     for api in ALL_APIS {
         for stream in [false, true] {
             run(&proxy, api, stream).await;
@@ -210,9 +218,10 @@ async fn the_admin_api_totals_are_the_usage_of_every_api_at_list_prices_and_surv
     // The log holds each answer's usage and cost: the same totals.
     let rows = proxy
         .rows(&format!(
-            "SELECT sum(input_tokens) AS input, sum(cached_input_tokens) AS cached,
-                    sum(cache_write_tokens) AS write, sum(output_tokens) AS output,
-                    sum(cost_usd) AS dollars
+            "SELECT CAST(sum(input_tokens) AS BIGINT) AS input,
+                    CAST(sum(cached_input_tokens) AS BIGINT) AS cached,
+                    CAST(sum(cache_write_tokens) AS BIGINT) AS write,
+                    CAST(sum(output_tokens) AS BIGINT) AS output, sum(cost_usd) AS dollars
              FROM requests WHERE conversation_id = '{id}'"
         ))
         .await;
@@ -234,10 +243,7 @@ async fn the_admin_api_totals_are_the_usage_of_every_api_at_list_prices_and_surv
     assert_close(&rows[0]["dollars"], cost, "logged cost");
 
     // A restart on the same log: the spend is read back, budgets do not start over.
-    let TestProxy { running, dir } = proxy;
-    running.flush_log().await;
-    running.shutdown().await.unwrap();
-    let again = TestProxy::start_on(&mock.url(), dir).await;
+    let again = proxy.restart(&mock.url()).await;
     let spend = get(&again, "/admin/api/spend").await;
     for api in ALL_APIS {
         for stream in [false, true] {
@@ -249,10 +255,11 @@ async fn the_admin_api_totals_are_the_usage_of_every_api_at_list_prices_and_surv
 
 /// A model without a price: its tokens are counted, its answers cost 0 and say so; an
 /// OpenAI Chat stream asked without `include_usage` reports nothing, which is said too.
-#[tokio::test]
-async fn an_unpriced_model_costs_nothing_and_a_stream_without_usage_is_marked() {
+async fn an_unpriced_model_costs_nothing_and_a_stream_without_usage_is_marked(backend: Backend) {
     let mock = MockServer::start(script()).await.unwrap();
-    let proxy = TestProxy::start(&mock.url()).await;
+    let Some(proxy) = TestProxy::on(backend, &mock.url()).await else {
+        return;
+    };
     let post = |id: &str, body: Value| {
         client()
             .post(proxy.url(&format!("/c/{id}/v1/chat/completions")))

@@ -9,6 +9,11 @@
 //! afresh.
 //!
 //! The ledger knows nothing of policies: it keeps the policy name each charge states.
+//!
+//! Several replicas on one PostgreSQL (issue 36): each charges its own answers here, and
+//! `crate::replicas` publishes them and brings back the others' spend ([`Ledger::merge_others`]),
+//! which every figure of the ledger adds to its own. A conversation's spend is then the sum
+//! over the replicas that served it, as of the last sync.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -44,6 +49,29 @@ impl Spend {
     /// Every token counted, whatever its price.
     pub fn tokens(&self) -> u64 {
         self.usage.total()
+    }
+
+    /// The spend of one conversation on two replicas together: its policy is the one of
+    /// the latest answer.
+    fn plus(&self, other: &Spend) -> Spend {
+        let mut usage = self.usage;
+        usage.add(&other.usage);
+        let latest = if other.last_ms > self.last_ms {
+            other
+        } else {
+            self
+        };
+        Spend {
+            policy: latest.policy.clone(),
+            requests: self.requests + other.requests,
+            unreported: self.unreported + other.unreported,
+            unpriced: self.unpriced + other.unpriced,
+            steps: self.steps.max(other.steps),
+            usage,
+            dollars: self.dollars + other.dollars,
+            first_ms: self.first_ms.min(other.first_ms),
+            last_ms: self.last_ms.max(other.last_ms),
+        }
     }
 }
 
@@ -181,6 +209,8 @@ struct Inner {
     /// Swapped whole when the configuration is reloaded.
     prices: RwLock<Arc<Prices>>,
     conversations: Mutex<HashMap<String, Spend, foldhash::fast::RandomState>>,
+    /// The other replicas' spend per conversation (sums over them), as last synced.
+    others: Mutex<HashMap<String, Spend, foldhash::fast::RandomState>>,
     /// Models already reported unpriced in the process log (once each).
     unpriced_models: Mutex<std::collections::HashSet<String>>,
 }
@@ -196,6 +226,7 @@ impl Ledger {
             inner: Arc::new(Inner {
                 prices: RwLock::new(Arc::new(prices)),
                 conversations: Mutex::default(),
+                others: Mutex::default(),
                 unpriced_models: Mutex::default(),
             }),
         }
@@ -285,9 +316,68 @@ impl Ledger {
         }
     }
 
-    /// One conversation's spend, if it has any.
+    fn others(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, Spend, foldhash::fast::RandomState>> {
+        self.inner.others.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One conversation's spend, if it has any (the other replicas' included).
     pub fn spend(&self, conversation: &str) -> Option<Spend> {
-        self.lock().get(conversation).cloned()
+        let mine = self.lock().get(conversation).cloned();
+        let others = self.others().get(conversation).cloned();
+        match (mine, others) {
+            (Some(mine), Some(others)) => Some(mine.plus(&others)),
+            (mine, others) => mine.or(others),
+        }
+    }
+
+    /// Every conversation's spend, the other replicas' included.
+    fn all(&self) -> Vec<(String, Spend)> {
+        let mut all: HashMap<String, Spend, foldhash::fast::RandomState> = self.lock().clone();
+        for (id, theirs) in self.others().iter() {
+            match all.get_mut(id) {
+                Some(mine) => *mine = mine.plus(theirs),
+                None => {
+                    all.insert(id.clone(), theirs.clone());
+                }
+            }
+        }
+        all.into_iter().collect()
+    }
+
+    /// This replica's own spend of the conversations charged at `since_ms` or later, to
+    /// publish (`crate::replicas`).
+    pub fn charged_since(&self, since_ms: i64) -> Vec<LoggedSpend> {
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.lock()
+            .iter()
+            .filter(|(_, s)| s.last_ms >= since_ms)
+            .map(|(id, s)| LoggedSpend {
+                conversation_id: id.clone(),
+                requests: count(s.requests),
+                steps: s.steps.checked_sub(1).map(count),
+                input_tokens: count(s.usage.input),
+                cached_input_tokens: count(s.usage.cached_input),
+                cache_write_tokens: count(s.usage.cache_write),
+                output_tokens: count(s.usage.output),
+                cost_usd: s.dollars,
+                unpriced: count(s.unpriced),
+                first_ms: s.first_ms,
+                last_ms: s.last_ms,
+                policy: Some(s.policy.to_string()),
+            })
+            .collect()
+    }
+
+    /// Takes in the other replicas' spend of some conversations (each row their sum over
+    /// every other replica, replacing what was held of it).
+    pub fn merge_others(&self, rows: impl IntoIterator<Item = LoggedSpend>) {
+        let mut others = self.others();
+        for row in rows {
+            let (id, spend) = spend_of(row);
+            others.insert(id, spend);
+        }
     }
 
     /// Where `conversation` stands against `budget`: its `steps` (the caller's count, the
@@ -321,11 +411,7 @@ impl Ledger {
 
     /// Conversations, the most recently charged first, at most `limit`.
     pub fn conversations(&self, limit: usize) -> Vec<(String, Spend)> {
-        let mut all: Vec<(String, Spend)> = self
-            .lock()
-            .iter()
-            .map(|(id, s)| (id.clone(), s.clone()))
-            .collect();
+        let mut all = self.all();
         all.sort_by(|a, b| b.1.last_ms.cmp(&a.1.last_ms).then_with(|| a.0.cmp(&b.0)));
         all.truncate(limit);
         all
@@ -334,7 +420,7 @@ impl Ledger {
     /// Totals per policy over every conversation held, by policy name.
     pub fn policies(&self) -> Vec<PolicySpend> {
         let mut by_policy: Vec<PolicySpend> = Vec::new();
-        for spend in self.lock().values() {
+        for (_, spend) in &self.all() {
             let total = match by_policy.iter_mut().find(|p| p.policy == spend.policy) {
                 Some(total) => total,
                 None => {
@@ -362,6 +448,8 @@ impl Ledger {
     pub fn sweep(&self, now_ms: i64) {
         self.lock()
             .retain(|_, s| now_ms - s.last_ms < Self::REMEMBER_MS);
+        self.others()
+            .retain(|_, s| now_ms - s.last_ms < Self::REMEMBER_MS);
     }
 
     /// Fills the ledger from the log's last [`Ledger::REMEMBER_MS`] (at start, before the
@@ -377,29 +465,36 @@ impl Ledger {
     /// live figures), under the policy of its last request (rows written before policies
     /// existed count as `default`'s).
     pub fn restore(&self, rows: impl IntoIterator<Item = LoggedSpend>) {
-        let count = |n: i64| n.max(0) as u64;
-        let default: Arc<str> = Arc::from(crate::policy::config::DEFAULT);
         let mut map = self.lock();
         for row in rows {
-            let spend = Spend {
-                policy: row.policy.map_or_else(|| default.clone(), Arc::from),
-                requests: count(row.requests),
-                unreported: 0,
-                unpriced: count(row.unpriced),
-                steps: row.steps.map_or(0, |s| count(s) + 1),
-                usage: Usage {
-                    input: count(row.input_tokens),
-                    cached_input: count(row.cached_input_tokens),
-                    cache_write: count(row.cache_write_tokens),
-                    output: count(row.output_tokens),
-                },
-                dollars: row.cost_usd,
-                first_ms: row.first_ms,
-                last_ms: row.last_ms,
-            };
-            map.entry(row.conversation_id).or_insert(spend);
+            let (id, spend) = spend_of(row);
+            map.entry(id).or_insert(spend);
         }
     }
+}
+
+/// Spend read from the database (the log's sums, or other replicas' published spend).
+fn spend_of(row: LoggedSpend) -> (String, Spend) {
+    let count = |n: i64| n.max(0) as u64;
+    let spend = Spend {
+        policy: row
+            .policy
+            .map_or_else(|| Arc::from(crate::policy::config::DEFAULT), Arc::from),
+        requests: count(row.requests),
+        unreported: 0,
+        unpriced: count(row.unpriced),
+        steps: row.steps.map_or(0, |s| count(s) + 1),
+        usage: Usage {
+            input: count(row.input_tokens),
+            cached_input: count(row.cached_input_tokens),
+            cache_write: count(row.cache_write_tokens),
+            output: count(row.output_tokens),
+        },
+        dollars: row.cost_usd,
+        first_ms: row.first_ms,
+        last_ms: row.last_ms,
+    };
+    (row.conversation_id, spend)
 }
 
 /// The status the caps give: `(cap, used, limit)`, a limit of 0 being no cap.

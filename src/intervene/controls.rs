@@ -243,7 +243,13 @@ impl Controls {
             }
         };
         if changed {
-            c.updated_ms = now_ms();
+            // Binding the run (or counting the humans) is bookkeeping, not a new state: it
+            // keeps the control's time, so that a replica binding a stale copy never
+            // overwrites a newer halt or resume made on another (`Store::save_control`
+            // keeps the newest).
+            if human_resumed || resumed_now {
+                c.updated_ms = now_ms();
+            }
             self.write_behind(c.clone());
         }
         standing
@@ -332,6 +338,22 @@ impl Controls {
         let c = c.clone();
         drop(map);
         self.write_behind(c);
+    }
+
+    /// Takes in controls stored by other replicas (`crate::replicas`): each replaces the
+    /// one held unless that one is newer, the rule the store itself keeps
+    /// (`Store::save_control`), so that every replica converges on the newest.
+    pub fn merge(&self, stored: Vec<Control>) {
+        let mut map = self.lock();
+        for c in stored {
+            match map.get_mut(&c.conversation_id) {
+                Some(held) if held.updated_ms > c.updated_ms => {}
+                Some(held) => *held = c,
+                None => {
+                    map.insert(c.conversation_id.clone(), c);
+                }
+            }
+        }
     }
 
     fn write_behind(&self, c: Control) {

@@ -6,17 +6,21 @@
 //! (the webhooks and the comments are the proxy's: `crate::proxy::held`).
 //!
 //! Held requests live in memory: a restart answers them (the client's connection is gone).
+//! Replicas sharing a PostgreSQL database also list them there ([`Pending::share`]), so
+//! that any replica's admin API lists and decides them: a verdict given elsewhere reaches
+//! the holder through `crate::replicas`, and a replica that dies holding requests has them
+//! marked abandoned by the others.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::oneshot;
 
 use super::Verdict;
-use crate::store::Masked;
+use crate::store::{Masked, Store};
 
 /// What the admin API and the webhooks show of a held request.
 #[derive(Debug, Clone, Serialize)]
@@ -51,6 +55,14 @@ struct Held {
 pub struct Pending {
     held: Arc<Mutex<HashMap<String, Held>>>,
     next: Arc<AtomicU64>,
+    /// Where they are listed for other replicas, once shared.
+    shared: Arc<OnceLock<Shared>>,
+}
+
+/// The shared database and this replica's name in it.
+struct Shared {
+    store: Store,
+    replica: String,
 }
 
 impl std::fmt::Debug for Pending {
@@ -80,6 +92,8 @@ pub struct Ticket {
     id: String,
     pending: Pending,
     rx: Option<oneshot::Receiver<Verdict>>,
+    /// The conversation and the request's JSON, to list it for other replicas (shared only).
+    listed: Option<(String, String)>,
 }
 
 impl Ticket {
@@ -92,6 +106,18 @@ impl Ticket {
         let Some(rx) = self.rx.take() else {
             return (default, DecidedBy::Timeout);
         };
+        if let (Some(shared), Some((conversation, info))) =
+            (self.pending.shared.get(), self.listed.take())
+        {
+            // Listed before waiting, so that its withdrawal (at the drop) comes after.
+            if let Err(e) = shared
+                .store
+                .hold_shared(&shared.replica, &self.id, &conversation, &info)
+                .await
+            {
+                tracing::warn!(error = %e, id = %self.id, "cannot list the held request for the other replicas: only this one can decide it");
+            }
+        }
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(v)) => (v, DecidedBy::Human),
             _ => (default, DecidedBy::Timeout),
@@ -102,12 +128,28 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         self.pending.lock().remove(&self.id);
+        // Off a runtime (a process tearing down) the next sync withdraws it instead.
+        let on_runtime = tokio::runtime::Handle::try_current().is_ok();
+        if let (Some(shared), true) = (self.pending.shared.get(), on_runtime) {
+            let (store, id) = (shared.store.clone(), std::mem::take(&mut self.id));
+            crate::spawn::task("held request withdrawal", async move {
+                if let Err(e) = store.release_shared(&id).await {
+                    tracing::warn!(error = %e, id, "cannot withdraw the held request from the shared list");
+                }
+            });
+        }
     }
 }
 
 impl Pending {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Lists held requests in `store` too, as `replica`'s (several replicas on one
+    /// PostgreSQL; once, at start).
+    pub fn share(&self, store: Store, replica: String) {
+        let _ = self.shared.set(Shared { store, replica });
     }
 
     /// Holds a request; `info.id` is assigned here.
@@ -127,6 +169,10 @@ impl Pending {
                 id: info.id.clone(),
                 pending: self.clone(),
                 rx: Some(rx),
+                listed: self.shared.get().and_then(|_| {
+                    let json = serde_json::to_string(&info).ok()?;
+                    Some((info.conversation_id.clone(), json))
+                }),
             },
             info,
         )
@@ -145,5 +191,68 @@ impl Pending {
         let held = self.lock().remove(id)?;
         let info = held.info.clone();
         held.decide.send(verdict).ok().map(|_| info)
+    }
+
+    /// Every held request, this replica's and (shared) the others', oldest first, as the
+    /// admin API shows them. The others' are left out, and said so in the process log,
+    /// when the database cannot be read.
+    pub async fn list_everywhere(&self) -> Vec<serde_json::Value> {
+        let mine = self.list();
+        let mut all: Vec<serde_json::Value> = mine
+            .iter()
+            .filter_map(|h| serde_json::to_value(h).ok())
+            .collect();
+        if let Some(shared) = self.shared.get() {
+            match shared.store.held_elsewhere(&shared.replica).await {
+                Ok(theirs) => all.extend(
+                    theirs
+                        .iter()
+                        .filter_map(|json| serde_json::from_str::<serde_json::Value>(json).ok()),
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list the other replicas' held requests")
+                }
+            }
+            all.sort_by_key(|h| h["created_ms"].as_i64().unwrap_or(0));
+        }
+        all
+    }
+
+    /// Delivers a verdict to a request held here or (shared) on another replica, which
+    /// releases it at its next sync; the request as the admin API shows it, or `None` when
+    /// none is held under that id.
+    pub async fn decide_anywhere(
+        &self,
+        id: &str,
+        verdict: Verdict,
+    ) -> Result<Option<serde_json::Value>, crate::store::Error> {
+        if let Some(info) = self.decide(id, verdict) {
+            return Ok(serde_json::to_value(info).ok());
+        }
+        let Some(shared) = self.shared.get() else {
+            return Ok(None);
+        };
+        let theirs = shared.store.decide_shared(id, verdict.as_str()).await?;
+        Ok(theirs.and_then(|json| serde_json::from_str(&json).ok()))
+    }
+
+    /// Delivers the verdicts other replicas gave requests held here, and withdraws from
+    /// the shared list what is no longer held here (`crate::replicas`).
+    pub async fn take_verdicts(&self) -> Result<(), crate::store::Error> {
+        let Some(shared) = self.shared.get() else {
+            return Ok(());
+        };
+        let held: Vec<String> = self.lock().keys().cloned().collect();
+        shared.store.withdraw_gone(&shared.replica, &held).await?;
+        for (id, verdict) in shared.store.take_verdicts(&shared.replica).await? {
+            let verdict = serde_json::from_value(serde_json::Value::String(verdict));
+            match verdict {
+                Ok(verdict) => {
+                    self.decide(&id, verdict);
+                }
+                Err(e) => tracing::warn!(error = %e, id, "a held request's verdict is not one"),
+            }
+        }
+        Ok(())
     }
 }

@@ -340,8 +340,10 @@ pub async fn halt_conversation(
 }
 
 /// `GET /admin/api/pending`: requests held for a human, oldest first.
+/// With replicas sharing a database, every replica's.
 pub async fn pending(State(app): State<Arc<App>>) -> Response {
-    Json(serde_json::json!({ "pending": app.interventions.pending.list() })).into_response()
+    let pending = app.interventions.pending.list_everywhere().await;
+    Json(serde_json::json!({ "pending": pending })).into_response()
 }
 
 #[derive(Deserialize)]
@@ -363,10 +365,11 @@ pub async fn decide_pending(
             ))
         }
     };
-    match app.interventions.pending.decide(&id, verdict) {
-        Some(held) => Json(serde_json::json!({ "decided": verdict.as_str(), "pending": held }))
+    match app.interventions.pending.decide_anywhere(&id, verdict).await {
+        Err(e) => internal(e),
+        Ok(Some(held)) => Json(serde_json::json!({ "decided": verdict.as_str(), "pending": held }))
             .into_response(),
-        None => (
+        Ok(None) => (
             StatusCode::NOT_FOUND,
             Json(serde_json::json!({ "error": "no request held under that id (decided, timed out or gone)" })),
         )
@@ -418,34 +421,44 @@ pub async fn reload_policies(State(app): State<Arc<App>>) -> Response {
     (status, Json(reload)).into_response()
 }
 
-/// `GET /admin/api/stats`: the proxy's own overhead and the log's health.
+/// `GET /admin/api/stats`: the proxy's own overhead and the log's health. The overhead is
+/// read from the log; the health is counted in memory, and answered even when the log
+/// cannot be read (a database down is when it matters most): `proxy_overhead_us` is then
+/// null and `log_read_error` says why.
 pub async fn stats(State(app): State<Arc<App>>) -> Response {
-    match tokio::try_join!(app.store.overhead(1000), app.store.precision()) {
-        Ok((overhead, precision)) => {
-            let held = app.analyser.memory.held();
-            Json(serde_json::json!({
-                "proxy_overhead_us": overhead,
-                "log": app.store.health(),
-                // OpenTelemetry spans sent, dropped (queue full) and failed (collector).
-                "traces": app.traces.counts(),
-                "cache": { "messages": held.messages, "bytes": held.message_bytes },
-                // Conversations whose state (last request, transcript, engine fold) is held
-                // in memory, and the bytes charged for it (`cache.conversation_max_bytes`);
-                // idle ones are dropped, so this falls back to 0 when agents stop.
-                "live_conversations": held.conversations,
-                "conversation_bytes": held.conversation_bytes,
-                // Open client connections on each serving thread (see `proxy::spread`).
-                "connections": app.spread.open(),
-                // Connections closed at `server.max_connections` to make room, and refused.
-                "connections_at_cap": app.connections.at_cap(),
-                // Each detector's right / (right + wrong) from the feedback on its alerts
-                // (`POST /admin/api/feedback`; a halt a human lifted counts wrong).
-                "precision": precision,
-            }))
-            .into_response()
+    let (overhead, log_read_error) = match app.store.overhead(1000).await {
+        Ok(overhead) => (Some(overhead), None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    // Each detector's right / (right + wrong) from the feedback on its alerts
+    // (`POST /admin/api/feedback`; a halt a human lifted counts wrong).
+    let precision = match app.store.precision().await {
+        Ok(precision) => Some(precision),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the feedback for the stats");
+            None
         }
-        Err(e) => internal(e),
-    }
+    };
+    let held = app.analyser.memory.held();
+    Json(serde_json::json!({
+        "proxy_overhead_us": overhead,
+        "log": app.store.health(),
+        "log_read_error": log_read_error,
+        // OpenTelemetry spans sent, dropped (queue full) and failed (collector).
+        "traces": app.traces.counts(),
+        "cache": { "messages": held.messages, "bytes": held.message_bytes },
+        // Conversations whose state (last request, transcript, engine fold) is held
+        // in memory, and the bytes charged for it (`cache.conversation_max_bytes`);
+        // idle ones are dropped, so this falls back to 0 when agents stop.
+        "live_conversations": held.conversations,
+        "conversation_bytes": held.conversation_bytes,
+        // Open client connections on each serving thread (see `proxy::spread`).
+        "connections": app.spread.open(),
+        // Connections closed at `server.max_connections` to make room, and refused.
+        "connections_at_cap": app.connections.at_cap(),
+        "precision": precision,
+    }))
+    .into_response()
 }
 
 #[cfg(test)]

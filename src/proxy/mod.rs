@@ -108,6 +108,8 @@ pub struct Running {
     /// The other serving threads, each answering once its server has finished.
     others: Vec<oneshot::Receiver<std::io::Result<()>>>,
     app: Arc<App>,
+    /// The sync with the other replicas (a shared database only).
+    replicas: Option<crate::replicas::Replicas>,
 }
 
 impl Running {
@@ -136,6 +138,9 @@ impl Running {
             if let Ok(result) = done.await {
                 result?;
             }
+        }
+        if let Some(replicas) = &self.replicas {
+            replicas.last_sync().await;
         }
         self.app.store.flush().await;
         Ok(())
@@ -178,8 +183,12 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let (spread, handed) = spread::Spread::new(threads);
     let idle = Duration::from_secs(config.cache.idle_secs);
     let ledger = crate::budget::Ledger::new(config.prices.clone());
-    let restored = ledger.restore_from(&store, crate::store::now_ms()).await?;
-    tracing::debug!(conversations = restored, "spend restored from the log");
+    // Replicas sharing a database share spend through it instead (`crate::replicas`): the
+    // log's sums would count the others' answers twice.
+    if !store.is_shared() {
+        let restored = ledger.restore_from(&store, crate::store::now_ms()).await?;
+        tracing::debug!(conversations = restored, "spend restored from the log");
+    }
     let metrics = Arc::new(crate::metrics::Metrics::default());
     let client = upstream::Client::new(&config.upstream);
     let interventions = crate::intervene::service::Interventions::open(
@@ -222,6 +231,23 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         traces,
     });
     spawn_sweeper(Arc::downgrade(&app), idle);
+    let replicas = match app.store.is_shared() {
+        false => None,
+        true => {
+            let replica = crate::replicas::replica_id();
+            let pending = app.interventions.pending.clone();
+            pending.share(app.store.clone(), replica.clone());
+            let shared = crate::replicas::Shared {
+                replica,
+                store: app.store.clone(),
+                ledger: app.ledger.clone(),
+                controls: app.interventions.controls.clone(),
+                pending,
+            };
+            let alive = Arc::downgrade(&app);
+            Some(crate::replicas::Replicas::start(shared, move || alive.strong_count() > 0).await)
+        }
+    };
     crate::store::redact::warm_up();
 
     let router = own::router(app.clone());
@@ -256,6 +282,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         server,
         others,
         app,
+        replicas,
     })
 }
 

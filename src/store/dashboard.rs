@@ -181,6 +181,9 @@ impl Store {
             Backend::Sqlite(db) => {
                 Ok(super::sqlite::dashboard::conversations(&db.pool(), filter, limit).await?)
             }
+            Backend::Postgres(db) => {
+                Ok(super::postgres::dashboard::conversations(db.pool(), filter, limit).await?)
+            }
         }
     }
 
@@ -189,6 +192,9 @@ impl Store {
         match &self.backend {
             Backend::Sqlite(db) => {
                 Ok(super::sqlite::dashboard::alerts(&db.pool(), conversation).await?)
+            }
+            Backend::Postgres(db) => {
+                Ok(super::postgres::dashboard::alerts(db.pool(), conversation).await?)
             }
         }
     }
@@ -209,6 +215,14 @@ impl Store {
                 super::now_ms(),
             )
             .await?),
+            Backend::Postgres(db) => Ok(super::postgres::dashboard::give_feedback(
+                db.pool(),
+                target,
+                verdict,
+                note,
+                super::now_ms(),
+            )
+            .await?),
         }
     }
 
@@ -216,6 +230,7 @@ impl Store {
     pub async fn precision(&self) -> Result<Vec<Precision>, Error> {
         let rows = match &self.backend {
             Backend::Sqlite(db) => super::sqlite::dashboard::precision(&db.pool()).await?,
+            Backend::Postgres(db) => super::postgres::dashboard::precision(db.pool()).await?,
         };
         Ok(rows.into_iter().map(Precision::with_ratio).collect())
     }
@@ -233,6 +248,12 @@ impl Store {
                 bucket_ms.max(1),
             )
             .await?),
+            Backend::Postgres(db) => Ok(super::postgres::dashboard::intervention_counts(
+                db.pool(),
+                since_ms,
+                bucket_ms.max(1),
+            )
+            .await?),
         }
     }
 
@@ -242,6 +263,9 @@ impl Store {
             Backend::Sqlite(db) => {
                 Ok(super::sqlite::dashboard::halted_runs(&db.pool(), since_ms).await?)
             }
+            Backend::Postgres(db) => {
+                Ok(super::postgres::dashboard::halted_runs(db.pool(), since_ms).await?)
+            }
         }
     }
 
@@ -250,6 +274,9 @@ impl Store {
         match &self.backend {
             Backend::Sqlite(db) => {
                 Ok(super::sqlite::dashboard::totals(&db.pool(), since_ms).await?)
+            }
+            Backend::Postgres(db) => {
+                Ok(super::postgres::dashboard::totals(db.pool(), since_ms).await?)
             }
         }
     }

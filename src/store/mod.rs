@@ -1,7 +1,9 @@
 //! The log, behind one interface: [`Store`]. Everything else in loopwarden writes and reads
 //! through it, never through a database library; where the log lives is its backend's
-//! business (SQLite, [`sqlite`], is the only one; another database is a second [`Backend`]
-//! variant, not a second path through the proxy).
+//! business: SQLite ([`sqlite`], one process) or PostgreSQL ([`postgres`], shared by
+//! several replicas), chosen by the URL. Both write through the same queue and writer
+//! thread ([`writer`]), group a batch the same way ([`batch`]), and hold the same tables
+//! and columns.
 //!
 //! The request path only calls [`Store::log`] (or [`Store::log_deferred`]), which puts an
 //! entry on a bounded queue and returns at once. When the queue is full the entry is
@@ -11,11 +13,16 @@
 //! and by tests). The admin API reads ([`query`]'s views) and the conversations' controls
 //! (sticky halts) go through the same handle.
 //!
-//! Schema: `migrations/` (embedded, applied at open).
+//! Schema: `migrations/` (SQLite) and `migrations/postgres/` (embedded, applied at open).
 
+mod batch;
 pub mod dashboard;
+mod dashboard_sql;
+pub mod postgres;
 pub mod query;
+mod read;
 pub mod redact;
+mod shared;
 mod sqlite;
 mod writer;
 
@@ -29,6 +36,7 @@ use tokio::sync::oneshot;
 
 pub use query::{ConversationSummary, LoggedSpend, OverheadStats, Timeline};
 pub use redact::Masked;
+pub use shared::PendingListener;
 pub use writer::Deferred;
 
 /// The `[log]` table: what the log keeps beyond what every request gets (its metadata, the
@@ -267,7 +275,8 @@ struct Counters {
     failed: AtomicU64,
     /// Failed write attempts whose records were kept for another.
     retried: AtomicU64,
-    /// Times the database file was found deleted or replaced and made again.
+    /// Times the database file was found deleted or replaced and made again (SQLite), or
+    /// the writer's lost connection was made again (PostgreSQL).
     reopened: AtomicU64,
 }
 
@@ -282,6 +291,7 @@ pub struct Store {
 #[derive(Clone)]
 enum Backend {
     Sqlite(sqlite::Sqlite),
+    Postgres(postgres::Postgres),
 }
 
 /// A read or a write of the log that failed (the database's error, as it said it).
@@ -341,17 +351,31 @@ pub struct StoreHealth {
     pub failed: u64,
     pub retried: u64,
     pub reopened: u64,
+    /// Entries waiting in the queue now (at most `store.queue_capacity`).
+    pub queued: usize,
 }
 
 impl Store {
-    /// Opens the log at `url` (a `sqlite://` URL: created if missing) and migrates it, and
-    /// starts the writer thread. Must be called inside a tokio runtime.
+    /// Opens the log at `url` (a `sqlite://` URL: created if missing; or a `postgres://`
+    /// one: an existing database) and migrates it, and starts the writer thread. Must be
+    /// called inside a tokio runtime.
     pub async fn open(url: &str, options: StoreOptions) -> anyhow::Result<Store> {
-        let (sqlite, writer) = sqlite::open(url, options).await?;
+        let (backend, writer) = if postgres::is_url(url) {
+            let (db, writer) = postgres::open(url, options).await?;
+            (Backend::Postgres(db), writer)
+        } else {
+            let (db, writer) = sqlite::open(url, options).await?;
+            (Backend::Sqlite(db), writer)
+        };
         Ok(Store {
             writer: Arc::new(writer),
-            backend: Backend::Sqlite(sqlite),
+            backend,
         })
+    }
+
+    /// Whether the log is shared by several replicas (PostgreSQL).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.backend, Backend::Postgres(_))
     }
 
     /// Queues a record without waiting. A full queue drops it (counted, and logged at
@@ -385,7 +409,7 @@ impl Store {
 
     /// Entries queued and not yet taken by the writer (`/metrics`).
     pub fn queue_depth(&self) -> usize {
-        self.writer.queue.depth()
+        self.writer.queue.len()
     }
 
     pub fn health(&self) -> StoreHealth {
@@ -396,6 +420,7 @@ impl Store {
             failed: counters.failed.load(Ordering::Relaxed),
             retried: counters.retried.load(Ordering::Relaxed),
             reopened: counters.reopened.load(Ordering::Relaxed),
+            queued: self.writer.queue.len(),
         }
     }
 
@@ -403,6 +428,7 @@ impl Store {
     pub async fn conversations(&self, limit: i64) -> Result<Vec<ConversationSummary>, Error> {
         match &self.backend {
             Backend::Sqlite(db) => Ok(sqlite::read::conversations(&db.pool(), limit).await?),
+            Backend::Postgres(db) => Ok(postgres::read::conversations(db.pool(), limit).await?),
         }
     }
 
@@ -410,6 +436,7 @@ impl Store {
     pub async fn timeline(&self, id: &str) -> Result<Option<Timeline>, Error> {
         match &self.backend {
             Backend::Sqlite(db) => Ok(sqlite::read::timeline(&db.pool(), id).await?),
+            Backend::Postgres(db) => Ok(postgres::read::timeline(db.pool(), id).await?),
         }
     }
 
@@ -417,6 +444,7 @@ impl Store {
     pub async fn has_conversation(&self, id: &str) -> Result<bool, Error> {
         match &self.backend {
             Backend::Sqlite(db) => Ok(sqlite::read::has_conversation(&db.pool(), id).await?),
+            Backend::Postgres(db) => Ok(postgres::read::has_conversation(db.pool(), id).await?),
         }
     }
 
@@ -424,6 +452,7 @@ impl Store {
     pub async fn overhead(&self, last: i64) -> Result<OverheadStats, Error> {
         match &self.backend {
             Backend::Sqlite(db) => Ok(sqlite::read::overhead(&db.pool(), last).await?),
+            Backend::Postgres(db) => Ok(postgres::read::overhead(db.pool(), last).await?),
         }
     }
 
@@ -431,28 +460,75 @@ impl Store {
     pub async fn recent_spend(&self, since_ms: i64) -> Result<Vec<LoggedSpend>, Error> {
         match &self.backend {
             Backend::Sqlite(db) => Ok(sqlite::read::recent_spend(&db.pool(), since_ms).await?),
+            Backend::Postgres(db) => Ok(postgres::read::recent_spend(db.pool(), since_ms).await?),
         }
     }
 
     /// Every conversation's stored control.
     pub async fn controls(&self) -> Result<Vec<Control>, Error> {
         match &self.backend {
-            Backend::Sqlite(db) => Ok(db.controls().await?),
+            Backend::Sqlite(db) => Ok(sqlite::read::controls(&db.pool()).await?),
+            Backend::Postgres(db) => Ok(postgres::read::controls(db.pool()).await?),
+        }
+    }
+
+    /// The controls changed since `since_ms` (by their `updated_ms`): another replica's
+    /// halts and resumes (`crate::replicas`).
+    pub async fn controls_since(&self, since_ms: i64) -> Result<Vec<Control>, Error> {
+        match &self.backend {
+            Backend::Sqlite(db) => Ok(sqlite::read::controls_since(&db.pool(), since_ms).await?),
+            Backend::Postgres(db) => Ok(postgres::read::controls_since(db.pool(), since_ms).await?),
+        }
+    }
+
+    /// Publishes this replica's spend of the conversations given (PostgreSQL: a shared
+    /// log; SQLite has no other replica, and keeps nothing).
+    pub async fn publish_spend(&self, replica: &str, spend: &[LoggedSpend]) -> Result<(), Error> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(()),
+            Backend::Postgres(db) => Ok(db.publish_spend(replica, spend).await?),
+        }
+    }
+
+    /// The other replicas' spend, summed per conversation, of the conversations any of
+    /// them published since `since_ms` (none in SQLite).
+    pub async fn others_spend(
+        &self,
+        replica: &str,
+        since_ms: i64,
+    ) -> Result<Vec<LoggedSpend>, Error> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(Vec::new()),
+            Backend::Postgres(db) => Ok(db.others_spend(replica, since_ms).await?),
         }
     }
 
     /// Stores a conversation's control, unless a newer one is stored already.
     pub async fn save_control(&self, control: &Control) -> Result<(), Error> {
         match &self.backend {
-            Backend::Sqlite(db) => Ok(db.save_control(control).await?),
+            Backend::Sqlite(db) => Ok(sqlite::read::save_control(&db.pool(), control).await?),
+            Backend::Postgres(db) => Ok(postgres::read::save_control(db.pool(), control).await?),
         }
     }
+}
 
-    /// The SQLite pool, for the store's own tests.
-    #[cfg(test)]
-    fn pool(&self) -> sqlx::SqlitePool {
-        match &self.backend {
-            Backend::Sqlite(db) => db.pool(),
+/// The PostgreSQL server the tests use (`LW_TEST_POSTGRES`, an admin URL: see
+/// `scripts/pg_cluster.sh`), as a new database of its own for the caller. `Ok(None)`: none
+/// is configured, and none is required (a note is printed: the PostgreSQL variants of the
+/// tests skip). An error when none is configured but one is required (`CI` or
+/// `LW_REQUIRE_POSTGRES=1`, as `.ci/run` sets), or when it cannot be reached.
+#[doc(hidden)]
+pub async fn test_postgres() -> anyhow::Result<Option<String>> {
+    match std::env::var("LW_TEST_POSTGRES") {
+        Ok(admin) if !admin.is_empty() => Ok(Some(postgres::scratch_database(&admin).await?)),
+        _ => {
+            let required = std::env::var_os("CI").is_some()
+                || std::env::var("LW_REQUIRE_POSTGRES").is_ok_and(|v| v == "1");
+            if required {
+                anyhow::bail!("LW_TEST_POSTGRES is unset, and the PostgreSQL tests are required here (CI or LW_REQUIRE_POSTGRES=1): start one with scripts/pg_cluster.sh");
+            }
+            eprintln!("note: LW_TEST_POSTGRES is unset: PostgreSQL variant skipped (scripts/pg_cluster.sh start)");
+            Ok(None)
         }
     }
 }
@@ -499,9 +575,34 @@ mod tests {
         Record::Request(Box::new(RequestRow::sample(id)))
     }
 
-    async fn open(dir: &tempfile::TempDir, queue_capacity: usize, batch_window: Duration) -> Store {
-        let url = format!("sqlite://{}", dir.path().join("t.db").display());
-        Store::open(
+    /// Which backend a test runs on: the log tests run on both ([`on_both_backends`]).
+    #[derive(Debug, Clone, Copy)]
+    enum Kind {
+        Sqlite,
+        Postgres,
+    }
+
+    /// A store in a new database, and the directory holding it (SQLite).
+    struct Opened {
+        store: Store,
+        _dir: tempfile::TempDir,
+    }
+
+    impl std::ops::Deref for Opened {
+        type Target = Store;
+        fn deref(&self) -> &Store {
+            &self.store
+        }
+    }
+
+    /// `None`: no PostgreSQL to test on here (`test_postgres` said why).
+    async fn open(kind: Kind, queue_capacity: usize, batch_window: Duration) -> Option<Opened> {
+        let dir = tempfile::tempdir().unwrap();
+        let url = match kind {
+            Kind::Sqlite => format!("sqlite://{}", dir.path().join("t.db").display()),
+            Kind::Postgres => test_postgres().await.unwrap()?,
+        };
+        let store = Store::open(
             &url,
             StoreOptions {
                 queue_capacity,
@@ -511,15 +612,67 @@ mod tests {
             },
         )
         .await
-        .unwrap()
+        .unwrap();
+        Some(Opened { store, _dir: dir })
     }
 
-    #[tokio::test]
-    async fn a_full_queue_drops_and_counts_instead_of_waiting() {
-        let dir = tempfile::tempdir().unwrap();
+    /// For each `async fn name(kind: Kind)`, the tests `name::sqlite` and `name::postgres`.
+    macro_rules! on_both_backends {
+        ($($name:ident),* $(,)?) => {$(
+            mod $name {
+                #[tokio::test]
+                async fn sqlite() {
+                    super::$name(super::Kind::Sqlite).await
+                }
+                #[tokio::test]
+                async fn postgres() {
+                    super::$name(super::Kind::Postgres).await
+                }
+            }
+        )*};
+    }
+
+    on_both_backends!(
+        a_full_queue_drops_and_counts_instead_of_waiting,
+        a_failed_write_is_counted_and_the_log_goes_on,
+        a_batchs_sightings_of_a_conversation_leave_the_row_one_by_one_would,
+        a_batchs_rows_of_a_tool_call_leave_the_row_one_by_one_would,
+        a_batchs_request_rows_are_those_written_one_by_one,
+        a_batchs_findings_are_those_written_one_by_one,
+        the_overhead_figures_read_the_latest_requests,
+        deferred_entries_are_written_and_one_that_fails_loses_only_itself,
+        controls_are_stored_unless_a_newer_one_is,
+        the_dashboard_reads_the_same_on_both_backends,
+    );
+
+    /// Runs a query (an expression of `sqlx::query*`) on the store's database, whichever it
+    /// is: the expression is typed once per backend. Test SQL uses `$n` parameters, which
+    /// both read as positional.
+    macro_rules! fetch {
+        ($store:expr, $query:expr, $how:ident) => {
+            match &$store.backend {
+                Backend::Sqlite(db) => $query.$how(&db.pool()).await.unwrap(),
+                Backend::Postgres(db) => $query.$how(db.pool()).await.unwrap(),
+            }
+        };
+    }
+
+    /// Runs a statement on the store's database.
+    macro_rules! execute {
+        ($store:expr, $sql:expr) => {
+            match &$store.backend {
+                Backend::Sqlite(db) => drop(sqlx::query($sql).execute(&db.pool()).await.unwrap()),
+                Backend::Postgres(db) => drop(sqlx::query($sql).execute(db.pool()).await.unwrap()),
+            }
+        };
+    }
+
+    async fn a_full_queue_drops_and_counts_instead_of_waiting(kind: Kind) {
         // The writer gathers until a flush (the window never ends in this test), so the
         // queue fills up: the caller must never wait for it.
-        let store = open(&dir, 4, Duration::from_secs(3600)).await;
+        let Some(store) = open(kind, 4, Duration::from_secs(3600)).await else {
+            return;
+        };
         for id in 1..=100 {
             store.log(request(id));
         }
@@ -527,10 +680,11 @@ mod tests {
         let health = store.health();
         assert_eq!(health.dropped, 96);
         assert_eq!(health.written, 4);
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM requests")
-            .fetch_one(&store.pool())
-            .await
-            .unwrap();
+        let n: i64 = fetch!(
+            store,
+            sqlx::query_scalar("SELECT count(*) FROM requests"),
+            fetch_one
+        );
         assert_eq!(n, 4);
     }
 
@@ -582,21 +736,15 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_failed_write_is_counted_and_the_log_goes_on() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(&dir, 64, StoreOptions::BATCH_WINDOW).await;
-        sqlx::query("ALTER TABLE requests RENAME TO requests_gone")
-            .execute(&store.pool())
-            .await
-            .unwrap();
+    async fn a_failed_write_is_counted_and_the_log_goes_on(kind: Kind) {
+        let Some(store) = open(kind, 64, StoreOptions::BATCH_WINDOW).await else {
+            return;
+        };
+        execute!(store, "ALTER TABLE requests RENAME TO requests_gone");
         store.log(request(1));
         store.flush().await;
         assert_eq!(store.health().failed, 1);
-        sqlx::query("ALTER TABLE requests_gone RENAME TO requests")
-            .execute(&store.pool())
-            .await
-            .unwrap();
+        execute!(store, "ALTER TABLE requests_gone RENAME TO requests");
         store.log(request(2));
         store.flush().await;
         assert_eq!(store.health().written, 1);
@@ -641,17 +789,13 @@ mod tests {
     );
 
     async fn conversation_row(store: &Store) -> ConversationRow {
-        sqlx::query_as(
-            "SELECT id_source, client, dialect, model, first_seen_ms, last_seen_ms, requests
-             FROM conversations WHERE id = 'c'",
-        )
-        .fetch_one(&store.pool())
-        .await
-        .unwrap()
+        const SQL: &str = "SELECT id_source, client, dialect, model, first_seen_ms, last_seen_ms,
+                 requests
+             FROM conversations WHERE id = 'c'";
+        fetch!(store, sqlx::query_as(SQL), fetch_one)
     }
 
-    #[tokio::test]
-    async fn a_batchs_sightings_of_a_conversation_leave_the_row_one_by_one_would() {
+    async fn a_batchs_sightings_of_a_conversation_leave_the_row_one_by_one_would(kind: Kind) {
         let seen = |client: Option<&str>, dialect, model: Option<&str>, at_ms| {
             Record::Conversation(ConversationSeen {
                 id: "c".into(),
@@ -671,7 +815,9 @@ mod tests {
             seen(Some("other"), None, Some("m2"), 30),
             seen(None, Some("openai_chat"), None, 25),
         ];
-        let (one_batch, each_alone, _dirs) = one_batch_and_one_by_one(&sightings).await;
+        let Some((one_batch, each_alone)) = one_batch_and_one_by_one(kind, &sightings).await else {
+            return;
+        };
         let row = conversation_row(&one_batch).await;
         assert_eq!(row, conversation_row(&each_alone).await);
         assert_eq!(
@@ -695,17 +841,11 @@ mod tests {
         assert_eq!((row.4, row.5, row.6), (20, 40, 6));
         // The overheads are summed as they come, batched or not, and the conversation list
         // shows their mean without reading the requests (none were logged here).
-        let sum = "SELECT proxy_overhead_us_sum FROM conversations";
-        let sum = |pool| sqlx::query_scalar::<_, i64>(sum).fetch_one(pool);
-        let (each_alone_pool, one_batch_pool) = (each_alone.pool(), one_batch.pool());
-        assert_eq!(
-            sum(&each_alone_pool).await.unwrap(),
-            (20 + 10 + 30 + 25) * 10
-        );
-        assert_eq!(
-            sum(&one_batch_pool).await.unwrap(),
-            (20 + 10 + 30 + 25 + 40 + 35) * 10
-        );
+        const SUM: &str = "SELECT proxy_overhead_us_sum FROM conversations";
+        let sum: i64 = fetch!(each_alone, sqlx::query_scalar(SUM), fetch_one);
+        assert_eq!(sum, (20 + 10 + 30 + 25) * 10);
+        let sum: i64 = fetch!(one_batch, sqlx::query_scalar(SUM), fetch_one);
+        assert_eq!(sum, (20 + 10 + 30 + 25 + 40 + 35) * 10);
         let listed = one_batch.conversations(10).await.unwrap();
         assert_eq!(listed[0].mean_proxy_overhead_us, Some(1600.0 / 6.0));
     }
@@ -767,7 +907,7 @@ mod tests {
         }
         pool.close().await;
 
-        let store = open(&dir, 64, Duration::from_millis(10)).await;
+        let store = open_sqlite(&dir).await;
         let listed = store.conversations(10).await.unwrap();
         let mean = |id: &str| {
             listed
@@ -831,8 +971,11 @@ mod tests {
         }
         pool.close().await;
 
-        let store = open(&dir, 64, Duration::from_millis(10)).await;
-        let pool = store.pool();
+        let store = open_sqlite(&dir).await;
+        let Backend::Sqlite(db) = &store.backend else {
+            unreachable!()
+        };
+        let pool = db.pool();
         let column = |table: &str| {
             let sql = match table {
                 "requests" => "SELECT applied FROM requests ORDER BY id",
@@ -845,32 +988,38 @@ mod tests {
         assert_eq!(column("decisions").await.unwrap(), want[1..]);
     }
 
+    /// The SQLite log `t.db` in `dir` (made by [`log_migrated_to`]), opened by this version.
+    async fn open_sqlite(dir: &tempfile::TempDir) -> Store {
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let options = StoreOptions {
+            queue_capacity: 64,
+            batch_size: 64,
+            batch_window: Duration::from_millis(10),
+            retry_rows: 64,
+        };
+        Store::open(&url, options).await.unwrap()
+    }
+
     /// `records` written by two logs: in one batch (the writer gathers until the flush),
-    /// and one by one (a flush after each). The directories hold the two databases.
-    async fn one_batch_and_one_by_one(
-        records: &[Record],
-    ) -> (Store, Store, [tempfile::TempDir; 2]) {
-        let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-        let one_batch = open(&dirs[0], 64, Duration::from_secs(3600)).await;
-        let each_alone = open(&dirs[1], 64, Duration::from_secs(3600)).await;
+    /// and one by one (a flush after each).
+    async fn one_batch_and_one_by_one(kind: Kind, records: &[Record]) -> Option<(Opened, Opened)> {
+        let one_batch = open(kind, 64, Duration::from_secs(3600)).await?;
+        let each_alone = open(kind, 64, Duration::from_secs(3600)).await?;
         for r in records {
             one_batch.log(r.clone());
             each_alone.log(r.clone());
             each_alone.flush().await;
         }
         one_batch.flush().await;
-        (one_batch, each_alone, dirs)
+        Some((one_batch, each_alone))
     }
 
     async fn tool_call_rows(store: &Store) -> Vec<ToolCallRow> {
-        sqlx::query_as("SELECT * FROM tool_calls ORDER BY conversation_id, step, call_index")
-            .fetch_all(&store.pool())
-            .await
-            .unwrap()
+        const SQL: &str = "SELECT * FROM tool_calls ORDER BY conversation_id, step, call_index";
+        fetch!(store, sqlx::query_as(SQL), fetch_all)
     }
 
-    #[tokio::test]
-    async fn a_batchs_rows_of_a_tool_call_leave_the_row_one_by_one_would() {
+    async fn a_batchs_rows_of_a_tool_call_leave_the_row_one_by_one_would(kind: Kind) {
         let call = |step, request_id, result: Option<(&str, bool)>| {
             Record::ToolCall(Box::new(ToolCallRow {
                 conversation_id: "c".into(),
@@ -899,7 +1048,9 @@ mod tests {
             call(2, 3, Some(("r3", false))),
             call(3, 4, None),
         ];
-        let (one_batch, each_alone, _dirs) = one_batch_and_one_by_one(&rows).await;
+        let Some((one_batch, each_alone)) = one_batch_and_one_by_one(kind, &rows).await else {
+            return;
+        };
         let merged = tool_call_rows(&one_batch).await;
         assert_eq!(merged, tool_call_rows(&each_alone).await);
         let summary: Vec<_> = merged
@@ -934,17 +1085,17 @@ mod tests {
     }
 
     async fn request_rows(store: &Store) -> Vec<serde_json::Value> {
-        let rows: Vec<RequestRow> = sqlx::query_as("SELECT * FROM requests ORDER BY id")
-            .fetch_all(&store.pool())
-            .await
-            .unwrap();
+        let rows: Vec<RequestRow> = fetch!(
+            store,
+            sqlx::query_as("SELECT * FROM requests ORDER BY id"),
+            fetch_all
+        );
         rows.iter()
             .map(|r| serde_json::to_value(r).unwrap())
             .collect()
     }
 
-    #[tokio::test]
-    async fn a_batchs_request_rows_are_those_written_one_by_one() {
+    async fn a_batchs_request_rows_are_those_written_one_by_one(kind: Kind) {
         // 47 rows in one batch (five inserts of 8 rows, then 4, 2 and 1), of which two repeat an
         // id: the later row replaces the earlier, in the same insert (7 after 3) or across
         // two (40 after 5). Rows differ in every column that can be NULL.
@@ -977,7 +1128,9 @@ mod tests {
                 row(n, id)
             })
             .collect();
-        let (one_batch, each_alone, _dirs) = one_batch_and_one_by_one(&rows).await;
+        let Some((one_batch, each_alone)) = one_batch_and_one_by_one(kind, &rows).await else {
+            return;
+        };
         let written = request_rows(&one_batch).await;
         assert_eq!(written, request_rows(&each_alone).await);
         assert_eq!(written.len(), 45);
@@ -1004,18 +1157,13 @@ mod tests {
         String,
         String,
     )> {
-        sqlx::query_as(
-            "SELECT id, request_id, conversation_id, created_ms, detector, confidence, step,
-                    steps, summary, suggestion
-             FROM findings ORDER BY id",
-        )
-        .fetch_all(&store.pool())
-        .await
-        .unwrap()
+        const SQL: &str = "SELECT id, request_id, conversation_id, created_ms, detector,
+                    confidence, step, steps, summary, suggestion
+             FROM findings ORDER BY id";
+        fetch!(store, sqlx::query_as(SQL), fetch_all)
     }
 
-    #[tokio::test]
-    async fn a_batchs_findings_are_those_written_one_by_one() {
+    async fn a_batchs_findings_are_those_written_one_by_one(kind: Kind) {
         // 31 findings in one batch (three inserts of 8 rows, then 4, 2 and 1), between
         // requests and a decision, differing in every column; ids follow the order logged.
         let finding = |n: i64| {
@@ -1046,7 +1194,9 @@ mod tests {
                 policy: Some("ci".into()),
             })),
         );
-        let (one_batch, each_alone, _dirs) = one_batch_and_one_by_one(&records).await;
+        let Some((one_batch, each_alone)) = one_batch_and_one_by_one(kind, &records).await else {
+            return;
+        };
         let (written, alone) = (
             finding_rows(&one_batch).await,
             finding_rows(&each_alone).await,
@@ -1061,10 +1211,10 @@ mod tests {
         assert_eq!(one_batch.health().written, 33);
     }
 
-    #[tokio::test]
-    async fn the_overhead_figures_read_the_latest_requests_without_a_table_scan() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(&dir, 64, StoreOptions::BATCH_WINDOW).await;
+    async fn the_overhead_figures_read_the_latest_requests(kind: Kind) {
+        let Some(store) = open(kind, 64, StoreOptions::BATCH_WINDOW).await else {
+            return;
+        };
         // Ids in start order, as `next_request_id` gives them; overheads 10, 20, ... 100.
         for id in 1..=10 {
             let Record::Request(mut r) = request(id) else {
@@ -1080,15 +1230,16 @@ mod tests {
         assert_eq!(stats.overhead.p50_us, Some(90));
         assert_eq!(stats.overhead.max_us, Some(100));
         assert_eq!(stats.after_body_read.max_us, Some(90));
-        // The plan walks the rowid B-tree from its end: no sort of the whole table.
-        let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(&format!(
-            "EXPLAIN QUERY PLAN {}",
-            sqlite::read::OVERHEAD_SQL
-        ))
-        .bind(3)
-        .fetch_all(&store.pool())
-        .await
-        .unwrap();
+        // In SQLite, the plan walks the rowid B-tree from its end: no sort of the whole table.
+        let Backend::Sqlite(db) = &store.backend else {
+            return;
+        };
+        let plan: Vec<(i64, i64, i64, String)> =
+            sqlx::query_as(&format!("EXPLAIN QUERY PLAN {}", read::OVERHEAD_SQL))
+                .bind(3)
+                .fetch_all(&db.pool())
+                .await
+                .unwrap();
         let plan: Vec<&str> = plan.iter().map(|(.., detail)| detail.as_str()).collect();
         assert!(
             plan.iter().all(|step| !step.contains("TEMP B-TREE")),
@@ -1106,24 +1257,212 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn deferred_entries_are_written_and_one_that_fails_loses_only_itself() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(&dir, 64, StoreOptions::BATCH_WINDOW).await;
+    async fn deferred_entries_are_written_and_one_that_fails_loses_only_itself(kind: Kind) {
+        let Some(store) = open(kind, 64, StoreOptions::BATCH_WINDOW).await else {
+            return;
+        };
         store.log_deferred(Box::new(Rows(vec![1, 2])));
         store.log_deferred(Box::new(Rows(vec![])));
         store.log(request(3));
         store.flush().await;
         let health = store.health();
         assert_eq!((health.written, health.failed), (3, 1));
-        let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM requests ORDER BY id")
-            .fetch_all(&store.pool())
-            .await
-            .unwrap();
+        let ids: Vec<i64> = fetch!(
+            store,
+            sqlx::query_scalar("SELECT id FROM requests ORDER BY id"),
+            fetch_all
+        );
         assert_eq!(ids, vec![1, 2, 3]);
         // The writer is still there after the failure.
         store.log_deferred(Box::new(Rows(vec![4])));
         store.flush().await;
         assert_eq!(store.health().written, 4);
+    }
+
+    async fn controls_are_stored_unless_a_newer_one_is(kind: Kind) {
+        let Some(store) = open(kind, 64, StoreOptions::BATCH_WINDOW).await else {
+            return;
+        };
+        let control = |halted, updated_ms| Control {
+            conversation_id: "c".into(),
+            halted,
+            reason: "looping".into(),
+            source: "operator".into(),
+            humans_at_halt: Some(2),
+            resume_pending: !halted,
+            resumed_at: "[]".into(),
+            updated_ms,
+            run_steps: Some(4),
+            run_digest: Some("d".into()),
+        };
+        store.save_control(&control(true, 10)).await.unwrap();
+        store.save_control(&control(false, 5)).await.unwrap();
+        assert_eq!(store.controls().await.unwrap(), vec![control(true, 10)]);
+        store.save_control(&control(false, 11)).await.unwrap();
+        assert_eq!(store.controls().await.unwrap(), vec![control(false, 11)]);
+    }
+
+    /// The dashboard's SQL (`dashboard_sql`) runs on both backends and reads the same: the
+    /// filtered list, a conversation's alerts, a verdict and the precision it makes, the
+    /// interventions per bucket, the halted runs and the totals.
+    async fn the_dashboard_reads_the_same_on_both_backends(kind: Kind) {
+        use crate::store::dashboard::{ConversationFilter, Target, Verdict};
+        let Some(store) = open(kind, 64, StoreOptions::BATCH_WINDOW).await else {
+            return;
+        };
+        let mut row = RequestRow::sample(1 << 20);
+        row.conversation_id = "run-1".into();
+        row.started_ms = 1000;
+        row.policy = Some("ci".into());
+        row.decision = Some("halt".into());
+        row.steps = Some(4);
+        row.cost_usd = Some(0.25);
+        store.log(Record::Request(Box::new(row)));
+        store.log(Record::Conversation(ConversationSeen {
+            id: "run-1".into(),
+            id_source: "path",
+            client: Some("claude-cli".into()),
+            dialect: Some("anthropic"),
+            model: Some("claude-test".into()),
+            at_ms: 1000,
+            overhead_us: 10,
+            team: Some("ci".into()),
+        }));
+        store.log(Record::Finding(Box::new(FindingRow {
+            request_id: 1 << 20,
+            conversation_id: "run-1".into(),
+            created_ms: 1000,
+            detector: "fail_loop".into(),
+            confidence: 0.9,
+            step: Some(3),
+            steps: "[1,2,3]".into(),
+            summary: "failed 3 times".into(),
+            suggestion: "change something".into(),
+        })));
+        let intervention = |action: &str, applied: &str, source: &str, at: i64| {
+            Record::Intervention(Box::new(InterventionRow {
+                conversation_id: "run-1".into(),
+                request_id: Some(1 << 20),
+                created_ms: at,
+                action: action.into(),
+                applied: applied.into(),
+                source: source.into(),
+                detector: if action == "halt" {
+                    "fail_loop".into()
+                } else {
+                    String::new()
+                },
+                reason: "looping".into(),
+                finding: "".into(),
+                policy: Some("ci".into()),
+            }))
+        };
+        store.log(intervention("halt", "halted", "policy", 2000));
+        store.log(intervention("resume", "resumed", "operator", 3000));
+        store.flush().await;
+
+        let ci = ConversationFilter {
+            team: Some("ci".into()),
+            ..ConversationFilter::default()
+        };
+        let listed = store.listed_conversations(&ci, 10).await.unwrap();
+        assert_eq!(listed.len(), 1, "{kind:?}");
+        let other = ConversationFilter {
+            policy: Some("dev".into()),
+            ..ConversationFilter::default()
+        };
+        assert!(store
+            .listed_conversations(&other, 10)
+            .await
+            .unwrap()
+            .is_empty());
+        let alerts = store.alerts("run-1").await.unwrap();
+        assert_eq!(
+            (alerts.findings.len(), alerts.interventions.len()),
+            (1, 2),
+            "{kind:?}"
+        );
+        // The halt a human lifted counts wrong for its detector until someone says otherwise.
+        let implied = store.precision().await.unwrap();
+        let fail_loop = implied.iter().find(|p| p.detector == "fail_loop").unwrap();
+        assert_eq!(
+            (fail_loop.right, fail_loop.wrong, fail_loop.implied_wrong),
+            (0, 1, 1)
+        );
+        let finding = serde_json::to_value(&alerts.findings[0]).unwrap()["id"]
+            .as_i64()
+            .unwrap();
+        let recorded = store
+            .give_feedback(Target::Finding(finding), Verdict::Right, "it was stuck")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(recorded.detector, "fail_loop");
+        assert!(store
+            .give_feedback(Target::Finding(finding + 1000), Verdict::Right, "")
+            .await
+            .unwrap()
+            .is_none());
+        let after = store.precision().await.unwrap();
+        let fail_loop = after.iter().find(|p| p.detector == "fail_loop").unwrap();
+        assert_eq!((fail_loop.right, fail_loop.wrong), (1, 1), "{kind:?}");
+        let counts = store.intervention_counts(0, 3_600_000).await.unwrap();
+        assert_eq!(
+            counts.len(),
+            1,
+            "the policy's halt, not the operator's resume: {kind:?}"
+        );
+        let halted = store.halted_runs(0).await.unwrap();
+        assert_eq!(halted.len(), 1, "{kind:?}");
+        assert_eq!(halted[0].resumed_ms, Some(3000));
+        let totals = store.totals(0).await.unwrap();
+        assert_eq!((totals.requests, totals.conversations), (1, 1), "{kind:?}");
+    }
+
+    /// PostgreSQL's tables of state shared by replicas (`migrations/postgres/0010_*`), which
+    /// one process keeps in memory: not log tables, not in SQLite.
+    const SHARED_ONLY: &[&str] = &["replica_spend", "pending_requests", "replicas"];
+
+    /// Every log table's columns, by name, as `(table, column)` in order.
+    async fn columns(store: &Store) -> Vec<(String, String)> {
+        let mut columns: Vec<(String, String)> = match &store.backend {
+            Backend::Sqlite(db) => {
+                sqlx::query_as(
+                    "SELECT m.name, p.name FROM sqlite_master m, pragma_table_info(m.name) p
+                     WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%'
+                       AND m.name NOT LIKE '_sqlx%'",
+                )
+                .fetch_all(&db.pool())
+                .await
+            }
+            Backend::Postgres(db) => {
+                sqlx::query_as(
+                    "SELECT table_name::TEXT, column_name::TEXT FROM information_schema.columns
+                     WHERE table_schema = 'public' AND table_name NOT LIKE '_sqlx%'
+                       AND table_name <> ALL($1)",
+                )
+                .bind(SHARED_ONLY)
+                .fetch_all(db.pool())
+                .await
+            }
+        }
+        .unwrap();
+        columns.sort();
+        columns
+    }
+
+    /// The two backends' migrations make the same tables with the same columns (their
+    /// meanings: `migrations/`, which `migrations/postgres/` follows).
+    #[tokio::test]
+    async fn both_backends_have_the_same_columns() {
+        let Some(postgres) = open(Kind::Postgres, 4, StoreOptions::BATCH_WINDOW).await else {
+            return;
+        };
+        let sqlite = open(Kind::Sqlite, 4, StoreOptions::BATCH_WINDOW)
+            .await
+            .unwrap();
+        let (in_sqlite, in_postgres) = (columns(&sqlite).await, columns(&postgres).await);
+        assert!(in_sqlite.len() > 60, "{in_sqlite:?}");
+        assert_eq!(in_sqlite, in_postgres);
     }
 }

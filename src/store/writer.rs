@@ -107,8 +107,8 @@ impl Queue {
         true
     }
 
-    /// Entries waiting for the writer.
-    pub(super) fn depth(&self) -> usize {
+    /// Entries waiting for the writer (the queue's depth).
+    pub(super) fn len(&self) -> usize {
         self.lock().entries.len()
     }
 

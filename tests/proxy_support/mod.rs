@@ -16,10 +16,45 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// A proxy whose three upstreams are `upstream`, logging to a fresh SQLite file.
+/// A proxy whose three upstreams are `upstream`, logging to a fresh SQLite file (or, with
+/// [`TestProxy::on`], a fresh PostgreSQL database).
 pub struct TestProxy {
     pub running: Running,
     pub dir: tempfile::TempDir,
+    /// The log's URL.
+    pub db: String,
+}
+
+/// Which database a test's proxy logs to: the log tests run on both
+/// ([`on_both_backends`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// For each `async fn name(backend: Backend)` of the test file, the tests `name::sqlite`
+/// and `name::postgres`.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn sqlite() {
+                super::$name($crate::proxy_support::Backend::Sqlite).await
+            }
+            #[tokio::test]
+            async fn postgres() {
+                super::$name($crate::proxy_support::Backend::Postgres).await
+            }
+        }
+    )*};
+}
+
+/// A new PostgreSQL database for a test, or `None` when there is no server to test on
+/// and none is required (`loopwarden::store::test_postgres` prints a note; in CI it fails).
+pub async fn postgres_db() -> Option<String> {
+    loopwarden::store::test_postgres().await.unwrap()
 }
 
 impl TestProxy {
@@ -27,8 +62,40 @@ impl TestProxy {
         TestProxy::start_with(upstream, |_| {}).await
     }
 
+    /// A proxy logging to a new database of `backend`; `None`: no PostgreSQL here.
+    pub async fn on(backend: Backend, upstream: &str) -> Option<TestProxy> {
+        TestProxy::on_with(backend, upstream, |_| {}).await
+    }
+
+    pub async fn on_with(
+        backend: Backend,
+        upstream: &str,
+        adjust: impl FnOnce(&mut Config),
+    ) -> Option<TestProxy> {
+        let db = match backend {
+            Backend::Sqlite => None,
+            Backend::Postgres => Some(postgres_db().await?),
+        };
+        let proxy = TestProxy::start_with(upstream, |config| {
+            if let Some(db) = db {
+                config.store.db = db;
+            }
+            adjust(config)
+        })
+        .await;
+        Some(proxy)
+    }
+
     pub async fn start_with(upstream: &str, adjust: impl FnOnce(&mut Config)) -> TestProxy {
         TestProxy::start_in(upstream, tempfile::tempdir().unwrap(), adjust).await
+    }
+
+    /// Stops this proxy (its log written out) and starts another on the same log.
+    pub async fn restart(self, upstream: &str) -> TestProxy {
+        let TestProxy { running, dir, db } = self;
+        running.flush_log().await;
+        running.shutdown().await.unwrap();
+        TestProxy::start_in(upstream, dir, |config| config.store.db = db).await
     }
 
     /// A proxy on the log another one left in `dir` (a restart).
@@ -48,8 +115,9 @@ impl TestProxy {
         config.upstream.anthropic = upstream.to_string();
         config.upstream.gemini = upstream.to_string();
         adjust(&mut config);
+        let db = config.store.db.clone();
         let running = proxy::start(config).await.unwrap();
-        TestProxy { running, dir }
+        TestProxy { running, dir, db }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -63,12 +131,44 @@ impl TestProxy {
     /// Rows of a query, as JSON objects, once everything finished so far is written.
     pub async fn rows(&self, sql: &str) -> Vec<Value> {
         self.running.flush_log().await;
-        let url = format!("sqlite://{}", self.db_path().display());
-        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        db_rows(&self.db, sql).await
+    }
+}
+
+/// Rows of a query on the log at `url` (SQLite or PostgreSQL), as JSON objects with the
+/// same values from either (a PostgreSQL boolean reads as SQLite's 0 or 1).
+pub async fn db_rows(url: &str, sql: &str) -> Vec<Value> {
+    if !loopwarden::store::postgres::is_url(url) {
+        let pool = sqlx::SqlitePool::connect(url).await.unwrap();
         let rows = query_json(&pool, sql).await;
         pool.close().await;
-        rows
+        return rows;
     }
+    use sqlx::{Column, Row, TypeInfo, ValueRef};
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    let rows = sqlx::query(sql).fetch_all(&pool).await.unwrap();
+    pool.close().await;
+    rows.iter()
+        .map(|row| {
+            let mut obj = serde_json::Map::new();
+            for (i, col) in row.columns().iter().enumerate() {
+                let raw = row.try_get_raw(i).unwrap();
+                let value = if raw.is_null() {
+                    Value::Null
+                } else {
+                    match raw.type_info().name() {
+                        "INT8" => json!(row.get::<i64, _>(i)),
+                        "INT4" => json!(row.get::<i32, _>(i)),
+                        "BOOL" => json!(i64::from(row.get::<bool, _>(i))),
+                        "FLOAT8" => json!(row.get::<f64, _>(i)),
+                        _ => json!(row.get::<String, _>(i)),
+                    }
+                };
+                obj.insert(col.name().to_string(), value);
+            }
+            Value::Object(obj)
+        })
+        .collect()
 }
 
 /// Runs a query and returns each row as a JSON object (integers, reals, text, null).

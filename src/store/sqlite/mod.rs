@@ -15,7 +15,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::SqlitePool;
 
 use super::writer::{self, Handle};
-use super::{Control, Label, Masked, StoreOptions};
+use super::{Label, Masked, StoreOptions};
 
 /// The read side of a SQLite log.
 #[derive(Clone)]
@@ -108,39 +108,6 @@ pub(crate) async fn open(url: &str, options: StoreOptions) -> anyhow::Result<(Sq
 impl Sqlite {
     pub(crate) fn pool(&self) -> SqlitePool {
         self.db.pool()
-    }
-    /// Every conversation's stored control (one row per conversation ever halted).
-    pub(crate) async fn controls(&self) -> Result<Vec<Control>, sqlx::Error> {
-        sqlx::query_as("SELECT * FROM conversation_controls")
-            .fetch_all(&self.pool())
-            .await
-    }
-
-    /// Stores a control, unless a newer one of the conversation is stored already.
-    pub(crate) async fn save_control(&self, c: &Control) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO conversation_controls (conversation_id, halted, reason, source, humans_at_halt, resume_pending, resumed_at, updated_ms, run_steps, run_digest)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-             ON CONFLICT(conversation_id) DO UPDATE SET halted = excluded.halted, reason = excluded.reason,
-               source = excluded.source, humans_at_halt = excluded.humans_at_halt,
-               resume_pending = excluded.resume_pending, resumed_at = excluded.resumed_at,
-               updated_ms = excluded.updated_ms, run_steps = excluded.run_steps,
-               run_digest = excluded.run_digest
-             WHERE excluded.updated_ms >= conversation_controls.updated_ms",
-        )
-        .bind(&c.conversation_id)
-        .bind(c.halted)
-        .bind(c.reason.as_str())
-        .bind(&c.source)
-        .bind(c.humans_at_halt)
-        .bind(c.resume_pending)
-        .bind(&c.resumed_at)
-        .bind(c.updated_ms)
-        .bind(c.run_steps)
-        .bind(&c.run_digest)
-        .execute(&self.pool())
-        .await?;
-        Ok(())
     }
 }
 

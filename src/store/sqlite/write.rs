@@ -1,7 +1,6 @@
 //! The SQLite batch writer: the statements the log's writer thread runs on its own
 //! connection (rusqlite), prepared once each, and how a batch's records become rows.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -9,8 +8,9 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OpenFlags, Statement, ToSql};
 
 use super::Database;
+use crate::store::batch::{Batch, CallUpdates, Sightings};
 use crate::store::writer::{self, Failure, Queue, Stop, Unwritten};
-use crate::store::{ConversationSeen, FindingRow, Record, RequestRow, ToolCallRow};
+use crate::store::{FindingRow, Record, RequestRow};
 
 /// Waited between attempts to make a new database when the file was deleted.
 const REOPEN_RETRY: Duration = Duration::from_secs(2);
@@ -402,165 +402,62 @@ fn write_batch(
     records: &[Record],
 ) -> rusqlite::Result<()> {
     let tx = conn.unchecked_transaction()?;
-    // Batch-local maps of at most a batch's entries: a fast hasher (foldhash) is safe here.
-    let mut sightings: HashMap<&str, Sightings<'_>, foldhash::fast::RandomState> =
-        HashMap::default();
-    let mut calls: HashMap<(&str, i64, i64), CallUpdates<'_>, foldhash::fast::RandomState> =
-        HashMap::default();
-    let mut requests = Vec::new();
-    let mut findings = Vec::new();
-    for record in records {
-        match record {
-            Record::Conversation(seen) => match sightings.get_mut(seen.id.as_str()) {
-                Some(merged) => merged.add(seen),
-                None => {
-                    sightings.insert(&seen.id, Sightings::new(seen));
-                }
-            },
-            Record::ToolCall(t) => {
-                match calls.get_mut(&(t.conversation_id.as_str(), t.step, t.call_index)) {
-                    Some(merged) => merged.add(t),
-                    None => {
-                        calls.insert(
-                            (&t.conversation_id, t.step, t.call_index),
-                            CallUpdates::new(t),
-                        );
-                    }
-                }
-            }
-            Record::Request(r) => requests.push(&**r),
-            Record::Finding(f) => findings.push(&**f),
-            other => write_one(statements, other)?,
-        }
+    let batch = Batch::of(records);
+    write_chunked(statements, &batch.requests)?;
+    write_chunked(statements, &batch.findings)?;
+    for merged in &batch.sightings {
+        write_sightings(statements, merged)?;
     }
-    write_chunked(statements, &requests)?;
-    write_chunked(statements, &findings)?;
-    for merged in sightings.values() {
-        merged.write(statements)?;
+    for merged in &batch.calls {
+        write_call(statements, merged)?;
     }
-    for merged in calls.values() {
-        merged.write(statements)?;
+    for record in batch.others {
+        write_one(statements, record)?;
     }
     tx.commit()
 }
 
-/// A batch's sightings of one conversation, written as one upsert: each upsert rewrites
-/// the row and moves its `conversations_by_last_seen` entry, and a conversation that makes
-/// many requests in one batch window (parallel calls, a load test) would do that per
-/// request. The merged row is what the sightings one by one would have left.
-struct Sightings<'a> {
-    /// Its id, id source and time are a new row's (`first_seen_ms`).
-    first: &'a ConversationSeen,
-    /// The first sighting's with one, as `coalesce(client, excluded.client)` keeps.
-    client: Option<&'a str>,
-    /// The last sighting's with one, as `coalesce(excluded.dialect, dialect)` keeps.
-    dialect: Option<&'static str>,
-    model: Option<&'a str>,
-    last_ms: i64,
-    requests: i64,
-    overhead_us: i64,
-    /// The first sighting's with one, as `coalesce(team, excluded.team)` keeps.
-    team: Option<&'a str>,
+fn write_sightings(statements: &mut Statements<'_>, s: &Sightings<'_>) -> rusqlite::Result<()> {
+    statements.get(Sql::Conversation)?.execute(params![
+        s.first.id,
+        s.first.id_source,
+        s.client,
+        s.dialect,
+        s.model,
+        s.first.at_ms,
+        s.last_ms,
+        s.requests,
+        s.overhead_us,
+        s.team
+    ])?;
+    Ok(())
 }
 
-impl<'a> Sightings<'a> {
-    fn new(seen: &'a ConversationSeen) -> Self {
-        Sightings {
-            first: seen,
-            client: seen.client.as_deref(),
-            dialect: seen.dialect,
-            model: seen.model.as_deref(),
-            last_ms: seen.at_ms,
-            requests: 1,
-            overhead_us: seen.overhead_us,
-            team: seen.team.as_deref(),
-        }
-    }
-
-    fn add(&mut self, seen: &'a ConversationSeen) {
-        self.client = self.client.or(seen.client.as_deref());
-        self.dialect = seen.dialect.or(self.dialect);
-        self.model = seen.model.as_deref().or(self.model);
-        self.last_ms = self.last_ms.max(seen.at_ms);
-        self.requests += 1;
-        self.overhead_us += seen.overhead_us;
-        self.team = self.team.or(seen.team.as_deref());
-    }
-
-    fn write(&self, statements: &mut Statements<'_>) -> rusqlite::Result<()> {
-        statements.get(Sql::Conversation)?.execute(params![
-            self.first.id,
-            self.first.id_source,
-            self.client,
-            self.dialect,
-            self.model,
-            self.first.at_ms,
-            self.last_ms,
-            self.requests,
-            self.overhead_us,
-            self.team
-        ])?;
-        Ok(())
-    }
+fn write_call(statements: &mut Statements<'_>, c: &CallUpdates<'_>) -> rusqlite::Result<()> {
+    let t = c.last;
+    statements.get(Sql::ToolCall)?.execute(params![
+        t.conversation_id,
+        t.step,
+        t.call_index,
+        t.call_id,
+        t.name,
+        t.args_hash,
+        t.summary,
+        c.result_hash,
+        c.result_summary,
+        c.is_error,
+        t.request_id,
+        t.seen_ms
+    ])?;
+    Ok(())
 }
 
-/// A batch's rows for one tool call (conversation, step, position), written as one upsert.
-/// The same call is logged again by every request that carries the same step (a retried
-/// or repeated request, parallel requests of one conversation, a load test), and each
-/// upsert rewrote the row. The merged row is what the upserts one by one would have left:
-/// the last row's columns, and for each result column the last value that was not NULL
-/// (the upsert's `coalesce(excluded.x, x)`).
-struct CallUpdates<'a> {
-    last: &'a ToolCallRow,
-    result_hash: Option<&'a str>,
-    result_summary: Option<&'a str>,
-    is_error: Option<bool>,
-}
-
-impl<'a> CallUpdates<'a> {
-    fn new(row: &'a ToolCallRow) -> Self {
-        CallUpdates {
-            last: row,
-            result_hash: row.result_hash.as_deref(),
-            result_summary: row.result_summary.as_deref(),
-            is_error: row.is_error,
-        }
-    }
-
-    fn add(&mut self, row: &'a ToolCallRow) {
-        self.last = row;
-        self.result_hash = row.result_hash.as_deref().or(self.result_hash);
-        self.result_summary = row.result_summary.as_deref().or(self.result_summary);
-        self.is_error = row.is_error.or(self.is_error);
-    }
-
-    fn write(&self, statements: &mut Statements<'_>) -> rusqlite::Result<()> {
-        let t = self.last;
-        statements.get(Sql::ToolCall)?.execute(params![
-            t.conversation_id,
-            t.step,
-            t.call_index,
-            t.call_id,
-            t.name,
-            t.args_hash,
-            t.summary,
-            self.result_hash,
-            self.result_summary,
-            self.is_error,
-            t.request_id,
-            t.seen_ms
-        ])?;
-        Ok(())
-    }
-}
-
+/// A decision, an intervention or a content row ([`Batch::others`]).
 fn write_one(statements: &mut Statements<'_>, record: &Record) -> rusqlite::Result<()> {
     match record {
-        // Merged or gathered per batch by `write_batch`.
-        Record::Conversation(seen) => Sightings::new(seen).write(statements)?,
-        Record::ToolCall(t) => CallUpdates::new(t).write(statements)?,
-        Record::Request(r) => write_chunked(statements, &[&**r])?,
-        Record::Finding(f) => write_chunked(statements, &[&**f])?,
+        // Gathered per batch by `Batch::of`, never among the others.
+        Record::Conversation(_) | Record::ToolCall(_) | Record::Request(_) | Record::Finding(_) => {
+        }
         Record::Decision(d) => {
             statements.get(Sql::Decision)?.execute(params![
                 d.request_id,

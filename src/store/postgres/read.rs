@@ -1,0 +1,3 @@
+//! The admin API's reads in PostgreSQL (`crate::store::read`).
+
+crate::store::read::reads!(sqlx::PgPool);
