@@ -26,6 +26,7 @@ use super::route::{self, Route, Upstream};
 use super::tee::{Pending, TeeBody};
 use super::upstream::Outgoing;
 use super::{errors, upstream, App};
+use crate::config::WebSocketMode;
 use crate::detect::Decision;
 use crate::dialect::{Dialect, HaltReply, UpstreamFailure};
 use crate::intervene::{Applied, Effect, RequestInfo};
@@ -66,6 +67,10 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         Some(Refusal::Connect)
     } else if resolved.is_err() {
         Some(Refusal::ClimbsOut)
+    } else if app.config.server.websocket == WebSocketMode::Refuse
+        && route::asks_websocket(&parts.method, &parts.headers)
+    {
+        Some(Refusal::WebSocket)
     } else if http_body::Body::size_hint(&body).lower() > max as u64 {
         // Announced (`Content-Length`): refused before a byte of it is asked for (a client
         // that waits for `100 Continue` never sends it).
