@@ -88,7 +88,8 @@ pub struct ServerConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WebSocketMode {
-    /// Forwarded as any other request: the upgrade itself is not carried through.
+    /// Proxied: the upstream is asked for the same upgrade, and the two sockets are joined
+    /// with each turn read and ruled on as an HTTP request is (`crate::proxy::websocket`).
     Proxy,
     /// Answered `426 Upgrade Required` at once: a client with an HTTP transport to fall
     /// back on (Codex) uses it without first retrying the socket.
@@ -180,7 +181,7 @@ impl Default for Config {
                 header_timeout_secs: 30,
                 idle_timeout_secs: 120,
                 max_connections: 0,
-                websocket: WebSocketMode::Refuse,
+                websocket: WebSocketMode::Proxy,
             },
             upstream: UpstreamConfig {
                 openai: "https://api.openai.com".into(),

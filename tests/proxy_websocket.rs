@@ -1,14 +1,376 @@
-//! Codex's Responses WebSocket through the proxy, over real sockets: the upgrade refused
-//! with 426 when `server.websocket = "refuse"`.
+//! Codex's Responses WebSocket through the proxy, over real sockets: frames relayed byte
+//! for byte both ways, either side's close reaching the other, a looping conversation
+//! nudged inside a frame and then halted on the socket (against the mock, which speaks the
+//! socket too), and the upgrade refused with 426 when `server.websocket = "refuse"`.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "the test's own upstream spawns its connections"
+)]
+#![allow(
+    clippy::result_large_err,
+    reason = "tungstenite's handshake callback returns its error response"
+)]
+
+mod intervene_support;
 mod proxy_support;
 
+use std::sync::{Arc, Mutex};
+
+use futures_util::{SinkExt, StreamExt};
 use loopwarden::config::WebSocketMode;
+use loopwarden::dialect::Dialect;
 use loopwarden::mock::{MockServer, Script, Turn};
 use proxy_support::{raw_request, TestProxy};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::tungstenite::handshake::client::generate_key;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+type Client = WebSocketStream<TcpStream>;
+
+/// Opens the Responses WebSocket through the proxy at `addr` as Codex does (its headers).
+async fn connect(addr: std::net::SocketAddr, conversation: &str) -> Client {
+    let request = http::Request::builder()
+        .uri(format!("ws://{addr}/v1/responses"))
+        .header("host", addr.to_string())
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", generate_key())
+        .header("openai-beta", "responses_websockets=2026-02-06")
+        .header("authorization", "Bearer sk-test-not-a-key")
+        .header("session-id", conversation)
+        .header("originator", "codex_exec")
+        .body(())
+        .unwrap();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (ws, response) = tokio_tungstenite::client_async(request, tcp).await.unwrap();
+    assert_eq!(response.status(), 101);
+    ws
+}
+
+/// What a WebSocket upstream of the test's own saw: the upgrade's headers and every
+/// message, in order.
+#[derive(Default)]
+struct Seen {
+    headers: Vec<(String, String)>,
+    messages: Vec<Message>,
+}
+
+/// A WebSocket upstream that records what it gets; it answers a text `answer me` with a
+/// text and a binary frame, and a text `close me` with a close (code 4000, `done`).
+async fn echo_upstream() -> (String, Arc<Mutex<Seen>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let record = record.clone();
+            tokio::spawn(async move {
+                let headers = record.clone();
+                let callback = move |req: &http::Request<()>, resp| {
+                    headers.lock().unwrap().headers = req
+                        .headers()
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_string()))
+                        .collect();
+                    Ok(resp)
+                };
+                let mut ws = tokio_tungstenite::accept_hdr_async(tcp, callback)
+                    .await
+                    .unwrap();
+                while let Some(Ok(message)) = ws.next().await {
+                    record.lock().unwrap().messages.push(message.clone());
+                    match message {
+                        Message::Text(t) if t.as_str() == "answer me" => {
+                            let text = "{\"type\":\"codex.rate_limits\",  \"x\": 1 }  ";
+                            ws.send(Message::text(text)).await.unwrap();
+                            ws.send(Message::binary(vec![0u8, 1, 2, 255]))
+                                .await
+                                .unwrap();
+                        }
+                        Message::Text(t) if t.as_str() == "close me" => {
+                            let frame = CloseFrame {
+                                code: CloseCode::from(4000),
+                                reason: "done".into(),
+                            };
+                            let _ = ws.send(Message::Close(Some(frame))).await;
+                        }
+                        _ => {}
+                    }
+                }
+            });
+        }
+    });
+    (url, seen)
+}
+
+/// Waits (a bounded number of times) until `check` holds.
+async fn until(mut check: impl FnMut() -> bool) -> bool {
+    proxy_support::eventually(&mut check).await
+}
+
+#[tokio::test]
+async fn frames_pass_both_ways_byte_for_byte() {
+    let (upstream, seen) = echo_upstream().await;
+    let proxy = TestProxy::start(&upstream).await;
+    let mut ws = connect(proxy.running.addr(), "ws-relay").await;
+    // Frames that are no `response.create` pass as they are, spacing and all.
+    let odd = "{\"type\": \"response.processed\",   \"response_id\":\"resp_1\"}\n";
+    ws.send(Message::text(odd)).await.unwrap();
+    ws.send(Message::binary(vec![9u8, 8, 7])).await.unwrap();
+    ws.send(Message::text("answer me")).await.unwrap();
+    let first = ws.next().await.unwrap().unwrap();
+    let second = ws.next().await.unwrap().unwrap();
+    assert_eq!(
+        first,
+        Message::text("{\"type\":\"codex.rate_limits\",  \"x\": 1 }  ")
+    );
+    assert_eq!(second, Message::binary(vec![0u8, 1, 2, 255]));
+    assert!(until(|| seen.lock().unwrap().messages.len() == 3).await);
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    assert_eq!(
+        seen.messages,
+        vec![
+            Message::text(odd),
+            Message::binary(vec![9u8, 8, 7]),
+            Message::text("answer me")
+        ]
+    );
+    let header = |name: &str| {
+        seen.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    // The upgrade carried the client's headers, as an HTTP request would; the frames are
+    // read here, so no compression was negotiated.
+    assert_eq!(header("session-id").as_deref(), Some("ws-relay"));
+    assert_eq!(
+        header("openai-beta").as_deref(),
+        Some("responses_websockets=2026-02-06")
+    );
+    assert_eq!(
+        header("authorization").as_deref(),
+        Some("Bearer sk-test-not-a-key")
+    );
+    assert_eq!(header("sec-websocket-extensions"), None);
+    assert_eq!(header("upgrade").as_deref(), Some("websocket"));
+    // The upgrade is in the log (its key never is).
+    let rows = proxy
+        .rows("SELECT method, path, status FROM requests WHERE method = 'GET'")
+        .await;
+    assert_eq!(
+        rows,
+        vec![json!({"method": "GET", "path": "/v1/responses", "status": 101})]
+    );
+    let everything = std::fs::read(proxy.db_path()).unwrap();
+    let needle = b"sk-test-not-a-key";
+    assert!(!everything.windows(needle.len()).any(|w| w == needle));
+}
+
+#[tokio::test]
+async fn a_close_on_either_side_closes_the_other() {
+    let (upstream, seen) = echo_upstream().await;
+    let proxy = TestProxy::start(&upstream).await;
+    // The client closes: the upstream gets its close frame.
+    let mut ws = connect(proxy.running.addr(), "ws-close-1").await;
+    let frame = CloseFrame {
+        code: CloseCode::Normal,
+        reason: "bye".into(),
+    };
+    ws.send(Message::Close(Some(frame.clone()))).await.unwrap();
+    assert!(
+        until(|| seen
+            .lock()
+            .unwrap()
+            .messages
+            .contains(&Message::Close(Some(frame.clone()))))
+        .await
+    );
+    // The upstream closes: the client gets its close frame, then the end.
+    let mut ws = connect(proxy.running.addr(), "ws-close-2").await;
+    ws.send(Message::text("close me")).await.unwrap();
+    let closed = ws.next().await.unwrap().unwrap();
+    let Message::Close(Some(got)) = closed else {
+        panic!("not a close: {closed:?}")
+    };
+    assert_eq!((u16::from(got.code), got.reason.as_str()), (4000, "done"));
+    assert!(matches!(ws.next().await, None | Some(Err(_))));
+}
+
+/// Reads one answer's events off the socket: up to and including its
+/// `response.completed` (or `error`).
+async fn answer_events(ws: &mut Client) -> Vec<Value> {
+    let mut events = Vec::new();
+    loop {
+        let message = ws.next().await.unwrap().unwrap();
+        let Message::Text(text) = message else {
+            continue;
+        };
+        let event: Value = serde_json::from_str(&text).unwrap();
+        let kind = event["type"].as_str().unwrap_or("").to_string();
+        events.push(event);
+        if kind == "response.completed" || kind == "error" || kind == "response.failed" {
+            return events;
+        }
+    }
+}
+
+/// The function calls an answer made.
+fn calls_of(events: &[Value]) -> Vec<Value> {
+    events
+        .iter()
+        .filter(|e| {
+            e["type"] == "response.output_item.done" && e["item"]["type"] == "function_call"
+        })
+        .map(|e| e["item"].clone())
+        .collect()
+}
+
+/// The text of an answer's messages.
+fn text_of(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.done" && e["item"]["type"] == "message")
+        .filter_map(|e| e["item"]["content"][0]["text"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_loop_over_the_socket_is_nudged_in_a_frame_then_halted_on_the_socket() {
+    use intervene_support::{looping_script, FAILURE};
+    let mock = MockServer::start(looping_script(Dialect::OpenAiResponses))
+        .await
+        .unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    let mut ws = connect(proxy.running.addr(), "ws-loop").await;
+    let fields = json!({"model": "gpt-test", "stream": true, "store": false,
+        "tools": [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}}]});
+    let frame = |previous: Option<&str>, input: Vec<Value>| {
+        let mut frame = fields.clone();
+        frame["type"] = json!("response.create");
+        frame["input"] = json!(input);
+        if let Some(id) = previous {
+            frame["previous_response_id"] = json!(id);
+        }
+        frame.to_string()
+    };
+    // A prewarm first, as Codex sends it: forwarded, answered empty, not a turn.
+    let task = vec![
+        json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are a coding agent."}]}),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix the failing test in test_calc.py"}]}),
+    ];
+    let mut prewarm: Value = serde_json::from_str(&frame(None, task)).unwrap();
+    prewarm["generate"] = json!(false);
+    ws.send(Message::text(prewarm.to_string())).await.unwrap();
+    let events = answer_events(&mut ws).await;
+    let mut previous = events.last().unwrap()["response"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(calls_of(&events).is_empty());
+    // Then the turns: each frame carries only the outputs of the last answer's calls.
+    let mut input = Vec::new();
+    let mut halt = None;
+    for turn in 0..40 {
+        ws.send(Message::text(frame(Some(&previous), input.clone())))
+            .await
+            .unwrap();
+        let events = answer_events(&mut ws).await;
+        let calls = calls_of(&events);
+        if calls.is_empty() {
+            halt = Some((turn, events));
+            break;
+        }
+        previous = events.last().unwrap()["response"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        input = calls
+            .iter()
+            .map(|c| {
+                json!({"type": "function_call_output", "call_id": c["call_id"],
+                "output": format!("Process exited with code 1\nOutput:\n{FAILURE}\n1 failed")})
+            })
+            .collect();
+    }
+    let (halted_at, events) = halt.expect("the loop is halted");
+    // The halt is a whole streamed answer: created ... completed, numbered in order.
+    assert_eq!(events[0]["type"], "response.created");
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    assert_eq!(events.last().unwrap()["response"]["status"], "completed");
+    let numbers: Vec<u64> = events
+        .iter()
+        .map(|e| e["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{numbers:?}");
+    assert!(
+        text_of(&events).contains("[loopwarden]"),
+        "{}",
+        text_of(&events)
+    );
+    // The mock got the prewarm and one frame per turn before the halt, none after.
+    let frames: Vec<_> = mock
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "WS")
+        .collect();
+    assert_eq!(frames.len(), 1 + halted_at, "{frames:#?}");
+    assert_eq!(frames[0].answer, "prewarm");
+    // Its history was rebuilt from the frames: the last turn counted every earlier answer.
+    assert_eq!(frames.last().unwrap().turn_index, halted_at - 1);
+    // One frame carried the nudge at the end of its own input, continuing the same
+    // response; the frame still held the client's items before it.
+    let nudged: Vec<Value> = frames
+        .iter()
+        .map(|r| serde_json::from_slice::<Value>(r.frame.as_ref().unwrap()).unwrap())
+        .filter(|f| {
+            f["input"]
+                .as_array()
+                .and_then(|i| i.last())
+                .is_some_and(|last| last["role"] == "developer")
+        })
+        .collect();
+    assert!(!nudged.is_empty(), "no frame carried a reminder");
+    let first = &nudged[0];
+    assert!(first["previous_response_id"].is_string());
+    let items = first["input"].as_array().unwrap();
+    assert_eq!(items[0]["type"], "function_call_output");
+    let reminder = items.last().unwrap()["content"][0]["text"]
+        .as_str()
+        .unwrap();
+    assert!(reminder.starts_with("[loopwarden]"), "{reminder}");
+    // Each turn is in the log as a request of the conversation the upgrade named.
+    let rows = proxy
+        .rows(
+            "SELECT applied, outcome FROM requests WHERE method = 'WS' \
+             AND conversation_id = 'ws-loop' ORDER BY id",
+        )
+        .await;
+    assert_eq!(rows.len(), halted_at + 1, "{rows:?}");
+    assert!(
+        rows.contains(&json!({"applied": "nudged", "outcome": "complete"})),
+        "{rows:?}"
+    );
+    assert_eq!(
+        rows.last().unwrap(),
+        &json!({"applied": "halted", "outcome": "answered"})
+    );
+    let steps = proxy
+        .rows("SELECT COUNT(*) AS n FROM tool_calls WHERE conversation_id = 'ws-loop'")
+        .await;
+    assert!(
+        steps[0]["n"].as_i64().unwrap() >= halted_at as i64 - 1,
+        "{steps:?}"
+    );
+}
 
 /// Sends `request` on a new connection and reads one answer (head, and a body of its
 /// `content-length`), leaving the connection open: a refused upgrade need not close it.

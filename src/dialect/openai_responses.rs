@@ -620,6 +620,214 @@ pub(super) fn halt_json(model: &str, text: &str, call: Option<&HaltToolCall>) ->
         .into_bytes()
 }
 
+/// The Responses API over a WebSocket (`GET /v1/responses` upgraded; Codex's default
+/// transport). The client sends `response.create` frames: a Responses request body with a
+/// `type`, whose `input` holds only the items new since the response `previous_response_id`
+/// names (that response's request and output being the rest of the history), and
+/// `generate: false` for a prewarm that only loads the context. The server answers each
+/// with the events a streamed Responses answer has, one JSON text frame each.
+pub mod socket {
+    use serde::Deserialize;
+    use serde_json::value::RawValue;
+    use serde_json::{json, Map, Value};
+
+    use super::super::framing::{write_sse, SseFramer};
+
+    /// A `response.create` frame, read.
+    #[derive(Debug)]
+    pub struct Create {
+        /// The frame's fields but `type`, `previous_response_id`, `generate` and `input`.
+        fields: Map<String, Value>,
+        pub previous_response_id: Option<String>,
+        /// `generate: false`: a prewarm, which asks for no answer.
+        pub prewarm: bool,
+        /// The frame's own input items (a plain string input as the user message it is).
+        pub input: Vec<Box<RawValue>>,
+    }
+
+    /// The `response.create` frame `text` is, or `None` for any other frame (left to pass).
+    pub fn read_create(text: &str) -> Option<Create> {
+        let Ok(Value::Object(mut fields)) = serde_json::from_str::<Value>(text) else {
+            return None;
+        };
+        if fields.get("type").and_then(Value::as_str) != Some("response.create") {
+            return None;
+        }
+        fields.remove("type");
+        let previous_response_id = match fields.remove("previous_response_id") {
+            Some(Value::String(id)) => Some(id),
+            _ => None,
+        };
+        let prewarm = fields.remove("generate") == Some(Value::Bool(false));
+        let input = match fields.remove("input") {
+            Some(Value::Array(items)) => items.iter().filter_map(raw).collect(),
+            Some(Value::String(text)) => raw(&user_message(&text)).into_iter().collect(),
+            _ => Vec::new(),
+        };
+        Some(Create {
+            fields,
+            previous_response_id,
+            prewarm,
+            input,
+        })
+    }
+
+    fn raw(value: &Value) -> Option<Box<RawValue>> {
+        RawValue::from_string(value.to_string()).ok()
+    }
+
+    fn user_message(text: &str) -> Value {
+        json!({"type": "message", "role": "user",
+               "content": [{"type": "input_text", "text": text}]})
+    }
+
+    impl Create {
+        /// The HTTP request body the frame stands for: its fields, streamed, with
+        /// `history` (the items of the response it continues) before its own input.
+        pub fn http_body(&self, history: &[&RawValue]) -> Vec<u8> {
+            let mut body = self.fields.clone();
+            body.insert("stream".into(), Value::Bool(true));
+            let mut input: Vec<Value> = Vec::with_capacity(history.len() + self.input.len());
+            for item in history
+                .iter()
+                .copied()
+                .chain(self.input.iter().map(|i| &**i))
+            {
+                input.push(serde_json::from_str(item.get()).unwrap_or(Value::Null));
+            }
+            body.insert("input".into(), Value::Array(input));
+            Value::Object(body).to_string().into_bytes()
+        }
+
+        /// The frame to send for a rewritten request body (`body`, from
+        /// [`Create::http_body`] with `history` before this frame's input): when the
+        /// rewrite only added items after the history, the frame with them after its own
+        /// input, continuing the same response; otherwise (or when `whole`) the rewritten
+        /// history whole, continuing none. `None`: `body` is not a request body.
+        pub fn rewritten(&self, history_len: usize, body: &[u8], whole: bool) -> Option<String> {
+            let Ok(Value::Object(mut rewritten)) = serde_json::from_slice::<Value>(body) else {
+                return None;
+            };
+            let Some(Value::Array(items)) = rewritten.remove("input") else {
+                return None;
+            };
+            let known = history_len + self.input.len();
+            let own: Vec<Value> = self
+                .input
+                .iter()
+                .map(|i| serde_json::from_str(i.get()).unwrap_or(Value::Null))
+                .collect();
+            let appended = !whole && items.len() >= known && items[history_len..known] == own[..];
+            let mut frame = Map::new();
+            frame.insert("type".into(), json!("response.create"));
+            if appended {
+                frame.extend(self.fields.clone());
+                if let Some(id) = &self.previous_response_id {
+                    frame.insert("previous_response_id".into(), json!(id));
+                }
+                let mut input = own;
+                input.extend(items.into_iter().skip(known));
+                frame.insert("input".into(), Value::Array(input));
+            } else {
+                rewritten.remove("stream");
+                frame.extend(rewritten);
+                frame.insert("input".into(), Value::Array(items));
+            }
+            Some(Value::Object(frame).to_string())
+        }
+
+        /// The frame resending `history` and its own input whole, continuing no response:
+        /// for a frame that continues an answer the upstream never gave (a halt's).
+        pub fn whole(&self, history: &[&RawValue]) -> String {
+            let body = self.http_body(history);
+            let mut frame = Map::new();
+            frame.insert("type".into(), json!("response.create"));
+            if let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(&body) {
+                fields.remove("stream");
+                frame.extend(fields);
+            }
+            Value::Object(frame).to_string()
+        }
+    }
+
+    /// What an event frame from the server means for the history.
+    #[derive(Debug)]
+    pub enum Event {
+        /// An output item finished (`response.output_item.done`).
+        ItemDone(Box<RawValue>),
+        /// The answer ended (`response.completed`, `.incomplete`, `.failed`, or `error`):
+        /// its id, and the output items its final object lists.
+        Ended {
+            response_id: Option<String>,
+            output: Vec<Box<RawValue>>,
+        },
+        Other,
+    }
+
+    #[derive(Deserialize)]
+    struct Frame<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: std::borrow::Cow<'a, str>,
+        #[serde(borrow, default)]
+        item: Option<&'a RawValue>,
+        #[serde(default)]
+        response: Option<Ended>,
+    }
+
+    #[derive(Deserialize)]
+    struct Ended {
+        #[serde(default)]
+        id: Option<String>,
+        #[serde(default)]
+        output: Vec<Box<RawValue>>,
+    }
+
+    /// The event a server frame is, and its type (empty when it is not an event).
+    pub fn read_event(text: &str) -> (String, Event) {
+        let Ok(frame) = serde_json::from_str::<Frame>(text) else {
+            return (String::new(), Event::Other);
+        };
+        let event = match frame.kind.as_ref() {
+            "response.output_item.done" => match frame.item {
+                Some(item) => Event::ItemDone(item.to_owned()),
+                None => Event::Other,
+            },
+            "response.completed" | "response.incomplete" | "response.failed" | "error" => {
+                let (response_id, output) =
+                    frame.response.map(|r| (r.id, r.output)).unwrap_or_default();
+                Event::Ended {
+                    response_id,
+                    output,
+                }
+            }
+            _ => Event::Other,
+        };
+        (frame.kind.into_owned(), event)
+    }
+
+    /// A server frame as the SSE event it would be over HTTP: what the stream decoder
+    /// (and so the log) reads.
+    pub fn as_sse(kind: &str, text: &str) -> Vec<u8> {
+        let mut out = Vec::with_capacity(text.len() + kind.len() + 16);
+        write_sse(&mut out, Some(kind), text, "\n");
+        out
+    }
+
+    /// The events of a streamed answer (a halt's) as the frames the socket carries: each
+    /// event's data.
+    pub fn frames_of_sse(body: &[u8]) -> Vec<String> {
+        let mut framer = SseFramer::default();
+        let mut frames = Vec::new();
+        framer.feed(body, &mut frames);
+        framer.flush(&mut frames);
+        frames
+            .into_iter()
+            .map(|f| f.data)
+            .filter(|d| !d.is_empty())
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;

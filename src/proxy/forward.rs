@@ -40,6 +40,11 @@ pub const POLICY_HEADER: &str = "x-loopwarden-policy";
 
 /// The proxy handler: every request for a path that is not the proxy's own ([`super::own`]).
 pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
+    if app.config.server.websocket == WebSocketMode::Proxy
+        && route::asks_websocket(request.method(), request.headers())
+    {
+        return Box::pin(super::websocket::open(app, request)).await;
+    }
     let started = Instant::now();
     let started_ms = now_ms();
     let (parts, body) = request.into_parts();
@@ -248,7 +253,7 @@ fn refuse(
 
 /// The ruling on a request whose history was read, carried out (a request that was not
 /// read is forwarded as it came). The analysis keeps the decision acted on, for the log.
-fn plan(
+pub(super) fn plan(
     app: &App,
     analysis: &mut Analysis,
     headers: &HeaderMap,
@@ -565,7 +570,7 @@ fn replace_by_block(headers: &mut HeaderMap, content_type: &'static str) {
 }
 
 /// The log entry of a request, before its response is known.
-fn new_record(
+pub(super) fn new_record(
     app: &App,
     parts: &http::request::Parts,
     route: &Route<'_>,
@@ -628,7 +633,7 @@ fn new_record(
 
 /// A request's log row as far as its request line tells: what the request was, nothing yet
 /// of what came of it.
-fn request_row(
+pub(super) fn request_row(
     parts: &http::request::Parts,
     route: &Route<'_>,
     policy: &Policy,
@@ -702,7 +707,7 @@ impl Failure {
 /// The request to the upstream: `target` (configured base + forwarded path + original
 /// query), the client's end-to-end `headers` (the proxy's own and the hop-by-hop ones taken
 /// out), and `body`. `Host` is the upstream client's to set; `Content-Length` hyper's.
-fn upstream_request(
+pub(super) fn upstream_request(
     target: Option<http::Uri>,
     method: &http::Method,
     mut headers: HeaderMap,
@@ -732,7 +737,7 @@ fn upstream_request(
     Some(request)
 }
 
-fn copy_end_to_end_headers(from: &HeaderMap, to: &mut HeaderMap) {
+pub(super) fn copy_end_to_end_headers(from: &HeaderMap, to: &mut HeaderMap) {
     let dropped = connection_listed(from);
     for (name, value) in from {
         if !is_hop_by_hop(name) && !dropped.contains(name) {
@@ -776,7 +781,7 @@ fn is_event_stream(headers: &HeaderMap) -> bool {
 }
 
 /// An error and its causes on one line (connection errors hide the cause in the source).
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

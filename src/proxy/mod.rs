@@ -26,12 +26,14 @@ pub mod large_buffer;
 pub mod memory;
 pub mod own;
 pub mod record;
+pub mod response_chain;
 pub mod route;
 pub mod scrape;
 pub mod spread;
 pub mod tee;
 pub mod upstream;
 pub mod webhook;
+pub mod websocket;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -41,7 +43,7 @@ use axum::extract::{ConnectInfo, State};
 use axum::response::Response;
 use axum::Router;
 use futures_util::future::{Either, FutureExt};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -365,10 +367,14 @@ async fn serve(
     // HTTP/1.1 only. The agents speak HTTP/1.1 to a plain-http base URL, and no client
     // speaks HTTP/2 without TLS (prior knowledge) to it; spoken, it would be a second
     // protocol to harden (its own header and stream limits) that nobody uses.
-    let mut builder =
-        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new()).http1_only();
-    builder.http1().max_buf_size(READ_BUFFER_MAX);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // hyper's own HTTP/1.1 server: hyper-util's version-sniffing one would speak HTTP/2 too
+    // once upgrades are on, whatever it is told.
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.max_buf_size(READ_BUFFER_MAX);
+    // Stopping: each connection finishes its request in flight and closes; `open` ends
+    // (every task's sender dropped) once all have.
+    let (stopping, _) = tokio::sync::watch::channel(false);
+    let (open, mut all_closed) = tokio::sync::mpsc::channel::<()>(1);
     let mut stop = std::pin::pin!(stop);
     loop {
         let (stream, peer) = tokio::select! {
@@ -387,6 +393,10 @@ async fn serve(
                 // Until its response body ends, the connection is not waiting for a request.
                 let serving = connection::Serving::begin(&watching);
                 let served = |response: Response| response.map(|body| serving.until_sent(body));
+                if route::asks_websocket(request.method(), request.headers()) {
+                    // The socket outlives the 101's body: it keeps the connection serving.
+                    request.extensions_mut().insert(watching.clone());
+                }
                 if own::answered_here(request.uri().path()) {
                     request.extensions_mut().insert(ConnectInfo(peer));
                     Either::Left(router.clone().oneshot(request).map(|r| r.map(served)))
@@ -397,13 +407,25 @@ async fn serve(
                     )
                 }
             });
+        // With upgrades: Codex's Responses WebSocket ([`websocket`]).
         let connection = builder
             .serve_connection(TokioIo::new(io), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
+            .with_upgrades();
+        let mut stop = stopping.subscribe();
+        let open = open.clone();
         let app = app.clone();
         crate::spawn::task("client connection", async move {
-            if let Err(e) = connection.await {
+            let mut connection = std::pin::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                // It only ever changes to `true` (or goes, with the server).
+                _ = stop.changed() => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            drop(open);
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
             app.connections.close(&watch);
@@ -411,7 +433,9 @@ async fn serve(
         });
     }
     drop(incoming);
-    graceful.shutdown().await;
+    let _ = stopping.send(true);
+    drop(open);
+    let _ = all_closed.recv().await;
     Ok(())
 }
 

@@ -1,0 +1,226 @@
+//! The Responses answers the proxy relayed, by response id, so that a request that names
+//! its history by `previous_response_id` (and sends only the new input items) can be read
+//! whole: Codex's WebSocket frames ([`super::websocket`]), and clients that let the API
+//! store responses.
+//!
+//! Each answer is a [`Link`]: the input items its request added, then the output items it
+//! gave, and the link of the response its request continued. A history is the chain of
+//! links from the first request on, so consecutive answers share their past instead of each
+//! holding a copy of it. Memory is bounded: the bytes of every link still alive are counted,
+//! and the oldest answers are forgotten past the cap (a request that names one of them is
+//! then read from what it sends, and the log says the link is missing).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde_json::value::RawValue;
+
+/// One answer and the input that asked for it.
+pub struct Link {
+    parent: Option<Arc<Link>>,
+    /// The request's own input items, then the answer's output items.
+    items: Vec<Box<RawValue>>,
+    /// loopwarden wrote this answer (a halt): the upstream never saw it, so a request that
+    /// continues it must resend its history whole.
+    pub made_here: bool,
+    bytes: usize,
+    live: Arc<AtomicUsize>,
+}
+
+impl Link {
+    /// The whole history up to and including this answer, oldest item first.
+    pub fn history(&self) -> Vec<&RawValue> {
+        let mut links = Vec::new();
+        let mut link = Some(self);
+        while let Some(l) = link {
+            links.push(l);
+            link = l.parent.as_deref();
+        }
+        links
+            .iter()
+            .rev()
+            .flat_map(|l| l.items.iter().map(|i| &**i))
+            .collect()
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.live.fetch_sub(self.bytes, Ordering::Relaxed);
+        // A long chain is dropped link by link, not by recursion (its depth is the number
+        // of turns).
+        let mut parent = self.parent.take();
+        while let Some(link) = parent {
+            parent = match Arc::try_unwrap(link) {
+                Ok(mut alone) => alone.parent.take(),
+                Err(_) => None,
+            };
+        }
+    }
+}
+
+/// What a `previous_response_id` leads to.
+pub enum Found {
+    /// The request names no earlier response.
+    Start,
+    Known(Arc<Link>),
+    /// A response the proxy never saw, or forgot.
+    Missing,
+}
+
+/// The answers remembered, oldest first in `order`.
+pub struct ResponseChain {
+    inner: Mutex<Inner>,
+    max_bytes: usize,
+    max_answers: usize,
+    /// Bytes of every link alive (kept alive by the map or by a later link).
+    live: Arc<AtomicUsize>,
+}
+
+#[derive(Default)]
+struct Inner {
+    links: HashMap<String, Arc<Link>>,
+    order: VecDeque<String>,
+}
+
+impl ResponseChain {
+    pub fn new(max_answers: usize, max_bytes: usize) -> ResponseChain {
+        ResponseChain {
+            inner: Mutex::new(Inner::default()),
+            max_bytes,
+            max_answers,
+            live: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // Nothing panics while holding it; a poisoned map is still a consistent one.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The answer `previous_response_id` names.
+    pub fn find(&self, previous_response_id: Option<&str>) -> Found {
+        let Some(id) = previous_response_id else {
+            return Found::Start;
+        };
+        match self.lock().links.get(id) {
+            Some(link) => Found::Known(link.clone()),
+            None => Found::Missing,
+        }
+    }
+
+    /// Remembers answer `id`: it continued `parent`, its request added `items`, and it gave
+    /// `output`. The oldest answers are forgotten while the links alive exceed the caps.
+    pub fn remember(
+        &self,
+        id: String,
+        parent: Option<Arc<Link>>,
+        mut items: Vec<Box<RawValue>>,
+        output: Vec<Box<RawValue>>,
+        made_here: bool,
+    ) {
+        items.extend(output);
+        let bytes = items.iter().map(|i| i.get().len()).sum::<usize>();
+        self.live.fetch_add(bytes, Ordering::Relaxed);
+        let link = Arc::new(Link {
+            parent,
+            items,
+            made_here,
+            bytes,
+            live: self.live.clone(),
+        });
+        let mut inner = self.lock();
+        if inner.links.insert(id.clone(), link).is_none() {
+            inner.order.push_back(id);
+        }
+        while inner.order.len() > self.max_answers
+            || (self.live.load(Ordering::Relaxed) > self.max_bytes && !inner.order.is_empty())
+        {
+            let Some(oldest) = inner.order.pop_front() else {
+                break;
+            };
+            inner.links.remove(&oldest);
+        }
+    }
+
+    /// Bytes of the links alive (tests).
+    pub fn bytes(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn items(texts: &[&str]) -> Vec<Box<RawValue>> {
+        texts
+            .iter()
+            .map(|t| RawValue::from_string(format!("\"{t}\"")).unwrap())
+            .collect()
+    }
+
+    fn history(chain: &ResponseChain, id: &str) -> Option<Vec<String>> {
+        match chain.find(Some(id)) {
+            Found::Known(link) => {
+                Some(link.history().iter().map(|r| r.get().to_string()).collect())
+            }
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_history_is_its_chain_of_inputs_and_outputs() {
+        let chain = ResponseChain::new(10, 1 << 20);
+        chain.remember("r1".into(), None, items(&["u1"]), items(&["a1"]), false);
+        let Found::Known(r1) = chain.find(Some("r1")) else {
+            panic!("r1 is known")
+        };
+        chain.remember("r2".into(), Some(r1), items(&["t1"]), items(&["a2"]), false);
+        assert_eq!(
+            history(&chain, "r2").unwrap(),
+            ["\"u1\"", "\"a1\"", "\"t1\"", "\"a2\""]
+        );
+        assert!(matches!(chain.find(None), Found::Start));
+        assert!(matches!(chain.find(Some("r9")), Found::Missing));
+    }
+
+    #[test]
+    fn the_oldest_answers_go_past_the_caps_and_their_bytes_with_them() {
+        let chain = ResponseChain::new(2, 1 << 20);
+        for id in ["a", "b", "c"] {
+            chain.remember(id.into(), None, items(&["xxxx"]), Vec::new(), false);
+        }
+        assert!(history(&chain, "a").is_none());
+        assert!(history(&chain, "c").is_some());
+        assert_eq!(chain.bytes(), 2 * 6);
+        // A link kept alive by a later one still counts, and goes when the later one goes.
+        let chain = ResponseChain::new(100, 20);
+        chain.remember("p".into(), None, items(&["0123456789"]), Vec::new(), false);
+        let Found::Known(p) = chain.find(Some("p")) else {
+            panic!("p is known")
+        };
+        chain.remember("q".into(), Some(p), items(&["x"]), Vec::new(), false);
+        assert_eq!(chain.bytes(), 12 + 3);
+        chain.remember("r".into(), None, items(&["0123456789"]), Vec::new(), false);
+        assert!(chain.bytes() <= 20, "{}", chain.bytes());
+        assert!(history(&chain, "r").is_some());
+    }
+
+    #[test]
+    fn a_long_chain_drops_without_recursion() {
+        let chain = ResponseChain::new(1, usize::MAX);
+        let mut parent = None;
+        for i in 0..200_000 {
+            chain.remember(format!("r{i}"), parent, items(&["x"]), Vec::new(), false);
+            parent = match chain.find(Some(&format!("r{i}"))) {
+                Found::Known(link) => Some(link),
+                _ => None,
+            };
+        }
+        drop(parent);
+        chain.remember("last".into(), None, Vec::new(), Vec::new(), false);
+        assert_eq!(chain.bytes(), 0);
+    }
+}

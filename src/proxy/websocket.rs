@@ -1,0 +1,592 @@
+//! Codex's Responses WebSocket (`GET /v1/responses` with `Upgrade: websocket`), proxied
+//! when `server.websocket = "proxy"`.
+//!
+//! The upgrade goes to the same upstream, path and headers an HTTP request would (on a
+//! connection of its own: [`super::upstream::Client::upgrade`]); once the upstream agrees,
+//! the client gets its 101 and the two sockets are joined frame by frame. A close (or an
+//! error) on either side ends both.
+//!
+//! Each `response.create` frame is read as the HTTP request it stands for: its history is
+//! the connection's own earlier frames and the answers relayed to them, found by
+//! `previous_response_id` ([`super::response_chain`]), so the frame's few new items are
+//! analysed with everything before them, by the same analysis and rulings as HTTP. A
+//! reminder goes at the end of the frame's input; a halt is answered on the socket with the
+//! events of a streamed Responses halt, and the upstream is not asked. A prewarm frame
+//! (`generate: false`) is forwarded and remembered, not analysed. Each turn is logged as a
+//! request (method `WS`) when its answer ends.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::Response;
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http::header::{self, HeaderValue};
+use http::StatusCode;
+use hyper_util::rt::TokioIo;
+use serde_json::value::RawValue;
+use tokio_tungstenite::tungstenite::handshake::{client::generate_key, derive_accept_key};
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
+use tokio_tungstenite::WebSocketStream;
+
+use super::analysis::Arrival;
+use super::body::read_body;
+use super::connection::{Serving, Watch};
+use super::errors::{self, Refusal};
+use super::forward::{self, error_chain};
+use super::identity;
+use super::intervention::{self, Planned};
+use super::memory::BodyComparison;
+use super::record::{Capture, Finished, Outcome};
+use super::response_chain::{Found, Link, ResponseChain};
+use super::route::{self, Upstream};
+use super::App;
+use crate::dialect::responses_socket::{self as socket, Create, Event};
+use crate::dialect::{Dialect, UpstreamFailure};
+use crate::intervene::{Applied, Effect};
+use crate::policy::Traffic;
+use crate::request_bytes::RequestBytes;
+use crate::store::{next_request_id, now_ms, Label};
+
+/// Answers a connection keeps for `previous_response_id`: Codex continues its last one.
+const ANSWERS_PER_CONNECTION: usize = 16;
+
+type Socket = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+
+/// The handler of an upgrade: asks the upstream for the same, and on its 101 answers the
+/// client's and joins the two sockets (a task of their own). Any other answer of the
+/// upstream is the client's answer.
+pub async fn open(app: Arc<App>, request: Request) -> Response {
+    let started = Instant::now();
+    let started_ms = now_ms();
+    let (mut parts, _) = request.into_parts();
+    let uri = match route::resolve_dots(&parts.uri) {
+        Ok(uri) => uri.into_owned(),
+        Err(_) => return errors::refused(Upstream::OpenAi, Refusal::ClimbsOut),
+    };
+    let upstream = route::route(&uri, &parts.headers).upstream;
+    let Some(client_key) = parts.headers.get("sec-websocket-key").cloned() else {
+        return errors::refused(upstream, Refusal::Unreadable);
+    };
+    let client_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+    let watch = parts.extensions.remove::<Arc<Watch>>();
+    let route = route::route(&uri, &parts.headers);
+    let target = app.client.target(upstream, route.path, route.query);
+    let key = generate_key();
+    let mut headers = parts.headers.clone();
+    for name in [
+        "sec-websocket-key",
+        "sec-websocket-accept",
+        // Frames are read here: no compression is negotiated on either side.
+        "sec-websocket-extensions",
+    ] {
+        headers.remove(name);
+    }
+    let outgoing =
+        forward::upstream_request(target, &http::Method::GET, headers, Bytes::new().into());
+    let Some(mut outgoing) = outgoing else {
+        let message = "loopwarden: cannot build the upstream URL";
+        return errors::upstream_failure(upstream, UpstreamFailure::Unreachable, message);
+    };
+    let upgrade_headers = [
+        (header::CONNECTION, "upgrade"),
+        (header::UPGRADE, "websocket"),
+        (header::SEC_WEBSOCKET_VERSION, "13"),
+    ];
+    for (name, value) in upgrade_headers {
+        outgoing
+            .headers_mut()
+            .insert(name, HeaderValue::from_static(value));
+    }
+    if let Ok(key) = HeaderValue::from_str(&key) {
+        outgoing
+            .headers_mut()
+            .insert(header::SEC_WEBSOCKET_KEY, key);
+    }
+    let client = super::upstream::thread_client(&app.client);
+    let timeout = Duration::from_secs(app.config.upstream.response_timeout_secs);
+    let answer = match tokio::time::timeout(timeout, client.upgrade(upstream, outgoing)).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => {
+            tracing::warn!(upstream = upstream.as_str(), error = %error_chain(&e), "upstream unreachable for a WebSocket");
+            let message = format!(
+                "loopwarden: the {} upstream could not be reached",
+                upstream.as_str()
+            );
+            return errors::upstream_failure(upstream, UpstreamFailure::Unreachable, &message);
+        }
+        Err(_) => {
+            let message = "loopwarden: the upstream did not answer the WebSocket upgrade in time";
+            return errors::upstream_failure(upstream, UpstreamFailure::Timeout, message);
+        }
+    };
+    let status = answer.status();
+    let agreed = status == StatusCode::SWITCHING_PROTOCOLS
+        && answer
+            .headers()
+            .get(header::SEC_WEBSOCKET_ACCEPT)
+            .is_some_and(|accept| {
+                accept.as_bytes() == derive_accept_key(key.as_bytes()).as_bytes()
+            });
+    let mut response = Response::new(Body::empty());
+    forward::copy_end_to_end_headers(answer.headers(), response.headers_mut());
+    log_upgrade(&app, &parts, &uri, status, started, started_ms);
+    if !agreed {
+        // Refused (a 426 or 401 of its own), or not a WebSocket: the client's answer, and
+        // the client's to decide what to do (Codex falls back to HTTP).
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            let message = "loopwarden: the upstream's WebSocket handshake is not valid";
+            return errors::upstream_failure(upstream, UpstreamFailure::Unreachable, message);
+        }
+        *response.status_mut() = status;
+        *response.body_mut() = Body::new(answer.into_body());
+        return response;
+    }
+    *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let headers = response.headers_mut();
+    headers.remove(header::SEC_WEBSOCKET_ACCEPT);
+    headers.remove(header::SEC_WEBSOCKET_EXTENSIONS);
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if let Ok(accept) = HeaderValue::from_str(&derive_accept_key(client_key.as_bytes())) {
+        headers.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
+    }
+    let upstream_upgrade = hyper::upgrade::on(answer);
+    let session = Session {
+        app: app.clone(),
+        parts,
+        uri,
+        chain: ResponseChain::new(ANSWERS_PER_CONNECTION, app.config.server.max_body_bytes),
+        turn: None,
+    };
+    crate::spawn::task("websocket", async move {
+        // The socket outlives the 101's body: while it is open, the connection serves.
+        let _serving = watch.as_ref().map(Serving::begin);
+        let Some(client_upgrade) = client_upgrade else {
+            return;
+        };
+        let (client, upstream) = match tokio::join!(client_upgrade, upstream_upgrade) {
+            (Ok(client), Ok(upstream)) => (client, upstream),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::debug!(error = %e, "WebSocket upgrade not completed");
+                return;
+            }
+        };
+        let client =
+            WebSocketStream::from_raw_socket(TokioIo::new(client), Role::Server, None).await;
+        let upstream =
+            WebSocketStream::from_raw_socket(TokioIo::new(upstream), Role::Client, None).await;
+        session.run(client, upstream).await;
+    });
+    response
+}
+
+/// The upgrade itself in the log: one `GET` row with the upstream's status (the turns
+/// that follow get rows of their own).
+fn log_upgrade(
+    app: &App,
+    parts: &http::request::Parts,
+    uri: &http::Uri,
+    status: StatusCode,
+    started: Instant,
+    started_ms: i64,
+) {
+    let route = route::route(uri, &parts.headers);
+    let policy = app.policies.current().select(&Traffic::of(
+        &parts.headers,
+        route.team,
+        route.query,
+        None,
+        false,
+    ));
+    let team = crate::policy::select::team_of(&parts.headers, route.team);
+    let id = identity::stated(&parts.headers, route.conversation)
+        .unwrap_or_else(|| identity::fallback(&parts.headers, route.path).in_team(team));
+    let mut row = forward::request_row(parts, &route, &policy, id.id, started_ms);
+    row.id = next_request_id();
+    row.status = i64::from(status.as_u16());
+    row.outcome = Outcome::Complete.as_str().into();
+    row.proxy_overhead_us = started.elapsed().as_micros() as i64;
+    Finished {
+        row,
+        conversation: None,
+        decision: None,
+        history: Default::default(),
+        next_step: 0,
+        log_content: false,
+        response: None,
+    }
+    .hand_over(&app.store, &app.metrics, &app.traces);
+}
+
+/// One joined pair of sockets and what it remembers.
+struct Session {
+    app: Arc<App>,
+    /// The upgrade request's head: its headers say whose conversation (and policy) each
+    /// turn is, as an HTTP request's would.
+    parts: http::request::Parts,
+    uri: http::Uri,
+    /// This connection's answers, by response id.
+    chain: ResponseChain,
+    /// The `response.create` whose answer is streaming.
+    turn: Option<InFlight>,
+}
+
+/// A `response.create` sent upstream, its answer not yet ended.
+struct InFlight {
+    /// `None` for a prewarm, which is not a turn of the conversation.
+    log: Option<TurnLog>,
+    parent: Option<Arc<Link>>,
+    /// The frame's own input items, then the answer's output items as they finish.
+    input: Vec<Box<RawValue>>,
+    output: Vec<Box<RawValue>>,
+}
+
+/// A turn's log entry, completed when its answer ends.
+struct TurnLog {
+    finished: Finished,
+    sent: Instant,
+    /// The answer's events as SSE (what the stream decoder reads); `None` past the cap.
+    events: Option<Vec<u8>>,
+    response_bytes: usize,
+}
+
+/// Where a message goes.
+enum Out {
+    Upstream(Message),
+    Client(Message),
+}
+
+impl Session {
+    /// Relays until either side closes or fails; then the other is closed too.
+    async fn run(mut self, mut client: Socket, mut upstream: Socket) {
+        loop {
+            tokio::select! {
+                message = client.next() => {
+                    let message = match message {
+                        Some(Ok(message)) => message,
+                        _ => {
+                            let _ = upstream.close(None).await;
+                            self.end(Outcome::ClientDisconnected);
+                            return;
+                        }
+                    };
+                    let outs = match message {
+                        Message::Text(text) => self.on_client_text(text).await,
+                        Message::Binary(data) => vec![Out::Upstream(Message::Binary(data))],
+                        Message::Close(frame) => {
+                            let _ = upstream.send(Message::Close(frame)).await;
+                            // Sends the reply to the client's close, queued as it was read.
+                            let _ = client.flush().await;
+                            self.end(Outcome::ClientDisconnected);
+                            return;
+                        }
+                        // Each side's pings are answered by its own socket.
+                        Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => Vec::new(),
+                    };
+                    for out in outs {
+                        let sent = match out {
+                            Out::Upstream(m) => upstream.send(m).await,
+                            Out::Client(m) => client.send(m).await,
+                        };
+                        if sent.is_err() {
+                            let _ = client.close(None).await;
+                            let _ = upstream.close(None).await;
+                            self.end(Outcome::UpstreamBroken);
+                            return;
+                        }
+                    }
+                }
+                message = upstream.next() => {
+                    let message = match message {
+                        Some(Ok(message)) => message,
+                        _ => {
+                            let _ = client.close(None).await;
+                            self.end(Outcome::UpstreamBroken);
+                            return;
+                        }
+                    };
+                    let out = match message {
+                        Message::Text(text) => {
+                            self.on_upstream_text(&text);
+                            Message::Text(text)
+                        }
+                        Message::Binary(data) => Message::Binary(data),
+                        Message::Close(frame) => {
+                            let _ = client.send(Message::Close(frame)).await;
+                            let _ = upstream.flush().await;
+                            self.end(Outcome::UpstreamBroken);
+                            return;
+                        }
+                        Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => continue,
+                    };
+                    if client.send(out).await.is_err() {
+                        let _ = upstream.close(None).await;
+                        self.end(Outcome::ClientDisconnected);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A text frame from the client: what to send, and to whom.
+    async fn on_client_text(&mut self, text: Utf8Bytes) -> Vec<Out> {
+        let Some(create) = socket::read_create(&text) else {
+            return vec![Out::Upstream(Message::Text(text))];
+        };
+        let parent = match self.chain.find(create.previous_response_id.as_deref()) {
+            Found::Start => None,
+            Found::Known(link) => Some(link),
+            Found::Missing => {
+                tracing::warn!(
+                    previous_response_id = create.previous_response_id.as_deref().unwrap_or(""),
+                    "WebSocket frame continues a response this connection never relayed; read from its own input"
+                );
+                None
+            }
+        };
+        // An answer the upstream never gave (a halt's) cannot be continued there.
+        let resend_whole = parent.as_ref().is_some_and(|p| p.made_here);
+        let (body, history_len, whole) = {
+            let history = parent.as_ref().map(|p| p.history()).unwrap_or_default();
+            let whole = resend_whole.then(|| create.whole(&history));
+            (create.http_body(&history), history.len(), whole)
+        };
+        let original = match whole {
+            Some(whole) => Message::Text(whole.into()),
+            None => Message::Text(text),
+        };
+        if create.prewarm {
+            self.turn = Some(InFlight {
+                log: None,
+                parent,
+                input: create.input,
+                output: Vec::new(),
+            });
+            return vec![Out::Upstream(original)];
+        }
+        let started = Instant::now();
+        let started_ms = now_ms();
+        let body = RequestBytes::from(Bytes::from(body));
+        let Some((planned, mut finished)) = self.analyse(&body, started_ms).await else {
+            return vec![Out::Upstream(original)];
+        };
+        let Planned {
+            mut effect, held, ..
+        } = planned;
+        if let Some(held) = held {
+            let (decided, applied) = intervention::decide_held(&self.app, *held).await;
+            finished.row.applied = applied.as_str().into();
+            effect = decided;
+        }
+        let message = match effect {
+            Effect::Forward | Effect::Hold => original,
+            Effect::ForwardModified(rewritten) => {
+                match create.rewritten(history_len, &rewritten, resend_whole) {
+                    Some(frame) => Message::Text(frame.into()),
+                    None => {
+                        finished.row.applied = Applied::FailedOpen.as_str().into();
+                        original
+                    }
+                }
+            }
+            Effect::Answer(reply) => {
+                return self.answer(&create, parent, reply.body, finished, started);
+            }
+        };
+        finished.row.proxy_overhead_us = started.elapsed().as_micros() as i64;
+        self.end(Outcome::ClientDisconnected);
+        self.turn = Some(InFlight {
+            log: Some(TurnLog {
+                finished,
+                sent: Instant::now(),
+                events: Some(Vec::new()),
+                response_bytes: 0,
+            }),
+            parent,
+            input: create.input,
+            output: Vec::new(),
+        });
+        vec![Out::Upstream(message)]
+    }
+
+    /// Reads the request a frame stands for (`body`) as HTTP's analysis does, and rules on
+    /// it: what to do, and its log entry so far. `None` when the body could not be read at
+    /// all (it is then forwarded as it came).
+    async fn analyse(&self, body: &RequestBytes, started_ms: i64) -> Option<(Planned, Finished)> {
+        let app = &self.app;
+        let route = route::route(&self.uri, &self.parts.headers);
+        let headers = &self.parts.headers;
+        let stated = identity::stated(headers, route.conversation);
+        let dialect = Some(Dialect::OpenAiResponses);
+        let mut earlier = BodyComparison::new(
+            &app.analyser.memory,
+            dialect,
+            stated.as_ref().map(|s| &*s.id),
+        );
+        let max = app.config.server.max_body_bytes;
+        let body = read_body(Body::from(body.to_whole()), max, &mut earlier)
+            .await
+            .ok()?;
+        let policies = app.policies.current();
+        let traffic = Traffic::of(
+            headers,
+            route.team,
+            route.query,
+            dialect,
+            policies.needs_key_id(),
+        );
+        let select = |model: Option<&str>| {
+            policies.select(&Traffic {
+                model,
+                ..traffic.clone()
+            })
+        };
+        let arrival = Arrival {
+            route: &route,
+            headers,
+            body: &body,
+            stated,
+            team: traffic.team,
+            earlier,
+        };
+        let mut analysis =
+            app.analyser
+                .analyse(arrival, select, |policy, conversation, transcript| {
+                    app.interventions
+                        .conversation_state(policy, conversation, transcript)
+                });
+        let request_id = next_request_id();
+        let planned = forward::plan(app, &mut analysis, headers, &body, false, request_id);
+        let mut finished = forward::new_record(
+            app,
+            &self.parts,
+            &route,
+            &body,
+            analysis,
+            planned.applied,
+            started_ms,
+        );
+        finished.row.id = request_id;
+        finished.row.method = Label::from("WS");
+        finished.row.stream = true;
+        Some((planned, finished))
+    }
+
+    /// Answers a turn with loopwarden's halt (`sse`: the events of a streamed Responses
+    /// halt), one frame per event; remembers the answer, so that a frame continuing it is
+    /// read (and sent upstream) with it; and logs the turn.
+    fn answer(
+        &mut self,
+        create: &Create,
+        parent: Option<Arc<Link>>,
+        sse: Vec<u8>,
+        mut finished: Finished,
+        started: Instant,
+    ) -> Vec<Out> {
+        let frames = socket::frames_of_sse(&sse);
+        let mut output = Vec::new();
+        let mut response_id = None;
+        for frame in &frames {
+            match socket::read_event(frame).1 {
+                Event::ItemDone(item) => output.push(item),
+                Event::Ended {
+                    response_id: id, ..
+                } => response_id = id,
+                Event::Other => {}
+            }
+        }
+        if let Some(id) = response_id {
+            self.chain
+                .remember(id, parent, create.input.clone(), output, true);
+        }
+        finished.row.status = 200;
+        finished.row.outcome = Outcome::Answered.as_str().into();
+        finished.row.response_bytes = frames.iter().map(String::len).sum::<usize>() as i64;
+        finished.row.proxy_overhead_us = started.elapsed().as_micros() as i64;
+        finished.hand_over(&self.app.store, &self.app.metrics, &self.app.traces);
+        frames
+            .into_iter()
+            .map(|f| Out::Client(Message::Text(f.into())))
+            .collect()
+    }
+
+    /// An event frame from the upstream, read for the history and the log (it is relayed
+    /// as it came).
+    fn on_upstream_text(&mut self, text: &str) {
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        let (kind, event) = socket::read_event(text);
+        if let Some(log) = turn.log.as_mut() {
+            log.response_bytes += text.len();
+            let cap = self.app.config.server.max_body_bytes;
+            if let Some(events) = log.events.as_mut() {
+                events.extend_from_slice(&socket::as_sse(&kind, text));
+                if events.len() > cap {
+                    log.events = None;
+                }
+            }
+        }
+        match event {
+            Event::ItemDone(item) => turn.output.push(item),
+            Event::Ended {
+                response_id,
+                output,
+            } => {
+                if let Some(turn) = self.turn.take() {
+                    let InFlight {
+                        log,
+                        parent,
+                        input,
+                        output: mut items,
+                    } = turn;
+                    // A stream that listed its items only in the final object.
+                    if items.is_empty() {
+                        items = output;
+                    }
+                    if let Some(id) = response_id {
+                        self.chain.remember(id, parent, input, items, false);
+                    }
+                    if let Some(log) = log {
+                        self.log_turn(log, Outcome::Complete);
+                    }
+                }
+            }
+            Event::Other => {}
+        }
+    }
+
+    /// The turn in flight, if any, ends without its answer.
+    fn end(&mut self, outcome: Outcome) {
+        if let Some(log) = self.turn.take().and_then(|t| t.log) {
+            self.log_turn(log, outcome);
+        }
+    }
+
+    fn log_turn(&self, log: TurnLog, outcome: Outcome) {
+        let TurnLog {
+            mut finished,
+            sent,
+            events,
+            response_bytes,
+        } = log;
+        finished.row.status = 200;
+        finished.row.outcome = outcome.as_str().into();
+        finished.row.response_bytes = response_bytes as i64;
+        finished.row.upstream_total_us = Some(sent.elapsed().as_micros() as i64);
+        if let Some(events) = events.filter(|_| outcome == Outcome::Complete) {
+            let capture = Capture {
+                dialect: Dialect::OpenAiResponses,
+                event_stream: true,
+                chunks: vec![Bytes::from(events)],
+            };
+            finished.settle(capture, &self.app.ledger, now_ms());
+        }
+        finished.hand_over(&self.app.store, &self.app.metrics, &self.app.traces);
+    }
+}
