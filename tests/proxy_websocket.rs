@@ -471,3 +471,115 @@ async fn an_upgrade_is_refused_with_426_at_once_when_set_to_refuse() {
     assert_ne!(plain.status, 426, "{}", plain.head);
     assert_eq!(mock.requests().len(), 1);
 }
+
+/// The answer of a streamed Responses request over HTTP: its events.
+fn sse_events(body: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect()
+}
+
+#[tokio::test]
+async fn previous_response_id_over_http_is_read_with_its_history() {
+    use intervene_support::{looping_script, path, FAILURE};
+    let mock = MockServer::start(looping_script(Dialect::OpenAiResponses))
+        .await
+        .unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    let url = proxy.url(&path(Dialect::OpenAiResponses, "http-chain", true));
+    let client = proxy_support::client();
+    let tools =
+        json!([{"type": "function", "name": "exec_command", "parameters": {"type": "object"}}]);
+    // The first request states the task; each later one only the outputs of the last
+    // answer's calls, continuing it by id, as a client that lets the API store responses.
+    let mut body = json!({"model": "gpt-test", "stream": true, "tools": tools, "input": [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are a coding agent."}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix the failing test in test_calc.py"}]},
+    ]});
+    let mut sent = Vec::new();
+    let mut halted = None;
+    for turn in 0..40 {
+        let bytes = body.to_string();
+        sent.push(bytes.clone());
+        let resp = client.post(&url).body(bytes).send().await.unwrap();
+        let decision = resp.headers()["x-loopwarden-decision"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let events = sse_events(&resp.bytes().await.unwrap());
+        let calls = calls_of(&events);
+        if calls.is_empty() {
+            halted = Some((turn, decision, text_of(&events)));
+            break;
+        }
+        let id = events.last().unwrap()["response"]["id"].clone();
+        let outputs: Vec<Value> = calls
+            .iter()
+            .map(|c| {
+                json!({"type": "function_call_output", "call_id": c["call_id"],
+                "output": format!("Process exited with code 1\nOutput:\n{FAILURE}\n1 failed")})
+            })
+            .collect();
+        body = json!({"model": "gpt-test", "stream": true, "tools": tools,
+                      "previous_response_id": id, "input": outputs});
+    }
+    let (turn, decision, text) = halted.expect("the chained loop is halted");
+    assert!(text.contains("[loopwarden]"), "{text}");
+    // Only the answers' ids joined the requests into one history: the loop was seen. It
+    // ended with a halt (the request not forwarded) or a block (the answer's looping call
+    // replaced by the halt).
+    let got = mock.requests();
+    let forwarded = if decision == "halt" { turn } else { turn + 1 };
+    assert_eq!(got.len(), forwarded, "{decision}");
+    // Each request went upstream as the client sent it, but one: the nudge, after the
+    // client's own items, the request still continuing the same answer.
+    let mut nudges = 0;
+    for (request, sent) in got.iter().zip(&sent) {
+        if request.body == sent.as_bytes() {
+            continue;
+        }
+        nudges += 1;
+        let theirs: Value = serde_json::from_str(sent).unwrap();
+        let ours = request.json();
+        assert_eq!(ours["previous_response_id"], theirs["previous_response_id"]);
+        let items = ours["input"].as_array().unwrap();
+        let own = theirs["input"].as_array().unwrap();
+        assert_eq!(&items[..own.len()], &own[..]);
+        assert_eq!(items.len(), own.len() + 1);
+        assert_eq!(items.last().unwrap()["role"], "developer");
+    }
+    assert!(nudges >= 1, "no request was nudged");
+    let rows = proxy
+        .rows("SELECT applied FROM requests WHERE conversation_id = 'http-chain' ORDER BY id")
+        .await;
+    assert!(rows.contains(&json!({"applied": "nudged"})), "{rows:?}");
+    let last = rows.last().unwrap()["applied"].clone();
+    assert!(last == "halted" || last == "blocked", "{rows:?}");
+
+    // A request that continues an answer the proxy never relayed: forwarded as it came,
+    // read from what it has, and the log says so.
+    let orphan = json!({"model": "gpt-test", "stream": false, "tools": tools,
+        "previous_response_id": "resp_never_relayed",
+        "input": [{"type": "function_call_output", "call_id": "call_x", "output": "ok"}]});
+    let url = proxy.url(&path(Dialect::OpenAiResponses, "http-orphan", false));
+    let resp = client
+        .post(&url)
+        .body(orphan.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        mock.requests().last().unwrap().body,
+        orphan.to_string().as_bytes()
+    );
+    let rows = proxy
+        .rows("SELECT parse, parse_error FROM requests WHERE conversation_id = 'http-orphan'")
+        .await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["parse"], "parsed");
+    let error = rows[0]["parse_error"].as_str().unwrap_or_default();
+    assert!(error.contains("resp_never_relayed"), "{error}");
+}

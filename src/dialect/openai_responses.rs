@@ -633,16 +633,19 @@ pub mod socket {
 
     use super::super::framing::{write_sse, SseFramer};
 
-    /// A `response.create` frame, read.
+    /// A request that may continue an earlier response: a `response.create` frame, or a
+    /// Responses request body over HTTP.
     #[derive(Debug)]
     pub struct Create {
-        /// The frame's fields but `type`, `previous_response_id`, `generate` and `input`.
+        /// The request's fields but `type`, `previous_response_id`, `generate` and `input`.
         fields: Map<String, Value>,
         pub previous_response_id: Option<String>,
         /// `generate: false`: a prewarm, which asks for no answer.
         pub prewarm: bool,
-        /// The frame's own input items (a plain string input as the user message it is).
+        /// The request's own input items (a plain string input as the user message it is).
         pub input: Vec<Box<RawValue>>,
+        /// A frame (which streams, and is typed), not an HTTP body.
+        frame: bool,
     }
 
     /// The `response.create` frame `text` is, or `None` for any other frame (left to pass).
@@ -654,6 +657,18 @@ pub mod socket {
             return None;
         }
         fields.remove("type");
+        Some(read_fields(fields, true))
+    }
+
+    /// A Responses request body over HTTP, read as [`read_create`] reads a frame.
+    pub fn read_request(body: &[u8]) -> Option<Create> {
+        match serde_json::from_slice::<Value>(body) {
+            Ok(Value::Object(fields)) => Some(read_fields(fields, false)),
+            _ => None,
+        }
+    }
+
+    fn read_fields(mut fields: Map<String, Value>, frame: bool) -> Create {
         let previous_response_id = match fields.remove("previous_response_id") {
             Some(Value::String(id)) => Some(id),
             _ => None,
@@ -664,12 +679,13 @@ pub mod socket {
             Some(Value::String(text)) => raw(&user_message(&text)).into_iter().collect(),
             _ => Vec::new(),
         };
-        Some(Create {
+        Create {
             fields,
             previous_response_id,
             prewarm,
             input,
-        })
+            frame,
+        }
     }
 
     fn raw(value: &Value) -> Option<Box<RawValue>> {
@@ -682,11 +698,20 @@ pub mod socket {
     }
 
     impl Create {
-        /// The HTTP request body the frame stands for: its fields, streamed, with
-        /// `history` (the items of the response it continues) before its own input.
+        /// Whether the API keeps its answer (`store`, true unless said otherwise), so that
+        /// a later request may continue it by id.
+        pub fn stored(&self) -> bool {
+            self.fields.get("store") != Some(&Value::Bool(false))
+        }
+
+        /// The HTTP request body the request stands for: its fields (a frame's streamed),
+        /// with `history` (the items of the response it continues) before its own input,
+        /// and continuing no response.
         pub fn http_body(&self, history: &[&RawValue]) -> Vec<u8> {
             let mut body = self.fields.clone();
-            body.insert("stream".into(), Value::Bool(true));
+            if self.frame {
+                body.insert("stream".into(), Value::Bool(true));
+            }
             let mut input: Vec<Value> = Vec::with_capacity(history.len() + self.input.len());
             for item in history
                 .iter()
@@ -699,9 +724,9 @@ pub mod socket {
             Value::Object(body).to_string().into_bytes()
         }
 
-        /// The frame to send for a rewritten request body (`body`, from
-        /// [`Create::http_body`] with `history` before this frame's input): when the
-        /// rewrite only added items after the history, the frame with them after its own
+        /// The request to send for a rewritten request body (`body`, from
+        /// [`Create::http_body`] with `history` before this request's input): when the
+        /// rewrite only added items after the history, this request with them after its own
         /// input, continuing the same response; otherwise (or when `whole`) the rewritten
         /// history whole, continuing none. `None`: `body` is not a request body.
         pub fn rewritten(&self, history_len: usize, body: &[u8], whole: bool) -> Option<String> {
@@ -719,7 +744,9 @@ pub mod socket {
                 .collect();
             let appended = !whole && items.len() >= known && items[history_len..known] == own[..];
             let mut frame = Map::new();
-            frame.insert("type".into(), json!("response.create"));
+            if self.frame {
+                frame.insert("type".into(), json!("response.create"));
+            }
             if appended {
                 frame.extend(self.fields.clone());
                 if let Some(id) = &self.previous_response_id {
@@ -729,7 +756,6 @@ pub mod socket {
                 input.extend(items.into_iter().skip(known));
                 frame.insert("input".into(), Value::Array(input));
             } else {
-                rewritten.remove("stream");
                 frame.extend(rewritten);
                 frame.insert("input".into(), Value::Array(items));
             }
@@ -742,8 +768,7 @@ pub mod socket {
             let body = self.http_body(history);
             let mut frame = Map::new();
             frame.insert("type".into(), json!("response.create"));
-            if let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(&body) {
-                fields.remove("stream");
+            if let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(&body) {
                 frame.extend(fields);
             }
             Value::Object(frame).to_string()
@@ -803,6 +828,42 @@ pub mod socket {
             _ => Event::Other,
         };
         (frame.kind.into_owned(), event)
+    }
+
+    /// The id and output items of a whole Responses answer over HTTP: an event stream (its
+    /// `chunks` as they came) or one JSON object. `None`: it names no id.
+    pub fn answer_of(
+        event_stream: bool,
+        chunks: &[bytes::Bytes],
+    ) -> Option<(String, Vec<Box<RawValue>>)> {
+        if !event_stream {
+            let whole = chunks.concat();
+            let ended: Ended = serde_json::from_slice(&whole).ok()?;
+            return Some((ended.id?, ended.output));
+        }
+        let mut framer = SseFramer::default();
+        let mut frames = Vec::new();
+        for chunk in chunks {
+            framer.feed(chunk, &mut frames);
+        }
+        framer.flush(&mut frames);
+        let mut items = Vec::new();
+        for frame in frames {
+            match read_event(&frame.data).1 {
+                Event::ItemDone(item) => items.push(item),
+                Event::Ended {
+                    response_id,
+                    output,
+                } => {
+                    if items.is_empty() {
+                        items = output;
+                    }
+                    return Some((response_id?, items));
+                }
+                Event::Other => {}
+            }
+        }
+        None
     }
 
     /// A server frame as the SSE event it would be over HTTP: what the stream decoder

@@ -109,10 +109,29 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     // own work can be told from it.
     let body_read = started.elapsed();
 
+    // A Responses request that continues an earlier answer by id is read with that
+    // answer's history before it (`super::response_chain`); its bytes go as they came.
+    let continued = match dialect {
+        Some(Dialect::OpenAiResponses) => super::response_chain::read_http(&app.responses, &body),
+        _ => None,
+    };
+    let (whole, earlier) = match continued.as_ref().and_then(|c| c.whole.as_ref()) {
+        Some(whole) => {
+            let mut fresh = BodyComparison::new(
+                &app.analyser.memory,
+                dialect,
+                stated.as_ref().map(|s| &*s.id),
+            );
+            let read = read_body(Body::from(whole.to_whole()), max, &mut fresh).await;
+            (read.ok(), fresh)
+        }
+        None => (None, earlier),
+    };
+    let analysed = whole.as_ref().unwrap_or(&body);
     let arrival = Arrival {
         route: &route,
         headers: &parts.headers,
-        body: &body,
+        body: analysed,
         stated,
         team: traffic.team,
         earlier,
@@ -134,7 +153,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
             .is_some_and(|q| q.split('&').any(|kv| kv == "alt=sse"));
     let Planned {
         effect,
-        applied,
+        mut applied,
         held,
         guard,
         ..
@@ -142,10 +161,21 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         &app,
         &mut analysis,
         &parts.headers,
-        &body,
+        analysed,
         json_array,
         request_id,
     );
+    // A rewrite of the whole history, carried over to the request the client sent.
+    let effect = match (effect, continued.as_ref().filter(|_| whole.is_some())) {
+        (Effect::ForwardModified(rewritten), Some(c)) => match c.rewritten(&rewritten) {
+            Some(body) => Effect::ForwardModified(body),
+            None => {
+                applied = Applied::FailedOpen;
+                Effect::Forward
+            }
+        },
+        (effect, _) => effect,
+    };
 
     let policy = analysis.policy.clone();
     // Responses are decoded for the log only when the request itself was read.
@@ -153,6 +183,20 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let mut finished = new_record(&app, &parts, &route, &body, analysis, applied, started_ms);
     // The id the intervention log already used for this request.
     finished.row.id = request_id;
+    if let Some(c) = continued {
+        if let Some(id) = &c.missing {
+            tracing::warn!(previous_response_id = %id, "request continues a response loopwarden never relayed; read from its own input");
+            finished.row.parse_error.get_or_insert_with(|| {
+                crate::store::redact::summary(
+                    &format!(
+                        "previous_response_id {id} unknown: read from the request's own input"
+                    ),
+                    200,
+                )
+            });
+        }
+        finished.chain = c.pending(&app.responses);
+    }
     finished.row.body_read_us = Some(body_read.as_micros() as i64);
     let stamp = Stamp {
         conversation: HeaderValue::from_str(&finished.row.conversation_id).ok(),
@@ -239,6 +283,7 @@ fn refuse(
         next_step: 0,
         log_content: false,
         response: None,
+        chain: None,
     };
     finished.hand_over(&app.store, &app.metrics, &app.traces);
     let mut response = response;
@@ -628,6 +673,7 @@ pub(super) fn new_record(
         next_step,
         log_content: policy.log.content,
         response: None,
+        chain: None,
     }
 }
 

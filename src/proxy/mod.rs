@@ -82,6 +82,8 @@ pub struct App {
     pub client: upstream::Client,
     /// The message cache, each conversation's fold and last request.
     pub analyser: analysis::Analyser,
+    /// The Responses answers relayed over HTTP, for requests that continue one by id.
+    pub responses: Arc<response_chain::ResponseChain>,
     /// The policies in force (each with its engine and intervention settings), swapped
     /// whole on a reload.
     pub policies: Arc<crate::policy::live::Live>,
@@ -223,6 +225,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         analyser: analysis::Analyser {
             memory: memory::Memory::new(&config.cache),
         },
+        responses: Arc::new(response_chain::ResponseChain::new(
+            response_chain::HTTP_ANSWERS,
+            response_chain::HTTP_MAX_BYTES,
+        )),
         store,
         connections: Arc::new(connection::Connections::new(connection::Limits::of(
             &config.server,

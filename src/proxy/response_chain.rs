@@ -14,7 +14,15 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use bytes::Bytes;
 use serde_json::value::RawValue;
+
+use crate::dialect::responses_socket::{self as wire, Create};
+use crate::request_bytes::RequestBytes;
+
+/// Answers the proxy keeps for requests over HTTP, and the bytes of their links at most.
+pub const HTTP_ANSWERS: usize = 4096;
+pub const HTTP_MAX_BYTES: usize = 64 << 20;
 
 /// One answer and the input that asked for it.
 pub struct Link {
@@ -147,6 +155,95 @@ impl ResponseChain {
     /// Bytes of the links alive (tests).
     pub fn bytes(&self) -> usize {
         self.live.load(Ordering::Relaxed)
+    }
+}
+
+/// A Responses request over HTTP, as the chain reads it: what it continues, and the whole
+/// request it stands for when that is more than its own body.
+pub struct HttpRequest {
+    create: Create,
+    parent: Option<Arc<Link>>,
+    history_len: usize,
+    /// The request with its history before its own input, for the analysis; `None` when it
+    /// continues no known answer (its own body is then all there is to read).
+    pub whole: Option<RequestBytes>,
+    /// The `previous_response_id` it names that the proxy never relayed (or forgot).
+    pub missing: Option<String>,
+}
+
+/// Reads a Responses request `body` for the chain: `None` when it neither continues an
+/// answer nor asks the API to keep its own (Codex over HTTP sends `store: false` and its
+/// whole history: nothing to do, and its body is not parsed again).
+pub fn read_http(chain: &ResponseChain, body: &RequestBytes) -> Option<HttpRequest> {
+    // A top-level member lies in one piece of the body: each is searched, none copied.
+    let found = |pattern: &[u8]| {
+        [body.head(), body.tail()]
+            .iter()
+            .any(|piece| memchr::memmem::find(piece, pattern).is_some())
+    };
+    let continues = found(b"\"previous_response_id\"");
+    if !continues && (found(b"\"store\":false") || found(b"\"store\": false")) {
+        return None;
+    }
+    let create = wire::read_request(&body.to_whole())?;
+    let (parent, missing) = match chain.find(create.previous_response_id.as_deref()) {
+        Found::Start => (None, None),
+        Found::Known(link) => (Some(link), None),
+        Found::Missing => (None, create.previous_response_id.clone()),
+    };
+    let (whole, history_len) = match &parent {
+        Some(link) => {
+            let history = link.history();
+            let body = create.http_body(&history);
+            (Some(RequestBytes::from(Bytes::from(body))), history.len())
+        }
+        None => (None, 0),
+    };
+    Some(HttpRequest {
+        create,
+        parent,
+        history_len,
+        whole,
+        missing,
+    })
+}
+
+impl HttpRequest {
+    /// The body to send for `rewritten`, a rewrite of [`HttpRequest::whole`]: the client's
+    /// request with the items the rewrite added after its own input, or the rewritten
+    /// history whole. `None`: the rewrite cannot be carried over.
+    pub fn rewritten(&self, rewritten: &[u8]) -> Option<Vec<u8>> {
+        self.create
+            .rewritten(self.history_len, rewritten, false)
+            .map(String::into_bytes)
+    }
+
+    /// What to remember of this request once its answer has come, when the API keeps it.
+    pub fn pending(self, chain: &Arc<ResponseChain>) -> Option<Box<PendingAnswer>> {
+        self.create.stored().then(|| {
+            Box::new(PendingAnswer {
+                chain: chain.clone(),
+                parent: self.parent,
+                input: self.create.input,
+            })
+        })
+    }
+}
+
+/// A request whose answer is to be remembered when it ends whole.
+pub struct PendingAnswer {
+    chain: Arc<ResponseChain>,
+    parent: Option<Arc<Link>>,
+    input: Vec<Box<RawValue>>,
+}
+
+impl PendingAnswer {
+    /// The answer, as the tee captured it: an event stream or one JSON body.
+    pub fn answered(self, event_stream: bool, chunks: &[Bytes]) {
+        if let Some((id, output)) = wire::answer_of(event_stream, chunks) {
+            self.chain
+                .remember(id, self.parent, self.input, output, false);
+        }
     }
 }
 

@@ -218,6 +218,7 @@ fn log_upgrade(
         next_step: 0,
         log_content: false,
         response: None,
+        chain: None,
     }
     .hand_over(&app.store, &app.metrics, &app.traces);
 }
