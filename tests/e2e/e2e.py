@@ -338,15 +338,17 @@ def check_control(label, repo, client, script, stdout, run_dir, last, exchanges,
     report.check(f"{label} mock answered each scripted turn once",
                  [r["turn"] for r in turn_recs] == list(range(n_turns)),
                  f"turns seen {[r['turn'] for r in turn_recs]}")
-    report.check(f"{label} no extra requests", len(mock_recs) <= n_turns + client.side_requests,
-                 f"{len(mock_recs)} requests for {n_turns} turns + {client.side_requests} side")
+    # A WebSocket's opening and its prewarm frame ask the model nothing.
+    asked = [r for r in mock_recs if r.get("answer") not in ("upgrade", "prewarm")]
+    report.check(f"{label} no extra requests", len(asked) <= n_turns + client.side_requests,
+                 f"{len(asked)} requests for {n_turns} turns + {client.side_requests} side")
     # The tools really ran: the history shows the test failing, then passing after the edit.
     bodies = {r["turn"]: r.get("body_raw") or "" for r in turn_recs}
     report.check(f"{label} tools ran: test failed, then passed after the real edit",
                  "FAILED: test_calc.py" in bodies.get(2, "") and "all tests passed" in bodies.get(4, "")
                  and (repo / "calc.py").read_text() == C.CALC_PY.replace(C.BUGGY, C.FIXED).replace(C.MUL, C.MUL_AND_SUB))
     sent = sorted(sent_hashes(exchanges))
-    got = sorted(received_hash(r) for r in mock_recs)
+    got = sorted(received_hash(r) for r in mock_recs if r.get("answer") != "upgrade")
     report.check(f"{label} mock received byte-identical bodies", sent == got,
                  f"{sum(1 for h in got if h not in sent)} of {len(got)} differ")
     decisions = sorted({ex.decision for ex in exchanges if ex.decision not in (None, "observe")})
@@ -527,17 +529,18 @@ def run_teams(client, args, report):
     report.check(f"{label}/ci halted", bool(halts) and "loopwarden" in ci_last.lower(), repr(short(ci_last)))
     report.check(f"{label}/dev got no word of loopwarden",
                  not any(b"[loopwarden]" in ex.response for ex in dev), f"{len(dev)} answers")
-    dev_bodies = {ex.sha256 for ex in dev}
-    dev_turns = [r["turn"] for r in mock_recs if r["sha256"] in dev_bodies and r.get("answer") == "turn"]
+    dev_bodies = set(sent_hashes(dev))
+    dev_turns = [r["turn"] for r in mock_recs if received_hash(r) in dev_bodies and r.get("answer") == "turn"]
     n_turns = len(script["turns"])
     # Its client read every scripted turn (mini-swe-agent then asks again: it ends on a
     # command of its own, which the script never sends).
     report.check(f"{label}/dev ran to the end of the script", max(dev_turns, default=-1) >= n_turns - 1,
                  f"last turn {max(dev_turns, default=None)} of {n_turns}; last message {short(dev_last)!r}")
-    received = {r["sha256"] for r in mock_recs}
+    received = {received_hash(r) for r in mock_recs}
+    dev_sent = sent_hashes(dev)
     report.check(f"{label}/dev every request reached the mock byte for byte",
-                 all(ex.sha256 in received for ex in dev),
-                 f"{sum(1 for ex in dev if ex.sha256 not in received)} of {len(dev)} differ")
+                 all(h in received for h in dev_sent),
+                 f"{sum(1 for h in dev_sent if h not in received)} of {len(dev_sent)} differ")
     report.check(f"{label}/dev answers carry no decision",
                  all(ex.decision is None for ex in dev), f"{sorted({str(ex.decision) for ex in dev})}")
     rows = query(db, "select policy, applied from interventions where policy is not null")
