@@ -583,3 +583,35 @@ async fn previous_response_id_over_http_is_read_with_its_history() {
     let error = rows[0]["parse_error"].as_str().unwrap_or_default();
     assert!(error.contains("resp_never_relayed"), "{error}");
 }
+
+#[tokio::test]
+async fn a_frame_continuing_an_unknown_answer_is_read_from_its_own_input() {
+    let mock = MockServer::start(Script::with_turns(vec![Turn::text("fine")]))
+        .await
+        .unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    let mut ws = connect(proxy.running.addr(), "ws-orphan").await;
+    let frame = json!({"type": "response.create", "model": "gpt-test", "stream": true,
+        "previous_response_id": "resp_from_another_socket",
+        "tools": [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}}],
+        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go on"}]}]})
+    .to_string();
+    ws.send(Message::text(frame.clone())).await.unwrap();
+    let events = answer_events(&mut ws).await;
+    assert_eq!(text_of(&events), "fine");
+    let got = mock.requests();
+    let turn = got.iter().find(|r| r.method == "WS").unwrap();
+    assert_eq!(
+        turn.frame.as_deref(),
+        Some(frame.as_bytes()),
+        "sent as it came"
+    );
+    let rows = proxy
+        .rows("SELECT parse, parse_error, outcome FROM requests WHERE method = 'WS'")
+        .await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["parse"], "parsed");
+    assert_eq!(rows[0]["outcome"], "complete");
+    let error = rows[0]["parse_error"].as_str().unwrap_or_default();
+    assert!(error.contains("resp_from_another_socket"), "{error}");
+}

@@ -946,6 +946,102 @@ mod tests {
         ]
     }
 
+    mod socket_frames {
+        use super::super::socket::*;
+        use serde_json::{json, Value};
+
+        fn frame(input: Value) -> Create {
+            let text = json!({"type": "response.create", "model": "m", "stream": true,
+                "previous_response_id": "resp_1", "input": input})
+            .to_string();
+            read_create(&text).unwrap()
+        }
+
+        #[test]
+        fn a_frame_reads_as_the_request_it_stands_for() {
+            let create =
+                frame(json!([{"type": "function_call_output", "call_id": "c", "output": "x"}]));
+            assert_eq!(create.previous_response_id.as_deref(), Some("resp_1"));
+            let earlier = serde_json::value::RawValue::from_string(
+                r#"{"type":"message","role":"user","content":"task"}"#.into(),
+            )
+            .unwrap();
+            let body: Value = serde_json::from_slice(&create.http_body(&[&earlier])).unwrap();
+            assert_eq!(body["input"][0]["content"], "task");
+            assert_eq!(body["input"][1]["call_id"], "c");
+            assert_eq!(body["stream"], true);
+            assert!(body.get("type").is_none() && body.get("previous_response_id").is_none());
+            assert!(read_create(r#"{"type":"response.processed","response_id":"r"}"#).is_none());
+            let prewarm =
+                read_create(r#"{"type":"response.create","generate":false,"input":"hi"}"#).unwrap();
+            assert!(prewarm.prewarm);
+            assert_eq!(prewarm.input.len(), 1, "a string input is one user message");
+        }
+
+        #[test]
+        fn a_rewrite_that_appends_stays_a_continuation_and_any_other_resends_the_whole() {
+            let create =
+                frame(json!([{"type": "function_call_output", "call_id": "c", "output": "x"}]));
+            let earlier = serde_json::value::RawValue::from_string(
+                r#"{"type":"message","role":"user","content":"task"}"#.into(),
+            )
+            .unwrap();
+            let mut body: Value = serde_json::from_slice(&create.http_body(&[&earlier])).unwrap();
+            body["input"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"role": "developer", "content": "note"}));
+            let sent: Value = serde_json::from_str(
+                &create
+                    .rewritten(1, body.to_string().as_bytes(), false)
+                    .unwrap(),
+            )
+            .unwrap();
+            assert_eq!(sent["type"], "response.create");
+            assert_eq!(sent["previous_response_id"], "resp_1");
+            assert_eq!(sent["input"].as_array().unwrap().len(), 2);
+            assert_eq!(sent["input"][1]["content"], "note");
+            // Told to resend whole (the answer it continues was never the upstream's).
+            let whole: Value = serde_json::from_str(
+                &create
+                    .rewritten(1, body.to_string().as_bytes(), true)
+                    .unwrap(),
+            )
+            .unwrap();
+            assert!(whole.get("previous_response_id").is_none());
+            assert_eq!(whole["input"].as_array().unwrap().len(), 3);
+            // A rewrite that changed the history (a rollback) is sent whole.
+            body["input"].as_array_mut().unwrap().remove(1);
+            let changed: Value = serde_json::from_str(
+                &create
+                    .rewritten(1, body.to_string().as_bytes(), false)
+                    .unwrap(),
+            )
+            .unwrap();
+            assert!(changed.get("previous_response_id").is_none());
+            assert_eq!(changed["input"].as_array().unwrap().len(), 2);
+        }
+
+        #[test]
+        fn an_answer_gives_its_id_and_output_items_streamed_or_whole() {
+            let json =
+                br#"{"id":"resp_9","object":"response","output":[{"type":"message","id":"m"}]}"#;
+            let (id, items) = answer_of(false, &[bytes::Bytes::from_static(json)]).unwrap();
+            assert_eq!((id.as_str(), items.len()), ("resp_9", 1));
+            let sse = "event: response.output_item.done\ndata: {\"type\":\"response.output_item.done\",\"item\":{\"type\":\"function_call\",\"call_id\":\"c\"}}\n\n\
+                       event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_8\",\"output\":[]}}\n\n";
+            let (half, rest) = sse.as_bytes().split_at(40);
+            let chunks = [
+                bytes::Bytes::copy_from_slice(half),
+                bytes::Bytes::copy_from_slice(rest),
+            ];
+            let (id, items) = answer_of(true, &chunks).unwrap();
+            assert_eq!(id, "resp_8");
+            assert_eq!(items.len(), 1, "the streamed items, not the final object's");
+            assert!(answer_of(false, &[bytes::Bytes::from_static(b"{}")]).is_none());
+        }
+    }
+
     proptest! {
         /// An input item read in one pass gives exactly the items the raw reading (content
         /// and output kept raw, then read) gives.

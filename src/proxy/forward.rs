@@ -185,15 +185,8 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     finished.row.id = request_id;
     if let Some(c) = continued {
         if let Some(id) = &c.missing {
-            tracing::warn!(previous_response_id = %id, "request continues a response loopwarden never relayed; read from its own input");
-            finished.row.parse_error.get_or_insert_with(|| {
-                crate::store::redact::summary(
-                    &format!(
-                        "previous_response_id {id} unknown: read from the request's own input"
-                    ),
-                    200,
-                )
-            });
+            let note = super::response_chain::missing(id);
+            finished.row.parse_error.get_or_insert(note);
         }
         finished.chain = c.pending(&app.responses);
     }

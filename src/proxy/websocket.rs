@@ -339,16 +339,10 @@ impl Session {
         let Some(create) = socket::read_create(&text) else {
             return vec![Out::Upstream(Message::Text(text))];
         };
-        let parent = match self.chain.find(create.previous_response_id.as_deref()) {
-            Found::Start => None,
-            Found::Known(link) => Some(link),
-            Found::Missing => {
-                tracing::warn!(
-                    previous_response_id = create.previous_response_id.as_deref().unwrap_or(""),
-                    "WebSocket frame continues a response this connection never relayed; read from its own input"
-                );
-                None
-            }
+        let (parent, missing) = match self.chain.find(create.previous_response_id.as_deref()) {
+            Found::Start => (None, None),
+            Found::Known(link) => (Some(link), None),
+            Found::Missing => (None, create.previous_response_id.clone()),
         };
         // An answer the upstream never gave (a halt's) cannot be continued there.
         let resend_whole = parent.as_ref().is_some_and(|p| p.made_here);
@@ -376,6 +370,10 @@ impl Session {
         let Some((planned, mut finished)) = self.analyse(&body, started_ms).await else {
             return vec![Out::Upstream(original)];
         };
+        if let Some(id) = missing {
+            let note = super::response_chain::missing(&id);
+            finished.row.parse_error.get_or_insert(note);
+        }
         let Planned {
             mut effect, held, ..
         } = planned;
