@@ -223,6 +223,20 @@ async fn answer_events(ws: &mut Client) -> Vec<Value> {
     }
 }
 
+/// An answer is a whole streamed Responses answer: created first, completed last, its
+/// events numbered in order.
+fn assert_well_formed(events: &[Value]) {
+    assert_eq!(events[0]["type"], "response.created", "{events:#?}");
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "response.completed");
+    assert_eq!(last["response"]["status"], "completed");
+    let numbers: Vec<u64> = events
+        .iter()
+        .map(|e| e["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{numbers:?}");
+}
+
 /// The function calls an answer made.
 fn calls_of(events: &[Value]) -> Vec<Value> {
     events
@@ -244,7 +258,7 @@ fn text_of(events: &[Value]) -> String {
 }
 
 #[tokio::test]
-async fn a_loop_over_the_socket_is_nudged_in_a_frame_then_halted_on_the_socket() {
+async fn a_loop_over_the_socket_is_nudged_in_a_frame_blocked_then_halted() {
     use intervene_support::{looping_script, FAILURE};
     let mock = MockServer::start(looping_script(Dialect::OpenAiResponses))
         .await
@@ -301,31 +315,27 @@ async fn a_loop_over_the_socket_is_nudged_in_a_frame_then_halted_on_the_socket()
             })
             .collect();
     }
-    let (halted_at, events) = halt.expect("the loop is halted");
-    // The halt is a whole streamed answer: created ... completed, numbered in order.
-    assert_eq!(events[0]["type"], "response.created");
-    assert_eq!(events.last().unwrap()["type"], "response.completed");
-    assert_eq!(events.last().unwrap()["response"]["status"], "completed");
-    let numbers: Vec<u64> = events
-        .iter()
-        .map(|e| e["sequence_number"].as_u64().unwrap())
-        .collect();
-    assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{numbers:?}");
+    // The loop ends in loopwarden's words: the answer's looping call blocked, replaced by
+    // the halt's events.
+    let (stopped_at, events) = halt.expect("the loop is stopped");
+    assert_well_formed(&events);
     assert!(
         text_of(&events).contains("[loopwarden]"),
         "{}",
         text_of(&events)
     );
-    // The mock got the prewarm and one frame per turn before the halt, none after.
     let frames: Vec<_> = mock
         .requests()
         .into_iter()
         .filter(|r| r.method == "WS")
         .collect();
-    assert_eq!(frames.len(), 1 + halted_at, "{frames:#?}");
+    // With the default engine this loop's looping call is blocked before a request is
+    // halted: the blocked answer's request went upstream.
+    assert_eq!(frames.len(), 2 + stopped_at, "{frames:#?}");
     assert_eq!(frames[0].answer, "prewarm");
-    // Its history was rebuilt from the frames: the last turn counted every earlier answer.
-    assert_eq!(frames.last().unwrap().turn_index, halted_at - 1);
+    // Its history was rebuilt from the frames: each turn counted every earlier answer.
+    let turns: Vec<usize> = frames[1..].iter().map(|r| r.turn_index).collect();
+    assert_eq!(turns, (0..frames.len() - 1).collect::<Vec<_>>());
     // One frame carried the nudge at the end of its own input, continuing the same
     // response; the frame still held the client's items before it.
     let nudged: Vec<Value> = frames
@@ -347,6 +357,29 @@ async fn a_loop_over_the_socket_is_nudged_in_a_frame_then_halted_on_the_socket()
         .as_str()
         .unwrap();
     assert!(reminder.starts_with("[loopwarden]"), "{reminder}");
+    // The client goes on from the answer it got: the conversation is halted, and the halt
+    // is answered on the socket, a whole streamed answer; the upstream is not asked.
+    let previous = events.last().unwrap()["response"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    ws.send(Message::text(frame(Some(&previous), Vec::new())))
+        .await
+        .unwrap();
+    let again = answer_events(&mut ws).await;
+    assert_well_formed(&again);
+    assert!(calls_of(&again).is_empty());
+    assert!(
+        text_of(&again).contains("[loopwarden]"),
+        "{}",
+        text_of(&again)
+    );
+    let after = mock
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "WS")
+        .count();
+    assert_eq!(after, frames.len(), "the halted frame was not forwarded");
     // Each turn is in the log as a request of the conversation the upgrade named.
     let rows = proxy
         .rows(
@@ -354,10 +387,14 @@ async fn a_loop_over_the_socket_is_nudged_in_a_frame_then_halted_on_the_socket()
              AND conversation_id = 'ws-loop' ORDER BY id",
         )
         .await;
-    assert_eq!(rows.len(), halted_at + 1, "{rows:?}");
+    assert_eq!(rows.len(), frames.len(), "{rows:?}");
     assert!(
         rows.contains(&json!({"applied": "nudged", "outcome": "complete"})),
         "{rows:?}"
+    );
+    assert_eq!(
+        rows[rows.len() - 2],
+        json!({"applied": "blocked", "outcome": "complete"})
     );
     assert_eq!(
         rows.last().unwrap(),
@@ -367,7 +404,7 @@ async fn a_loop_over_the_socket_is_nudged_in_a_frame_then_halted_on_the_socket()
         .rows("SELECT COUNT(*) AS n FROM tool_calls WHERE conversation_id = 'ws-loop'")
         .await;
     assert!(
-        steps[0]["n"].as_i64().unwrap() >= halted_at as i64 - 1,
+        steps[0]["n"].as_i64().unwrap() >= stopped_at as i64 - 1,
         "{steps:?}"
     );
 }

@@ -15,7 +15,9 @@
 //! (`generate: false`) is forwarded and remembered, not analysed. Each turn is logged as a
 //! request (method `WS`) when its answer ends.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -25,6 +27,7 @@ use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use http::header::{self, HeaderValue};
 use http::StatusCode;
+use http_body::Body as _;
 use hyper_util::rt::TokioIo;
 use serde_json::value::RawValue;
 use tokio_tungstenite::tungstenite::handshake::{client::generate_key, derive_accept_key};
@@ -33,16 +36,18 @@ use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 use tokio_tungstenite::WebSocketStream;
 
 use super::analysis::Arrival;
+use super::block::BlockBody;
 use super::body::read_body;
 use super::connection::{Serving, Watch};
 use super::errors::{self, Refusal};
 use super::forward::{self, error_chain};
 use super::identity;
-use super::intervention::{self, Planned};
+use super::intervention::{self, Guard, Planned};
 use super::memory::BodyComparison;
 use super::record::{Capture, Finished, Outcome};
 use super::response_chain::{Found, Link, ResponseChain};
 use super::route::{self, Upstream};
+use super::tee::Blocked;
 use super::App;
 use crate::dialect::responses_socket::{self as socket, Create, Event};
 use crate::dialect::{Dialect, UpstreamFailure};
@@ -241,9 +246,72 @@ struct InFlight {
     /// `None` for a prewarm, which is not a turn of the conversation.
     log: Option<TurnLog>,
     parent: Option<Arc<Link>>,
-    /// The frame's own input items, then the answer's output items as they finish.
+    /// The frame's own input items, and the answer's output items as the client got them.
     input: Vec<Box<RawValue>>,
     output: Vec<Box<RawValue>>,
+    /// Set when the answer may complete a loop: its tool calls are checked before the
+    /// client gets them.
+    blocking: Option<Blocking>,
+}
+
+/// The response-side block check on a socket: the answer's events go through the same
+/// [`BlockBody`] as a streamed HTTP answer's, fed frame by frame, and what it lets out is
+/// what the client gets (a blocked call replaced by the events of the halt).
+struct Blocking {
+    feed: Option<tokio::sync::mpsc::UnboundedSender<Bytes>>,
+    body: BlockBody<Fed>,
+    blocked: Blocked,
+}
+
+/// The answer's events as a body, fed as the frames come.
+struct Fed(tokio::sync::mpsc::UnboundedReceiver<Bytes>);
+
+impl http_body::Body for Fed {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|data| data.map(|d| Ok(http_body::Frame::data(d))))
+    }
+}
+
+impl Blocking {
+    fn new(app: &Arc<App>, guard: Guard) -> Blocking {
+        let (feed, events) = tokio::sync::mpsc::unbounded_channel();
+        let blocked = Blocked::default();
+        Blocking {
+            feed: Some(feed),
+            body: guard.stream(app, Fed(events), blocked.clone()),
+            blocked,
+        }
+    }
+
+    /// The frames the client gets now, given one more from the upstream (`None`: the
+    /// answer ended; a call it never completed is let out as it came).
+    fn pass(&mut self, frame: Option<(&str, &str)>) -> Vec<String> {
+        match frame {
+            Some((kind, text)) => {
+                if let Some(feed) = &self.feed {
+                    let _ = feed.send(Bytes::from(socket::as_sse(kind, text)));
+                }
+            }
+            None => self.feed = None,
+        }
+        // Everything it can let out is ready: the feed is its only input.
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+        let mut out = Vec::new();
+        while let Poll::Ready(Some(Ok(frame))) = Pin::new(&mut self.body).poll_frame(&mut cx) {
+            if let Ok(data) = frame.into_data() {
+                out.extend_from_slice(&data);
+            }
+        }
+        socket::frames_of_sse(&out)
+    }
 }
 
 /// A turn's log entry, completed when its answer ends.
@@ -310,12 +378,9 @@ impl Session {
                             return;
                         }
                     };
-                    let out = match message {
-                        Message::Text(text) => {
-                            self.on_upstream_text(&text);
-                            Message::Text(text)
-                        }
-                        Message::Binary(data) => Message::Binary(data),
+                    let outs = match message {
+                        Message::Text(text) => self.on_upstream_text(text),
+                        Message::Binary(data) => vec![Message::Binary(data)],
                         Message::Close(frame) => {
                             let _ = client.send(Message::Close(frame)).await;
                             let _ = upstream.flush().await;
@@ -324,10 +389,12 @@ impl Session {
                         }
                         Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => continue,
                     };
-                    if client.send(out).await.is_err() {
-                        let _ = upstream.close(None).await;
-                        self.end(Outcome::ClientDisconnected);
-                        return;
+                    for out in outs {
+                        if client.send(out).await.is_err() {
+                            let _ = upstream.close(None).await;
+                            self.end(Outcome::ClientDisconnected);
+                            return;
+                        }
                     }
                 }
             }
@@ -361,13 +428,15 @@ impl Session {
                 parent,
                 input: create.input,
                 output: Vec::new(),
+                blocking: None,
             });
             return vec![Out::Upstream(original)];
         }
         let started = Instant::now();
         let started_ms = now_ms();
         let body = RequestBytes::from(Bytes::from(body));
-        let Some((planned, mut finished)) = self.analyse(&body, started_ms).await else {
+        let analysed = Self::analyse(&self.app, &self.parts, &self.uri, &body, started_ms).await;
+        let Some((planned, mut finished)) = analysed else {
             return vec![Out::Upstream(original)];
         };
         if let Some(id) = missing {
@@ -375,7 +444,10 @@ impl Session {
             finished.row.parse_error.get_or_insert(note);
         }
         let Planned {
-            mut effect, held, ..
+            mut effect,
+            held,
+            guard,
+            ..
         } = planned;
         if let Some(held) = held {
             let (decided, applied) = intervention::decide_held(&self.app, *held).await;
@@ -409,6 +481,7 @@ impl Session {
             parent,
             input: create.input,
             output: Vec::new(),
+            blocking: guard.map(|guard| Blocking::new(&self.app, guard)),
         });
         vec![Out::Upstream(message)]
     }
@@ -416,10 +489,15 @@ impl Session {
     /// Reads the request a frame stands for (`body`) as HTTP's analysis does, and rules on
     /// it: what to do, and its log entry so far. `None` when the body could not be read at
     /// all (it is then forwarded as it came).
-    async fn analyse(&self, body: &RequestBytes, started_ms: i64) -> Option<(Planned, Finished)> {
-        let app = &self.app;
-        let route = route::route(&self.uri, &self.parts.headers);
-        let headers = &self.parts.headers;
+    async fn analyse(
+        app: &Arc<App>,
+        parts: &http::request::Parts,
+        uri: &http::Uri,
+        body: &RequestBytes,
+        started_ms: i64,
+    ) -> Option<(Planned, Finished)> {
+        let route = route::route(uri, &parts.headers);
+        let headers = &parts.headers;
         let stated = identity::stated(headers, route.conversation);
         let dialect = Some(Dialect::OpenAiResponses);
         let mut earlier = BodyComparison::new(
@@ -463,7 +541,7 @@ impl Session {
         let planned = forward::plan(app, &mut analysis, headers, &body, false, request_id);
         let mut finished = forward::new_record(
             app,
-            &self.parts,
+            parts,
             &route,
             &body,
             analysis,
@@ -514,49 +592,97 @@ impl Session {
             .collect()
     }
 
-    /// An event frame from the upstream, read for the history and the log (it is relayed
-    /// as it came).
-    fn on_upstream_text(&mut self, text: &str) {
+    /// An event frame from the upstream: read for the history and the log, and what the
+    /// client gets for it (the frame as it came, unless the block check holds or replaces
+    /// it).
+    fn on_upstream_text(&mut self, text: Utf8Bytes) -> Vec<Message> {
         let Some(turn) = self.turn.as_mut() else {
-            return;
+            return vec![Message::Text(text)];
         };
-        let (kind, event) = socket::read_event(text);
+        let (kind, event) = socket::read_event(&text);
         if let Some(log) = turn.log.as_mut() {
             log.response_bytes += text.len();
             let cap = self.app.config.server.max_body_bytes;
             if let Some(events) = log.events.as_mut() {
-                events.extend_from_slice(&socket::as_sse(&kind, text));
+                events.extend_from_slice(&socket::as_sse(&kind, &text));
                 if events.len() > cap {
                     log.events = None;
                 }
             }
         }
-        match event {
-            Event::ItemDone(item) => turn.output.push(item),
+        let ended = match event {
             Event::Ended {
                 response_id,
                 output,
-            } => {
-                if let Some(turn) = self.turn.take() {
-                    let InFlight {
-                        log,
-                        parent,
-                        input,
-                        output: mut items,
-                    } = turn;
-                    // A stream that listed its items only in the final object.
-                    if items.is_empty() {
-                        items = output;
-                    }
-                    if let Some(id) = response_id {
-                        self.chain.remember(id, parent, input, items, false);
-                    }
-                    if let Some(log) = log {
-                        self.log_turn(log, Outcome::Complete);
+            } => Some((response_id, output)),
+            Event::ItemDone(item) if turn.blocking.is_none() => {
+                turn.output.push(item);
+                None
+            }
+            _ => None,
+        };
+        // An event split over lines would not survive the SSE the check reads (no server
+        // sends one): such a frame passes unchecked.
+        let sent = match turn
+            .blocking
+            .as_mut()
+            .filter(|_| !text.contains(['\n', '\r']))
+        {
+            None => vec![Message::Text(text)],
+            Some(blocking) => {
+                let mut frames = blocking.pass(Some((&kind, &text)));
+                if ended.is_some() {
+                    frames.extend(blocking.pass(None));
+                }
+                for frame in &frames {
+                    if let Event::ItemDone(item) = socket::read_event(frame).1 {
+                        turn.output.push(item);
                     }
                 }
+                frames
+                    .into_iter()
+                    .map(|f| Message::Text(f.into()))
+                    .collect()
             }
-            Event::Other => {}
+        };
+        if let Some((response_id, output)) = ended {
+            self.finish_turn(response_id, output);
+        }
+        sent
+    }
+
+    /// The answer of the turn in flight has ended: it is remembered by its id, and the
+    /// turn is logged.
+    fn finish_turn(&mut self, response_id: Option<String>, output: Vec<Box<RawValue>>) {
+        let Some(turn) = self.turn.take() else {
+            return;
+        };
+        let InFlight {
+            log,
+            parent,
+            input,
+            output: mut items,
+            blocking,
+        } = turn;
+        let blocked = blocking.and_then(|b| b.blocked.get().cloned());
+        // A stream that listed its items only in the final object.
+        if items.is_empty() && blocked.is_none() {
+            items = output;
+        }
+        if let Some(id) = response_id {
+            // A blocked answer is not the one the upstream gave: a frame continuing it is
+            // sent whole.
+            let made_here = blocked.is_some();
+            self.chain.remember(id, parent, input, items, made_here);
+        }
+        if let Some(mut log) = log {
+            if let Some(decision) = blocked {
+                let row = &mut log.finished.row;
+                row.decision = Some(decision.action.as_str().into());
+                row.applied = Applied::Blocked.as_str().into();
+                log.finished.decision = Some(decision);
+            }
+            self.log_turn(log, Outcome::Complete);
         }
     }
 
