@@ -81,36 +81,10 @@ pub async fn open(app: Arc<App>, request: Request) -> Response {
     let route = route::route(&uri, &parts.headers);
     let target = app.client.target(upstream, route.path, route.query);
     let key = generate_key();
-    let mut headers = parts.headers.clone();
-    for name in [
-        "sec-websocket-key",
-        "sec-websocket-accept",
-        // Frames are read here: no compression is negotiated on either side.
-        "sec-websocket-extensions",
-    ] {
-        headers.remove(name);
-    }
-    let outgoing =
-        forward::upstream_request(target, &http::Method::GET, headers, Bytes::new().into());
-    let Some(mut outgoing) = outgoing else {
+    let Some(outgoing) = upgrade_request(target, &parts.headers, &key) else {
         let message = "loopwarden: cannot build the upstream URL";
         return errors::upstream_failure(upstream, UpstreamFailure::Unreachable, message);
     };
-    let upgrade_headers = [
-        (header::CONNECTION, "upgrade"),
-        (header::UPGRADE, "websocket"),
-        (header::SEC_WEBSOCKET_VERSION, "13"),
-    ];
-    for (name, value) in upgrade_headers {
-        outgoing
-            .headers_mut()
-            .insert(name, HeaderValue::from_static(value));
-    }
-    if let Ok(key) = HeaderValue::from_str(&key) {
-        outgoing
-            .headers_mut()
-            .insert(header::SEC_WEBSOCKET_KEY, key);
-    }
     let client = super::upstream::thread_client(&app.client);
     let timeout = Duration::from_secs(app.config.upstream.response_timeout_secs);
     let answer = match tokio::time::timeout(timeout, client.upgrade(upstream, outgoing)).await {
@@ -187,6 +161,35 @@ pub async fn open(app: Arc<App>, request: Request) -> Response {
         session.run(client, upstream).await;
     });
     response
+}
+
+/// The upgrade to ask the upstream for: the client's headers as an HTTP request would
+/// carry them (`forward::upstream_request`), its own key, and no extension (frames are read
+/// here, so no compression is negotiated on either side). `None`: no valid target.
+fn upgrade_request(
+    target: Option<http::Uri>,
+    client_headers: &http::HeaderMap,
+    key: &str,
+) -> Option<http::Request<super::upstream::Outgoing>> {
+    let mut headers = client_headers.clone();
+    for name in [
+        header::SEC_WEBSOCKET_KEY,
+        header::SEC_WEBSOCKET_ACCEPT,
+        header::SEC_WEBSOCKET_EXTENSIONS,
+    ] {
+        headers.remove(name);
+    }
+    let mut outgoing =
+        forward::upstream_request(target, &http::Method::GET, headers, Bytes::new().into())?;
+    let headers = outgoing.headers_mut();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    headers.insert(
+        header::SEC_WEBSOCKET_VERSION,
+        HeaderValue::from_static("13"),
+    );
+    headers.insert(header::SEC_WEBSOCKET_KEY, HeaderValue::from_str(key).ok()?);
+    Some(outgoing)
 }
 
 /// The upgrade itself in the log: one `GET` row with the upstream's status (the turns
