@@ -425,6 +425,9 @@ impl Session {
             Some(whole) => Message::Text(whole.into()),
             None => Message::Text(text),
         };
+        // A client that sends a new request before the last answer ended has given up on
+        // that answer (Codex never does).
+        self.end(Outcome::ClientDisconnected);
         if create.prewarm {
             self.turn = Some(InFlight {
                 log: None,
@@ -473,7 +476,6 @@ impl Session {
             }
         };
         finished.row.proxy_overhead_us = started.elapsed().as_micros() as i64;
-        self.end(Outcome::ClientDisconnected);
         self.turn = Some(InFlight {
             log: Some(TurnLog {
                 finished,
