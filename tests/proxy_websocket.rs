@@ -652,3 +652,29 @@ async fn a_frame_continuing_an_unknown_answer_is_read_from_its_own_input() {
     let error = rows[0]["parse_error"].as_str().unwrap_or_default();
     assert!(error.contains("resp_from_another_socket"), "{error}");
 }
+
+#[tokio::test]
+async fn a_stopping_proxy_closes_its_sockets_on_both_sides() {
+    let (upstream, seen) = echo_upstream().await;
+    let proxy = TestProxy::start(&upstream).await;
+    let mut ws = connect(proxy.running.addr(), "ws-stop").await;
+    ws.send(Message::text("answer me")).await.unwrap();
+    assert!(matches!(ws.next().await, Some(Ok(Message::Text(_)))));
+    assert!(matches!(ws.next().await, Some(Ok(Message::Binary(_)))));
+    // Stopping closes the socket (once no answer is on its way), telling both sides why.
+    proxy.running.shutdown().await.unwrap();
+    let closed = ws.next().await.unwrap().unwrap();
+    let Message::Close(Some(frame)) = closed else {
+        panic!("not a close: {closed:?}")
+    };
+    assert_eq!(frame.code, CloseCode::Away);
+    assert!(
+        until(|| seen
+            .lock()
+            .unwrap()
+            .messages
+            .iter()
+            .any(|m| matches!(m, Message::Close(Some(f)) if f.code == CloseCode::Away)))
+        .await
+    );
+}

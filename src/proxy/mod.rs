@@ -394,14 +394,19 @@ async fn serve(
         let shared = app.clone();
         let (io, watch) = app.connections.open(stream);
         let watching = watch.clone();
+        let upgradable = websocket::Upgradable {
+            watch: watch.clone(),
+            stop: stopping.subscribe(),
+            open: open.clone(),
+        };
         let service =
             hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
                 // Until its response body ends, the connection is not waiting for a request.
                 let serving = connection::Serving::begin(&watching);
                 let served = |response: Response| response.map(|body| serving.until_sent(body));
                 if route::asks_websocket(request.method(), request.headers()) {
-                    // The socket outlives the 101's body: it keeps the connection serving.
-                    request.extensions_mut().insert(watching.clone());
+                    // The socket outlives the 101's body and the connection's own future.
+                    request.extensions_mut().insert(upgradable.clone());
                 }
                 if own::answered_here(request.uri().path()) {
                     request.extensions_mut().insert(ConnectInfo(peer));

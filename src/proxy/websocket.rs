@@ -31,7 +31,8 @@ use http_body::Body as _;
 use hyper_util::rt::TokioIo;
 use serde_json::value::RawValue;
 use tokio_tungstenite::tungstenite::handshake::{client::generate_key, derive_accept_key};
-use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
 use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 use tokio_tungstenite::WebSocketStream;
 
@@ -61,6 +62,18 @@ const ANSWERS_PER_CONNECTION: usize = 16;
 
 type Socket = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
 
+/// What a socket keeps of the connection it was upgraded from (a request extension, set
+/// by the server for upgrade requests): the connection serves while the socket is open, and
+/// the server, stopping, tells the socket and waits for it as for any connection.
+#[derive(Clone)]
+pub struct Upgradable {
+    pub watch: Arc<Watch>,
+    /// Turns `true` when the server stops.
+    pub stop: tokio::sync::watch::Receiver<bool>,
+    /// Held until the socket ends: the server's stop waits for every holder.
+    pub open: tokio::sync::mpsc::Sender<()>,
+}
+
 /// The handler of an upgrade: asks the upstream for the same, and on its 101 answers the
 /// client's and joins the two sockets (a task of their own). Any other answer of the
 /// upstream is the client's answer.
@@ -77,7 +90,7 @@ pub async fn open(app: Arc<App>, request: Request) -> Response {
         return errors::refused(upstream, Refusal::Unreadable);
     };
     let client_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
-    let watch = parts.extensions.remove::<Arc<Watch>>();
+    let upgradable = parts.extensions.remove::<Upgradable>();
     let route = route::route(&uri, &parts.headers);
     let target = app.client.target(upstream, route.path, route.query);
     let key = generate_key();
@@ -143,7 +156,9 @@ pub async fn open(app: Arc<App>, request: Request) -> Response {
     };
     crate::spawn::task("websocket", async move {
         // The socket outlives the 101's body: while it is open, the connection serves.
-        let _serving = watch.as_ref().map(Serving::begin);
+        let _serving = upgradable.as_ref().map(|u| Serving::begin(&u.watch));
+        let _open = upgradable.as_ref().map(|u| u.open.clone());
+        let stop = upgradable.map(|u| u.stop);
         let Some(client_upgrade) = client_upgrade else {
             return;
         };
@@ -158,9 +173,20 @@ pub async fn open(app: Arc<App>, request: Request) -> Response {
             WebSocketStream::from_raw_socket(TokioIo::new(client), Role::Server, None).await;
         let upstream =
             WebSocketStream::from_raw_socket(TokioIo::new(upstream), Role::Client, None).await;
-        session.run(client, upstream).await;
+        session.run(client, upstream, stop).await;
     });
     response
+}
+
+/// Resolves when the server stops (never without a `stop`).
+async fn stopped(stop: &mut Option<tokio::sync::watch::Receiver<bool>>) {
+    match stop {
+        // It only ever changes to `true`, or goes with the server: stopping either way.
+        Some(stop) => {
+            let _ = stop.changed().await;
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// The upgrade to ask the upstream for: the client's headers as an HTTP request would
@@ -333,10 +359,29 @@ enum Out {
 }
 
 impl Session {
-    /// Relays until either side closes or fails; then the other is closed too.
-    async fn run(mut self, mut client: Socket, mut upstream: Socket) {
+    /// Relays until either side closes or fails; then the other is closed too. When the
+    /// server stops, both are closed once no answer is on its way.
+    async fn run(
+        mut self,
+        mut client: Socket,
+        mut upstream: Socket,
+        mut stop: Option<tokio::sync::watch::Receiver<bool>>,
+    ) {
+        let mut stopping = false;
         loop {
+            if stopping && self.turn.is_none() {
+                let going = || {
+                    Some(CloseFrame {
+                        code: CloseCode::Away,
+                        reason: "loopwarden is stopping".into(),
+                    })
+                };
+                let _ = client.close(going()).await;
+                let _ = upstream.close(going()).await;
+                return;
+            }
             tokio::select! {
+                _ = stopped(&mut stop), if !stopping => stopping = true,
                 message = client.next() => {
                     let message = match message {
                         Some(Ok(message)) => message,
