@@ -678,3 +678,36 @@ async fn a_stopping_proxy_closes_its_sockets_on_both_sides() {
         .await
     );
 }
+
+#[tokio::test]
+async fn an_open_socket_counts_as_a_connection_at_the_cap() {
+    let (upstream, _) = echo_upstream().await;
+    let proxy = TestProxy::start_with(&upstream, |c| c.server.max_connections = 1).await;
+    let mut ws = connect(proxy.running.addr(), "ws-cap").await;
+    ws.send(Message::text("answer me")).await.unwrap();
+    assert!(matches!(ws.next().await, Some(Ok(Message::Text(_)))));
+    // The socket is the one connection, and busy: a new one is refused.
+    let refused = raw_request(
+        proxy.running.addr(),
+        b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(refused.status, 503, "{}", refused.head);
+    // Closed, its place is free again.
+    ws.close(None).await.unwrap();
+    let addr = proxy.running.addr();
+    let mut status = 0;
+    for _ in 0..100 {
+        let answer = raw_request(
+            addr,
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        status = answer.status;
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, 200);
+}

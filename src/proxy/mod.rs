@@ -394,10 +394,16 @@ async fn serve(
         let shared = app.clone();
         let (io, watch) = app.connections.open(stream);
         let watching = watch.clone();
-        let upgradable = websocket::Upgradable {
+        let place = Arc::new(Place {
+            app: app.clone(),
             watch: watch.clone(),
+            me,
+        });
+        let upgradable = websocket::Upgradable {
+            watch,
             stop: stopping.subscribe(),
             open: open.clone(),
+            place: place.clone(),
         };
         let service =
             hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
@@ -424,7 +430,6 @@ async fn serve(
             .with_upgrades();
         let mut stop = stopping.subscribe();
         let open = open.clone();
-        let app = app.clone();
         crate::spawn::task("client connection", async move {
             let mut connection = std::pin::pin!(connection);
             let ended = tokio::select! {
@@ -439,8 +444,8 @@ async fn serve(
             if let Err(e) = ended {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
-            app.connections.close(&watch);
-            app.spread.closed(me);
+            // Its place is freed now, or by the socket it was upgraded to when that ends.
+            drop(place);
         });
     }
     drop(incoming);
@@ -448,6 +453,22 @@ async fn serve(
     drop(open);
     let _ = all_closed.recv().await;
     Ok(())
+}
+
+/// A client connection's place among the open ones (the cap's count, its serving thread's),
+/// freed when the last holder lets go: its task, or the WebSocket it was upgraded to, which
+/// outlives the task ([`websocket::Upgradable`]).
+pub struct Place {
+    app: Arc<App>,
+    watch: Arc<connection::Watch>,
+    me: usize,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.app.connections.close(&self.watch);
+        self.app.spread.closed(self.me);
+    }
 }
 
 /// One more serving thread: an event loop of its own (a current-thread runtime) serving the

@@ -72,6 +72,8 @@ pub struct Upgradable {
     pub stop: tokio::sync::watch::Receiver<bool>,
     /// Held until the socket ends: the server's stop waits for every holder.
     pub open: tokio::sync::mpsc::Sender<()>,
+    /// Held until the socket ends: the socket counts as an open connection until then.
+    pub place: Arc<super::Place>,
 }
 
 /// The handler of an upgrade: asks the upstream for the same, and on its 101 answers the
@@ -157,7 +159,9 @@ pub async fn open(app: Arc<App>, request: Request) -> Response {
     crate::spawn::task("websocket", async move {
         // The socket outlives the 101's body: while it is open, the connection serves.
         let _serving = upgradable.as_ref().map(|u| Serving::begin(&u.watch));
-        let _open = upgradable.as_ref().map(|u| u.open.clone());
+        let _held = upgradable
+            .as_ref()
+            .map(|u| (u.open.clone(), u.place.clone()));
         let stop = upgradable.map(|u| u.stop);
         let Some(client_upgrade) = client_upgrade else {
             return;
