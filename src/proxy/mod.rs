@@ -7,7 +7,8 @@
 //! rewritten, answer, hold) → the bytes go upstream (over [`upstream`]'s pooled
 //! connections) → the answer streams back through [`tee`] → [`record`] logs it to the
 //! [`crate::store`] off the request path. Nothing here decides what happens to a request:
-//! that is `crate::intervene::ruling`.
+//! that is `crate::intervene::ruling`. A WebSocket upgrade (Codex's Responses transport)
+//! goes to [`websocket`], which reads each turn on the socket through the same analysis.
 
 pub mod admin;
 pub mod allocator;

@@ -12,8 +12,13 @@
 //! analysed with everything before them, by the same analysis and rulings as HTTP. A
 //! reminder goes at the end of the frame's input; a halt is answered on the socket with the
 //! events of a streamed Responses halt, and the upstream is not asked. A prewarm frame
-//! (`generate: false`) is forwarded and remembered, not analysed. Each turn is logged as a
-//! request (method `WS`) when its answer ends.
+//! (`generate: false`) is forwarded and remembered, not analysed. An answer that may
+//! complete a loop goes through the same block check as a streamed HTTP answer. Each turn
+//! is logged as a request (method `WS`) when its answer ends.
+//!
+//! The socket holds its connection's place ([`Upgradable`]): it counts at the connection
+//! cap while open, and a stopping server closes it (1001) once no answer is on its way.
+//! Pings are answered by each side's own socket, not relayed.
 
 use std::pin::Pin;
 use std::sync::Arc;
