@@ -711,3 +711,31 @@ async fn an_open_socket_counts_as_a_connection_at_the_cap() {
     }
     assert_eq!(status, 200);
 }
+
+#[tokio::test]
+async fn an_error_event_is_logged_with_the_status_it_reports() {
+    use loopwarden::mock::ErrorReply;
+    let script = Script::with_turns(vec![Turn {
+        error: Some(ErrorReply {
+            status: 429,
+            body: None,
+            headers: Default::default(),
+            times: None,
+        }),
+        ..Turn::text("never")
+    }]);
+    let mock = MockServer::start(script).await.unwrap();
+    let proxy = TestProxy::start(&mock.url()).await;
+    let mut ws = connect(proxy.running.addr(), "ws-error").await;
+    let frame = json!({"type": "response.create", "model": "gpt-test", "stream": true,
+        "tools": [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}}],
+        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]}]});
+    ws.send(Message::text(frame.to_string())).await.unwrap();
+    let events = answer_events(&mut ws).await;
+    assert_eq!(events.last().unwrap()["type"], "error");
+    assert_eq!(events.last().unwrap()["status"], 429);
+    let rows = proxy
+        .rows("SELECT status, outcome FROM requests WHERE method = 'WS'")
+        .await;
+    assert_eq!(rows, vec![json!({"status": 429, "outcome": "complete"})]);
+}

@@ -866,6 +866,17 @@ pub mod socket {
         None
     }
 
+    /// The HTTP status an `error` frame reports (`status`, or `status_code`), as a server
+    /// wraps an HTTP error on a socket.
+    pub fn error_status(text: &str) -> Option<u16> {
+        #[derive(Deserialize)]
+        struct Error {
+            #[serde(default, alias = "status_code")]
+            status: Option<u16>,
+        }
+        serde_json::from_str::<Error>(text).ok()?.status
+    }
+
     /// A server frame as the SSE event it would be over HTTP: what the stream decoder
     /// (and so the log) reads.
     pub fn as_sse(kind: &str, text: &str) -> Vec<u8> {

@@ -355,6 +355,8 @@ impl Blocking {
 /// A turn's log entry, completed when its answer ends.
 struct TurnLog {
     finished: Finished,
+    /// The answer's status as HTTP would have it: 200, or what an `error` event reports.
+    status: u16,
     sent: Instant,
     /// The answer's events as SSE (what the stream decoder reads); `None` past the cap.
     events: Option<Vec<u8>>,
@@ -533,6 +535,7 @@ impl Session {
         self.turn = Some(InFlight {
             log: Some(TurnLog {
                 finished,
+                status: 200,
                 sent: Instant::now(),
                 events: Some(Vec::new()),
                 response_bytes: 0,
@@ -660,6 +663,9 @@ impl Session {
         };
         let (kind, event) = socket::read_event(&text);
         if let Some(log) = turn.log.as_mut() {
+            if kind == "error" {
+                log.status = socket::error_status(&text).unwrap_or(500);
+            }
             log.response_bytes += text.len();
             let cap = self.app.config.server.max_body_bytes;
             if let Some(events) = log.events.as_mut() {
@@ -755,11 +761,12 @@ impl Session {
     fn log_turn(&self, log: TurnLog, outcome: Outcome) {
         let TurnLog {
             mut finished,
+            status,
             sent,
             events,
             response_bytes,
         } = log;
-        finished.row.status = 200;
+        finished.row.status = i64::from(status);
         finished.row.outcome = outcome.as_str().into();
         finished.row.response_bytes = response_bytes as i64;
         finished.row.upstream_total_us = Some(sent.elapsed().as_micros() as i64);
