@@ -79,6 +79,21 @@ pub struct ServerConfig {
     /// `Retry-After`. 0: half the open-file limit (each connection may hold an upstream one
     /// as well), less a reserve.
     pub max_connections: usize,
+    /// What a WebSocket upgrade gets (Codex opens the Responses API over one: README,
+    /// "Codex's WebSocket transport").
+    pub websocket: WebSocketMode,
+}
+
+/// What the proxy does with a client's WebSocket upgrade (`server.websocket`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WebSocketMode {
+    /// Proxied: the upstream is asked for the same upgrade, and the two sockets are joined
+    /// with each turn read and ruled on as an HTTP request is (`crate::proxy::websocket`).
+    Proxy,
+    /// Answered `426 Upgrade Required` at once: a client with an HTTP transport to fall
+    /// back on (Codex) uses it without first retrying the socket.
+    Refuse,
 }
 
 /// Where each API family is forwarded. Only these bases are ever contacted: the request
@@ -166,6 +181,7 @@ impl Default for Config {
                 header_timeout_secs: 30,
                 idle_timeout_secs: 120,
                 max_connections: 0,
+                websocket: WebSocketMode::Proxy,
             },
             upstream: UpstreamConfig {
                 openai: "https://api.openai.com".into(),

@@ -17,6 +17,7 @@ mod openai_chat;
 mod openai_responses;
 mod stream;
 
+pub use openai_responses::socket as responses_socket;
 pub use stream::{StreamDecoder, StreamEvent, StreamEventKind};
 
 use std::borrow::Cow;

@@ -620,6 +620,286 @@ pub(super) fn halt_json(model: &str, text: &str, call: Option<&HaltToolCall>) ->
         .into_bytes()
 }
 
+/// The Responses API over a WebSocket (`GET /v1/responses` upgraded; Codex's default
+/// transport). The client sends `response.create` frames: a Responses request body with a
+/// `type`, whose `input` holds only the items new since the response `previous_response_id`
+/// names (that response's request and output being the rest of the history), and
+/// `generate: false` for a prewarm that only loads the context. The server answers each
+/// with the events a streamed Responses answer has, one JSON text frame each.
+pub mod socket {
+    use serde::Deserialize;
+    use serde_json::value::RawValue;
+    use serde_json::{json, Map, Value};
+
+    use super::super::framing::{write_sse, SseFramer};
+
+    /// A request that may continue an earlier response: a `response.create` frame, or a
+    /// Responses request body over HTTP.
+    #[derive(Debug)]
+    pub struct Create {
+        /// The request's fields but `type`, `previous_response_id`, `generate` and `input`.
+        fields: Map<String, Value>,
+        pub previous_response_id: Option<String>,
+        /// `generate: false`: a prewarm, which asks for no answer.
+        pub prewarm: bool,
+        /// The request's own input items (a plain string input as the user message it is).
+        pub input: Vec<Box<RawValue>>,
+        /// A frame (which streams, and is typed), not an HTTP body.
+        frame: bool,
+    }
+
+    /// The `response.create` frame `text` is, or `None` for any other frame (left to pass).
+    pub fn read_create(text: &str) -> Option<Create> {
+        let Ok(Value::Object(mut fields)) = serde_json::from_str::<Value>(text) else {
+            return None;
+        };
+        if fields.get("type").and_then(Value::as_str) != Some("response.create") {
+            return None;
+        }
+        fields.remove("type");
+        Some(read_fields(fields, true))
+    }
+
+    /// A Responses request body over HTTP, read as [`read_create`] reads a frame.
+    pub fn read_request(body: &[u8]) -> Option<Create> {
+        match serde_json::from_slice::<Value>(body) {
+            Ok(Value::Object(fields)) => Some(read_fields(fields, false)),
+            _ => None,
+        }
+    }
+
+    fn read_fields(mut fields: Map<String, Value>, frame: bool) -> Create {
+        let previous_response_id = match fields.remove("previous_response_id") {
+            Some(Value::String(id)) => Some(id),
+            _ => None,
+        };
+        let prewarm = fields.remove("generate") == Some(Value::Bool(false));
+        let input = match fields.remove("input") {
+            Some(Value::Array(items)) => items.iter().filter_map(raw).collect(),
+            Some(Value::String(text)) => raw(&user_message(&text)).into_iter().collect(),
+            _ => Vec::new(),
+        };
+        Create {
+            fields,
+            previous_response_id,
+            prewarm,
+            input,
+            frame,
+        }
+    }
+
+    fn raw(value: &Value) -> Option<Box<RawValue>> {
+        RawValue::from_string(value.to_string()).ok()
+    }
+
+    fn user_message(text: &str) -> Value {
+        json!({"type": "message", "role": "user",
+               "content": [{"type": "input_text", "text": text}]})
+    }
+
+    impl Create {
+        /// Whether the API keeps its answer (`store`, true unless said otherwise), so that
+        /// a later request may continue it by id.
+        pub fn stored(&self) -> bool {
+            self.fields.get("store") != Some(&Value::Bool(false))
+        }
+
+        /// The HTTP request body the request stands for: its fields (a frame's streamed),
+        /// with `history` (the items of the response it continues) before its own input,
+        /// and continuing no response.
+        pub fn http_body(&self, history: &[&RawValue]) -> Vec<u8> {
+            let mut body = self.fields.clone();
+            if self.frame {
+                body.insert("stream".into(), Value::Bool(true));
+            }
+            let mut input: Vec<Value> = Vec::with_capacity(history.len() + self.input.len());
+            for item in history
+                .iter()
+                .copied()
+                .chain(self.input.iter().map(|i| &**i))
+            {
+                input.push(serde_json::from_str(item.get()).unwrap_or(Value::Null));
+            }
+            body.insert("input".into(), Value::Array(input));
+            Value::Object(body).to_string().into_bytes()
+        }
+
+        /// The request to send for a rewritten request body (`body`, from
+        /// [`Create::http_body`] with `history` before this request's input): when the
+        /// rewrite only added items after the history, this request with them after its own
+        /// input, continuing the same response; otherwise (or when `whole`) the rewritten
+        /// history whole, continuing none. `None`: `body` is not a request body.
+        pub fn rewritten(&self, history_len: usize, body: &[u8], whole: bool) -> Option<String> {
+            let Ok(Value::Object(mut rewritten)) = serde_json::from_slice::<Value>(body) else {
+                return None;
+            };
+            let Some(Value::Array(items)) = rewritten.remove("input") else {
+                return None;
+            };
+            let known = history_len + self.input.len();
+            let own: Vec<Value> = self
+                .input
+                .iter()
+                .map(|i| serde_json::from_str(i.get()).unwrap_or(Value::Null))
+                .collect();
+            let appended = !whole && items.len() >= known && items[history_len..known] == own[..];
+            let mut frame = Map::new();
+            if self.frame {
+                frame.insert("type".into(), json!("response.create"));
+            }
+            if appended {
+                frame.extend(self.fields.clone());
+                if let Some(id) = &self.previous_response_id {
+                    frame.insert("previous_response_id".into(), json!(id));
+                }
+                let mut input = own;
+                input.extend(items.into_iter().skip(known));
+                frame.insert("input".into(), Value::Array(input));
+            } else {
+                frame.extend(rewritten);
+                frame.insert("input".into(), Value::Array(items));
+            }
+            Some(Value::Object(frame).to_string())
+        }
+
+        /// The frame resending `history` and its own input whole, continuing no response:
+        /// for a frame that continues an answer the upstream never gave (a halt's).
+        pub fn whole(&self, history: &[&RawValue]) -> String {
+            let body = self.http_body(history);
+            let mut frame = Map::new();
+            frame.insert("type".into(), json!("response.create"));
+            if let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(&body) {
+                frame.extend(fields);
+            }
+            Value::Object(frame).to_string()
+        }
+    }
+
+    /// What an event frame from the server means for the history.
+    #[derive(Debug)]
+    pub enum Event {
+        /// An output item finished (`response.output_item.done`).
+        ItemDone(Box<RawValue>),
+        /// The answer ended (`response.completed`, `.incomplete`, `.failed`, or `error`):
+        /// its id, and the output items its final object lists.
+        Ended {
+            response_id: Option<String>,
+            output: Vec<Box<RawValue>>,
+        },
+        Other,
+    }
+
+    #[derive(Deserialize)]
+    struct Frame<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: std::borrow::Cow<'a, str>,
+        #[serde(borrow, default)]
+        item: Option<&'a RawValue>,
+        #[serde(default)]
+        response: Option<Ended>,
+    }
+
+    #[derive(Deserialize)]
+    struct Ended {
+        #[serde(default)]
+        id: Option<String>,
+        #[serde(default)]
+        output: Vec<Box<RawValue>>,
+    }
+
+    /// The event a server frame is, and its type (empty when it is not an event).
+    pub fn read_event(text: &str) -> (String, Event) {
+        let Ok(frame) = serde_json::from_str::<Frame>(text) else {
+            return (String::new(), Event::Other);
+        };
+        let event = match frame.kind.as_ref() {
+            "response.output_item.done" => match frame.item {
+                Some(item) => Event::ItemDone(item.to_owned()),
+                None => Event::Other,
+            },
+            "response.completed" | "response.incomplete" | "response.failed" | "error" => {
+                let (response_id, output) =
+                    frame.response.map(|r| (r.id, r.output)).unwrap_or_default();
+                Event::Ended {
+                    response_id,
+                    output,
+                }
+            }
+            _ => Event::Other,
+        };
+        (frame.kind.into_owned(), event)
+    }
+
+    /// The id and output items of a whole Responses answer over HTTP: an event stream (its
+    /// `chunks` as they came) or one JSON object. `None`: it names no id.
+    pub fn answer_of(
+        event_stream: bool,
+        chunks: &[bytes::Bytes],
+    ) -> Option<(String, Vec<Box<RawValue>>)> {
+        if !event_stream {
+            let whole = chunks.concat();
+            let ended: Ended = serde_json::from_slice(&whole).ok()?;
+            return Some((ended.id?, ended.output));
+        }
+        let mut framer = SseFramer::default();
+        let mut frames = Vec::new();
+        for chunk in chunks {
+            framer.feed(chunk, &mut frames);
+        }
+        framer.flush(&mut frames);
+        let mut items = Vec::new();
+        for frame in frames {
+            match read_event(&frame.data).1 {
+                Event::ItemDone(item) => items.push(item),
+                Event::Ended {
+                    response_id,
+                    output,
+                } => {
+                    if items.is_empty() {
+                        items = output;
+                    }
+                    return Some((response_id?, items));
+                }
+                Event::Other => {}
+            }
+        }
+        None
+    }
+
+    /// The HTTP status an `error` frame reports (`status`, or `status_code`), as a server
+    /// wraps an HTTP error on a socket.
+    pub fn error_status(text: &str) -> Option<u16> {
+        #[derive(Deserialize)]
+        struct Error {
+            #[serde(default, alias = "status_code")]
+            status: Option<u16>,
+        }
+        serde_json::from_str::<Error>(text).ok()?.status
+    }
+
+    /// A server frame as the SSE event it would be over HTTP: what the stream decoder
+    /// (and so the log) reads.
+    pub fn as_sse(kind: &str, text: &str) -> Vec<u8> {
+        let mut out = Vec::with_capacity(text.len() + kind.len() + 16);
+        write_sse(&mut out, Some(kind), text, "\n");
+        out
+    }
+
+    /// The events of a streamed answer (a halt's) as the frames the socket carries: each
+    /// event's data.
+    pub fn frames_of_sse(body: &[u8]) -> Vec<String> {
+        let mut framer = SseFramer::default();
+        let mut frames = Vec::new();
+        framer.feed(body, &mut frames);
+        framer.flush(&mut frames);
+        frames
+            .into_iter()
+            .map(|f| f.data)
+            .filter(|d| !d.is_empty())
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -675,6 +955,102 @@ mod tests {
             // A bare string is a user message's short form, read before either reading.
             item().prop_filter("an object", |item| item.is_object()),
         ]
+    }
+
+    mod socket_frames {
+        use super::super::socket::*;
+        use serde_json::{json, Value};
+
+        fn frame(input: Value) -> Create {
+            let text = json!({"type": "response.create", "model": "m", "stream": true,
+                "previous_response_id": "resp_1", "input": input})
+            .to_string();
+            read_create(&text).unwrap()
+        }
+
+        #[test]
+        fn a_frame_reads_as_the_request_it_stands_for() {
+            let create =
+                frame(json!([{"type": "function_call_output", "call_id": "c", "output": "x"}]));
+            assert_eq!(create.previous_response_id.as_deref(), Some("resp_1"));
+            let earlier = serde_json::value::RawValue::from_string(
+                r#"{"type":"message","role":"user","content":"task"}"#.into(),
+            )
+            .unwrap();
+            let body: Value = serde_json::from_slice(&create.http_body(&[&earlier])).unwrap();
+            assert_eq!(body["input"][0]["content"], "task");
+            assert_eq!(body["input"][1]["call_id"], "c");
+            assert_eq!(body["stream"], true);
+            assert!(body.get("type").is_none() && body.get("previous_response_id").is_none());
+            assert!(read_create(r#"{"type":"response.processed","response_id":"r"}"#).is_none());
+            let prewarm =
+                read_create(r#"{"type":"response.create","generate":false,"input":"hi"}"#).unwrap();
+            assert!(prewarm.prewarm);
+            assert_eq!(prewarm.input.len(), 1, "a string input is one user message");
+        }
+
+        #[test]
+        fn a_rewrite_that_appends_stays_a_continuation_and_any_other_resends_the_whole() {
+            let create =
+                frame(json!([{"type": "function_call_output", "call_id": "c", "output": "x"}]));
+            let earlier = serde_json::value::RawValue::from_string(
+                r#"{"type":"message","role":"user","content":"task"}"#.into(),
+            )
+            .unwrap();
+            let mut body: Value = serde_json::from_slice(&create.http_body(&[&earlier])).unwrap();
+            body["input"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"role": "developer", "content": "note"}));
+            let sent: Value = serde_json::from_str(
+                &create
+                    .rewritten(1, body.to_string().as_bytes(), false)
+                    .unwrap(),
+            )
+            .unwrap();
+            assert_eq!(sent["type"], "response.create");
+            assert_eq!(sent["previous_response_id"], "resp_1");
+            assert_eq!(sent["input"].as_array().unwrap().len(), 2);
+            assert_eq!(sent["input"][1]["content"], "note");
+            // Told to resend whole (the answer it continues was never the upstream's).
+            let whole: Value = serde_json::from_str(
+                &create
+                    .rewritten(1, body.to_string().as_bytes(), true)
+                    .unwrap(),
+            )
+            .unwrap();
+            assert!(whole.get("previous_response_id").is_none());
+            assert_eq!(whole["input"].as_array().unwrap().len(), 3);
+            // A rewrite that changed the history (a rollback) is sent whole.
+            body["input"].as_array_mut().unwrap().remove(1);
+            let changed: Value = serde_json::from_str(
+                &create
+                    .rewritten(1, body.to_string().as_bytes(), false)
+                    .unwrap(),
+            )
+            .unwrap();
+            assert!(changed.get("previous_response_id").is_none());
+            assert_eq!(changed["input"].as_array().unwrap().len(), 2);
+        }
+
+        #[test]
+        fn an_answer_gives_its_id_and_output_items_streamed_or_whole() {
+            let json =
+                br#"{"id":"resp_9","object":"response","output":[{"type":"message","id":"m"}]}"#;
+            let (id, items) = answer_of(false, &[bytes::Bytes::from_static(json)]).unwrap();
+            assert_eq!((id.as_str(), items.len()), ("resp_9", 1));
+            let sse = "event: response.output_item.done\ndata: {\"type\":\"response.output_item.done\",\"item\":{\"type\":\"function_call\",\"call_id\":\"c\"}}\n\n\
+                       event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_8\",\"output\":[]}}\n\n";
+            let (half, rest) = sse.as_bytes().split_at(40);
+            let chunks = [
+                bytes::Bytes::copy_from_slice(half),
+                bytes::Bytes::copy_from_slice(rest),
+            ];
+            let (id, items) = answer_of(true, &chunks).unwrap();
+            assert_eq!(id, "resp_8");
+            assert_eq!(items.len(), 1, "the streamed items, not the final object's");
+            assert!(answer_of(false, &[bytes::Bytes::from_static(b"{}")]).is_none());
+        }
     }
 
     proptest! {

@@ -33,6 +33,7 @@
 mod history;
 mod script;
 mod server;
+mod socket;
 mod wire;
 
 pub use script::{AfterEnd, ErrorReply, Script, SideRule, ToolCall, Turn};

@@ -36,8 +36,12 @@ pub struct CapturedRequest {
     pub api: String,
     /// Assistant turns counted in the request's history (0 for non-conversation requests).
     pub turn_index: usize,
-    /// What the mock answered: `turn`, `side`, `error` or `other`.
+    /// What the mock answered: `turn`, `side`, `error`, `prewarm` (a WebSocket frame
+    /// with `generate: false`), `upgrade` (a WebSocket opened) or `other`.
     pub answer: String,
+    /// A `response.create` frame of the Responses WebSocket, as it arrived (method `WS`);
+    /// `body` is then the HTTP request it stands for, its history rebuilt.
+    pub frame: Option<Bytes>,
 }
 
 impl CapturedRequest {
@@ -54,8 +58,8 @@ impl CapturedRequest {
     }
 }
 
-struct Shared {
-    script: Mutex<Arc<Script>>,
+pub(super) struct Shared {
+    pub(super) script: Mutex<Arc<Script>>,
     budgets: Mutex<ErrorBudgets>,
     requests: Mutex<Kept>,
     capture: Option<Mutex<std::fs::File>>,
@@ -157,7 +161,7 @@ impl Drop for MockServer {
 }
 
 /// A poisoned lock only means another request panicked; the data is still usable.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -172,7 +176,9 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 connections.spawn(async move {
                     let service = hyper::service::service_fn(move |req| handle(shared.clone(), req));
                     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                    let _ = builder
+                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                        .await;
                 });
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
@@ -186,6 +192,9 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 struct Dropped;
 
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, Dropped> {
+    if super::socket::asks_websocket(&req) {
+        return Ok(super::socket::accept(shared, req));
+    }
     let (parts, incoming) = req.into_parts();
     let body = match incoming.collect().await {
         Ok(collected) => collected.to_bytes(),
@@ -215,6 +224,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         api: "other".to_string(),
         turn_index: 0,
         answer: "other".to_string(),
+        frame: None,
     };
     let (reply, turn) = answer(&shared, &script, &mut captured);
     record(&shared, captured);
@@ -238,7 +248,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
 
 /// Routes the request and builds the reply. Also returns the scripted turn whose delivery
 /// knobs (hang, break) apply.
-fn answer(
+pub(super) fn answer(
     shared: &Shared,
     script: &Script,
     req: &mut CapturedRequest,
@@ -272,6 +282,17 @@ fn answer(
     let Some(api) = api else {
         return (side_endpoint(req, path, post), None);
     };
+    answer_as(shared, script, req, api, path)
+}
+
+/// The reply to a conversation request of `api`.
+pub(super) fn answer_as(
+    shared: &Shared,
+    script: &Script,
+    req: &mut CapturedRequest,
+    api: Api,
+    path: &str,
+) -> (Reply, Option<super::script::Turn>) {
     req.api = api.name().to_string();
     let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
     req.turn_index = history::count_turns(api, &body);
@@ -364,7 +385,7 @@ fn side_endpoint(req: &mut CapturedRequest, path: &str, post: bool) -> Reply {
     Reply::json(200, &json!({"ok": true}))
 }
 
-fn record(shared: &Shared, req: CapturedRequest) {
+pub(super) fn record(shared: &Shared, req: CapturedRequest) {
     let seq = {
         let mut kept = lock(&shared.requests);
         kept.received += 1;
@@ -431,6 +452,7 @@ fn capture_line(seq: usize, req: &CapturedRequest) -> Value {
         "headers": headers, "body": body, "body_raw": raw, "body_len": req.body.len(),
         "body_blake3": blake3::hash(&req.body).to_hex().as_str(),
         "api": req.api, "turn": req.turn_index, "answer": req.answer,
+        "frame": req.frame.as_ref().map(|f| String::from_utf8_lossy(f).into_owned()),
     })
 }
 

@@ -36,6 +36,8 @@ pub enum Refusal {
     TooLarge { max: usize },
     /// A body that broke off.
     Unreadable,
+    /// A WebSocket upgrade, with `server.websocket = "refuse"`.
+    WebSocket,
 }
 
 impl Refusal {
@@ -53,6 +55,7 @@ impl Refusal {
             Refusal::Connect => StatusCode::METHOD_NOT_ALLOWED,
             Refusal::ClimbsOut | Refusal::Unreadable => StatusCode::BAD_REQUEST,
             Refusal::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::WebSocket => StatusCode::UPGRADE_REQUIRED,
         }
     }
 
@@ -68,6 +71,9 @@ impl Refusal {
                 format!("loopwarden: request body larger than server.max_body_bytes ({max})")
             }
             Refusal::Unreadable => "loopwarden: could not read the request body".to_string(),
+            Refusal::WebSocket => "loopwarden: WebSocket upgrades are refused here \
+                                   (server.websocket = \"refuse\"); use HTTP"
+                .to_string(),
         }
     }
 }

@@ -26,6 +26,7 @@ use super::route::{self, Route, Upstream};
 use super::tee::{Pending, TeeBody};
 use super::upstream::Outgoing;
 use super::{errors, upstream, App};
+use crate::config::WebSocketMode;
 use crate::detect::Decision;
 use crate::dialect::{Dialect, HaltReply, UpstreamFailure};
 use crate::intervene::{Applied, Effect, RequestInfo};
@@ -39,6 +40,11 @@ pub const POLICY_HEADER: &str = "x-loopwarden-policy";
 
 /// The proxy handler: every request for a path that is not the proxy's own ([`super::own`]).
 pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
+    if app.config.server.websocket == WebSocketMode::Proxy
+        && route::asks_websocket(request.method(), request.headers())
+    {
+        return Box::pin(super::websocket::open(app, request)).await;
+    }
     let started = Instant::now();
     let started_ms = now_ms();
     let (parts, body) = request.into_parts();
@@ -66,6 +72,10 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         Some(Refusal::Connect)
     } else if resolved.is_err() {
         Some(Refusal::ClimbsOut)
+    } else if app.config.server.websocket == WebSocketMode::Refuse
+        && route::asks_websocket(&parts.method, &parts.headers)
+    {
+        Some(Refusal::WebSocket)
     } else if http_body::Body::size_hint(&body).lower() > max as u64 {
         // Announced (`Content-Length`): refused before a byte of it is asked for (a client
         // that waits for `100 Continue` never sends it).
@@ -99,10 +109,29 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     // own work can be told from it.
     let body_read = started.elapsed();
 
+    // A Responses request that continues an earlier answer by id is read with that
+    // answer's history before it (`super::response_chain`); its bytes go as they came.
+    let continued = match dialect {
+        Some(Dialect::OpenAiResponses) => super::response_chain::read_http(&app.responses, &body),
+        _ => None,
+    };
+    let (whole, earlier) = match continued.as_ref().and_then(|c| c.whole.as_ref()) {
+        Some(whole) => {
+            let mut fresh = BodyComparison::new(
+                &app.analyser.memory,
+                dialect,
+                stated.as_ref().map(|s| &*s.id),
+            );
+            let read = read_body(Body::from(whole.to_whole()), max, &mut fresh).await;
+            (read.ok(), fresh)
+        }
+        None => (None, earlier),
+    };
+    let analysed = whole.as_ref().unwrap_or(&body);
     let arrival = Arrival {
         route: &route,
         headers: &parts.headers,
-        body: &body,
+        body: analysed,
         stated,
         team: traffic.team,
         earlier,
@@ -124,7 +153,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
             .is_some_and(|q| q.split('&').any(|kv| kv == "alt=sse"));
     let Planned {
         effect,
-        applied,
+        mut applied,
         held,
         guard,
         ..
@@ -132,10 +161,21 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         &app,
         &mut analysis,
         &parts.headers,
-        &body,
+        analysed,
         json_array,
         request_id,
     );
+    // A rewrite of the whole history, carried over to the request the client sent.
+    let effect = match (effect, continued.as_ref().filter(|_| whole.is_some())) {
+        (Effect::ForwardModified(rewritten), Some(c)) => match c.rewritten(&rewritten) {
+            Some(body) => Effect::ForwardModified(body),
+            None => {
+                applied = Applied::FailedOpen;
+                Effect::Forward
+            }
+        },
+        (effect, _) => effect,
+    };
 
     let policy = analysis.policy.clone();
     // Responses are decoded for the log only when the request itself was read.
@@ -143,6 +183,13 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let mut finished = new_record(&app, &parts, &route, &body, analysis, applied, started_ms);
     // The id the intervention log already used for this request.
     finished.row.id = request_id;
+    if let Some(c) = continued {
+        if let Some(id) = &c.missing {
+            let note = super::response_chain::missing(id);
+            finished.row.parse_error.get_or_insert(note);
+        }
+        finished.chain = c.pending(&app.responses);
+    }
     finished.row.body_read_us = Some(body_read.as_micros() as i64);
     let stamp = Stamp {
         conversation: HeaderValue::from_str(&finished.row.conversation_id).ok(),
@@ -229,6 +276,7 @@ fn refuse(
         next_step: 0,
         log_content: false,
         response: None,
+        chain: None,
     };
     finished.hand_over(&app.store, &app.metrics, &app.traces);
     let mut response = response;
@@ -243,7 +291,7 @@ fn refuse(
 
 /// The ruling on a request whose history was read, carried out (a request that was not
 /// read is forwarded as it came). The analysis keeps the decision acted on, for the log.
-fn plan(
+pub(super) fn plan(
     app: &App,
     analysis: &mut Analysis,
     headers: &HeaderMap,
@@ -560,7 +608,7 @@ fn replace_by_block(headers: &mut HeaderMap, content_type: &'static str) {
 }
 
 /// The log entry of a request, before its response is known.
-fn new_record(
+pub(super) fn new_record(
     app: &App,
     parts: &http::request::Parts,
     route: &Route<'_>,
@@ -618,12 +666,13 @@ fn new_record(
         next_step,
         log_content: policy.log.content,
         response: None,
+        chain: None,
     }
 }
 
 /// A request's log row as far as its request line tells: what the request was, nothing yet
 /// of what came of it.
-fn request_row(
+pub(super) fn request_row(
     parts: &http::request::Parts,
     route: &Route<'_>,
     policy: &Policy,
@@ -697,7 +746,7 @@ impl Failure {
 /// The request to the upstream: `target` (configured base + forwarded path + original
 /// query), the client's end-to-end `headers` (the proxy's own and the hop-by-hop ones taken
 /// out), and `body`. `Host` is the upstream client's to set; `Content-Length` hyper's.
-fn upstream_request(
+pub(super) fn upstream_request(
     target: Option<http::Uri>,
     method: &http::Method,
     mut headers: HeaderMap,
@@ -727,7 +776,7 @@ fn upstream_request(
     Some(request)
 }
 
-fn copy_end_to_end_headers(from: &HeaderMap, to: &mut HeaderMap) {
+pub(super) fn copy_end_to_end_headers(from: &HeaderMap, to: &mut HeaderMap) {
     let dropped = connection_listed(from);
     for (name, value) in from {
         if !is_hop_by_hop(name) && !dropped.contains(name) {
@@ -771,7 +820,7 @@ fn is_event_stream(headers: &HeaderMap) -> bool {
 }
 
 /// An error and its causes on one line (connection errors hide the cause in the source).
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

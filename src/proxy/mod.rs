@@ -7,7 +7,8 @@
 //! rewritten, answer, hold) → the bytes go upstream (over [`upstream`]'s pooled
 //! connections) → the answer streams back through [`tee`] → [`record`] logs it to the
 //! [`crate::store`] off the request path. Nothing here decides what happens to a request:
-//! that is `crate::intervene::ruling`.
+//! that is `crate::intervene::ruling`. A WebSocket upgrade (Codex's Responses transport)
+//! goes to [`websocket`], which reads each turn on the socket through the same analysis.
 
 pub mod admin;
 pub mod allocator;
@@ -26,12 +27,14 @@ pub mod large_buffer;
 pub mod memory;
 pub mod own;
 pub mod record;
+pub mod response_chain;
 pub mod route;
 pub mod scrape;
 pub mod spread;
 pub mod tee;
 pub mod upstream;
 pub mod webhook;
+pub mod websocket;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -41,7 +44,7 @@ use axum::extract::{ConnectInfo, State};
 use axum::response::Response;
 use axum::Router;
 use futures_util::future::{Either, FutureExt};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -80,6 +83,8 @@ pub struct App {
     pub client: upstream::Client,
     /// The message cache, each conversation's fold and last request.
     pub analyser: analysis::Analyser,
+    /// The Responses answers relayed over HTTP, for requests that continue one by id.
+    pub responses: Arc<response_chain::ResponseChain>,
     /// The policies in force (each with its engine and intervention settings), swapped
     /// whole on a reload.
     pub policies: Arc<crate::policy::live::Live>,
@@ -221,6 +226,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         analyser: analysis::Analyser {
             memory: memory::Memory::new(&config.cache),
         },
+        responses: Arc::new(response_chain::ResponseChain::new(
+            response_chain::HTTP_ANSWERS,
+            response_chain::HTTP_MAX_BYTES,
+        )),
         store,
         connections: Arc::new(connection::Connections::new(connection::Limits::of(
             &config.server,
@@ -365,10 +374,14 @@ async fn serve(
     // HTTP/1.1 only. The agents speak HTTP/1.1 to a plain-http base URL, and no client
     // speaks HTTP/2 without TLS (prior knowledge) to it; spoken, it would be a second
     // protocol to harden (its own header and stream limits) that nobody uses.
-    let mut builder =
-        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new()).http1_only();
-    builder.http1().max_buf_size(READ_BUFFER_MAX);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // hyper's own HTTP/1.1 server: hyper-util's version-sniffing one would speak HTTP/2 too
+    // once upgrades are on, whatever it is told.
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.max_buf_size(READ_BUFFER_MAX);
+    // Stopping: each connection finishes its request in flight and closes; `open` ends
+    // (every task's sender dropped) once all have.
+    let (stopping, _) = tokio::sync::watch::channel(false);
+    let (open, mut all_closed) = tokio::sync::mpsc::channel::<()>(1);
     let mut stop = std::pin::pin!(stop);
     loop {
         let (stream, peer) = tokio::select! {
@@ -382,11 +395,26 @@ async fn serve(
         let shared = app.clone();
         let (io, watch) = app.connections.open(stream);
         let watching = watch.clone();
+        let place = Arc::new(Place {
+            app: app.clone(),
+            watch: watch.clone(),
+            me,
+        });
+        let upgradable = websocket::Upgradable {
+            watch,
+            stop: stopping.subscribe(),
+            open: open.clone(),
+            place: place.clone(),
+        };
         let service =
             hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
                 // Until its response body ends, the connection is not waiting for a request.
                 let serving = connection::Serving::begin(&watching);
                 let served = |response: Response| response.map(|body| serving.until_sent(body));
+                if route::asks_websocket(request.method(), request.headers()) {
+                    // The socket outlives the 101's body and the connection's own future.
+                    request.extensions_mut().insert(upgradable.clone());
+                }
                 if own::answered_here(request.uri().path()) {
                     request.extensions_mut().insert(ConnectInfo(peer));
                     Either::Left(router.clone().oneshot(request).map(|r| r.map(served)))
@@ -397,22 +425,51 @@ async fn serve(
                     )
                 }
             });
+        // With upgrades: Codex's Responses WebSocket ([`websocket`]).
         let connection = builder
             .serve_connection(TokioIo::new(io), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
-        let app = app.clone();
+            .with_upgrades();
+        let mut stop = stopping.subscribe();
+        let open = open.clone();
         crate::spawn::task("client connection", async move {
-            if let Err(e) = connection.await {
+            let mut connection = std::pin::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                // It only ever changes to `true` (or goes, with the server).
+                _ = stop.changed() => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            drop(open);
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
-            app.connections.close(&watch);
-            app.spread.closed(me);
+            // Its place is freed now, or by the socket it was upgraded to when that ends.
+            drop(place);
         });
     }
     drop(incoming);
-    graceful.shutdown().await;
+    let _ = stopping.send(true);
+    drop(open);
+    let _ = all_closed.recv().await;
     Ok(())
+}
+
+/// A client connection's place among the open ones (the cap's count, its serving thread's),
+/// freed when the last holder lets go: its task, or the WebSocket it was upgraded to, which
+/// outlives the task ([`websocket::Upgradable`]).
+pub struct Place {
+    app: Arc<App>,
+    watch: Arc<connection::Watch>,
+    me: usize,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.app.connections.close(&self.watch);
+        self.app.spread.closed(self.me);
+    }
 }
 
 /// One more serving thread: an event loop of its own (a current-thread runtime) serving the

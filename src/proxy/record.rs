@@ -116,6 +116,9 @@ pub struct Finished {
     pub log_content: bool,
     /// The answer, decoded when its body ended whole ([`Finished::settle`]).
     pub response: Option<ResponseTurn>,
+    /// A Responses request whose answer the proxy remembers by id, for a later request
+    /// that continues it (`super::response_chain`).
+    pub chain: Option<Box<super::response_chain::PendingAnswer>>,
 }
 
 /// A response as the tee captures it while it flows.
@@ -155,6 +158,9 @@ impl Finished {
     /// upstream connection's read buffers, which they keep alive) are let go at once.
     pub fn settle(&mut self, capture: Capture, ledger: &Ledger, now_ms: i64) {
         let dialect = capture.dialect;
+        if let Some(chain) = self.chain.take() {
+            chain.answered(capture.event_stream, &capture.chunks);
+        }
         let Some(turn) = capture.decode() else {
             return;
         };
@@ -220,6 +226,7 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
         next_step,
         log_content,
         response,
+        ..
     } = finished;
     let conversation_id = row.conversation_id.clone();
     let at = row.started_ms;
@@ -445,6 +452,7 @@ mod tests {
             next_step: 2,
             log_content: false,
             response: None,
+            chain: None,
         }
     }
 

@@ -105,6 +105,23 @@ pub fn route<'a>(uri: &'a Uri, headers: &HeaderMap) -> Route<'a> {
     }
 }
 
+/// Whether a request asks to become a WebSocket (RFC 6455 §4.1): a `GET` with
+/// `Upgrade: websocket` and a `Connection` header that lists `upgrade`. Codex opens the
+/// Responses API so (`GET /v1/responses`).
+pub fn asks_websocket(method: &http::Method, headers: &HeaderMap) -> bool {
+    let lists = |name: http::header::HeaderName, token: &str| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(token))
+    };
+    method == http::Method::GET
+        && lists(http::header::UPGRADE, "websocket")
+        && lists(http::header::CONNECTION, "upgrade")
+}
+
 /// A path whose `..` segments climb above its root. Forwarded, it would leave the upstream
 /// base URL's path prefix: `https://gateway/openai` + `/v1/../../admin` is the gateway's
 /// `/admin` once the gateway resolves the segments.
@@ -310,6 +327,32 @@ mod tests {
         // Only one of each prefix is loopwarden's; a second one belongs to the path.
         let (_, p, c, _) = r("/c/a/c/b/x", &[]);
         assert_eq!((p.as_str(), c.as_deref()), ("/c/b/x", Some("a")));
+    }
+
+    #[test]
+    fn a_websocket_upgrade_needs_get_upgrade_and_connection() {
+        let headers = |pairs: &[(&str, &str)]| {
+            let mut map = HeaderMap::new();
+            for (k, v) in pairs {
+                map.append(
+                    http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            map
+        };
+        let get = http::Method::GET;
+        let codex = headers(&[("upgrade", "websocket"), ("connection", "Upgrade")]);
+        assert!(asks_websocket(&get, &codex));
+        let listed = headers(&[
+            ("upgrade", "WebSocket"),
+            ("connection", "keep-alive, upgrade"),
+        ]);
+        assert!(asks_websocket(&get, &listed));
+        assert!(!asks_websocket(&http::Method::POST, &codex));
+        assert!(!asks_websocket(&get, &headers(&[("upgrade", "websocket")])));
+        let h2c = headers(&[("upgrade", "h2c"), ("connection", "upgrade")]);
+        assert!(!asks_websocket(&get, &h2c));
     }
 
     #[test]

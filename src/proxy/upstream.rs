@@ -281,6 +281,33 @@ impl Client {
         Ok(self.answer(response, sender, origin))
     }
 
+    /// Sends `request`, which asks to upgrade its connection (a WebSocket: its URI from
+    /// [`Client::target`], `Host` set here), over a new connection of its own that is never
+    /// pooled: once the upstream agrees (101), `hyper::upgrade::on` the answer gives the
+    /// socket. The caller bounds how long it waits.
+    pub async fn upgrade(
+        &self,
+        upstream: Upstream,
+        mut request: http::Request<Outgoing>,
+    ) -> Result<http::Response<Incoming>, Error> {
+        let shared = &self.shared;
+        let origin = shared.bases[upstream as usize]
+            .as_ref()
+            .ok_or(Error::BadBase)?
+            .origin;
+        let origin = &shared.origins[origin];
+        request.headers_mut().insert(HOST, origin.host.clone());
+        let io = shared.open(&origin.dial).await?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await?;
+        crate::spawn::task("upstream upgrade", async move {
+            if let Err(e) = connection.with_upgrades().await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        shared.opened.fetch_add(1, Ordering::Relaxed);
+        Ok(sender.send_request(request).await?)
+    }
+
     fn answer(
         &self,
         response: http::Response<Incoming>,
@@ -342,22 +369,7 @@ impl Shared {
     /// A new HTTP/1.1 connection to `dial` (`scheme://authority/`), driven by a task of its
     /// own until it closes.
     async fn dial(&self, dial: &Uri) -> Result<Sender, Error> {
-        let connecting = tower::ServiceExt::oneshot(self.connector.clone(), dial.clone());
-        let io = match tokio::time::timeout(self.connect_timeout, connecting).await {
-            Ok(Ok(io)) => io,
-            Ok(Err(source)) => {
-                return Err(Error::Connect {
-                    dial: dial.clone(),
-                    source,
-                })
-            }
-            Err(_) => {
-                return Err(Error::ConnectTimeout {
-                    dial: dial.clone(),
-                    ms: self.connect_timeout.as_millis(),
-                })
-            }
-        };
+        let io = self.open(dial).await?;
         let (sender, connection) = hyper::client::conn::http1::handshake(io).await?;
         crate::spawn::task("upstream connection", async move {
             if let Err(e) = connection.await {
@@ -365,6 +377,26 @@ impl Shared {
             }
         });
         Ok(sender)
+    }
+
+    /// A new TCP (and TLS) connection to `dial` (`scheme://authority/`), within the connect
+    /// timeout.
+    async fn open(
+        &self,
+        dial: &Uri,
+    ) -> Result<<Connector as tower::Service<Uri>>::Response, Error> {
+        let connecting = tower::ServiceExt::oneshot(self.connector.clone(), dial.clone());
+        match tokio::time::timeout(self.connect_timeout, connecting).await {
+            Ok(Ok(io)) => Ok(io),
+            Ok(Err(source)) => Err(Error::Connect {
+                dial: dial.clone(),
+                source,
+            }),
+            Err(_) => Err(Error::ConnectTimeout {
+                dial: dial.clone(),
+                ms: self.connect_timeout.as_millis(),
+            }),
+        }
     }
 
     /// Takes back a connection whose response body has ended.

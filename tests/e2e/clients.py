@@ -88,6 +88,8 @@ class Client:
     api = ""  # the wire API it speaks, for the report
     # Tool-less side requests the client sends per run (title, router...).
     side_requests = 0
+    # Speaks its model API over a WebSocket (Codex), not request by request.
+    websocket = False
 
     def installed(self) -> bool:
         raise NotImplementedError
@@ -163,7 +165,10 @@ class Claude(Client):
 
 
 class Codex(Client):
-    name, api = "codex", "openai responses (SSE)"
+    # Codex's default transport for a provider that supports it: the Responses API over a
+    # WebSocket (`GET /v1/responses` upgraded), HTTP only as its fallback.
+    name, api = "codex", "openai responses (WebSocket)"
+    websocket = True
     version = os.environ.get("CODEX_VERSION", "latest")
     home = CACHE / "codex"
     binary = home / "node_modules/.bin/codex"
@@ -195,7 +200,8 @@ class Codex(Client):
         (codex_home / "config.toml").write_text(
             f'model = "{self.model}"\nmodel_provider = "e2e"\n\n'
             f'[model_providers.e2e]\nname = "e2e"\nbase_url = "{base_url}/v1"\n'
-            'env_key = "E2E_API_KEY"\nwire_api = "responses"\n\n[analytics]\nenabled = false\n')
+            'env_key = "E2E_API_KEY"\nwire_api = "responses"\nsupports_websockets = true\n\n'
+            '[analytics]\nenabled = false\n')
         env = {"CODEX_HOME": str(codex_home), "E2E_API_KEY": "sk-proj-FAKE-e2e-key-0000"}
         argv = [str(self.binary), "exec", "--json", "--skip-git-repo-check",
                 "--dangerously-bypass-approvals-and-sandbox", TASK]

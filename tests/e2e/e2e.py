@@ -310,7 +310,8 @@ def run_one(client, scenario, args, report):
     mock_recs = read_capture(capture)
     (run_dir / "tap.jsonl").write_text("".join(json.dumps({
         "method": ex.method, "path": ex.path, "sha256": ex.sha256, "status": ex.status,
-        "decision": ex.decision, "error": ex.error}) + "\n" for ex in exchanges))
+        "decision": ex.decision, "error": ex.error, "websocket": ex.websocket,
+        "frames": len(ex.frames)}) + "\n" for ex in exchanges))
     last = client.last_message(stdout, run_dir)
     print(f"---- {label}: exit {rc}, {len(exchanges)} client requests, {len(mock_recs)} reached the mock, "
           f"{wall:.1f}s, last message: {short(last)!r}  ({run_dir})", flush=True)
@@ -325,6 +326,8 @@ def run_one(client, scenario, args, report):
         check_control(**ctx)
     else:
         check_loop(**ctx)
+    if client.websocket:
+        check_websocket(**ctx)
 
 
 def check_control(label, repo, client, script, stdout, run_dir, last, exchanges, mock_recs, turn_recs, db,
@@ -335,15 +338,17 @@ def check_control(label, repo, client, script, stdout, run_dir, last, exchanges,
     report.check(f"{label} mock answered each scripted turn once",
                  [r["turn"] for r in turn_recs] == list(range(n_turns)),
                  f"turns seen {[r['turn'] for r in turn_recs]}")
-    report.check(f"{label} no extra requests", len(mock_recs) <= n_turns + client.side_requests,
-                 f"{len(mock_recs)} requests for {n_turns} turns + {client.side_requests} side")
+    # A WebSocket's opening and its prewarm frame ask the model nothing.
+    asked = [r for r in mock_recs if r.get("answer") not in ("upgrade", "prewarm")]
+    report.check(f"{label} no extra requests", len(asked) <= n_turns + client.side_requests,
+                 f"{len(asked)} requests for {n_turns} turns + {client.side_requests} side")
     # The tools really ran: the history shows the test failing, then passing after the edit.
     bodies = {r["turn"]: r.get("body_raw") or "" for r in turn_recs}
     report.check(f"{label} tools ran: test failed, then passed after the real edit",
                  "FAILED: test_calc.py" in bodies.get(2, "") and "all tests passed" in bodies.get(4, "")
                  and (repo / "calc.py").read_text() == C.CALC_PY.replace(C.BUGGY, C.FIXED).replace(C.MUL, C.MUL_AND_SUB))
-    sent = sorted(ex.sha256 for ex in exchanges)
-    got = sorted(r["sha256"] or "" for r in mock_recs)
+    sent = sorted(sent_hashes(exchanges))
+    got = sorted(received_hash(r) for r in mock_recs if r.get("answer") != "upgrade")
     report.check(f"{label} mock received byte-identical bodies", sent == got,
                  f"{sum(1 for h in got if h not in sent)} of {len(got)} differ")
     decisions = sorted({ex.decision for ex in exchanges if ex.decision not in (None, "observe")})
@@ -354,11 +359,14 @@ def check_control(label, repo, client, script, stdout, run_dir, last, exchanges,
     report.check(f"{label} every response carries x-loopwarden-decision: observe",
                  all(ex.decision == "observe" for ex in exchanges if ex.status == 200),
                  f"decisions {sorted({str(ex.decision) for ex in exchanges})}")
-    log_requests = query(db, "select request_bytes, applied from requests order by id")
+    # A socket's turn is logged with the size of the request it stands for (its history
+    # rebuilt), not of its frame.
+    log_requests = query(db, "select request_bytes, applied from requests where method != 'WS' order by id")
     ok = isinstance(log_requests, list)
     report.check(f"{label} log holds every request, forwarded unmodified, same sizes",
                  ok and sorted(n for n, _ in log_requests) == sorted(len(ex.body) for ex in exchanges)
-                 and all(a == "forwarded" for _, a in log_requests),
+                 and all(a == "forwarded" for _, a in log_requests)
+                 and all(a == "forwarded" for a, in query(db, "select applied from requests where method = 'WS'")),
                  f"{len(log_requests)} rows, applied {sorted({a for _, a in log_requests})}" if ok else log_requests)
     convs = query(db, "select id, client, dialect from conversations")
     report.check(f"{label} log holds the conversation", isinstance(convs, list) and len(convs) >= 1, f"{convs}")
@@ -385,7 +393,7 @@ def check_loop(label, repo, client, script, stdout, run_dir, last, exchanges, mo
     report.check(f"{label} the model looped on a real, identical failure", failures >= 2,
                  f"{failures} identical failures in the last history the mock saw")
     # The nudge: text in an upstream request that the client never sent, after the loop began.
-    client_bodies = [ex.body for ex in exchanges]
+    client_bodies = [ex.body for ex in exchanges] + [f for ex in exchanges for f in ex.frames]
     nudged = [(r["turn"], added_text(r, client_bodies)) for r in turn_recs
               if r["sha256"] not in {ex.sha256 for ex in exchanges}]
     # The default reminder and halt texts speak as "[loopwarden]".
@@ -427,6 +435,48 @@ def check_loop(label, repo, client, script, stdout, run_dir, last, exchanges, mo
     halted = any(a in ("halt", "block") and how != "forwarded" for a, how in rows) if ok else False
     report.check(f"{label} log holds the applied nudge (or replan/rollback) and halt", nudged and halted,
                  f"decisions {short(applied, 160)}" if ok else rows)
+
+
+def sent_hashes(exchanges):
+    """What the client sent, hashed: each request body, and each `response.create` frame of
+    a WebSocket (its other frames are not requests)."""
+    out = []
+    for ex in exchanges:
+        if not ex.websocket:
+            out.append(ex.sha256)
+            continue
+        for frame in ex.frames:
+            try:
+                if json.loads(frame).get("type") == "response.create":
+                    out.append(hashlib.sha256(frame).hexdigest())
+            except (ValueError, AttributeError):
+                pass
+    return out
+
+
+def received_hash(rec):
+    """What the mock received, hashed: a WebSocket frame as it came, else the body."""
+    if rec.get("frame") is not None:
+        return hashlib.sha256(rec["frame"].encode()).hexdigest()
+    return rec["sha256"] or ""
+
+
+def check_websocket(label, exchanges, mock_recs, turn_recs, db, report, **_):
+    """The client's turns went over its WebSocket through loopwarden, not HTTP."""
+    sockets = [ex for ex in exchanges if ex.websocket]
+    report.check(f"{label} client opened the WebSocket through loopwarden (101)",
+                 any(ex.status == 101 for ex in sockets),
+                 f"upgrades answered {[ex.status for ex in sockets]}")
+    posts = [ex for ex in exchanges if ex.method == "POST" and ex.path.endswith("/responses")]
+    report.check(f"{label} no fallback to HTTP", not posts, f"{len(posts)} POST /responses")
+    creates = sum(1 for ex in sockets for f in ex.frames if b'"response.create"' in f)
+    report.check(f"{label} every turn the mock answered came as a frame",
+                 bool(turn_recs) and all(r.get("method") == "WS" for r in turn_recs),
+                 f"{creates} response.create frames sent, methods {sorted({r.get('method') for r in turn_recs})}")
+    rows = query(db, "select count(*) from requests where method = 'WS'")
+    n = rows[0][0] if isinstance(rows, list) else 0
+    report.check(f"{label} log holds each socket turn as a request", n >= len(turn_recs),
+                 f"{n} WS rows for {len(turn_recs)} turns")
 
 
 def run_teams(client, args, report):
@@ -479,17 +529,18 @@ def run_teams(client, args, report):
     report.check(f"{label}/ci halted", bool(halts) and "loopwarden" in ci_last.lower(), repr(short(ci_last)))
     report.check(f"{label}/dev got no word of loopwarden",
                  not any(b"[loopwarden]" in ex.response for ex in dev), f"{len(dev)} answers")
-    dev_bodies = {ex.sha256 for ex in dev}
-    dev_turns = [r["turn"] for r in mock_recs if r["sha256"] in dev_bodies and r.get("answer") == "turn"]
+    dev_bodies = set(sent_hashes(dev))
+    dev_turns = [r["turn"] for r in mock_recs if received_hash(r) in dev_bodies and r.get("answer") == "turn"]
     n_turns = len(script["turns"])
     # Its client read every scripted turn (mini-swe-agent then asks again: it ends on a
     # command of its own, which the script never sends).
     report.check(f"{label}/dev ran to the end of the script", max(dev_turns, default=-1) >= n_turns - 1,
                  f"last turn {max(dev_turns, default=None)} of {n_turns}; last message {short(dev_last)!r}")
-    received = {r["sha256"] for r in mock_recs}
+    received = {received_hash(r) for r in mock_recs}
+    dev_sent = sent_hashes(dev)
     report.check(f"{label}/dev every request reached the mock byte for byte",
-                 all(ex.sha256 in received for ex in dev),
-                 f"{sum(1 for ex in dev if ex.sha256 not in received)} of {len(dev)} differ")
+                 all(h in received for h in dev_sent),
+                 f"{sum(1 for h in dev_sent if h not in received)} of {len(dev_sent)} differ")
     report.check(f"{label}/dev answers carry no decision",
                  all(ex.decision is None for ex in dev), f"{sorted({str(ex.decision) for ex in dev})}")
     rows = query(db, "select policy, applied from interventions where policy is not null")

@@ -7,6 +7,8 @@ bodies. Responses are relayed read by read, so streams stay streams.
 
 import hashlib
 import http.client
+import socket
+import struct
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -27,6 +29,10 @@ class Exchange:
         self.headers = {}
         self.response = bytearray()
         self.error = None
+        # A WebSocket (Codex's Responses transport): the text frames the client sent, each
+        # as it would be a request body; `response` holds the server's frames as they came.
+        self.websocket = False
+        self.frames = []
 
     @property
     def decision(self):
@@ -69,6 +75,8 @@ class Tap:
         return f"http://127.0.0.1:{self.port}"
 
     def relay(self, h):
+        if (h.headers.get("Upgrade") or "").lower() == "websocket":
+            return self.tunnel(h)
         body = read_body(h)
         ex = Exchange(h.command, h.path, body)
         with self.lock:
@@ -110,6 +118,114 @@ class Tap:
             h.close_connection = True
         finally:
             upstream.close()
+
+
+    def tunnel(self, h):
+        """A WebSocket upgrade: the head goes to loopwarden as it came, then the bytes both
+        ways until either side closes. The client's frames are decoded for the checks."""
+        ex = Exchange(h.command, h.path, b"")
+        ex.websocket = True
+        with self.lock:
+            self.exchanges.append(ex)
+        h.close_connection = True
+        up = socket.create_connection(("127.0.0.1", self.upstream_port))
+        head = f"{h.command} {h.path} HTTP/1.1\r\n" + "".join(
+            f"{k}: {v}\r\n" for k, v in h.headers.items()) + "\r\n"
+        up.sendall(head.encode("latin-1"))
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            piece = up.recv(65536)
+            if not piece:
+                break
+            answer += piece
+        end = answer.find(b"\r\n\r\n") + 4
+        lines = answer[:end].decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        ex.status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+        ex.headers = {k.strip().lower(): v.strip() for k, v in
+                      (line.split(":", 1) for line in lines[1:] if ":" in line)}
+        ex.response += answer[end:]
+        client = h.connection
+        client.sendall(answer)
+
+        def to_upstream():
+            frames = ClientFrames()
+            try:
+                while True:
+                    piece = client.recv(65536)
+                    if not piece:
+                        break
+                    ex.frames.extend(frames.feed(piece))
+                    up.sendall(piece)
+            except OSError:
+                pass
+            finally:
+                try:
+                    up.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+
+        sender = threading.Thread(target=to_upstream, daemon=True)
+        sender.start()
+        try:
+            while True:
+                piece = up.recv(65536)
+                if not piece:
+                    break
+                if len(ex.response) < KEEP_BODY:
+                    ex.response += piece
+                client.sendall(piece)
+        except OSError as e:
+            ex.error = f"tunnel: {e}"
+        finally:
+            try:
+                client.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sender.join(5)
+            up.close()
+
+
+class ClientFrames:
+    """Reads a client's WebSocket frames (masked) as they arrive: the text messages, as
+    bytes, fragments joined, control frames skipped."""
+
+    def __init__(self):
+        self.buf = bytearray()
+        self.partial = None
+
+    def feed(self, piece):
+        self.buf += piece
+        texts = []
+        buf = self.buf
+        while len(buf) >= 2:
+            fin, opcode = buf[0] & 0x80, buf[0] & 0x0F
+            masked, n = buf[1] & 0x80, buf[1] & 0x7F
+            at = 2
+            if n == 126:
+                if len(buf) < 4:
+                    break
+                n, at = struct.unpack(">H", buf[2:4])[0], 4
+            elif n == 127:
+                if len(buf) < 10:
+                    break
+                n, at = struct.unpack(">Q", buf[2:10])[0], 10
+            key = bytes(buf[at:at + 4]) if masked else b"\0\0\0\0"
+            at += 4 if masked else 0
+            if len(buf) < at + n:
+                break
+            payload = bytes(b ^ key[i % 4] for i, b in enumerate(buf[at:at + n]))
+            del buf[:at + n]
+            if opcode == 0x1:
+                self.partial = bytearray(payload)
+            elif opcode == 0x0 and self.partial is not None:
+                self.partial += payload
+            else:
+                continue
+            if fin:
+                texts.append(bytes(self.partial))
+                self.partial = None
+        return texts
 
 
 def read_body(h):
