@@ -162,10 +162,9 @@ fn summary_text(t: &Transcript) -> Option<Marker> {
 
 /// A continuation read from the head of its history.
 fn continued_head(t: &Transcript) -> Option<Marker> {
-    if t.task
-        .iter()
-        .any(|text| text.trim_start().starts_with(CLAUDE_CONTINUED))
-    {
+    // The first user message's blocks are joined into one task text: the git status
+    // reminder comes before the summary.
+    if t.task.iter().any(|text| text.contains(CLAUDE_CONTINUED)) {
         return Some(Marker::ClaudeContinued);
     }
     let first = t.task.first().map(|s| s.trim())?;

@@ -24,11 +24,13 @@ use http::HeaderMap;
 
 use super::identity::{self, Identity};
 use super::memory::{
-    BodyComparison, History, LastRequest, Memory, NewSteps, Predecessor, Recall, Recalled,
+    BodyComparison, History, Joined, LastRequest, Memory, NewSteps, Predecessor, Recall, Recalled,
+    Sender,
 };
 use super::record::ParseStatus;
 use super::route::Route;
 use crate::detect::{Decision, EngineState};
+use crate::dialect::compaction::{self, Markers};
 use crate::dialect::Dialect;
 use crate::intervene::service::ConversationState;
 use crate::policy::Policy;
@@ -78,6 +80,12 @@ pub struct Parsed {
     pub state: Arc<EngineState>,
     /// Sticky halts and operator resumes that apply to this request.
     pub conversation: ConversationState,
+    /// The compaction markers the request carries: a summary request is forwarded as it
+    /// came, whatever the run's standing (a stop there would corrupt the summary the run
+    /// goes on from).
+    pub compaction: Markers,
+    /// The run's id when the request joined a run that compacted under another id.
+    pub joined: Option<String>,
     /// This request, to keep as its conversation's last one.
     last: ThisRequest,
 }
@@ -103,12 +111,13 @@ impl Analyser {
     /// Reads the conversation in a request and decides on it. `policy` chooses the policy
     /// from the model the request asks for (`None`: it names none, or was not read);
     /// `standing` says what the conversation is subject to (sticky halts, resumes): the
-    /// interventions' state.
+    /// interventions' state; its flag says that the request continues its run from a
+    /// summary (a compaction rewrote the history its halt was bound to).
     pub fn analyse(
         &self,
         arrival: Arrival<'_>,
         policy: impl FnOnce(Option<&str>) -> Arc<Policy>,
-        standing: impl FnOnce(&Policy, &str, &Transcript) -> ConversationState,
+        standing: impl FnOnce(&Policy, &str, &Transcript, bool) -> ConversationState,
     ) -> Analysis {
         let Arrival {
             route,
@@ -187,22 +196,45 @@ impl Analyser {
             Some(_) => None,
             None => head.or_else(|| identity::from_head(&transcript)),
         };
-        let identity = match stated {
+        let mut identity = match stated {
             Some(stated) => stated,
             None => head.clone().map_or_else(fallback, |h| h.in_team(team)),
         };
         let model = model.or_else(|| path_model.map(str::to_string));
         let policy = policy(model.as_deref());
-        let conversation = standing(&policy, &identity.id, &transcript);
+        let end = body.len().saturating_sub(512)..body.len();
+        let body_end = body.get(end).unwrap_or(body.tail());
+        let compaction = compaction::recognize(route.path, headers, body_end, Some(&transcript));
+        let run = self.lineage(&mut identity, compaction, headers, route.query);
+        let conversation = match compaction.summary {
+            Some(_) => ConversationState::free(),
+            None => standing(&policy, &identity.id, &transcript, run.is_some()),
+        };
         // An operator's resume changes the store facts: the cached fold is stale.
         let cached = fold.filter(|_| !conversation.refold);
-        let (decision, state, _) = policy.engine.decide_shared(
-            &transcript,
+        let carry = run.as_ref().map(|r| &*r.carry);
+        // A summary request is decided on the history it summarizes, without the
+        // client's instruction (which would read as a human speaking).
+        let history = compaction
+            .summary
+            .and_then(|m| compaction::without_instruction(&transcript, m));
+        let (mut decision, state, _) = policy.engine.decide_carried(
+            history.as_ref().unwrap_or(&transcript),
             &conversation.facts,
             cached,
             folded,
             tools.as_ref(),
+            carry,
         );
+        if compaction.summary.is_some() {
+            // The run's state here is what the conversation that continues it carries.
+            let sender = sender(headers, route.query);
+            let now = crate::store::now_ms();
+            self.memory
+                .lineage
+                .compacted(&identity.id, state.clone(), sender, now);
+            decision = Decision::observe();
+        }
         Analysis {
             policy,
             model,
@@ -217,6 +249,8 @@ impl Analyser {
                 decision,
                 state,
                 conversation,
+                compaction,
+                joined: run.filter(|r| r.linked_now).map(|r| r.run),
                 last: ThisRequest {
                     recall,
                     request,
@@ -236,18 +270,63 @@ impl Analyser {
             decision,
             state,
             last,
+            compaction,
             ..
         } = parsed;
+        // A summary request's fold saw its history without the instruction: it is not kept
+        // as the fold of the transcript kept (the next request folds afresh, once).
+        let state = compaction.summary.is_none().then_some(state);
         let next_step = transcript.steps.len();
         let ThisRequest {
             recall,
             mut request,
             head,
         } = last;
-        request.keep_transcript(transcript, head, Some(state.folded()));
+        request.keep_transcript(transcript, head, state.as_ref().map(|s| s.folded()));
         // Only the steps new to the log are copied; the transcript is kept for the
         // conversation's next request.
-        let history = self.memory.put(recall, request, Some(state));
+        let history = self.memory.put(recall, request, state);
         (Logged { next_step, history }, decision)
+    }
+}
+
+impl Analyser {
+    /// The run a request belongs to across compactions ([`super::memory::lineage`]): a
+    /// request whose history continues from a summary joins its run, and takes the run's
+    /// id; a conversation joined before goes on under the run's id. Returns what a joined
+    /// request carries.
+    fn lineage(
+        &self,
+        identity: &mut Identity,
+        markers: Markers,
+        headers: &HeaderMap,
+        query: Option<&str>,
+    ) -> Option<Joined> {
+        let lineage = &self.memory.lineage;
+        if markers.continuation.is_none() {
+            if let Some(run) = lineage.run_of(&identity.id) {
+                identity.id = run;
+            }
+            return None;
+        }
+        let joined = lineage.join(
+            &identity.id,
+            &sender(headers, query),
+            crate::store::now_ms(),
+        )?;
+        if joined.linked_now {
+            tracing::info!(conversation = %identity.id, run = %joined.run, "a conversation continues a compacted run");
+        }
+        identity.id = joined.run.clone();
+        Some(joined)
+    }
+}
+
+/// Who sent a request, as a run's lineage compares it: the API key's fingerprint (never
+/// the key) and the client.
+fn sender(headers: &HeaderMap, query: Option<&str>) -> Sender {
+    Sender {
+        key: crate::policy::key_id::key_of(headers, query).map(crate::policy::key_id::of),
+        client: identity::client_name(headers),
     }
 }

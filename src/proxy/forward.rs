@@ -107,12 +107,14 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         team: traffic.team,
         earlier,
     };
-    let mut analysis = app
-        .analyser
-        .analyse(arrival, select, |policy, conversation, transcript| {
+    let mut analysis = app.analyser.analyse(
+        arrival,
+        select,
+        |policy, conversation, transcript, continued| {
             app.interventions
-                .conversation_state(policy, conversation, transcript)
-        });
+                .conversation_state(policy, conversation, transcript, continued)
+        },
+    );
     drop(policies);
     let request_id = next_request_id();
     let stream = analysis.stream;
@@ -251,7 +253,13 @@ fn plan(
     json_array: bool,
     request_id: i64,
 ) -> Planned {
-    let Some(p) = analysis.parsed.as_mut() else {
+    // Nothing is done to a request that was not read, nor to a summary request: a stop
+    // there would corrupt the summary the run goes on from.
+    let Some(p) = analysis
+        .parsed
+        .as_mut()
+        .filter(|p| p.compaction.summary.is_none())
+    else {
         return Planned {
             effect: Effect::Forward,
             applied: Applied::Forwarded,
@@ -274,6 +282,7 @@ fn plan(
         user_agent: user_agent.into(),
         body: std::borrow::Cow::Borrowed(body),
         transcript: std::borrow::Cow::Borrowed(&p.transcript),
+        run_steps: p.state.steps(),
     };
     let decision = std::mem::replace(&mut p.decision, Decision::observe());
     let mut planned = intervention::plan(

@@ -32,6 +32,7 @@
 
 pub mod arrival;
 pub mod history;
+pub mod lineage;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -39,6 +40,7 @@ use std::time::{Duration, Instant};
 
 pub use arrival::{head_key, BodyComparison, Predecessor};
 pub use history::{History, ItemList, LastRequest, MessageCache};
+pub use lineage::{Joined, Lineage, Sender};
 
 use crate::config::CacheConfig;
 use crate::detect::EngineState;
@@ -54,6 +56,8 @@ const SLOT_OVERHEAD: usize = 4096;
 pub struct Memory {
     /// Parsed messages, shared by every conversation.
     pub messages: MessageCache,
+    /// Runs that compacted their context, and the conversations that continue them.
+    pub lineage: Lineage,
     slots: Mutex<HashMap<String, Arc<Slot>>>,
     /// Bytes charged to the slots in the map (see [`Remembered::bytes`]).
     held: AtomicUsize,
@@ -116,6 +120,7 @@ impl Memory {
         let idle = Duration::from_secs(config.idle_secs);
         Memory {
             messages: MessageCache::new(config.max_bytes, idle),
+            lineage: Lineage::new(config.compaction_link_secs),
             slots: Mutex::new(HashMap::default()),
             held: AtomicUsize::new(0),
             max_bytes: config.conversation_max_bytes,
@@ -189,6 +194,7 @@ impl Memory {
     /// request carried for as long. Called periodically.
     pub fn sweep(&self) {
         self.messages.sweep();
+        self.lineage.sweep(crate::store::now_ms());
         let cutoff = self.now_ms().saturating_sub(self.idle.as_millis() as u64);
         let idle: Vec<Arc<Slot>> = {
             let mut slots = self.lock();
