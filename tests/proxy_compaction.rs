@@ -359,6 +359,9 @@ async fn a_loop_goes_on_being_escalated_across_a_compaction(c: Client, new_id: b
             after.iter().map(|a| &a.conversation).collect::<Vec<_>>()
         );
     }
+    if c == Client::ClaudeCode {
+        the_log_holds_one_run(&setup, &run, new_id.then_some(next)).await;
+    }
     // The same reads in a new session of the same key, without a summary: a new run,
     // which inherits nothing.
     let mut fresh = Vec::new();
@@ -610,4 +613,59 @@ async fn claude_code_captured_compaction_is_one_run() {
             "new id {new_id}: {decisions:?}"
         );
     }
+}
+
+/// The log of a Claude Code run compacted once (5 reads, the summary request, 4 reads
+/// since): every request under the run's id, the summary request marked, the id the
+/// continuation stated kept beside it, and the run's steps numbered on across the
+/// compaction (none written over). The admin API's timeline says the same.
+async fn the_log_holds_one_run(setup: &Setup, run: &str, stated: Option<&str>) {
+    let requests = setup
+        .proxy
+        .rows(&format!(
+            "SELECT conversation_id, compaction, stated_id, steps FROM requests
+             WHERE conversation_id = '{run}' ORDER BY started_ms, id"
+        ))
+        .await;
+    assert_eq!(requests.len(), 11, "{requests:?}");
+    let summary: Vec<&Value> = requests
+        .iter()
+        .filter(|r| !r["compaction"].is_null())
+        .collect();
+    assert_eq!(summary.len(), 1, "{requests:?}");
+    assert_eq!(summary[0]["compaction"], "claude_summary");
+    assert_eq!(summary[0]["steps"], 5);
+    for r in &requests[6..] {
+        assert_eq!(r["stated_id"].as_str(), stated, "{r}");
+    }
+    // The last request carried 4 steps of its own after the run's 5.
+    assert_eq!(requests[10]["steps"], 9);
+    let steps = setup
+        .proxy
+        .rows(&format!(
+            "SELECT step FROM tool_calls WHERE conversation_id = '{run}' ORDER BY step"
+        ))
+        .await;
+    let steps: Vec<i64> = steps.iter().map(|r| r["step"].as_i64().unwrap()).collect();
+    assert_eq!(
+        steps,
+        (0..9).collect::<Vec<_>>(),
+        "numbered on, none written over"
+    );
+    let body = client()
+        .get(setup.proxy.url(&format!("/admin/api/conversations/{run}")))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let timeline: Value = serde_json::from_slice(&body).unwrap();
+    let marked: Vec<&Value> = timeline["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["compaction"] == "claude_summary")
+        .collect();
+    assert_eq!(marked.len(), 1, "{timeline}");
 }

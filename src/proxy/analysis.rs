@@ -84,8 +84,9 @@ pub struct Parsed {
     /// came, whatever the run's standing (a stop there would corrupt the summary the run
     /// goes on from).
     pub compaction: Markers,
-    /// The run's id when the request joined a run that compacted under another id.
-    pub joined: Option<String>,
+    /// The id the request stated (or its head named), when it is logged under the run it
+    /// continues, under another id.
+    pub stated_id: Option<String>,
     /// This request, to keep as its conversation's last one.
     last: ThisRequest,
 }
@@ -205,7 +206,7 @@ impl Analyser {
         let end = body.len().saturating_sub(512)..body.len();
         let body_end = body.get(end).unwrap_or(body.tail());
         let compaction = compaction::recognize(route.path, headers, body_end, Some(&transcript));
-        let run = self.lineage(&mut identity, compaction, headers, route.query);
+        let (run, stated_id) = self.lineage(&mut identity, compaction, headers, route.query);
         let conversation = match compaction.summary {
             Some(_) => ConversationState::free(),
             None => standing(&policy, &identity.id, &transcript, run.is_some()),
@@ -250,7 +251,7 @@ impl Analyser {
                 state,
                 conversation,
                 compaction,
-                joined: run.filter(|r| r.linked_now).map(|r| r.run),
+                stated_id,
                 last: ThisRequest {
                     recall,
                     request,
@@ -273,10 +274,13 @@ impl Analyser {
             compaction,
             ..
         } = parsed;
+        // The run's steps before the compaction this history continues from, if any: the
+        // log numbers the run's steps.
+        let carried = state.steps().saturating_sub(transcript.steps.len());
         // A summary request's fold saw its history without the instruction: it is not kept
         // as the fold of the transcript kept (the next request folds afresh, once).
         let state = compaction.summary.is_none().then_some(state);
-        let next_step = transcript.steps.len();
+        let next_step = carried + transcript.steps.len();
         let ThisRequest {
             recall,
             mut request,
@@ -285,7 +289,7 @@ impl Analyser {
         request.keep_transcript(transcript, head, state.as_ref().map(|s| s.folded()));
         // Only the steps new to the log are copied; the transcript is kept for the
         // conversation's next request.
-        let history = self.memory.put(recall, request, state);
+        let history = self.memory.put(recall, request, state, carried);
         (Logged { next_step, history }, decision)
     }
 }
@@ -294,32 +298,34 @@ impl Analyser {
     /// The run a request belongs to across compactions ([`super::memory::lineage`]): a
     /// request whose history continues from a summary joins its run, and takes the run's
     /// id; a conversation joined before goes on under the run's id. Returns what a joined
-    /// request carries.
+    /// request carries, and the id it had when it takes another.
     fn lineage(
         &self,
         identity: &mut Identity,
         markers: Markers,
         headers: &HeaderMap,
         query: Option<&str>,
-    ) -> Option<Joined> {
+    ) -> (Option<Joined>, Option<String>) {
         let lineage = &self.memory.lineage;
         if markers.continuation.is_none() {
-            if let Some(run) = lineage.run_of(&identity.id) {
-                identity.id = run;
-            }
-            return None;
+            let run = lineage.run_of(&identity.id);
+            return (None, run.and_then(|run| rename(identity, run)));
         }
-        let joined = lineage.join(
-            &identity.id,
-            &sender(headers, query),
-            crate::store::now_ms(),
-        )?;
+        let sender = sender(headers, query);
+        let Some(joined) = lineage.join(&identity.id, &sender, crate::store::now_ms()) else {
+            return (None, None);
+        };
+        let stated = rename(identity, joined.run.clone());
         if joined.linked_now {
-            tracing::info!(conversation = %identity.id, run = %joined.run, "a conversation continues a compacted run");
+            tracing::info!(conversation = ?stated, run = %joined.run, "a conversation continues a compacted run");
         }
-        identity.id = joined.run.clone();
-        Some(joined)
+        (Some(joined), stated)
     }
+}
+
+/// Gives a request its run's id; returns the id it had, when another.
+fn rename(identity: &mut Identity, run: String) -> Option<String> {
+    (run != identity.id).then(|| std::mem::replace(&mut identity.id, run))
 }
 
 /// Who sent a request, as a run's lineage compares it: the API key's fingerprint (never

@@ -588,6 +588,10 @@ fn new_record(
         parse_error,
         parsed,
     } = analysis;
+    let (compaction, stated_id) = match &parsed {
+        Some(p) => (p.compaction.summary, p.stated_id.clone()),
+        None => (None, None),
+    };
     let (steps, decision, history, next_step) = match parsed {
         Some(p) => {
             let (logged, decision) = app.analyser.keep(p);
@@ -606,6 +610,8 @@ fn new_record(
         decision: decision.as_ref().map(|d| d.action.as_str().into()),
         applied: applied.as_str().into(),
         request_bytes: body.len() as i64,
+        compaction: compaction.map(|m| m.as_str().into()),
+        stated_id,
         ..request_row(parts, route, &policy, identity.id.clone(), started_ms)
     };
     let conversation = parse.is_conversation().then(|| ConversationSeen {
@@ -669,6 +675,8 @@ fn request_row(
         cache_write_tokens: None,
         cost_usd: None,
         policy: Some(Label::from(policy.name.to_string())),
+        compaction: None,
+        stated_id: None,
     }
 }
 

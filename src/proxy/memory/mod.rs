@@ -81,7 +81,8 @@ struct Remembered {
     last: Option<LastRequest>,
     /// The engine's fold after the latest request that decided.
     fold: Option<Arc<EngineState>>,
-    /// Steps before this index were logged with a result for every call.
+    /// Steps before this index (the run's step numbers) were logged with a result for
+    /// every call.
     logged: usize,
     /// What this slot is charged against `cache.conversation_max_bytes`: its last body
     /// twice (the bytes, and the transcript read from them), and [`SLOT_OVERHEAD`].
@@ -154,16 +155,21 @@ impl Memory {
     /// transcript the log does not have yet (new, or that gained results; with the head when
     /// they start at the first step), and records
     /// that everything up to the first step with an unanswered call will have been logged.
+    ///
+    /// `carried`: steps of the run before the compaction its history continues from (0 for
+    /// a conversation that starts its run). The log numbers the run's steps: this
+    /// transcript's step `i` is the run's `carried + i`.
     pub fn put(
         &self,
         recall: Recall,
         last: LastRequest,
         fold: Option<Arc<EngineState>>,
+        carried: usize,
     ) -> NewSteps {
         let bytes = 2 * last.body_len() + SLOT_OVERHEAD;
         let (steps, over) = {
             let mut state = recall.slot.lock();
-            let steps = state.steps_to_log(&last);
+            let steps = state.steps_to_log(&last, carried);
             if state.forgotten {
                 return steps;
             }
@@ -326,24 +332,33 @@ pub struct NewSteps {
 }
 
 impl Remembered {
-    /// The steps of `last`'s kept transcript that still need logging, and records how far
-    /// the log will be once they are.
-    fn steps_to_log(&mut self, last: &LastRequest) -> NewSteps {
+    /// The steps of `last`'s kept transcript that still need logging (numbered as the
+    /// run's: `carried` on), and records how far the log will be once they are.
+    fn steps_to_log(&mut self, last: &LastRequest, carried: usize) -> NewSteps {
         let Some(transcript) = last.transcript() else {
             return NewSteps::default();
         };
         let steps = &transcript.steps;
-        let from = self.logged.min(steps.len());
+        let from = self.logged.saturating_sub(carried).min(steps.len());
         let first_open = steps[from..]
             .iter()
             .position(|s| s.calls.iter().any(|c| c.result.is_none()))
             .map_or(steps.len(), |i| from + i);
         // Never move back: a shorter side request (a title request under the same
         // session id) must not make the next main request log its whole history again.
-        self.logged = self.logged.max(first_open);
+        self.logged = self.logged.max(carried + first_open);
+        let steps = steps[from..]
+            .iter()
+            .map(|s| Step {
+                index: s.index + carried,
+                ..s.clone()
+            })
+            .collect();
         NewSteps {
-            steps: steps[from..].to_vec(),
-            head: (from == 0 && !steps.is_empty()).then(|| transcript.head()),
+            steps,
+            // A continued history's head is its summary: the run keeps its own.
+            head: (from == 0 && carried == 0 && !transcript.steps.is_empty())
+                .then(|| transcript.head()),
         }
     }
 }
@@ -405,6 +420,7 @@ mod tests {
             memory.recall("a"),
             request(&memory, 1, 0),
             Some(kept.clone()),
+            0,
         );
         // The same body again: the fold is read and stays for the others.
         let same = memory.recall("a").take(true);
@@ -439,7 +455,7 @@ mod tests {
         let memory = memory(1 << 30);
         let put = |turns, open| {
             let last = request(&memory, turns, open);
-            memory.put(memory.recall("a"), last, None)
+            memory.put(memory.recall("a"), last, None, 0)
         };
         let logged = |turns, open| put(turns, open).steps.len();
         // No step yet: nothing, not even the head.
@@ -462,7 +478,7 @@ mod tests {
         let one = 2 * request(&memory(1), 1, 0).body_len() + SLOT_OVERHEAD;
         let memory = memory(3 * one + one / 2);
         for key in ["a", "b", "c"] {
-            memory.put(memory.recall(key), request(&memory, 1, 0), None);
+            memory.put(memory.recall(key), request(&memory, 1, 0), None, 0);
             std::thread::sleep(Duration::from_millis(2));
         }
         assert_eq!(memory.held().conversations, 3);
@@ -470,7 +486,7 @@ mod tests {
         // "a" is used again: "b" is now the least recently used.
         let a = memory.recall("a");
         std::thread::sleep(Duration::from_millis(2));
-        memory.put(memory.recall("d"), request(&memory, 1, 0), None);
+        memory.put(memory.recall("d"), request(&memory, 1, 0), None, 0);
         assert!(memory.held().conversation_bytes <= 3 * one + one / 2);
         assert!(memory.recall("b").peek().is_none(), "evicted");
         assert!(a.peek().is_some() && memory.recall("d").peek().is_some());
@@ -478,7 +494,7 @@ mod tests {
         let held = memory.held().conversation_bytes;
         let b = memory.recall("b");
         memory.forget("b");
-        memory.put(b, request(&memory, 1, 0), None);
+        memory.put(b, request(&memory, 1, 0), None, 0);
         assert_eq!(memory.held().conversation_bytes, held);
         memory.sweep();
         assert_eq!(memory.held().conversations, 3, "none idle for long");
