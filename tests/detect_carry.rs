@@ -119,3 +119,37 @@ fn the_carried_decision_is_a_function_of_the_carry_and_the_transcript() {
     assert_eq!(again.action, once.action);
     assert_eq!(moved.steps(), 7);
 }
+
+/// What `loopwarden replay --db` sees of a run: its steps in one transcript (the log
+/// numbers them on across the compaction) and the step count its summary request carried.
+/// Folded with the carry at that count, they give the decisions the proxy made request by
+/// request, before the compaction and after it.
+#[test]
+fn the_logged_run_replays_to_the_decisions_the_proxy_made() {
+    let engine = Engine::default();
+    let before = transcript("Fix the failing test.", 4);
+    let (first, fold) = requests(&engine, &before, None);
+    let after = transcript("This session is being continued.", 5);
+    let (second, _) = requests(&engine, &after, Some(&fold));
+    let mut run = before.clone();
+    run.steps.extend(after.steps.iter().cloned());
+    for (i, s) in run.steps.iter_mut().enumerate() {
+        s.index = i;
+    }
+    let replayed: Vec<Action> = engine
+        .decisions_across(&run, &StoreFacts::default(), &[4])
+        .into_iter()
+        .map(|(_, d)| d.action)
+        .collect();
+    let mut proxied = first.clone();
+    proxied.extend(&second[1..]);
+    assert_eq!(replayed, proxied);
+    // Without the compaction, the same steps decide otherwise: the re-read after the
+    // summary would be a repeat.
+    let plain: Vec<Action> = engine
+        .decisions(&run, &StoreFacts::default())
+        .into_iter()
+        .map(|(_, d)| d.action)
+        .collect();
+    assert_ne!(plain, proxied);
+}

@@ -595,6 +595,32 @@ impl Engine {
         out
     }
 
+    /// [`Engine::decisions`] over a run whose history the client compacted after each of
+    /// the step counts in `compactions` (the log keeps them: its summary requests): the
+    /// run's steps in one transcript, folded as the proxy folded them, with the run's fold
+    /// carried across each compaction ([`Engine::decide_carried`]). What `loopwarden replay
+    /// --db` replays a run with.
+    pub fn decisions_across(
+        &self,
+        transcript: &Transcript,
+        store: &StoreFacts,
+        compactions: &[usize],
+    ) -> Vec<(usize, Decision)> {
+        let mut state = self.start(transcript);
+        let mut out = vec![(0, state.decision())];
+        for step in &transcript.steps {
+            if compactions.contains(&state.facts.steps) {
+                state = EngineState {
+                    engine: self.serial,
+                    ..state.carried_into(transcript)
+                };
+            }
+            self.fold(&mut state, step, store);
+            out.push((state.facts.steps, state.decision()));
+        }
+        out
+    }
+
     /// Folds one step and decides for the request after it.
     pub fn fold(&self, state: &mut EngineState, step: &Step, store: &StoreFacts) {
         state.chain = chain_step(state.chain, step_fingerprint(step));

@@ -25,7 +25,7 @@
 
 use http::HeaderMap;
 
-use crate::transcript::Transcript;
+use crate::transcript::{Step, Transcript};
 
 /// A compaction marker, per client: what a request carries that says it is a summary
 /// request or a continuation.
@@ -215,10 +215,7 @@ fn codex_window(headers: &HeaderMap) -> Option<Marker> {
 /// is the client's, not a human's: folded, it would read as a human speaking and start the
 /// run's escalation over. `None` when the marker puts no text into the transcript.
 pub fn without_instruction(t: &Transcript, marker: Marker) -> Option<Transcript> {
-    if !matches!(
-        marker,
-        Marker::ClaudeSummary | Marker::GeminiSnapshotRequest | Marker::OpencodeSummary
-    ) {
+    if !in_transcript(marker) {
         return None;
     }
     let mut t = t.clone();
@@ -233,10 +230,27 @@ pub fn without_instruction(t: &Transcript, marker: Marker) -> Option<Transcript>
     Some(t)
 }
 
+/// Takes the instruction out of the last step of a summary request's history, where the
+/// log keeps it: the log holds the run as detection saw it.
+pub fn strip_instruction(last: &mut Step, marker: Marker) {
+    if in_transcript(marker) {
+        last.user_after.pop();
+    }
+}
+
+/// Whether the marker is a text of the history (the others are headers, a path, or an
+/// item the transcript has no place for).
+fn in_transcript(marker: Marker) -> bool {
+    matches!(
+        marker,
+        Marker::ClaudeSummary | Marker::GeminiSnapshotRequest | Marker::OpencodeSummary
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transcript::{CallWithResult, Step, ToolCall, ToolResult};
+    use crate::transcript::{CallWithResult, ToolCall, ToolResult};
 
     fn step(text: &str, call: bool, user_after: &[&str]) -> Step {
         Step {

@@ -280,7 +280,7 @@ impl Analyser {
         // A summary request's fold saw its history without the instruction: it is not kept
         // as the fold of the transcript kept (the next request folds afresh, once).
         let state = compaction.summary.is_none().then_some(state);
-        let next_step = carried + transcript.steps.len();
+        let run_steps = carried + transcript.steps.len();
         let ThisRequest {
             recall,
             mut request,
@@ -289,7 +289,18 @@ impl Analyser {
         request.keep_transcript(transcript, head, state.as_ref().map(|s| s.folded()));
         // Only the steps new to the log are copied; the transcript is kept for the
         // conversation's next request.
-        let history = self.memory.put(recall, request, state, carried);
+        let mut history = self.memory.put(recall, request, state, carried);
+        if let Some(marker) = compaction.summary {
+            // The instruction after the last step is the client's, not the run's.
+            if let Some(last) = history
+                .steps
+                .last_mut()
+                .filter(|s| s.index + 1 == run_steps)
+            {
+                compaction::strip_instruction(last, marker);
+            }
+        }
+        let next_step = run_steps;
         (Logged { next_step, history }, decision)
     }
 }
