@@ -669,3 +669,34 @@ async fn the_log_holds_one_run(setup: &Setup, run: &str, stated: Option<&str>) {
         .collect();
     assert_eq!(marked.len(), 1, "{timeline}");
 }
+
+/// A run halted for its loop compacts (its client's context is full all the same): the
+/// summary request goes to the upstream as it came, and the run that goes on from the
+/// summary, under a new session id, is still halted.
+#[tokio::test]
+async fn a_halted_run_stays_halted_across_a_compaction() {
+    let setup = Setup::start(|_| {}).await;
+    let c = Client::ClaudeCode;
+    let task = "Fix the failing test in calc.py.";
+    let mut n = 0;
+    loop {
+        let a = setup.send(c, "halted-1", task, Part::Before(n)).await;
+        if a.decision == "halt" {
+            assert!(!a.forwarded);
+            break;
+        }
+        n += 1;
+        assert!(n < 30, "the loop is halted at some point");
+    }
+    let summary = setup.send(c, "halted-1", task, Part::Summary(n)).await;
+    assert!(summary.untouched, "{summary:?}");
+    for own in 0..3 {
+        let a = setup.send(c, "halted-2", task, Part::After(own)).await;
+        assert_eq!(
+            (a.decision.as_str(), a.forwarded),
+            ("halt", false),
+            "{own}: {a:?}"
+        );
+        assert_eq!(a.conversation, "halted-1");
+    }
+}
