@@ -700,3 +700,58 @@ async fn a_halted_run_stays_halted_across_a_compaction() {
         assert_eq!(a.conversation, "halted-1");
     }
 }
+
+/// Codex's older remote compaction, `POST /responses/compact`: no conversation endpoint, so
+/// the proxy forwards it as it came (and logs it as a compaction); the thread's history
+/// that continues from it carries the run's state all the same, from the thread's last
+/// request before it.
+#[tokio::test]
+async fn codex_older_compact_endpoint_is_one_run() {
+    let setup = Setup::start(|_| {}).await;
+    let c = Client::Codex;
+    let task = "Fix the failing test in calc.py.";
+    let mut before = Vec::new();
+    for n in 0..=4 {
+        before.push(
+            setup
+                .send(c, "thread-9", task, Part::Before(n))
+                .await
+                .decision,
+        );
+    }
+    assert!(before.contains(&"nudge".to_string()), "{before:?}");
+    let body = c.body(task, Part::Before(5)).to_string();
+    let mut request = client()
+        .post(setup.proxy.url("/v1/responses/compact"))
+        .body(body.clone());
+    for (name, value) in c.headers("thread-9", "sk-test-key-1", Part::Before(5)) {
+        request = request.header(name, value);
+    }
+    let resp = request.send().await.unwrap();
+    assert!(resp.headers().get("x-loopwarden-decision").is_none());
+    resp.bytes().await.unwrap();
+    let last = setup.mock.requests().pop().unwrap();
+    assert_eq!(
+        (last.path.as_str(), &last.body[..]),
+        ("/v1/responses/compact", body.as_bytes())
+    );
+    let mut after = Vec::new();
+    for n in 0..=4 {
+        after.push(
+            setup
+                .send(c, "thread-9", task, Part::After(n))
+                .await
+                .decision,
+        );
+    }
+    assert_eq!(after[1], "observe", "{after:?}");
+    assert!(
+        after[2..].iter().any(|d| ESCALATED.contains(&d.as_str())),
+        "{after:?}"
+    );
+    let marked = setup
+        .proxy
+        .rows("SELECT path FROM requests WHERE compaction = 'codex_compact_path'")
+        .await;
+    assert_eq!(marked.len(), 1, "{marked:?}");
+}

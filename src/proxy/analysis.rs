@@ -207,6 +207,9 @@ impl Analyser {
         let body_end = body.get(end).unwrap_or(body.tail());
         let compaction = compaction::recognize(route.path, headers, body_end, Some(&transcript));
         let (run, stated_id) = self.lineage(&mut identity, compaction, headers, route.query);
+        let run = run.or_else(|| {
+            self.unseen_summary(&identity, compaction, fold.as_ref(), headers, route.query)
+        });
         let conversation = match compaction.summary {
             Some(_) => ConversationState::free(),
             None => standing(&policy, &identity.id, &transcript, run.is_some()),
@@ -331,6 +334,35 @@ impl Analyser {
             tracing::info!(conversation = ?stated, run = %joined.run, "a conversation continues a compacted run");
         }
         (Some(joined), stated)
+    }
+}
+
+impl Analyser {
+    /// A history that continues from a summary the proxy did not see (Codex's older
+    /// `POST /responses/compact`, which is no conversation endpoint; a summary request
+    /// sent before the proxy started), under an id the client states: the fold of the
+    /// conversation's last request is the run's state before its compaction, and is kept
+    /// as the run's from now on.
+    fn unseen_summary(
+        &self,
+        identity: &Identity,
+        markers: Markers,
+        fold: Option<&Arc<EngineState>>,
+        headers: &HeaderMap,
+        query: Option<&str>,
+    ) -> Option<Joined> {
+        let stated = matches!(
+            identity.source,
+            identity::IdSource::Header(_) | identity::IdSource::Path
+        );
+        if markers.continuation.is_none() || !stated {
+            return None;
+        }
+        let fold = fold?.clone();
+        let lineage = &self.memory.lineage;
+        let now = crate::store::now_ms();
+        lineage.compacted(&identity.id, fold, sender(headers, query), now);
+        lineage.join(&identity.id, &sender(headers, query), now)
     }
 }
 

@@ -590,7 +590,13 @@ fn new_record(
     } = analysis;
     let (compaction, stated_id) = match &parsed {
         Some(p) => (p.compaction.summary, p.stated_id.clone()),
-        None => (None, None),
+        // A summary request the proxy does not read (Codex's `POST /responses/compact`)
+        // is forwarded as it came, and logged as what it is.
+        None => {
+            let markers =
+                crate::dialect::compaction::recognize(route.path, &parts.headers, &[], None);
+            (markers.summary, None)
+        }
     };
     let (steps, decision, history, next_step) = match parsed {
         Some(p) => {
