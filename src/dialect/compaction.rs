@@ -163,8 +163,14 @@ fn summary_text(t: &Transcript) -> Option<Marker> {
 /// A continuation read from the head of its history.
 fn continued_head(t: &Transcript) -> Option<Marker> {
     // The first user message's blocks are joined into one task text: the git status
-    // reminder comes before the summary.
-    if t.task.iter().any(|text| text.contains(CLAUDE_CONTINUED)) {
+    // reminder comes before the summary. Looked for in every request's task (a few KB for
+    // Claude Code): with a SIMD search made once.
+    static CONTINUED: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(CLAUDE_CONTINUED));
+    if t.task
+        .iter()
+        .any(|text| CONTINUED.find(text.as_bytes()).is_some())
+    {
         return Some(Marker::ClaudeContinued);
     }
     let first = t.task.first().map(|s| s.trim())?;

@@ -20,12 +20,14 @@
 //! break, as the ledger's does), at most [`MAX_RUNS`] of them.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::detect::EngineState;
 
-/// Runs kept at most; the least recently used go first past it.
-const MAX_RUNS: usize = 10_000;
+/// Runs kept at most; the least recently used go first past it. Each holds a fold, whose
+/// size grows with the run (files, results seen): this bounds what they hold together.
+const MAX_RUNS: usize = 2_048;
 /// How long a run that compacted is kept after its last use.
 const KEEP_MS: i64 = 24 * 3600 * 1000;
 
@@ -52,6 +54,9 @@ pub struct Joined {
 
 pub struct Lineage {
     state: Mutex<Runs>,
+    /// Some conversation was ever joined under another id: until then, a request's
+    /// [`Lineage::run_of`] takes no lock.
+    aliased: AtomicBool,
     link_ms: i64,
 }
 
@@ -77,6 +82,7 @@ impl Lineage {
     pub fn new(link_secs: u64) -> Lineage {
         Lineage {
             state: Mutex::default(),
+            aliased: AtomicBool::new(false),
             link_ms: i64::try_from(link_secs.saturating_mul(1000)).unwrap_or(i64::MAX),
         }
     }
@@ -88,6 +94,9 @@ impl Lineage {
     /// The run a conversation id was joined to, if it was joined to one under another id.
     /// One map look-up (most requests: an empty map).
     pub fn run_of(&self, conversation: &str) -> Option<String> {
+        if !self.aliased.load(Ordering::Relaxed) {
+            return None;
+        }
         let state = self.lock();
         if state.aliases.is_empty() {
             return None;
@@ -152,6 +161,7 @@ impl Lineage {
         run.last_ms = now_ms;
         let carry = run.carry.clone();
         state.aliases.insert(conversation.to_string(), id.clone());
+        self.aliased.store(true, Ordering::Relaxed);
         Some(Joined {
             run: id,
             carry,
