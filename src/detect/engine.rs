@@ -143,6 +143,11 @@ impl EngineState {
         self.facts.steps
     }
 
+    /// Whether the fold continues a run from a summary ([`Engine::decide_carried`]).
+    pub fn is_carried(&self) -> bool {
+        self.carried_from != 0
+    }
+
     /// Steps folded from this transcript (not carried over a compaction).
     fn own_steps(&self) -> usize {
         self.facts.steps - self.carried

@@ -203,13 +203,16 @@ impl Analyser {
         };
         let model = model.or_else(|| path_model.map(str::to_string));
         let policy = policy(model.as_deref());
-        let end = body.len().saturating_sub(512)..body.len();
-        let body_end = body.get(end).unwrap_or(body.tail());
-        let compaction = compaction::recognize(route.path, headers, body_end, Some(&transcript));
-        let (run, stated_id) = self.lineage(&mut identity, compaction, headers, route.query);
-        let run = run.or_else(|| {
-            self.unseen_summary(&identity, compaction, fold.as_ref(), headers, route.query)
-        });
+        let Followed {
+            compaction,
+            run,
+            stated_id,
+        } = self.follow(
+            &mut identity,
+            &Sent::of(route, headers, body),
+            &transcript,
+            fold.as_ref(),
+        );
         let conversation = match compaction.summary {
             Some(_) => ConversationState::free(),
             None => standing(&policy, &identity.id, &transcript, run.is_some()),
@@ -237,6 +240,7 @@ impl Analyser {
             self.memory
                 .lineage
                 .compacted(&identity.id, state.clone(), sender, now);
+            // Never acted on: no decision to log either.
             decision = Decision::observe();
         }
         Analysis {
@@ -308,61 +312,100 @@ impl Analyser {
     }
 }
 
-impl Analyser {
-    /// The run a request belongs to across compactions ([`super::memory::lineage`]): a
-    /// request whose history continues from a summary joins its run, and takes the run's
-    /// id; a conversation joined before goes on under the run's id. Returns what a joined
-    /// request carries, and the id it had when it takes another.
-    fn lineage(
-        &self,
-        identity: &mut Identity,
-        markers: Markers,
-        headers: &HeaderMap,
-        query: Option<&str>,
-    ) -> (Option<Joined>, Option<String>) {
-        let lineage = &self.memory.lineage;
-        if markers.continuation.is_none() {
-            let run = lineage.run_of(&identity.id);
-            return (None, run.and_then(|run| rename(identity, run)));
+/// What a request's compaction markers make of it ([`Analyser::follow`]).
+struct Followed {
+    compaction: Markers,
+    /// The run it continues from a summary, and what it carries.
+    run: Option<Joined>,
+    /// The id it had, when it takes its run's.
+    stated_id: Option<String>,
+}
+
+/// The parts of a request [`Analyser::follow`] reads.
+struct Sent<'a> {
+    path: &'a str,
+    query: Option<&'a str>,
+    headers: &'a HeaderMap,
+    body: &'a RequestBytes,
+}
+
+impl<'a> Sent<'a> {
+    fn of(route: &'a Route<'_>, headers: &'a HeaderMap, body: &'a RequestBytes) -> Sent<'a> {
+        Sent {
+            path: route.path,
+            query: route.query,
+            headers,
+            body,
         }
-        let sender = sender(headers, query);
-        let Some(joined) = lineage.join(&identity.id, &sender, crate::store::now_ms()) else {
-            return (None, None);
-        };
-        let stated = rename(identity, joined.run.clone());
-        if joined.linked_now {
-            tracing::info!(conversation = ?stated, run = %joined.run, "a conversation continues a compacted run");
-        }
-        (Some(joined), stated)
     }
 }
 
 impl Analyser {
+    /// The run a request belongs to across compactions ([`super::memory::lineage`]): its
+    /// markers ([`compaction::recognize`]; the body's last bytes only), and for a request
+    /// whose history continues from a summary, its run, whose id it takes; a conversation
+    /// joined before goes on under the run's id. `fold`: the conversation's cached fold,
+    /// for a summary the proxy did not see.
+    fn follow(
+        &self,
+        identity: &mut Identity,
+        sent: &Sent<'_>,
+        transcript: &Transcript,
+        fold: Option<&Arc<EngineState>>,
+    ) -> Followed {
+        let body = sent.body;
+        let end = body.len().saturating_sub(512)..body.len();
+        let body_end = body.get(end).unwrap_or(body.tail());
+        let compaction = compaction::recognize(sent.path, sent.headers, body_end, Some(transcript));
+        let lineage = &self.memory.lineage;
+        if compaction.continuation.is_none() {
+            let run = lineage.run_of(&identity.id);
+            let stated_id = run.and_then(|run| rename(identity, run));
+            return Followed {
+                compaction,
+                run: None,
+                stated_id,
+            };
+        }
+        let sender = sender(sent.headers, sent.query);
+        let joined = lineage
+            .join(&identity.id, &sender, crate::store::now_ms())
+            .or_else(|| self.unseen_summary(identity, fold, &sender));
+        let stated_id = joined
+            .as_ref()
+            .and_then(|j| rename(identity, j.run.clone()));
+        if let Some(j) = joined.as_ref().filter(|j| j.linked_now) {
+            tracing::info!(conversation = ?stated_id, run = %j.run, "a conversation continues a compacted run");
+        }
+        Followed {
+            compaction,
+            run: joined,
+            stated_id,
+        }
+    }
+
     /// A history that continues from a summary the proxy did not see (Codex's older
     /// `POST /responses/compact`, which is no conversation endpoint; a summary request
     /// sent before the proxy started), under an id the client states: the fold of the
     /// conversation's last request is the run's state before its compaction, and is kept
     /// as the run's from now on.
+    /// A fold that continues a run already (its run was forgotten since) is not taken: its
+    /// own steps would be carried twice.
     fn unseen_summary(
         &self,
         identity: &Identity,
-        markers: Markers,
         fold: Option<&Arc<EngineState>>,
-        headers: &HeaderMap,
-        query: Option<&str>,
+        sender: &Sender,
     ) -> Option<Joined> {
         let stated = matches!(
             identity.source,
             identity::IdSource::Header(_) | identity::IdSource::Path
         );
-        if markers.continuation.is_none() || !stated {
-            return None;
-        }
-        let fold = fold?.clone();
+        let fold = fold.filter(|f| stated && !f.is_carried())?.clone();
         let lineage = &self.memory.lineage;
         let now = crate::store::now_ms();
-        lineage.compacted(&identity.id, fold, sender(headers, query), now);
-        lineage.join(&identity.id, &sender(headers, query), now)
+        lineage.compacted(&identity.id, fold, sender.clone(), now);
+        lineage.join(&identity.id, sender, now)
     }
 }
 
