@@ -528,7 +528,11 @@ fn shared_captured_requests_parse() {
             name.contains("after-compaction"),
         );
         assert_eq!(markers.summary.is_some(), summary, "{name}: {markers:?}");
-        assert_eq!(markers.continuation.is_some(), continued, "{name}: {markers:?}");
+        assert_eq!(
+            markers.continuation.is_some(),
+            continued,
+            "{name}: {markers:?}"
+        );
         if side || name.contains("resumed") || name.contains("compaction") {
             seen += 1;
             continue;

@@ -213,20 +213,20 @@ impl Analyser {
             &transcript,
             fold.as_ref(),
         );
-        let conversation = match compaction.summary {
-            Some(_) => ConversationState::free(),
-            None => standing(&policy, &identity.id, &transcript, run.is_some()),
-        };
-        // An operator's resume changes the store facts: the cached fold is stale.
-        let cached = fold.filter(|_| !conversation.refold);
-        let carry = run.as_ref().map(|r| &*r.carry);
-        // A summary request is decided on the history it summarizes, without the
-        // client's instruction (which would read as a human speaking).
+        // A summary request is read as the history it summarizes, without the client's
+        // instruction (which would read as a human speaking, to the engine and to a halt).
+        // Its standing is what the run's fold must know (an operator's resume); nothing
+        // stops it all the same (`super::forward`).
         let history = compaction
             .summary
             .and_then(|m| compaction::without_instruction(&transcript, m));
+        let history = history.as_ref().unwrap_or(&transcript);
+        let conversation = standing(&policy, &identity.id, history, run.is_some());
+        // An operator's resume changes the store facts: the cached fold is stale.
+        let cached = fold.filter(|_| !conversation.refold);
+        let carry = run.as_ref().map(|r| &*r.carry);
         let (mut decision, state, _) = policy.engine.decide_carried(
-            history.as_ref().unwrap_or(&transcript),
+            history,
             &conversation.facts,
             cached,
             folded,
