@@ -125,9 +125,16 @@ pub fn recognize(
     body: &[u8],
     transcript: Option<&Transcript>,
 ) -> Markers {
-    let mut found = Markers {
-        summary: codex_summary(path, headers, body),
-        continuation: codex_window(headers),
+    // Codex speaks only the Responses API: other requests are spared its header look-ups.
+    let path = path.split(['?', '#']).next().unwrap_or("");
+    let path = path.trim_end_matches('/');
+    let responses = path.ends_with("/responses") || path.ends_with("/responses/compact");
+    let mut found = match responses {
+        true => Markers {
+            summary: codex_summary(path, headers, body),
+            continuation: codex_window(headers),
+        },
+        false => Markers::default(),
     };
     if let Some(t) = transcript {
         found.summary = found.summary.or_else(|| summary_text(t));
@@ -186,14 +193,16 @@ fn continued_head(t: &Transcript) -> Option<Marker> {
 
 /// Codex's summary request: by its turn metadata, its path, or the trigger item its input
 /// ends with (looked for in the body's last bytes only).
+/// `path`: without its query, nor a trailing slash.
 fn codex_summary(path: &str, headers: &HeaderMap, body: &[u8]) -> Option<Marker> {
-    let path = path.split(['?', '#']).next().unwrap_or("");
-    if path.trim_end_matches('/').ends_with("/responses/compact") {
+    if path.ends_with("/responses/compact") {
         return Some(Marker::CodexCompactPath);
     }
+    // Parsed only when it may say so: a turn's metadata is read on every Codex request.
     if let Some(meta) = headers
-        .get("x-codex-turn-metadata")
+        .get(TURN_METADATA)
         .and_then(|v| v.to_str().ok())
+        .filter(|m| m.contains("\"compaction\""))
     {
         let kind = serde_json::from_str::<serde_json::Value>(meta)
             .ok()
@@ -203,14 +212,19 @@ fn codex_summary(path: &str, headers: &HeaderMap, body: &[u8]) -> Option<Marker>
         }
     }
     const TAIL: usize = 512;
+    static TRIGGER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"compaction_trigger\""));
     let tail = &body[body.len().saturating_sub(TAIL)..];
-    let trigger = memchr::memmem::find(tail, b"\"compaction_trigger\"").is_some();
-    trigger.then_some(Marker::CodexTrigger)
+    TRIGGER.find(tail).map(|_| Marker::CodexTrigger)
 }
+
+/// Codex's headers, named once (a name given as text is parsed on each look-up).
+const TURN_METADATA: http::HeaderName = http::HeaderName::from_static("x-codex-turn-metadata");
+const WINDOW_ID: http::HeaderName = http::HeaderName::from_static("x-codex-window-id");
 
 /// Codex's continuation: a window id whose count of compactions is past 0.
 fn codex_window(headers: &HeaderMap) -> Option<Marker> {
-    let window = headers.get("x-codex-window-id")?.to_str().ok()?;
+    let window = headers.get(WINDOW_ID)?.to_str().ok()?;
     let (_, n) = window.rsplit_once(':')?;
     let n: u32 = n.trim().parse().ok()?;
     (n > 0).then_some(Marker::CodexWindow)
