@@ -52,6 +52,8 @@ fn request(id: i64) -> Record {
         cached_input_tokens: Some(48_000),
         cache_write_tokens: Some(3_000),
         cost_usd: Some(0.0311),
+        compaction: None,
+        stated_id: None,
     }))
 }
 

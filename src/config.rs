@@ -168,6 +168,10 @@ pub struct CacheConfig {
     /// A message no request has carried, or a conversation that sent nothing, for this
     /// long is dropped.
     pub idle_secs: u64,
+    /// A conversation under a new id (or none) whose history continues from a summary is
+    /// joined to the run whose summary request came from the same key and client at most
+    /// this long before (`crate::proxy::memory::lineage`).
+    pub compaction_link_secs: u64,
 }
 
 impl Default for Config {
@@ -203,6 +207,7 @@ impl Default for Config {
                 max_bytes: 256 * 1024 * 1024,
                 conversation_max_bytes: 256 * 1024 * 1024,
                 idle_secs: 600,
+                compaction_link_secs: 120,
             },
             detect: DetectConfig::default(),
             intervene: Default::default(),

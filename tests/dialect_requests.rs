@@ -2,6 +2,7 @@
 //! captured ones) parsed to the expected transcript, plus every captured request in
 //! ../shared/fixtures/requests/ (beside the checkout) when that directory exists.
 
+use loopwarden::dialect::compaction;
 use loopwarden::dialect::Dialect;
 use loopwarden::transcript::{CallWithResult, Transcript};
 use serde_json::json;
@@ -509,7 +510,30 @@ fn shared_captured_requests_parse() {
         let tool_less =
             name.contains("router") || name.contains("title") || name.contains("textbased");
         assert_eq!(p.has_tools, !tool_less, "{name}");
-        if side || name.contains("resumed") {
+        // The compaction captures carry their markers (`dialect::compaction`).
+        let headers: http::HeaderMap = meta["headers"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.as_str().unwrap().parse().unwrap(),
+                )
+            })
+            .collect();
+        let markers = compaction::recognize(&route, &headers, &body, Some(t));
+        let (summary, continued) = (
+            name.ends_with("-compaction.json") && !name.contains("after"),
+            name.contains("after-compaction"),
+        );
+        assert_eq!(markers.summary.is_some(), summary, "{name}: {markers:?}");
+        assert_eq!(
+            markers.continuation.is_some(),
+            continued,
+            "{name}: {markers:?}"
+        );
+        if side || name.contains("resumed") || name.contains("compaction") {
             seen += 1;
             continue;
         }

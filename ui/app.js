@@ -241,8 +241,11 @@ async function conversation(id) {
     // Steps, each with its calls, the findings whose evidence ends there, and the
     // interventions made on the request that carried it.
     const steps = new Map();
-    const at = s => { if (!steps.has(s)) steps.set(s, { calls: [], findings: [], interventions: [] }); return steps.get(s); };
+    const at = s => { if (!steps.has(s)) steps.set(s, { calls: [], findings: [], interventions: [], compactions: [] }); return steps.get(s); };
     for (const call of t.tool_calls) at(call.step).calls.push(call);
+    // A summary request carries the run's steps so far: the run went on from its summary
+    // after the last of them.
+    for (const r of t.requests) if (r.compaction) at(r.steps === null ? -1 : r.steps - 1).compactions.push(r);
     for (const f of t.alerts.findings) at(f.step === null ? -1 : f.step).findings.push(f);
     const requestSteps = new Map(t.requests.map(r => [r.id, r.steps]));
     for (const i of t.alerts.interventions) {
@@ -262,6 +265,8 @@ async function conversation(id) {
           call.result_summary !== null
             ? el("div", { class: "result" + (call.is_error ? " error" : "") }, "→ " + call.result_summary)
             : el("div", { class: "result muted" }, "→ (no result yet)"))),
+        st.compactions.map(r => el("div", { class: "compaction", "data-request": r.id },
+          tag("compaction"), ` the client summarized the history here (${r.compaction}); the run goes on from the summary, its memory and budgets with it`)),
         st.findings.map(f => el("div", { class: "finding", "data-id": f.id },
           el("strong", {}, f.detector), ` (confidence ${Number(f.confidence).toFixed(2)}): `, f.summary,
           f.suggestion ? el("div", { class: "muted" }, "Suggested: " + f.suggestion) : null,
@@ -280,7 +285,7 @@ async function conversation(id) {
     });
     const requests = table(["Started", "Steps", "Decision", "Applied", "Status", { label: "Input", num: 1 }, { label: "Output", num: 1 }, { label: "Cost", num: 1 }],
       t.requests.map(r => el("tr", { class: "request" },
-        cell(when(r.started_ms)), cell(r.steps === null ? "" : r.steps), el("td", {}, r.decision ? tag(r.decision) : ""), cell(r.applied), cell(r.status),
+        cell(when(r.started_ms)), cell(r.steps === null ? "" : r.steps), el("td", {}, r.compaction ? tag("compaction") : r.decision ? tag(r.decision) : ""), cell(r.applied), cell(r.status),
         cell(r.input_tokens === null ? "" : r.input_tokens + (r.cached_input_tokens || 0) + (r.cache_write_tokens || 0), 1),
         cell(r.output_tokens === null ? "" : r.output_tokens, 1), cell(dollars(r.cost_usd), 1))), { id: "requests" });
     body.replaceChildren(head, el("h2", {}, "Timeline"), el("div", { id: "timeline" }, stepNodes), el("h2", {}, "Requests"), requests);

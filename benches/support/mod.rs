@@ -426,6 +426,7 @@ impl Proxy {
                     max_bytes: 1 << 30,
                     conversation_max_bytes: 1 << 30,
                     idle_secs: 3600,
+                    ..CacheConfig::default()
                 }),
             },
             policy: std::sync::Arc::new(Policy::detecting(Default::default())),
@@ -463,7 +464,7 @@ impl Proxy {
         let analysis = self.analyser.analyse(
             arrival,
             |_| self.policy.clone(),
-            |_, _, _| ConversationState::free(),
+            |_, _, _, _| ConversationState::free(),
         );
         let parsed = analysis.parsed.expect("bench payloads parse");
         let (logged, decision) = self.analyser.keep(parsed);

@@ -270,6 +270,8 @@ impl Default for DetectConfig {
                 "<environment_context>",
                 "<returncode>",
                 "[Error occurred in processing last action]",
+                // opencode, after its summary of a compacted history.
+                "Continue if you have next steps",
             ]
             .iter()
             .map(|s| s.to_string())

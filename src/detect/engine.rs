@@ -101,6 +101,12 @@ pub struct EngineState {
     /// This fold's number, new each time [`Engine::advance`] moves it (0: never advanced),
     /// so that a caller can say which fold saw a transcript's steps ([`Folded`]).
     number: u64,
+    /// Steps folded from the run's history before a compaction
+    /// ([`Engine::decide_carried`]): in the facts, not in this transcript. 0 for a
+    /// conversation that starts its run.
+    carried: usize,
+    /// The number of the fold carried over (0: none).
+    carried_from: u64,
 }
 
 /// What a caller knows of a transcript: it extends (`Transcript::extend_items`) the one
@@ -132,9 +138,33 @@ static FOLDS: AtomicU64 = AtomicU64::new(0);
 static ENGINES: AtomicU64 = AtomicU64::new(0);
 
 impl EngineState {
-    /// Steps folded so far.
+    /// Steps folded so far: the run's, those carried over a compaction included.
     pub fn steps(&self) -> usize {
         self.facts.steps
+    }
+
+    /// Whether the fold continues a run from a summary ([`Engine::decide_carried`]).
+    pub fn is_carried(&self) -> bool {
+        self.carried_from != 0
+    }
+
+    /// Steps folded from this transcript (not carried over a compaction).
+    fn own_steps(&self) -> usize {
+        self.facts.steps - self.carried
+    }
+
+    /// The state a conversation that continues a run after a compaction starts from: this
+    /// fold (the run's, up to its summary request), with what the model no longer has in
+    /// its context forgotten ([`Facts::after_compaction`]); its own steps fold on top. The
+    /// escalation reached, the patterns' smoothing and the step count go on.
+    fn carried_into(&self, transcript: &Transcript) -> EngineState {
+        let mut state = self.clone();
+        state.facts.after_compaction();
+        state.carried = state.facts.steps;
+        state.carried_from = self.number;
+        state.chain = 0;
+        state.task_fp = task_fingerprint(transcript.goal());
+        state
     }
 
     /// Hash chain over the fingerprints of the folded steps: a cache key for the prefix.
@@ -147,7 +177,7 @@ impl EngineState {
     pub fn folded(&self) -> Folded {
         Folded {
             fold: self.number,
-            steps: self.facts.steps,
+            steps: self.own_steps(),
         }
     }
 
@@ -435,11 +465,29 @@ impl Engine {
         known: Option<Folded>,
         tools: Option<&Arc<crate::actions::ToolCatalog>>,
     ) -> (Decision, Arc<EngineState>, bool) {
+        self.decide_carried(transcript, store, cache, known, tools, None)
+    }
+
+    /// [`Engine::decide_shared`] for a transcript that continues a run after a
+    /// compaction: `carry` is the run's fold up to its summary request, explicit input like
+    /// the transcript (the proxy's lineage keeps it; a replay folds the run's earlier
+    /// conversations to get it), so the decision stays a pure function of the two. The
+    /// transcript's steps fold on top of it ([`EngineState::carried_into`]); `None` is
+    /// [`Engine::decide_shared`].
+    pub fn decide_carried(
+        &self,
+        transcript: &Transcript,
+        store: &StoreFacts,
+        cache: Option<Arc<EngineState>>,
+        known: Option<Folded>,
+        tools: Option<&Arc<crate::actions::ToolCatalog>>,
+        carry: Option<&EngineState>,
+    ) -> (Decision, Arc<EngineState>, bool) {
         match cache {
             Some(state)
-                if state.facts.steps == transcript.steps.len()
+                if state.own_steps() == transcript.steps.len()
                     && state.store_fp == store.fingerprint()
-                    && self.continues(&state, transcript, known) =>
+                    && self.continues(&state, transcript, known, carry) =>
             {
                 (state.decision(), state, false)
             }
@@ -448,7 +496,7 @@ impl Engine {
                 if let Some(tools) = tools {
                     state.use_tools(tools.clone());
                 }
-                self.advance_known(&mut state, transcript, store, known);
+                self.advance_known(&mut state, transcript, store, known, carry);
                 (state.decision(), Arc::new(state), true)
             }
         }
@@ -458,7 +506,7 @@ impl Engine {
     /// it has, or starts over when the transcript does not continue what it folded (a
     /// compacted or different conversation).
     pub fn advance(&self, state: &mut EngineState, transcript: &Transcript, store: &StoreFacts) {
-        self.advance_known(state, transcript, store, None);
+        self.advance_known(state, transcript, store, None, None);
     }
 
     /// [`Engine::advance`], with what the caller knows of the transcript's steps.
@@ -468,16 +516,25 @@ impl Engine {
         transcript: &Transcript,
         store: &StoreFacts,
         known: Option<Folded>,
+        carry: Option<&EngineState>,
     ) {
         let store_fp = store.fingerprint();
-        if !self.continues(state, transcript, known) || state.store_fp != store_fp {
+        if !self.continues(state, transcript, known, carry) || state.store_fp != store_fp {
             // The tool definitions belong to the requests, not to the folded steps.
             let tools = state.facts.tools.take();
-            *state = self.start(transcript);
+            *state = match carry {
+                Some(before) => EngineState {
+                    engine: self.serial,
+                    ..before.carried_into(transcript)
+                },
+                None => self.start(transcript),
+            };
             state.store_fp = store_fp;
-            state.facts.tools = tools;
+            if tools.is_some() {
+                state.facts.tools = tools;
+            }
         }
-        let from = state.facts.steps;
+        let from = state.own_steps();
         for step in &transcript.steps[from..] {
             self.fold(state, step, store);
         }
@@ -495,11 +552,12 @@ impl Engine {
         state: &EngineState,
         transcript: &Transcript,
         known: Option<Folded>,
+        carry: Option<&EngineState>,
     ) -> bool {
-        if state.engine != self.serial {
+        if state.engine != self.serial || state.carried_from != carry.map_or(0, |c| c.number) {
             return false;
         }
-        let n = state.facts.steps;
+        let n = state.own_steps();
         if n == 0 {
             return state.task_fp == task_fingerprint(transcript.goal()) && state.next.is_some();
         }
@@ -536,6 +594,32 @@ impl Engine {
         let mut state = self.start(transcript);
         let mut out = vec![(0, state.decision())];
         for step in &transcript.steps {
+            self.fold(&mut state, step, store);
+            out.push((state.facts.steps, state.decision()));
+        }
+        out
+    }
+
+    /// [`Engine::decisions`] over a run whose history the client compacted after each of
+    /// the step counts in `compactions` (the log keeps them: its summary requests): the
+    /// run's steps in one transcript, folded as the proxy folded them, with the run's fold
+    /// carried across each compaction ([`Engine::decide_carried`]). What `loopwarden replay
+    /// --db` replays a run with.
+    pub fn decisions_across(
+        &self,
+        transcript: &Transcript,
+        store: &StoreFacts,
+        compactions: &[usize],
+    ) -> Vec<(usize, Decision)> {
+        let mut state = self.start(transcript);
+        let mut out = vec![(0, state.decision())];
+        for step in &transcript.steps {
+            if compactions.contains(&state.facts.steps) {
+                state = EngineState {
+                    engine: self.serial,
+                    ..state.carried_into(transcript)
+                };
+            }
             self.fold(&mut state, step, store);
             out.push((state.facts.steps, state.decision()));
         }

@@ -202,6 +202,9 @@ pub struct Facts {
     /// The code holds a change that a check has passed since: the last check run after the
     /// last new source state did not fail.
     pub fix_verified: bool,
+    /// Regions of files (`path\0region`) read before the run's last compaction and not
+    /// since: the model lost their content, so its next read of each is needed work.
+    pub forgotten_reads: HashSet<String>,
 }
 
 /// Bounded windows: enough for every detector's look-back.
@@ -350,6 +353,24 @@ impl Facts {
             tokens: task.len() as u64 / 4,
             ..Facts::default()
         }
+    }
+
+    /// The run's history was compacted: the model's context now holds a summary instead
+    /// of the steps. What the run did (files changed, checks run, failures, the step
+    /// count) stays; what the model saw goes: each result it had seen counts as new the
+    /// first time it comes back, and each region of a file it had read may be read once
+    /// more before the read counts as a repeat. Every step so far is one fewer repeat in a
+    /// row: the first step after the summary is no copy of the last before it.
+    pub fn after_compaction(&mut self) {
+        self.seen_results.clear();
+        for (path, file) in &self.files {
+            for (region, reads) in &file.reads {
+                if *reads > 0 {
+                    self.forgotten_reads.insert(format!("{path}\0{region}"));
+                }
+            }
+        }
+        self.last_calls = (0, 0);
     }
 
     /// Folds one step into the facts and returns what it did.
@@ -582,11 +603,17 @@ impl Facts {
         let Some(p) = &action.path else {
             return 0;
         };
-        let f = self.files.entry(actions::norm_path(p)).or_default();
-        let reads = f
-            .reads
-            .entry(action.region.clone().unwrap_or_default())
-            .or_insert(0);
+        let path = actions::norm_path(p);
+        let region = action.region.clone().unwrap_or_default();
+        if !self.forgotten_reads.is_empty()
+            && self.forgotten_reads.remove(&format!("{path}\0{region}"))
+        {
+            // The first read since a compaction took the content out of the model's
+            // context: needed, and no repeat (the count goes on from the next read).
+            return 0;
+        }
+        let f = self.files.entry(path).or_default();
+        let reads = f.reads.entry(region).or_insert(0);
         *reads += 1;
         *reads
     }
@@ -852,6 +879,11 @@ impl Facts {
         if changed {
             f.reads.clear();
             f.changed_at = Some(index);
+        }
+        if changed && !self.forgotten_reads.is_empty() {
+            // A changed file's next read is a first read anyway.
+            let prefix = format!("{}\0", actions::norm_path(ch.path()));
+            self.forgotten_reads.retain(|k| !k.starts_with(&prefix));
         }
         if new_state && !is_scratch(ch.path()) {
             self.last_new_source = Some(index);

@@ -11,6 +11,7 @@
 //! fields we do not need are skipped, and nothing is re-serialized.
 
 mod anthropic;
+pub mod compaction;
 mod framing;
 mod gemini;
 mod openai_chat;

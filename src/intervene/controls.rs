@@ -255,6 +255,31 @@ impl Controls {
         standing
     }
 
+    /// A run whose history a compaction rewrote goes on under its control: the control is
+    /// bound again, to the history that continues from the summary, and the human messages
+    /// it holds now (the summary and what the client wrote around it) count as the ones
+    /// at the halt. A later human message still lifts the halt.
+    pub fn follow_compaction(&self, conversation: &str, humans: i64, transcript: &Transcript) {
+        let mut map = self.lock();
+        let Some(c) = map.get_mut(conversation) else {
+            return;
+        };
+        let bound = match (c.run_steps, c.run_digest.as_deref()) {
+            (Some(run), Some(digest)) => continues_run(transcript, run, digest),
+            _ => false,
+        };
+        if bound {
+            return;
+        }
+        bind_run(c, transcript);
+        if c.halted {
+            c.humans_at_halt = Some(humans);
+        }
+        let c = c.clone();
+        drop(map);
+        self.write_behind(c);
+    }
+
     /// Marks a conversation halted on the request path, at the request whose history is
     /// `transcript`: by the policy (a loop, a budget) or a human's verdict on a held
     /// request. The halt holds for that run (written behind, off the request path).

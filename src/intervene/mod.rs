@@ -171,6 +171,9 @@ pub struct RequestInfo<'a> {
     /// The body exactly as the client sent it.
     pub body: Cow<'a, RequestBytes>,
     pub transcript: Cow<'a, Transcript>,
+    /// Steps of the run so far (assistant turns): the transcript's, and those of the run's
+    /// history before a compaction rewrote it. What a step budget counts.
+    pub run_steps: usize,
 }
 
 impl RequestInfo<'_> {
@@ -186,6 +189,7 @@ impl RequestInfo<'_> {
             user_agent: Cow::Owned(self.user_agent.to_string()),
             body: Cow::Owned(self.body.clone().into_owned()),
             transcript: Cow::Owned(self.transcript.clone().into_owned()),
+            run_steps: self.run_steps,
         }
     }
 }

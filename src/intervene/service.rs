@@ -101,16 +101,23 @@ impl Interventions {
     }
 
     /// Where a request stands (sticky halt, operator resumes) and what the engine needs.
+    /// `continued`: the request continues its run from a summary, so a halt of the run
+    /// holds for it (a compaction is no human speaking, and no new run).
     pub fn conversation_state(
         &self,
         policy: &Policy,
         conversation: &str,
         transcript: &Transcript,
+        continued: bool,
     ) -> ConversationState {
         if !self.controls.contains(conversation) {
             return ConversationState::free();
         }
         let humans = humans(policy, transcript);
+        if continued {
+            self.controls
+                .follow_compaction(conversation, humans, transcript);
+        }
         let standing = self.controls.standing(conversation, humans, transcript);
         let facts = match &standing {
             Standing::Free { resumed_at, .. } | Standing::Awaiting { resumed_at, .. } => {
@@ -192,7 +199,7 @@ impl Interventions {
         if policy.budget.is_unlimited() {
             return BudgetStatus::Within;
         }
-        let steps = req.transcript.steps.len() as u64;
+        let steps = req.run_steps as u64;
         let status = self
             .ledger
             .status(&req.conversation, steps, &policy.budget, now_ms());

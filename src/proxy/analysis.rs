@@ -24,11 +24,13 @@ use http::HeaderMap;
 
 use super::identity::{self, Identity};
 use super::memory::{
-    BodyComparison, History, LastRequest, Memory, NewSteps, Predecessor, Recall, Recalled,
+    BodyComparison, History, Joined, LastRequest, Memory, NewSteps, Predecessor, Recall, Recalled,
+    Sender,
 };
 use super::record::ParseStatus;
 use super::route::Route;
 use crate::detect::{Decision, EngineState};
+use crate::dialect::compaction::{self, Markers};
 use crate::dialect::Dialect;
 use crate::intervene::service::ConversationState;
 use crate::policy::Policy;
@@ -78,6 +80,13 @@ pub struct Parsed {
     pub state: Arc<EngineState>,
     /// Sticky halts and operator resumes that apply to this request.
     pub conversation: ConversationState,
+    /// The compaction markers the request carries: a summary request is forwarded as it
+    /// came, whatever the run's standing (a stop there would corrupt the summary the run
+    /// goes on from).
+    pub compaction: Markers,
+    /// The id the request stated (or its head named), when it is logged under the run it
+    /// continues, under another id.
+    pub stated_id: Option<String>,
     /// This request, to keep as its conversation's last one.
     last: ThisRequest,
 }
@@ -103,12 +112,13 @@ impl Analyser {
     /// Reads the conversation in a request and decides on it. `policy` chooses the policy
     /// from the model the request asks for (`None`: it names none, or was not read);
     /// `standing` says what the conversation is subject to (sticky halts, resumes): the
-    /// interventions' state.
+    /// interventions' state; its flag says that the request continues its run from a
+    /// summary (a compaction rewrote the history its halt was bound to).
     pub fn analyse(
         &self,
         arrival: Arrival<'_>,
         policy: impl FnOnce(Option<&str>) -> Arc<Policy>,
-        standing: impl FnOnce(&Policy, &str, &Transcript) -> ConversationState,
+        standing: impl FnOnce(&Policy, &str, &Transcript, bool) -> ConversationState,
     ) -> Analysis {
         let Arrival {
             route,
@@ -187,22 +197,52 @@ impl Analyser {
             Some(_) => None,
             None => head.or_else(|| identity::from_head(&transcript)),
         };
-        let identity = match stated {
+        let mut identity = match stated {
             Some(stated) => stated,
             None => head.clone().map_or_else(fallback, |h| h.in_team(team)),
         };
         let model = model.or_else(|| path_model.map(str::to_string));
         let policy = policy(model.as_deref());
-        let conversation = standing(&policy, &identity.id, &transcript);
+        let Followed {
+            compaction,
+            run,
+            stated_id,
+        } = self.follow(
+            &mut identity,
+            &Sent::of(route, headers, body),
+            &transcript,
+            fold.as_ref(),
+        );
+        // A summary request is read as the history it summarizes, without the client's
+        // instruction (which would read as a human speaking, to the engine and to a halt).
+        // Its standing is what the run's fold must know (an operator's resume); nothing
+        // stops it all the same (`super::forward`).
+        let history = compaction
+            .summary
+            .and_then(|m| compaction::without_instruction(&transcript, m));
+        let history = history.as_ref().unwrap_or(&transcript);
+        let conversation = standing(&policy, &identity.id, history, run.is_some());
         // An operator's resume changes the store facts: the cached fold is stale.
         let cached = fold.filter(|_| !conversation.refold);
-        let (decision, state, _) = policy.engine.decide_shared(
-            &transcript,
+        let carry = run.as_ref().map(|r| &*r.carry);
+        let (mut decision, state, _) = policy.engine.decide_carried(
+            history,
             &conversation.facts,
             cached,
             folded,
             tools.as_ref(),
+            carry,
         );
+        if compaction.summary.is_some() {
+            // The run's state here is what the conversation that continues it carries.
+            let sender = sender(headers, route.query);
+            let now = crate::store::now_ms();
+            self.memory
+                .lineage
+                .compacted(&identity.id, state.clone(), sender, now);
+            // Never acted on: no decision to log either.
+            decision = Decision::observe();
+        }
         Analysis {
             policy,
             model,
@@ -217,6 +257,8 @@ impl Analyser {
                 decision,
                 state,
                 conversation,
+                compaction,
+                stated_id,
                 last: ThisRequest {
                     recall,
                     request,
@@ -236,18 +278,147 @@ impl Analyser {
             decision,
             state,
             last,
+            compaction,
             ..
         } = parsed;
-        let next_step = transcript.steps.len();
+        // The run's steps before the compaction this history continues from, if any: the
+        // log numbers the run's steps.
+        let carried = state.steps().saturating_sub(transcript.steps.len());
+        // A summary request's fold saw its history without the instruction: it is not kept
+        // as the fold of the transcript kept (the next request folds afresh, once).
+        let state = compaction.summary.is_none().then_some(state);
+        let run_steps = carried + transcript.steps.len();
         let ThisRequest {
             recall,
             mut request,
             head,
         } = last;
-        request.keep_transcript(transcript, head, Some(state.folded()));
+        request.keep_transcript(transcript, head, state.as_ref().map(|s| s.folded()));
         // Only the steps new to the log are copied; the transcript is kept for the
         // conversation's next request.
-        let history = self.memory.put(recall, request, Some(state));
+        let mut history = self.memory.put(recall, request, state, carried);
+        if let Some(marker) = compaction.summary {
+            // The instruction after the last step is the client's, not the run's.
+            if let Some(last) = history
+                .steps
+                .last_mut()
+                .filter(|s| s.index + 1 == run_steps)
+            {
+                compaction::strip_instruction(last, marker);
+            }
+        }
+        let next_step = run_steps;
         (Logged { next_step, history }, decision)
+    }
+}
+
+/// What a request's compaction markers make of it ([`Analyser::follow`]).
+struct Followed {
+    compaction: Markers,
+    /// The run it continues from a summary, and what it carries.
+    run: Option<Joined>,
+    /// The id it had, when it takes its run's.
+    stated_id: Option<String>,
+}
+
+/// The parts of a request [`Analyser::follow`] reads.
+struct Sent<'a> {
+    path: &'a str,
+    query: Option<&'a str>,
+    headers: &'a HeaderMap,
+    body: &'a RequestBytes,
+}
+
+impl<'a> Sent<'a> {
+    fn of(route: &'a Route<'_>, headers: &'a HeaderMap, body: &'a RequestBytes) -> Sent<'a> {
+        Sent {
+            path: route.path,
+            query: route.query,
+            headers,
+            body,
+        }
+    }
+}
+
+impl Analyser {
+    /// The run a request belongs to across compactions ([`super::memory::lineage`]): its
+    /// markers ([`compaction::recognize`]; the body's last bytes only), and for a request
+    /// whose history continues from a summary, its run, whose id it takes; a conversation
+    /// joined before goes on under the run's id. `fold`: the conversation's cached fold,
+    /// for a summary the proxy did not see.
+    fn follow(
+        &self,
+        identity: &mut Identity,
+        sent: &Sent<'_>,
+        transcript: &Transcript,
+        fold: Option<&Arc<EngineState>>,
+    ) -> Followed {
+        let body = sent.body;
+        let end = body.len().saturating_sub(512)..body.len();
+        let body_end = body.get(end).unwrap_or(body.tail());
+        let compaction = compaction::recognize(sent.path, sent.headers, body_end, Some(transcript));
+        let lineage = &self.memory.lineage;
+        if compaction.continuation.is_none() {
+            let run = lineage.run_of(&identity.id);
+            let stated_id = run.and_then(|run| rename(identity, run));
+            return Followed {
+                compaction,
+                run: None,
+                stated_id,
+            };
+        }
+        let sender = sender(sent.headers, sent.query);
+        let joined = lineage
+            .join(&identity.id, &sender, crate::store::now_ms())
+            .or_else(|| self.unseen_summary(identity, fold, &sender));
+        let stated_id = joined
+            .as_ref()
+            .and_then(|j| rename(identity, j.run.clone()));
+        if let Some(j) = joined.as_ref().filter(|j| j.linked_now) {
+            tracing::info!(conversation = ?stated_id, run = %j.run, "a conversation continues a compacted run");
+        }
+        Followed {
+            compaction,
+            run: joined,
+            stated_id,
+        }
+    }
+
+    /// A history that continues from a summary the proxy did not see (Codex's older
+    /// `POST /responses/compact`, which is no conversation endpoint; a summary request
+    /// sent before the proxy started), under an id the client states: the fold of the
+    /// conversation's last request is the run's state before its compaction, and is kept
+    /// as the run's from now on.
+    /// A fold that continues a run already (its run was forgotten since) is not taken: its
+    /// own steps would be carried twice.
+    fn unseen_summary(
+        &self,
+        identity: &Identity,
+        fold: Option<&Arc<EngineState>>,
+        sender: &Sender,
+    ) -> Option<Joined> {
+        let stated = matches!(
+            identity.source,
+            identity::IdSource::Header(_) | identity::IdSource::Path
+        );
+        let fold = fold.filter(|f| stated && !f.is_carried())?.clone();
+        let lineage = &self.memory.lineage;
+        let now = crate::store::now_ms();
+        lineage.compacted(&identity.id, fold, sender.clone(), now);
+        lineage.join(&identity.id, sender, now)
+    }
+}
+
+/// Gives a request its run's id; returns the id it had, when another.
+fn rename(identity: &mut Identity, run: String) -> Option<String> {
+    (run != identity.id).then(|| std::mem::replace(&mut identity.id, run))
+}
+
+/// Who sent a request, as a run's lineage compares it: the API key's fingerprint (never
+/// the key) and the client.
+fn sender(headers: &HeaderMap, query: Option<&str>) -> Sender {
+    Sender {
+        key: crate::policy::key_id::key_of(headers, query).map(crate::policy::key_id::of),
+        client: identity::client_name(headers),
     }
 }

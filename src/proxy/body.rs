@@ -362,7 +362,7 @@ mod tests {
                 assert_eq!(history.transcript, fresh.transcript);
                 let mut previous = history.request;
                 previous.keep_transcript(history.transcript, None, None);
-                conversations.put(found.recall, previous, None);
+                conversations.put(found.recall, previous, None, 0);
                 read
             }
         };
@@ -406,7 +406,7 @@ mod tests {
             .messages
             .read_history(Dialect::OpenAiChat, &body, false, None, None)
             .unwrap();
-        conversations.put(conversations.recall(key), history.request, None);
+        conversations.put(conversations.recall(key), history.request, None, 0);
     }
 
     /// Reads `body`, arriving in pieces of `size` bytes, as the proxy does for a chat

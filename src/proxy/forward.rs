@@ -136,12 +136,14 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         team: traffic.team,
         earlier,
     };
-    let mut analysis = app
-        .analyser
-        .analyse(arrival, select, |policy, conversation, transcript| {
+    let mut analysis = app.analyser.analyse(
+        arrival,
+        select,
+        |policy, conversation, transcript, continued| {
             app.interventions
-                .conversation_state(policy, conversation, transcript)
-        });
+                .conversation_state(policy, conversation, transcript, continued)
+        },
+    );
     drop(policies);
     let request_id = next_request_id();
     let stream = analysis.stream;
@@ -299,7 +301,13 @@ pub(super) fn plan(
     json_array: bool,
     request_id: i64,
 ) -> Planned {
-    let Some(p) = analysis.parsed.as_mut() else {
+    // Nothing is done to a request that was not read, nor to a summary request: a stop
+    // there would corrupt the summary the run goes on from.
+    let Some(p) = analysis
+        .parsed
+        .as_mut()
+        .filter(|p| p.compaction.summary.is_none())
+    else {
         return Planned {
             effect: Effect::Forward,
             applied: Applied::Forwarded,
@@ -322,6 +330,7 @@ pub(super) fn plan(
         user_agent: user_agent.into(),
         body: std::borrow::Cow::Borrowed(body),
         transcript: std::borrow::Cow::Borrowed(&p.transcript),
+        run_steps: p.state.steps(),
     };
     let decision = std::mem::replace(&mut p.decision, Decision::observe());
     let mut planned = intervention::plan(
@@ -627,6 +636,16 @@ pub(super) fn new_record(
         parse_error,
         parsed,
     } = analysis;
+    let (compaction, stated_id) = match &parsed {
+        Some(p) => (p.compaction.summary, p.stated_id.clone()),
+        // A summary request the proxy does not read (Codex's `POST /responses/compact`)
+        // is forwarded as it came, and logged as what it is.
+        None => {
+            let markers =
+                crate::dialect::compaction::recognize(route.path, &parts.headers, &[], None);
+            (markers.summary, None)
+        }
+    };
     let (steps, decision, history, next_step) = match parsed {
         Some(p) => {
             let (logged, decision) = app.analyser.keep(p);
@@ -645,6 +664,8 @@ pub(super) fn new_record(
         decision: decision.as_ref().map(|d| d.action.as_str().into()),
         applied: applied.as_str().into(),
         request_bytes: body.len() as i64,
+        compaction: compaction.map(|m| m.as_str().into()),
+        stated_id,
         ..request_row(parts, route, &policy, identity.id.clone(), started_ms)
     };
     let conversation = parse.is_conversation().then(|| ConversationSeen {
@@ -709,6 +730,8 @@ pub(super) fn request_row(
         cache_write_tokens: None,
         cost_usd: None,
         policy: Some(Label::from(policy.name.to_string())),
+        compaction: None,
+        stated_id: None,
     }
 }
 

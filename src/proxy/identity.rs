@@ -3,8 +3,10 @@
 //! In order: our own header `x-loopwarden-conversation`; a `/c/{id}` path prefix; the ids
 //! clients send (Claude Code session + sub-agent, Codex thread, opencode session); else a
 //! hash of the history's stable head (first system text + first user message), which every
-//! client resends unchanged until it compacts. Detection reads the transcript itself, so a
-//! wrong identity only mislabels the log; it never changes a decision.
+//! client resends unchanged until it compacts. Within a run, detection reads the transcript
+//! itself, so a wrong identity only mislabels the log. Across a compaction the run is
+//! followed by its markers (`super::memory::lineage`), which never joins two runs on a
+//! guess.
 
 use http::HeaderMap;
 

@@ -126,9 +126,20 @@ impl Summary {
 /// Each request's decision under both engines, and where they differ, up to the request
 /// where both have stopped the run.
 pub fn compare(current: &Engine, candidate: &Engine, transcript: &Transcript) -> Vec<Change> {
+    compare_run(current, candidate, transcript, &[])
+}
+
+/// [`compare`] for a run whose history was compacted after each of the step counts in
+/// `compactions` ([`Engine::decisions_across`]).
+pub fn compare_run(
+    current: &Engine,
+    candidate: &Engine,
+    transcript: &Transcript,
+    compactions: &[usize],
+) -> Vec<Change> {
     let store = StoreFacts::default();
-    let before = current.decisions(transcript, &store);
-    let after = candidate.decisions(transcript, &store);
+    let before = current.decisions_across(transcript, &store, compactions);
+    let after = candidate.decisions_across(transcript, &store, compactions);
     let first_stop = |ds: &[(usize, Decision)]| {
         ds.iter()
             .find(|(_, d)| d.action.stops())
@@ -175,8 +186,9 @@ pub fn replay(
                 Engine::new(candidate(&policy)),
             )
         });
+        let compactions = log.compactions(&id)?;
         let compared = Compared {
-            changes: compare(now, then, &transcript),
+            changes: compare_run(now, then, &transcript, &compactions),
             steps: transcript.steps.len(),
             id,
             policy,
@@ -297,6 +309,31 @@ impl Log {
         Ok(policy
             .flatten()
             .unwrap_or_else(|| DEFAULT_POLICY.to_string()))
+    }
+
+    /// The step counts after which the run's history was compacted: the steps its summary
+    /// requests carried. None in a log written before compactions were logged.
+    fn compactions(&self, id: &str) -> anyhow::Result<Vec<usize>> {
+        let has_column = self
+            .conn
+            .prepare("SELECT compaction FROM requests LIMIT 0")
+            .is_ok();
+        if !has_column {
+            return Ok(Vec::new());
+        }
+        let mut stmt = self.conn.prepare(
+            "SELECT steps FROM requests
+             WHERE conversation_id = ?1 AND compaction IS NOT NULL AND steps IS NOT NULL
+             ORDER BY steps",
+        )?;
+        let rows = stmt.query_map([id], |r| r.get::<_, i64>(0))?;
+        let mut at = Vec::new();
+        for row in rows {
+            if let Ok(steps) = usize::try_from(row?) {
+                at.push(steps);
+            }
+        }
+        Ok(at)
     }
 
     /// The conversation's transcript: its head and its steps from the first on, up to

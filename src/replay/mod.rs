@@ -312,7 +312,7 @@ impl<'a> Requests<'a> {
         let analysis = analyser.analyse(
             arrival,
             |_| replayer.policy.clone(),
-            |_, _, _| ConversationState::free(),
+            |_, _, _, _| ConversationState::free(),
         );
         let Some(parsed) = analysis.parsed else {
             anyhow::bail!(

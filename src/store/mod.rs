@@ -138,6 +138,11 @@ pub struct RequestRow {
     pub cache_write_tokens: Option<i64>,
     /// US dollars; `None` when the usage or the model's price is unknown.
     pub cost_usd: Option<f64>,
+    /// A summary request's compaction marker (`migrations/0011_lineage.sql`).
+    pub compaction: Option<Label>,
+    /// The id the request stated, when it is logged under the run it continues under
+    /// another id.
+    pub stated_id: Option<String>,
 }
 
 impl RequestRow {
@@ -174,6 +179,8 @@ impl RequestRow {
             cache_write_tokens: None,
             cost_usd: None,
             policy: Some("default".into()),
+            compaction: None,
+            stated_id: None,
         }
     }
 }

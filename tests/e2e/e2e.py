@@ -79,7 +79,26 @@ def loop_script(client, repo):
     return {"turns": turns, "end_text": UNHALTED, "side_text": SIDE_TEXT, "side_rules": SIDE_RULES}
 
 
-SCENARIOS = {"control": control_script, "loop": loop_script, "teams": loop_script}
+# What the mock answers Claude Code's summary request (it asks for an <analysis> and a
+# <summary>).
+SUMMARY = ("<analysis>The user asked to fix calc.py.</analysis>\n<summary>1. Primary Request and Intent: "
+           "fix the failing test in calc.py.\n2. Progress: read calc.py several times; no edit yet.\n"
+           "3. Next step: edit add() to return a + b.</summary>")
+
+
+def compact_script(client, repo):
+    """The model reads calc.py again and again while its answers report a context nearly
+    full: Claude Code auto-compacts mid-run (its summary request, then a history that starts
+    from the summary) and the reads go on after it."""
+    reads = [calls(client.read(repo)) for _ in range(10)]
+    reads[0]["text"] = "Let me look at the code first."
+    for turn, tokens in ((1, 600000), (2, 940000), (3, 985000)):
+        reads[turn]["usage"] = {"input": tokens}
+    rules = SIDE_RULES + [{"match": "CRITICAL: Respond with TEXT ONLY", "text": SUMMARY}]
+    return {"turns": reads, "end_text": UNHALTED, "side_text": SIDE_TEXT, "side_rules": rules}
+
+
+SCENARIOS = {"control": control_script, "loop": loop_script, "teams": loop_script, "compact": compact_script}
 
 # The policies of the `teams` scenario: one team enforced, one in shadow.
 TEAMS_CONFIG = '''
@@ -278,6 +297,9 @@ def run_one(client, scenario, args, report):
     if scenario == "teams":
         return run_teams(client, args, report)
     label = f"{client.name}/{scenario}"
+    if scenario == "compact" and client.name != "claude":
+        report.skip(label, "the mock's nearly full context makes only Claude Code compact")
+        return
     run_dir = Path(args.out) / client.name / scenario
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     run_dir.mkdir(parents=True)
@@ -324,6 +346,8 @@ def run_one(client, scenario, args, report):
                scripted_texts=scripted_texts, report=report, direct=args.direct)
     if scenario == "control":
         check_control(**ctx)
+    elif scenario == "compact":
+        check_compact(**ctx)
     else:
         check_loop(**ctx)
     if client.websocket:
@@ -477,6 +501,40 @@ def check_websocket(label, exchanges, mock_recs, turn_recs, db, report, **_):
     n = rows[0][0] if isinstance(rows, list) else 0
     report.check(f"{label} log holds each socket turn as a request", n >= len(turn_recs),
                  f"{n} WS rows for {len(turn_recs)} turns")
+
+
+def check_compact(label, repo, client, script, stdout, run_dir, last, exchanges, mock_recs, turn_recs, db,
+                  scripted_texts, report, direct):
+    """One run across an auto-compaction: its summary request reached the mock as the client
+    sent it, the run was nudged before it and escalated after it (not observed afresh), and
+    the log holds one run with the compaction marked."""
+    summaries = [ex for ex in exchanges if b"CRITICAL: Respond with TEXT ONLY" in ex.body]
+    report.check(f"{label} the client compacted", bool(summaries), f"{len(exchanges)} requests")
+    if not summaries:
+        return
+    received = {r["sha256"] for r in mock_recs}
+    report.check(f"{label} its summary request reached the mock byte for byte",
+                 all(ex.sha256 in received for ex in summaries),
+                 f"{sum(1 for ex in summaries if ex.sha256 not in received)} of {len(summaries)} differ")
+    first = exchanges.index(summaries[0])
+    continued = [ex for ex in exchanges[first + 1:] if b"This session is being continued" in ex.body]
+    report.check(f"{label} the run went on from the summary", bool(continued), f"{len(continued)} requests")
+    if direct:
+        report.skip(f"{label} log", "--direct: no loopwarden in the path")
+        return
+    before = [ex.decision for ex in exchanges[:first]]
+    after = [ex.decision for ex in exchanges[first + 1:]]
+    report.check(f"{label} nudged before the compaction", "nudge" in before, f"{before}")
+    report.check(f"{label} escalated after it, not observed afresh",
+                 any(d in ("replan", "halt", "block") for d in after), f"{after}")
+    halts = [ex for ex in exchanges if b"[loopwarden]" in ex.response]
+    report.check(f"{label} client received a halt", bool(halts) and "loopwarden" in last.lower(),
+                 repr(short(last)))
+    marked = query(db, "select count(*) from requests where compaction = 'claude_summary'")
+    report.check(f"{label} log marks the summary request", marked not in ([(0,)],) and isinstance(marked, list),
+                 f"{marked}")
+    runs = query(db, "select count(distinct conversation_id) from requests where dialect is not null")
+    report.check(f"{label} log holds one run", runs == [(1,)], f"{runs}")
 
 
 def run_teams(client, args, report):

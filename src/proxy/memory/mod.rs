@@ -32,6 +32,7 @@
 
 pub mod arrival;
 pub mod history;
+pub mod lineage;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -39,6 +40,7 @@ use std::time::{Duration, Instant};
 
 pub use arrival::{head_key, BodyComparison, Predecessor};
 pub use history::{History, ItemList, LastRequest, MessageCache};
+pub use lineage::{Joined, Lineage, Sender};
 
 use crate::config::CacheConfig;
 use crate::detect::EngineState;
@@ -54,6 +56,8 @@ const SLOT_OVERHEAD: usize = 4096;
 pub struct Memory {
     /// Parsed messages, shared by every conversation.
     pub messages: MessageCache,
+    /// Runs that compacted their context, and the conversations that continue them.
+    pub lineage: Lineage,
     slots: Mutex<HashMap<String, Arc<Slot>>>,
     /// Bytes charged to the slots in the map (see [`Remembered::bytes`]).
     held: AtomicUsize,
@@ -77,7 +81,8 @@ struct Remembered {
     last: Option<LastRequest>,
     /// The engine's fold after the latest request that decided.
     fold: Option<Arc<EngineState>>,
-    /// Steps before this index were logged with a result for every call.
+    /// Steps before this index (the run's step numbers) were logged with a result for
+    /// every call.
     logged: usize,
     /// What this slot is charged against `cache.conversation_max_bytes`: its last body
     /// twice (the bytes, and the transcript read from them), and [`SLOT_OVERHEAD`].
@@ -116,6 +121,7 @@ impl Memory {
         let idle = Duration::from_secs(config.idle_secs);
         Memory {
             messages: MessageCache::new(config.max_bytes, idle),
+            lineage: Lineage::new(config.compaction_link_secs),
             slots: Mutex::new(HashMap::default()),
             held: AtomicUsize::new(0),
             max_bytes: config.conversation_max_bytes,
@@ -149,16 +155,21 @@ impl Memory {
     /// transcript the log does not have yet (new, or that gained results; with the head when
     /// they start at the first step), and records
     /// that everything up to the first step with an unanswered call will have been logged.
+    ///
+    /// `carried`: steps of the run before the compaction its history continues from (0 for
+    /// a conversation that starts its run). The log numbers the run's steps: this
+    /// transcript's step `i` is the run's `carried + i`.
     pub fn put(
         &self,
         recall: Recall,
         last: LastRequest,
         fold: Option<Arc<EngineState>>,
+        carried: usize,
     ) -> NewSteps {
         let bytes = 2 * last.body_len() + SLOT_OVERHEAD;
         let (steps, over) = {
             let mut state = recall.slot.lock();
-            let steps = state.steps_to_log(&last);
+            let steps = state.steps_to_log(&last, carried);
             if state.forgotten {
                 return steps;
             }
@@ -189,6 +200,7 @@ impl Memory {
     /// request carried for as long. Called periodically.
     pub fn sweep(&self) {
         self.messages.sweep();
+        self.lineage.sweep(crate::store::now_ms());
         let cutoff = self.now_ms().saturating_sub(self.idle.as_millis() as u64);
         let idle: Vec<Arc<Slot>> = {
             let mut slots = self.lock();
@@ -320,24 +332,33 @@ pub struct NewSteps {
 }
 
 impl Remembered {
-    /// The steps of `last`'s kept transcript that still need logging, and records how far
-    /// the log will be once they are.
-    fn steps_to_log(&mut self, last: &LastRequest) -> NewSteps {
+    /// The steps of `last`'s kept transcript that still need logging (numbered as the
+    /// run's: `carried` on), and records how far the log will be once they are.
+    fn steps_to_log(&mut self, last: &LastRequest, carried: usize) -> NewSteps {
         let Some(transcript) = last.transcript() else {
             return NewSteps::default();
         };
         let steps = &transcript.steps;
-        let from = self.logged.min(steps.len());
+        let from = self.logged.saturating_sub(carried).min(steps.len());
         let first_open = steps[from..]
             .iter()
             .position(|s| s.calls.iter().any(|c| c.result.is_none()))
             .map_or(steps.len(), |i| from + i);
         // Never move back: a shorter side request (a title request under the same
         // session id) must not make the next main request log its whole history again.
-        self.logged = self.logged.max(first_open);
+        self.logged = self.logged.max(carried + first_open);
+        let steps = steps[from..]
+            .iter()
+            .map(|s| Step {
+                index: s.index + carried,
+                ..s.clone()
+            })
+            .collect();
         NewSteps {
-            steps: steps[from..].to_vec(),
-            head: (from == 0 && !steps.is_empty()).then(|| transcript.head()),
+            steps,
+            // A continued history's head is its summary: the run keeps its own.
+            head: (from == 0 && carried == 0 && !transcript.steps.is_empty())
+                .then(|| transcript.head()),
         }
     }
 }
@@ -399,6 +420,7 @@ mod tests {
             memory.recall("a"),
             request(&memory, 1, 0),
             Some(kept.clone()),
+            0,
         );
         // The same body again: the fold is read and stays for the others.
         let same = memory.recall("a").take(true);
@@ -433,7 +455,7 @@ mod tests {
         let memory = memory(1 << 30);
         let put = |turns, open| {
             let last = request(&memory, turns, open);
-            memory.put(memory.recall("a"), last, None)
+            memory.put(memory.recall("a"), last, None, 0)
         };
         let logged = |turns, open| put(turns, open).steps.len();
         // No step yet: nothing, not even the head.
@@ -456,7 +478,7 @@ mod tests {
         let one = 2 * request(&memory(1), 1, 0).body_len() + SLOT_OVERHEAD;
         let memory = memory(3 * one + one / 2);
         for key in ["a", "b", "c"] {
-            memory.put(memory.recall(key), request(&memory, 1, 0), None);
+            memory.put(memory.recall(key), request(&memory, 1, 0), None, 0);
             std::thread::sleep(Duration::from_millis(2));
         }
         assert_eq!(memory.held().conversations, 3);
@@ -464,7 +486,7 @@ mod tests {
         // "a" is used again: "b" is now the least recently used.
         let a = memory.recall("a");
         std::thread::sleep(Duration::from_millis(2));
-        memory.put(memory.recall("d"), request(&memory, 1, 0), None);
+        memory.put(memory.recall("d"), request(&memory, 1, 0), None, 0);
         assert!(memory.held().conversation_bytes <= 3 * one + one / 2);
         assert!(memory.recall("b").peek().is_none(), "evicted");
         assert!(a.peek().is_some() && memory.recall("d").peek().is_some());
@@ -472,7 +494,7 @@ mod tests {
         let held = memory.held().conversation_bytes;
         let b = memory.recall("b");
         memory.forget("b");
-        memory.put(b, request(&memory, 1, 0), None);
+        memory.put(b, request(&memory, 1, 0), None, 0);
         assert_eq!(memory.held().conversation_bytes, held);
         memory.sweep();
         assert_eq!(memory.held().conversations, 3, "none idle for long");

@@ -193,7 +193,7 @@ const REQUESTS: Insert = Insert {
         stream, parse, parse_error, steps, decision, applied, status, outcome,
         request_bytes, response_bytes, upstream_latency_us, upstream_total_us,
         proxy_overhead_us, body_read_us, input_tokens, output_tokens, stop_reason,
-        cached_input_tokens, cache_write_tokens, cost_usd, policy",
+        cached_input_tokens, cache_write_tokens, cost_usd, policy, compaction, stated_id",
     conflict: "ON CONFLICT (id) DO UPDATE SET conversation_id = excluded.conversation_id,
         started_ms = excluded.started_ms, method = excluded.method, path = excluded.path,
         upstream = excluded.upstream, dialect = excluded.dialect, model = excluded.model,
@@ -207,7 +207,8 @@ const REQUESTS: Insert = Insert {
         input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens,
         stop_reason = excluded.stop_reason, cached_input_tokens = excluded.cached_input_tokens,
         cache_write_tokens = excluded.cache_write_tokens, cost_usd = excluded.cost_usd,
-        policy = excluded.policy",
+        policy = excluded.policy, compaction = excluded.compaction,
+        stated_id = excluded.stated_id",
 };
 
 fn bind_request<'r>(v: &mut Values<'_, 'r>, r: &'r &RequestRow) {
@@ -239,7 +240,9 @@ fn bind_request<'r>(v: &mut Values<'_, 'r>, r: &'r &RequestRow) {
         .push_bind(r.cached_input_tokens)
         .push_bind(r.cache_write_tokens)
         .push_bind(r.cost_usd)
-        .push_bind(r.policy.as_deref());
+        .push_bind(r.policy.as_deref())
+        .push_bind(r.compaction.as_deref())
+        .push_bind(r.stated_id.as_deref());
 }
 
 /// Ids (an identity column) follow the rows' order.

@@ -171,13 +171,13 @@ trait ChunkedRow {
 /// A row whose id is already in (also earlier in the same statement) replaces it, as it
 /// did one by one.
 impl ChunkedRow for RequestRow {
-    const COLUMNS: usize = 29;
+    const COLUMNS: usize = 31;
     const INSERT: &'static str = "INSERT OR REPLACE INTO requests
            (id, conversation_id, started_ms, method, path, upstream, dialect, model,
             stream, parse, parse_error, steps, decision, applied, status, outcome,
             request_bytes, response_bytes, upstream_latency_us, upstream_total_us,
             proxy_overhead_us, body_read_us, input_tokens, output_tokens, stop_reason,
-            cached_input_tokens, cache_write_tokens, cost_usd, policy)";
+            cached_input_tokens, cache_write_tokens, cost_usd, policy, compaction, stated_id)";
 
     fn chunks<'s, 'c>(statements: &'s mut Statements<'c>) -> &'s mut Chunks<'c> {
         &mut statements.requests
@@ -215,6 +215,8 @@ impl ChunkedRow for RequestRow {
             &r.cache_write_tokens,
             &r.cost_usd,
             &r.policy,
+            &r.compaction,
+            &r.stated_id,
         ];
         bind_all(stmt, first, values)
     }

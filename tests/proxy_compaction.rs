@@ -1,0 +1,757 @@
+//! One run across context compactions, through the real proxy over loopback sockets in
+//! front of the scripted mock: each client's summary request and the history that
+//! continues from it (Claude Code with a new session id and with the same one, Codex,
+//! Gemini CLI, opencode). A loop nudged before the compaction goes on being escalated
+//! after it, a step budget counts the run's model calls, dollars carry over to a new id,
+//! the summary request is forwarded untouched even in a halted run, and a new session of
+//! the same key inherits nothing.
+
+mod proxy_support;
+
+use loopwarden::budget::{Price, Prices, Usage};
+use loopwarden::mock::{AfterEnd, MockServer, Script, Turn};
+use proxy_support::{client, TestProxy};
+use serde_json::{json, Value};
+
+const CONTENT: &str =
+    "1\tdef add(a, b):\n2\t    return a - b  # bug\n3\t\n4\tdef mul(a, b):\n5\t    return a * b\n";
+const CLAUDE_SUMMARY: &str = "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.\n\n- Do NOT use Read, Bash, Grep, Glob, Edit, Write, or ANY other tool.";
+const CLAUDE_CONTINUED: &str = "This session is being continued from a previous conversation that ran out of context. The summary below covers the earlier portion of the conversation.\n\nSummary:\n1. Primary Request and Intent: fix the failing test in calc.py.\n2. Progress: read calc.py several times; no edit yet.";
+
+/// A client's shape: the headers and bodies of its requests before and after a compaction.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Client {
+    ClaudeCode,
+    Codex,
+    GeminiCli,
+    Opencode,
+}
+
+/// What a request of a run is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Part {
+    /// Before any compaction: the task and `n` reads of calc.py.
+    Before(usize),
+    /// The summary request after `n` reads.
+    Summary(usize),
+    /// After the compaction: the summary and `n` reads of calc.py since.
+    After(usize),
+}
+
+impl Client {
+    fn path(self) -> &'static str {
+        match self {
+            Client::ClaudeCode => "/v1/messages?beta=true",
+            Client::Codex => "/v1/responses",
+            Client::GeminiCli => "/v1beta/models/gemini-3.8-flash:generateContent",
+            Client::Opencode => "/v1/chat/completions",
+        }
+    }
+
+    /// The headers a request of session `id` carries (Gemini CLI states none).
+    fn headers(self, id: &str, key: &str, part: Part) -> Vec<(&'static str, String)> {
+        match self {
+            Client::ClaudeCode => vec![
+                (
+                    "user-agent",
+                    "claude-cli/2.1.332 (external, sdk-cli)".into(),
+                ),
+                ("x-claude-code-session-id", id.into()),
+                ("x-api-key", key.into()),
+            ],
+            Client::Codex => {
+                let window = match part {
+                    Part::After(_) => 1,
+                    _ => 0,
+                };
+                let kind = match part {
+                    Part::Summary(_) => "compaction",
+                    _ => "turn",
+                };
+                vec![
+                    (
+                        "user-agent",
+                        "codex_exec/0.171.0 (Debian 12.0.0; x86_64)".into(),
+                    ),
+                    ("authorization", format!("Bearer {key}")),
+                    ("session-id", id.into()),
+                    ("thread-id", id.into()),
+                    ("x-codex-window-id", format!("{id}:{window}")),
+                    (
+                        "x-codex-turn-metadata",
+                        json!({"session_id": id, "thread_id": id, "request_kind": kind})
+                            .to_string(),
+                    ),
+                ]
+            }
+            Client::GeminiCli => vec![
+                (
+                    "user-agent",
+                    "GeminiCLI/0.61.0/gemini-3.8-flash (linux; x64)".into(),
+                ),
+                ("x-goog-api-key", key.into()),
+            ],
+            Client::Opencode => vec![
+                ("user-agent", "opencode/1.18.33".into()),
+                ("authorization", format!("Bearer {key}")),
+                ("x-session-id", id.into()),
+            ],
+        }
+    }
+
+    /// The body of a request: `task` names the run (two runs of one client differ in it).
+    fn body(self, task: &str, part: Part) -> Value {
+        let (head, reads, tail): (Vec<&str>, usize, Option<&str>) = match (self, part) {
+            (_, Part::Before(n)) => (vec![task], n, None),
+            (Client::ClaudeCode, Part::Summary(n)) => (vec![task], n, Some(CLAUDE_SUMMARY)),
+            (Client::GeminiCli, Part::Summary(n)) => (
+                vec![task],
+                n,
+                Some("First, reason in your scratchpad. Then, generate the <state_snapshot>."),
+            ),
+            (Client::Opencode, Part::Summary(n)) => (vec![task], n, Some("What did we do so far?")),
+            (Client::Codex, Part::Summary(n)) => (vec![task], n, None),
+            (Client::ClaudeCode, Part::After(n)) => (
+                vec![
+                    "<system-reminder>\ngitStatus: clean\n</system-reminder>",
+                    CLAUDE_CONTINUED,
+                ],
+                n,
+                None,
+            ),
+            (Client::Codex, Part::After(n)) => (vec![task], n, None),
+            (Client::GeminiCli, Part::After(n)) => (
+                vec!["<state_snapshot><overall_goal>Fix calc.py</overall_goal></state_snapshot>"],
+                n,
+                None,
+            ),
+            (Client::Opencode, Part::After(n)) => (vec!["What did we do so far?"], n, None),
+        };
+        let after = matches!(part, Part::After(_));
+        let summary = matches!(part, Part::Summary(_));
+        match self {
+            Client::ClaudeCode => claude_body(&head, reads, tail, after),
+            Client::Codex => codex_body(head[0], reads, summary, after),
+            Client::GeminiCli => gemini_body(head[0], reads, tail, after),
+            Client::Opencode => opencode_body(head[0], reads, tail, after),
+        }
+    }
+}
+
+fn claude_body(head: &[&str], reads: usize, tail: Option<&str>, after: bool) -> Value {
+    let texts: Vec<Value> = head
+        .iter()
+        .map(|t| json!({"type": "text", "text": t}))
+        .collect();
+    let mut messages = vec![json!({"role": "user", "content": texts})];
+    let tag = if after { "b" } else { "a" };
+    for i in 0..reads {
+        let id = format!("toolu_{tag}{i}");
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": id, "name": "Read", "input": {"file_path": "/work/calc.py"}}]}));
+        let mut content =
+            vec![json!({"type": "tool_result", "tool_use_id": id, "content": CONTENT})];
+        if i + 1 == reads {
+            if let Some(t) = tail {
+                content.push(json!({"type": "text", "text": t}));
+            }
+        }
+        messages.push(json!({"role": "user", "content": content}));
+    }
+    json!({"model": "claude-opus-5-5", "max_tokens": 1000, "stream": false,
+        "system": [{"type": "text", "text": "You are Claude Code."}], "messages": messages,
+        "tools": [{"name": "Read", "input_schema": {"type": "object"}}]})
+}
+
+fn codex_body(task: &str, reads: usize, summary: bool, after: bool) -> Value {
+    let mut input = vec![
+        json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]}),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": task}]}),
+    ];
+    if after {
+        input.push(json!({"type": "compaction", "encrypted_content": "gAAAA-opaque-summary"}));
+    }
+    let tag = if after { "b" } else { "a" };
+    for i in 0..reads {
+        let id = format!("call_{tag}{i}");
+        input.push(
+            json!({"type": "function_call", "call_id": id, "name": "exec_command",
+            "arguments": json!({"cmd": "cat calc.py"}).to_string()}),
+        );
+        input.push(json!({"type": "function_call_output", "call_id": id,
+            "output": format!("Process exited with code 0\nOutput:\n{CONTENT}")}));
+    }
+    if summary {
+        input.push(json!({"type": "compaction_trigger"}));
+    }
+    json!({"model": "gpt-5.5", "stream": false, "store": false, "input": input,
+        "tools": [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}}]})
+}
+
+fn gemini_body(first: &str, reads: usize, tail: Option<&str>, after: bool) -> Value {
+    let mut contents = vec![json!({"role": "user", "parts": [{"text": first}]})];
+    if after {
+        contents.push(json!({"role": "model", "parts": [{"text": "Got it. Thanks for the additional context!"}]}));
+    }
+    for _ in 0..reads {
+        contents.push(json!({"role": "model", "parts": [
+            {"functionCall": {"name": "read_file", "args": {"absolute_path": "/work/calc.py"}}}]}));
+        contents.push(json!({"role": "user", "parts": [
+            {"functionResponse": {"name": "read_file", "response": {"output": CONTENT}}}]}));
+    }
+    if let Some(t) = tail {
+        contents.push(json!({"role": "user", "parts": [{"text": t}]}));
+    }
+    // The summary request has its own system instruction (the compression prompt).
+    let system = match tail {
+        Some(_) => "You are the component that summarizes internal chat history.",
+        None => "You are Gemini CLI.",
+    };
+    json!({"contents": contents, "systemInstruction": {"parts": [{"text": system}]},
+        "tools": [{"functionDeclarations": [{"name": "read_file"}]}]})
+}
+
+fn opencode_body(first: &str, reads: usize, tail: Option<&str>, after: bool) -> Value {
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are opencode."}),
+        json!({"role": "user", "content": first}),
+    ];
+    if after {
+        messages.push(json!({"role": "assistant", "content": "We read calc.py; add() subtracts."}));
+        messages.push(json!({"role": "user", "content": "Continue if you have next steps, or stop and ask for clarification if you are unsure how to proceed."}));
+    }
+    let tag = if after { "b" } else { "a" };
+    for i in 0..reads {
+        let id = format!("call_{tag}{i}");
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": "read", "arguments": json!({"filePath": "/work/calc.py"}).to_string()}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": CONTENT}));
+    }
+    if let Some(t) = tail {
+        messages.push(json!({"role": "user", "content": t}));
+    }
+    json!({"model": "gpt-5.5", "messages": messages,
+        "tools": [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]})
+}
+
+/// What the proxy answered a request: its decision, the conversation it logged it under,
+/// and whether the upstream got the request (and exactly the client's bytes).
+#[derive(Debug)]
+struct Answer {
+    decision: String,
+    conversation: String,
+    forwarded: bool,
+    untouched: bool,
+}
+
+struct Setup {
+    mock: MockServer,
+    proxy: TestProxy,
+}
+
+impl Setup {
+    async fn start(adjust: impl FnOnce(&mut loopwarden::config::Config)) -> Setup {
+        let script = Script {
+            turns: vec![Turn {
+                text: Some("Reading.".into()),
+                usage: Some(Usage {
+                    input: 100_000,
+                    ..Usage::default()
+                }),
+                ..Turn::default()
+            }],
+            after_end: AfterEnd::RepeatLast,
+            side_when_no_tools: false,
+            ..Script::default()
+        };
+        let mock = MockServer::start(script).await.unwrap();
+        let proxy = TestProxy::start_with(&mock.url(), adjust).await;
+        Setup { mock, proxy }
+    }
+
+    async fn send(&self, c: Client, id: &str, task: &str, part: Part) -> Answer {
+        self.send_as(c, id, "sk-test-key-1", task, part).await
+    }
+
+    async fn send_as(&self, c: Client, id: &str, key: &str, task: &str, part: Part) -> Answer {
+        let body = c.body(task, part).to_string();
+        let before = self.mock.requests().len();
+        let mut request = client().post(self.proxy.url(c.path())).body(body.clone());
+        for (name, value) in c.headers(id, key, part) {
+            request = request.header(name, value);
+        }
+        request = request.header("content-type", "application/json");
+        let resp = request.send().await.unwrap();
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string()
+        };
+        let decision = header("x-loopwarden-decision");
+        let conversation = header("x-loopwarden-conversation");
+        assert!(
+            resp.status().is_success(),
+            "{c:?} {part:?}: {}",
+            resp.status()
+        );
+        resp.bytes().await.unwrap();
+        let seen = self.mock.requests();
+        let forwarded = seen.len() > before;
+        let untouched = forwarded && seen.last().is_some_and(|r| r.body == body.as_bytes());
+        Answer {
+            decision: if decision.is_empty() {
+                "observe".into()
+            } else {
+                decision
+            },
+            conversation,
+            forwarded,
+            untouched,
+        }
+    }
+}
+
+const ESCALATED: [&str; 4] = ["replan", "rollback", "halt", "pause"];
+
+/// A run that re-reads one file is nudged, compacts, and re-reads it again: the first
+/// re-read after the summary is needed work (observed), and the loop that goes on is
+/// escalated past the nudge, not observed, observed, observed as a new run would be. The
+/// continuation is logged under the run's id. `new_id`: the continuation states a new
+/// session id (Claude Code's interactive auto-compact); else the same one.
+async fn a_loop_goes_on_being_escalated_across_a_compaction(c: Client, new_id: bool) {
+    let setup = Setup::start(|_| {}).await;
+    let task = "Fix the failing test in calc.py.";
+    let mut before = Vec::new();
+    for n in 0..=4 {
+        before.push(setup.send(c, "run-1", task, Part::Before(n)).await);
+    }
+    let decisions: Vec<&str> = before.iter().map(|a| a.decision.as_str()).collect();
+    assert!(decisions.contains(&"nudge"), "{c:?}: {decisions:?}");
+    let run = before[0].conversation.clone();
+    let summary = setup.send(c, "run-1", task, Part::Summary(5)).await;
+    assert!(
+        summary.untouched,
+        "{c:?}: the summary request goes as it came"
+    );
+    assert_eq!(summary.decision, "observe", "{c:?}");
+    let next = if new_id { "run-1-continued" } else { "run-1" };
+    let mut after = Vec::new();
+    for n in 0..=4 {
+        after.push(setup.send(c, next, task, Part::After(n)).await);
+    }
+    let decisions: Vec<&str> = after.iter().map(|a| a.decision.as_str()).collect();
+    assert_eq!(
+        decisions[1], "observe",
+        "{c:?}: the first re-read is needed: {decisions:?}"
+    );
+    assert!(
+        decisions[2..].iter().any(|d| ESCALATED.contains(d)),
+        "{c:?}: escalated past the nudge: {decisions:?}"
+    );
+    if c != Client::GeminiCli {
+        // Gemini CLI states no id: its summary request (another system instruction) has
+        // an identity of its own, which its continuation joins.
+        assert!(
+            after.iter().all(|a| a.conversation == run),
+            "{c:?}: one run in the log: {run} vs {:?}",
+            after.iter().map(|a| &a.conversation).collect::<Vec<_>>()
+        );
+    }
+    if c == Client::ClaudeCode {
+        the_log_holds_one_run(&setup, &run, new_id.then_some(next)).await;
+    }
+    // The same reads in a new session of the same key, without a summary: a new run,
+    // which inherits nothing.
+    let mut fresh = Vec::new();
+    for n in 0..=4 {
+        fresh.push(
+            setup
+                .send(c, "run-2", "Another task: fix calc.py.", Part::Before(n))
+                .await,
+        );
+    }
+    let decisions: Vec<&str> = fresh.iter().map(|a| a.decision.as_str()).collect();
+    assert!(
+        decisions.iter().all(|d| !ESCALATED.contains(d)),
+        "{c:?}: a new session starts afresh: {decisions:?}"
+    );
+    assert!(fresh.iter().all(|a| a.conversation != run), "{c:?}");
+}
+
+#[tokio::test]
+async fn claude_code_auto_compact_under_a_new_session_id_is_one_run() {
+    a_loop_goes_on_being_escalated_across_a_compaction(Client::ClaudeCode, true).await;
+}
+
+#[tokio::test]
+async fn claude_code_compact_under_the_same_session_id_is_one_run() {
+    a_loop_goes_on_being_escalated_across_a_compaction(Client::ClaudeCode, false).await;
+}
+
+#[tokio::test]
+async fn codex_remote_compaction_is_one_run() {
+    a_loop_goes_on_being_escalated_across_a_compaction(Client::Codex, false).await;
+}
+
+#[tokio::test]
+async fn gemini_cli_state_snapshot_is_one_run() {
+    a_loop_goes_on_being_escalated_across_a_compaction(Client::GeminiCli, true).await;
+}
+
+#[tokio::test]
+async fn opencode_summary_is_one_run() {
+    a_loop_goes_on_being_escalated_across_a_compaction(Client::Opencode, false).await;
+}
+
+/// `[budget] steps = 6` stops the run at its 7th model call, a compaction between them
+/// (its summary request is no step of the run, and is never stopped). Then, the run halted,
+/// a summary request still goes to the upstream as it came.
+#[tokio::test]
+async fn a_step_budget_counts_the_runs_model_calls_across_a_compaction() {
+    let setup = Setup::start(|config| {
+        config.budget.steps = 6;
+        // Loops are not what this test is about.
+        config.detect.enabled = false;
+    })
+    .await;
+    let c = Client::ClaudeCode;
+    let task = "Fix the failing test in calc.py.";
+    for n in 0..4 {
+        let a = setup.send(c, "budget-1", task, Part::Before(n)).await;
+        assert!(a.forwarded, "call {}: {a:?}", n + 1);
+    }
+    assert!(
+        setup
+            .send(c, "budget-1", task, Part::Summary(4))
+            .await
+            .untouched
+    );
+    for (n, call) in [(0, 5), (1, 6)] {
+        let a = setup.send(c, "budget-2", task, Part::After(n)).await;
+        assert!(a.forwarded, "call {call}: {a:?}");
+    }
+    let seventh = setup.send(c, "budget-2", task, Part::After(2)).await;
+    assert_eq!(seventh.decision, "halt", "{seventh:?}");
+    assert!(!seventh.forwarded);
+    // Halted: the next call gets the halt again; a summary request goes as it came.
+    assert!(
+        !setup
+            .send(c, "budget-2", task, Part::After(3))
+            .await
+            .forwarded
+    );
+    let mut body = c.body(task, Part::After(3));
+    let last = body["messages"].as_array_mut().unwrap().last_mut().unwrap();
+    last["content"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "text", "text": CLAUDE_SUMMARY}));
+    let body = body.to_string();
+    let mut request = client().post(setup.proxy.url(c.path())).body(body.clone());
+    for (name, value) in c.headers("budget-2", "sk-test-key-1", Part::After(3)) {
+        request = request.header(name, value);
+    }
+    let resp = request.send().await.unwrap();
+    assert!(resp.status().is_success());
+    assert_eq!(
+        resp.headers()["x-loopwarden-decision"],
+        "observe",
+        "the run is halted, its summary request is not"
+    );
+    resp.bytes().await.unwrap();
+    let last = setup.mock.requests().pop().unwrap();
+    assert_eq!(last.body, body.as_bytes(), "forwarded byte for byte");
+}
+
+/// A dollar budget covers the whole lineage: a continuation under a new session id goes
+/// on spending the run's dollars, and a new session of the same key starts from zero.
+#[tokio::test]
+async fn dollars_carry_over_to_a_new_session_id() {
+    let setup = Setup::start(|config| {
+        // A test model at $1 per million input tokens: each answer (100k) costs $0.10.
+        config.prices = Prices::new(vec![(
+            "claude-opus-5-5".into(),
+            Price {
+                input: 1.0,
+                cached_input: 1.0,
+                cache_write: 1.0,
+                output: 1.0,
+            },
+        )]);
+        config.budget.dollars = 0.45;
+        config.detect.enabled = false;
+    })
+    .await;
+    let c = Client::ClaudeCode;
+    let task = "Fix the failing test in calc.py.";
+    for n in 0..3 {
+        assert!(
+            setup
+                .send(c, "spend-1", task, Part::Before(n))
+                .await
+                .forwarded
+        );
+    }
+    // $0.30, and $0.40 with the summary.
+    assert!(
+        setup
+            .send(c, "spend-1", task, Part::Summary(3))
+            .await
+            .forwarded
+    );
+    let first = setup.send(c, "spend-2", task, Part::After(0)).await;
+    assert!(first.forwarded, "{first:?}");
+    // $0.50 of $0.45: the run's budget is spent, under its new id too.
+    let second = setup.send(c, "spend-2", task, Part::After(1)).await;
+    assert_eq!(second.decision, "halt", "{second:?}");
+    assert!(!second.forwarded);
+    // Another session of the same key, no summary: its own budget.
+    let other = setup
+        .send(c, "spend-3", "Another task.", Part::Before(0))
+        .await;
+    assert!(other.forwarded, "{other:?}");
+}
+
+/// The captured Claude Code requests (`../shared/fixtures/requests`, reference data outside
+/// the project: skipped when absent), or `None`.
+fn captured(name: &str) -> Option<(Value, Value)> {
+    let beside =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/requests");
+    let dir = if beside.is_dir() {
+        beside
+    } else {
+        std::path::PathBuf::from("/work/shared/fixtures/requests")
+    };
+    let read = |file: String| -> Option<Value> {
+        serde_json::from_slice(&std::fs::read(dir.join(file)).ok()?).ok()
+    };
+    Some((
+        read(format!("{name}.json"))?,
+        read(format!("{name}.meta.json"))?,
+    ))
+}
+
+/// Claude Code's real summary request and the request after it, as captured, replayed
+/// through the proxy: under the captured session id (`-p` mode, `/compact`) and under a new
+/// one (interactive auto-compact). The summary request's history already read calc.py three
+/// times; the request after it re-attaches one more read, which is needed work; each
+/// further read of the unchanged file is the loop going on, escalated past the nudge.
+#[tokio::test]
+async fn claude_code_captured_compaction_is_one_run() {
+    let (Some((summary, summary_meta)), Some((after, after_meta))) = (
+        captured("claude-code-anthropic-messages-compaction"),
+        captured("claude-code-anthropic-messages-after-compaction"),
+    ) else {
+        eprintln!("no captured requests beside the checkout: skipped");
+        return;
+    };
+    for new_id in [false, true] {
+        let setup = Setup::start(|_| {}).await;
+        let post = |body: &Value, meta: &Value, session: Option<&str>| {
+            let mut request = client()
+                .post(setup.proxy.url("/v1/messages?beta=true"))
+                .body(body.to_string());
+            for (name, value) in meta["headers"].as_object().unwrap() {
+                let value = match (name.as_str(), session) {
+                    ("x-claude-code-session-id", Some(id)) => id.to_string(),
+                    ("connection" | "accept-encoding" | "content-length", _) => continue,
+                    _ => value.as_str().unwrap().to_string(),
+                };
+                request = request.header(name.as_str(), value);
+            }
+            async move {
+                let resp = request.send().await.unwrap();
+                assert!(resp.status().is_success());
+                let decision = resp.headers()["x-loopwarden-decision"]
+                    .to_str()
+                    .unwrap()
+                    .to_string();
+                let conversation = resp.headers()["x-loopwarden-conversation"]
+                    .to_str()
+                    .unwrap()
+                    .to_string();
+                resp.bytes().await.unwrap();
+                (decision, conversation)
+            }
+        };
+        let (decision, run) = post(&summary, &summary_meta, None).await;
+        assert_eq!(decision, "observe");
+        let sent = setup.mock.requests();
+        assert_eq!(sent[0].body, summary.to_string().as_bytes(), "untouched");
+        let session = new_id.then_some("0d9c5a1e-auto-compact-new-session");
+        let mut decisions = Vec::new();
+        let mut body = after.clone();
+        for n in 0..4 {
+            if n > 0 {
+                // One more read of the unchanged file, as the model would make it.
+                let id = format!("toolu_again_{n}");
+                let messages = body["messages"].as_array_mut().unwrap();
+                messages.push(json!({"role": "assistant", "content": [{"type": "tool_use", "id": id,
+                    "name": "Read", "input": {"file_path": "/tmp/claude-scratch-compact/calc.py"}}]}));
+                let result = messages
+                    .iter()
+                    .find_map(|m| {
+                        m["content"].as_array()?.iter().find_map(|b| {
+                            (b["type"] == "tool_result").then(|| b["content"].clone())
+                        })
+                    })
+                    .unwrap();
+                messages.push(json!({"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": id, "content": result}]}));
+            }
+            let (decision, conversation) = post(&body, &after_meta, session).await;
+            assert_eq!(conversation, run, "new id {new_id}: one run");
+            decisions.push(decision);
+        }
+        assert_eq!(decisions[0], "observe", "{decisions:?}");
+        assert!(
+            decisions[1..]
+                .iter()
+                .any(|d| ESCALATED.contains(&d.as_str())),
+            "new id {new_id}: {decisions:?}"
+        );
+    }
+}
+
+/// The log of a Claude Code run compacted once (5 reads, the summary request, 4 reads
+/// since): every request under the run's id, the summary request marked, the id the
+/// continuation stated kept beside it, and the run's steps numbered on across the
+/// compaction (none written over). The admin API's timeline says the same.
+async fn the_log_holds_one_run(setup: &Setup, run: &str, stated: Option<&str>) {
+    let requests = setup
+        .proxy
+        .rows(&format!(
+            "SELECT conversation_id, compaction, stated_id, steps FROM requests
+             WHERE conversation_id = '{run}' ORDER BY started_ms, id"
+        ))
+        .await;
+    assert_eq!(requests.len(), 11, "{requests:?}");
+    let summary: Vec<&Value> = requests
+        .iter()
+        .filter(|r| !r["compaction"].is_null())
+        .collect();
+    assert_eq!(summary.len(), 1, "{requests:?}");
+    assert_eq!(summary[0]["compaction"], "claude_summary");
+    assert_eq!(summary[0]["steps"], 5);
+    for r in &requests[6..] {
+        assert_eq!(r["stated_id"].as_str(), stated, "{r}");
+    }
+    // The last request carried 4 steps of its own after the run's 5.
+    assert_eq!(requests[10]["steps"], 9);
+    let steps = setup
+        .proxy
+        .rows(&format!(
+            "SELECT step FROM tool_calls WHERE conversation_id = '{run}' ORDER BY step"
+        ))
+        .await;
+    let steps: Vec<i64> = steps.iter().map(|r| r["step"].as_i64().unwrap()).collect();
+    assert_eq!(
+        steps,
+        (0..9).collect::<Vec<_>>(),
+        "numbered on, none written over"
+    );
+    let body = client()
+        .get(setup.proxy.url(&format!("/admin/api/conversations/{run}")))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let timeline: Value = serde_json::from_slice(&body).unwrap();
+    let marked: Vec<&Value> = timeline["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["compaction"] == "claude_summary")
+        .collect();
+    assert_eq!(marked.len(), 1, "{timeline}");
+}
+
+/// A run halted for its loop compacts (its client's context is full all the same): the
+/// summary request goes to the upstream as it came, and the run that goes on from the
+/// summary, under a new session id, is still halted.
+#[tokio::test]
+async fn a_halted_run_stays_halted_across_a_compaction() {
+    let setup = Setup::start(|_| {}).await;
+    let c = Client::ClaudeCode;
+    let task = "Fix the failing test in calc.py.";
+    let mut n = 0;
+    loop {
+        let a = setup.send(c, "halted-1", task, Part::Before(n)).await;
+        if a.decision == "halt" {
+            assert!(!a.forwarded);
+            break;
+        }
+        n += 1;
+        assert!(n < 30, "the loop is halted at some point");
+    }
+    let summary = setup.send(c, "halted-1", task, Part::Summary(n)).await;
+    assert!(summary.untouched, "{summary:?}");
+    for own in 0..3 {
+        let a = setup.send(c, "halted-2", task, Part::After(own)).await;
+        assert_eq!(
+            (a.decision.as_str(), a.forwarded),
+            ("halt", false),
+            "{own}: {a:?}"
+        );
+        assert_eq!(a.conversation, "halted-1");
+    }
+}
+
+/// Codex's older remote compaction, `POST /responses/compact`: no conversation endpoint, so
+/// the proxy forwards it as it came (and logs it as a compaction); the thread's history
+/// that continues from it carries the run's state all the same, from the thread's last
+/// request before it.
+#[tokio::test]
+async fn codex_older_compact_endpoint_is_one_run() {
+    let setup = Setup::start(|_| {}).await;
+    let c = Client::Codex;
+    let task = "Fix the failing test in calc.py.";
+    let mut before = Vec::new();
+    for n in 0..=4 {
+        before.push(
+            setup
+                .send(c, "thread-9", task, Part::Before(n))
+                .await
+                .decision,
+        );
+    }
+    assert!(before.contains(&"nudge".to_string()), "{before:?}");
+    let body = c.body(task, Part::Before(5)).to_string();
+    let mut request = client()
+        .post(setup.proxy.url("/v1/responses/compact"))
+        .body(body.clone());
+    for (name, value) in c.headers("thread-9", "sk-test-key-1", Part::Before(5)) {
+        request = request.header(name, value);
+    }
+    let resp = request.send().await.unwrap();
+    assert!(resp.headers().get("x-loopwarden-decision").is_none());
+    resp.bytes().await.unwrap();
+    let last = setup.mock.requests().pop().unwrap();
+    assert_eq!(
+        (last.path.as_str(), &last.body[..]),
+        ("/v1/responses/compact", body.as_bytes())
+    );
+    let mut after = Vec::new();
+    for n in 0..=4 {
+        after.push(
+            setup
+                .send(c, "thread-9", task, Part::After(n))
+                .await
+                .decision,
+        );
+    }
+    assert_eq!(after[1], "observe", "{after:?}");
+    assert!(
+        after[2..].iter().any(|d| ESCALATED.contains(&d.as_str())),
+        "{after:?}"
+    );
+    let marked = setup
+        .proxy
+        .rows("SELECT path FROM requests WHERE compaction = 'codex_compact_path'")
+        .await;
+    assert_eq!(marked.len(), 1, "{marked:?}");
+}
