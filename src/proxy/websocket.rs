@@ -593,12 +593,14 @@ impl Session {
             team: traffic.team,
             earlier,
         };
-        let mut analysis =
-            app.analyser
-                .analyse(arrival, select, |policy, conversation, transcript| {
-                    app.interventions
-                        .conversation_state(policy, conversation, transcript)
-                });
+        let mut analysis = app.analyser.analyse(
+            arrival,
+            select,
+            |policy, conversation, transcript, continued| {
+                app.interventions
+                    .conversation_state(policy, conversation, transcript, continued)
+            },
+        );
         let request_id = next_request_id();
         let planned = forward::plan(app, &mut analysis, headers, &body, false, request_id);
         let mut finished = forward::new_record(
