@@ -40,13 +40,14 @@ TARGET = {"lost_fix": 0.01, "res_nudged": 0.10, "recall": 0.85, "prec": 0.85, "s
 # The settings grid for leave-one-agent-out: config files layered on the shipped defaults.
 GRID = {
     "shipped": "",
-    "quiet2": "[detect.escalation]\nstop_after_quiet = 2\n",
     "quiet4": "[detect.escalation]\nstop_after_quiet = 4\n",
     "quiet8": "[detect.escalation]\nstop_after_quiet = 8\n",
     "gap3": "[detect.escalation]\nescalation_gap = 3\n",
     "streak4": "[detect.thresholds]\nstagnation_streak = 4\n",
     "dead_end6": "[detect.thresholds]\ndead_end_steps = 6\n",
     "pileup8": "[detect.thresholds]\npileup_errors = 8\n",
+    "fail_loop4": "[detect.thresholds]\nfail_loop_runs = 4\n",
+    "near_dup07": "[detect.thresholds]\nnear_dup_similarity = 0.7\n",
 }
 
 
@@ -152,13 +153,15 @@ def by_file(corpus, per):
 
 
 def choice_key(m):
-    """How a variant ranks on the runs it is chosen on: every target held first (lost-fix,
-    resolved nudged, recall), then the steps saved; a variant that misses a target ranks
-    by how little fix it loses."""
+    """How a variant ranks on the runs it is chosen on: a variant that holds every target
+    (lost-fix, resolved nudged, recall) first, by the steps it saves; else harm first: the
+    least fix lost, then the fewest resolved runs nudged, then the most loops caught."""
     feasible = (m["lost_fix"] or 0) <= TARGET["lost_fix"] and \
         (m["res_nudged"] or 0) <= TARGET["res_nudged"] and \
         (m["recall"] or 0) >= TARGET["recall"]
-    return (feasible, -(m["lost_fix"] or 0), m["steps_saved"] or 0)
+    if feasible:
+        return (True, m["steps_saved"] or 0, 0, 0, 0)
+    return (False, 0, -(m["lost_fix"] or 0), -(m["res_nudged"] or 0), m["recall"] or 0)
 
 
 def leave_one_agent_out(corpus, binary, workdir, markdown):
