@@ -31,9 +31,10 @@ SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 FILES = ("dev", "dev2", "fresh", "cc")
 
 # The CI gate, on all files pooled: the harm users feel (lost-fix) and a recall floor set
-# just under what the shipped config reaches, so a change that loses loops fails.
+# just under what the shipped config reaches (84.5% of 116 labelled loops), so a change
+# that loses one loop more than a few fails.
 GATE_LOST_FIX = 0.01
-GATE_RECALL = 0.80
+GATE_RECALL = 0.84
 # Targets of the detection issue (per family and by leave-one-agent-out), reported.
 TARGET = {"lost_fix": 0.01, "res_nudged": 0.10, "recall": 0.85, "prec": 0.85, "steps_saved": 0.10}
 
