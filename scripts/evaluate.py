@@ -234,10 +234,24 @@ def renamed_call(fn):
     return {"name": name, "arguments": args}
 
 
+def renamed_tool(tool):
+    """A tool definition under its new name, its parameters re-keyed: what the agent that
+    sends the renamed calls would declare."""
+    fn = tool.get("function") or {}
+    name = fn.get("name", "")
+    params = fn.get("parameters") or {}
+    props = params.get("properties") or {}
+    fn = dict(fn, name=RENAMES.get(name, name), parameters=dict(
+        params, properties={REKEY.get(k, k): v for k, v in props.items()},
+        required=[REKEY.get(k, k) for k in params.get("required") or []]))
+    return dict(tool, function=fn)
+
+
 def rename_file(src, dst):
     with open(src) as f, open(dst, "w") as out:
         for line in f:
             r = json.loads(line)
+            r["tools"] = [renamed_tool(t) for t in r.get("tools") or []]
             for m in r["messages"]:
                 for tc in m.get("tool_calls") or []:
                     tc["function"] = renamed_call(tc["function"])
