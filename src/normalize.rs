@@ -314,6 +314,58 @@ pub fn normalize(result: &ToolResult) -> NormalizedResult {
     }
 }
 
+/// Lines of one result read for novelty at most: a longer result's first lines are
+/// enough to say whether it shows anything new, and the set of seen lines stays bounded
+/// by what the conversation's requests carry.
+pub const CONTENT_LINES_MAX: usize = 2000;
+
+/// The content lines of a normalized result, hashed, as a reader compares them with what
+/// the run has already printed: a line-number decoration dropped (`cat -n`, `nl`, `grep -n`,
+/// `path:12:`, an editor's `12→`/`12\t`, SWE-agent's `12:`), surrounding space trimmed,
+/// and lines with fewer than three letters or digits (braces, blank lines, rulers) left
+/// out. The same window of a file printed by `cat`, `sed -n`, `head`, `grep` or a viewer
+/// gives the same lines, whatever the command.
+pub fn content_lines(normalized: &str) -> impl Iterator<Item = u64> + '_ {
+    normalized
+        .lines()
+        .take(CONTENT_LINES_MAX)
+        .map(|l| strip_line_number(l).trim())
+        .filter(|l| l.chars().filter(|c| c.is_alphanumeric()).take(3).count() == 3)
+        .map(|l| hash64(l.as_bytes()))
+}
+
+/// A line without the line number a reader or a search put before it: `  12\tx`, `12:x`,
+/// `12-x` (grep's context), `12→x`, `12|x`, `path:12:x`; the line as it is otherwise.
+fn strip_line_number(line: &str) -> &str {
+    let t = line.trim_start();
+    // `path:12:x` (grep -rn): a path-like word, a colon, then the number.
+    let t = match t.split_once(':') {
+        Some((path, rest))
+            if !path.is_empty()
+                && !path.contains(char::is_whitespace)
+                && (path.contains('/') || path.contains('.'))
+                && rest.starts_with(|c: char| c.is_ascii_digit()) =>
+        {
+            rest
+        }
+        _ => t,
+    };
+    let digits = t.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 {
+        return line;
+    }
+    let rest = &t[digits..];
+    for sep in [":", "\t", "→", "|", "-"] {
+        if let Some(r) = rest.strip_prefix(sep) {
+            return r;
+        }
+    }
+    if rest.is_empty() {
+        return rest;
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -336,6 +388,26 @@ mod tests {
             text: text.into(),
             is_error,
         }
+    }
+
+    #[test]
+    fn a_window_of_a_file_gives_the_same_content_lines_whatever_printed_it() {
+        let lines = |t: &str| content_lines(t).collect::<Vec<_>>();
+        let cat = "def add(a, b):\n    return a + b\n}\n";
+        let want = lines(cat);
+        assert_eq!(want.len(), 2, "a brace is no content line");
+        for printed in [
+            "     1\tdef add(a, b):\n     2\t    return a + b\n",
+            "1:def add(a, b):\n2:    return a + b",
+            "src/calc.py:1:def add(a, b):\nsrc/calc.py:2:    return a + b",
+            "     1→def add(a, b):\n     2→    return a + b",
+            "12-def add(a, b):\n13:    return a + b",
+        ] {
+            assert_eq!(lines(printed), want, "{printed}");
+        }
+        // A count is content, not a line number.
+        assert_ne!(lines("3 passed"), lines("4 passed"));
+        assert_ne!(lines("1:def sub(a, b):"), want[..1]);
     }
 
     #[test]

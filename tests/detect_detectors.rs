@@ -1007,3 +1007,102 @@ fn a_sweep_of_searches_or_path_guesses_that_find_nothing_is_a_dead_end() {
     let f = fired(&found);
     assert!(!f.contains(&"dead_end".to_string()), "{f:?}");
 }
+
+#[test]
+fn the_same_window_printed_again_by_ever_different_commands_is_a_dead_end() {
+    // One file of 40 lines: the agent (mini-swe-agent's shell, Claude Code's Bash and Read)
+    // prints it, then prints it again through other commands with nothing edited.
+    let lines: Vec<String> = (1..=40)
+        .map(|i| format!("    value_{i} = compute_value({i}, factor={})", i * 7))
+        .collect();
+    let window = |from: usize, to: usize, numbered: &dyn Fn(usize, &str) -> String| {
+        (from..to)
+            .map(|i| numbered(i + 1, &lines[i]))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let plain = |_: usize, l: &str| l.to_string();
+    let cat_n = |n: usize, l: &str| format!("{n:>6}\t{l}");
+    let grep_n = |n: usize, l: &str| format!("{n}:{l}");
+    let arrow = |n: usize, l: &str| format!("{n:>6}→{l}");
+    let mini = transcript(vec![
+        vec![mini_bash("cat calc/config.py", &window(0, 40, &plain), 0)],
+        vec![mini_bash(
+            "sed -n '10,30p' calc/config.py",
+            &window(9, 30, &plain),
+            0,
+        )],
+        vec![mini_bash(
+            "nl -ba calc/config.py | head -20",
+            &window(0, 20, &cat_n),
+            0,
+        )],
+        vec![mini_bash(
+            "tail -n 15 calc/config.py | nl -v 26",
+            &window(25, 40, &cat_n),
+            0,
+        )],
+        vec![mini_bash(
+            "python3 -c \"print(open('calc/config.py').read()[:600])\"",
+            &window(0, 8, &plain),
+            0,
+        )],
+        vec![mini_bash(
+            "head -n 12 calc/config.py",
+            &window(0, 12, &plain),
+            0,
+        )],
+    ]);
+    let f = fired(&mini);
+    assert!(f.contains(&"dead_end".to_string()), "{f:?}");
+    let claude = transcript(vec![
+        vec![call(
+            "Read",
+            json!({"file_path": "/app/calc/config.py"}),
+            &window(0, 40, &arrow),
+            None,
+        )],
+        vec![claude_bash(
+            "sed -n '5,25p' /app/calc/config.py",
+            &window(4, 25, &plain),
+            false,
+        )],
+        vec![claude_bash(
+            "cat -n /app/calc/config.py | sed -n '30,40p'",
+            &window(29, 40, &cat_n),
+            false,
+        )],
+        vec![call(
+            "Read",
+            json!({"file_path": "/app/calc/config.py", "offset": 10, "limit": 10}),
+            &window(9, 19, &arrow),
+            None,
+        )],
+        vec![claude_bash(
+            "grep -nE 'value_[34] =' /app/calc/config.py",
+            &window(2, 4, &grep_n),
+            false,
+        )],
+        vec![claude_bash(
+            "awk 'NR>=20 && NR<=28' /app/calc/config.py",
+            &window(19, 28, &plain),
+            false,
+        )],
+    ]);
+    let f = fired(&claude);
+    assert!(f.contains(&"dead_end".to_string()), "{f:?}");
+    // Paging through the file, each window new, learns something at every step.
+    let paging = transcript(
+        (0..6)
+            .map(|p| {
+                vec![mini_bash(
+                    &format!("sed -n '{},{}p' calc/config.py", p * 6 + 1, p * 6 + 6),
+                    &window(p * 6, p * 6 + 6, &plain),
+                    0,
+                )]
+            })
+            .collect(),
+    );
+    let f = fired(&paging);
+    assert!(!f.contains(&"dead_end".to_string()), "{f:?}");
+}

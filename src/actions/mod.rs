@@ -24,7 +24,9 @@ mod infer;
 pub use infer::{search_replace_blocks, Role, ToolCatalog};
 
 /// The broad kind of a call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ActionKind {
     Read,
@@ -32,6 +34,7 @@ pub enum ActionKind {
     Edit,
     Exec,
     Search,
+    #[default]
     Other,
 }
 
@@ -1004,6 +1007,46 @@ struct ShellReading {
     key_parts: Vec<String>,
 }
 
+/// Whether a `find` changes what it finds: `-delete`, or `-exec`/`-execdir`/`-ok` running a
+/// program that changes files (`rm`, `mv`, `chmod`, `sed -i`...). `find -exec grep` and
+/// `-exec strings` only look.
+fn find_changes(words: &[String]) -> bool {
+    words.iter().enumerate().any(|(i, w)| match w.as_str() {
+        "-delete" => true,
+        "-exec" | "-execdir" | "-ok" | "-okdir" => {
+            let program = words.get(i + 1).map(|p| base(p)).unwrap_or("");
+            MUTATORS.contains(&program)
+                || (matches!(program, "sed" | "perl")
+                    && words[i + 1..]
+                        .iter()
+                        .take_while(|a| *a != ";" && *a != "+")
+                        .any(|a| a.starts_with("-i") || a == "-pi"))
+                || matches!(program, "sh" | "bash" | "xargs")
+        }
+        _ => false,
+    })
+}
+
+/// A file an inline program only reads: it opens a literal path (`open('f')`,
+/// `Path('f').read_text()`, `File.read('f')`, `fs.readFileSync('f')`) and imports nothing
+/// it could run (a one-liner that imports the code under repair is a check, whatever it
+/// opens).
+fn inline_read(program: &str) -> Option<String> {
+    if program.contains("import ") || program.contains("require(") {
+        return None;
+    }
+    INLINE_OPEN
+        .captures(program)
+        .and_then(|c| c.get(1))
+        .map(|m| m.as_str().to_string())
+}
+
+static INLINE_OPEN: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+    crate::normalize::re(
+        r#"(?:\bopen|Path|File\.read|readFileSync|read_text)\(\s*['"]([^'"\s]+)['"]"#,
+    )
+});
+
 /// The last word of a command line after the program that is not an option: the file a
 /// `sed`, `awk` or `perl` call acts on.
 fn last_operand(words: &[String]) -> Option<String> {
@@ -1226,7 +1269,7 @@ impl ShellReading {
                 .cloned()
                 .unwrap_or_default()
         });
-        if f == "find" && words.iter().any(|w| w == "-delete" || w == "-exec") {
+        if f == "find" && find_changes(words) {
             self.mutating = true;
         }
     }
@@ -1285,6 +1328,13 @@ impl ShellReading {
                     detail: hash64(text.as_bytes()),
                 });
                 promote(&mut self.kind, ActionKind::Edit);
+            } else if let Some(file) = inline_read(&format!("{} {body}", p.words.join(" "))) {
+                // `python3 -c "print(open('f').read()[:900])"`: a look at a file, not a
+                // check of the code.
+                if promote(&mut self.kind, ActionKind::Read) {
+                    self.path = Some(file);
+                }
+                return;
             } else {
                 promote(&mut self.kind, ActionKind::Exec);
             }
@@ -1362,6 +1412,28 @@ mod tests {
             assert_eq!(a.kind, ActionKind::Read, "{c:?}");
             assert_eq!(norm_path(a.path.as_deref().unwrap()), "calc.py", "{c:?}");
         }
+    }
+
+    #[test]
+    fn a_find_that_only_looks_changes_nothing() {
+        assert!(!shell(r"find /app -type f -exec strings {} \; | grep PASSWORD=").mutating);
+        assert!(!shell(r"find . -name '*.py' -exec grep -l foo {} +").mutating);
+        assert!(shell(r"find . -name '*.pyc' -exec rm {} \;").mutating);
+        assert!(shell(r"find . -name '*.py' -exec sed -i 's/a/b/' {} +").mutating);
+        assert!(shell("find . -name '*.orig' -delete").mutating);
+    }
+
+    #[test]
+    fn an_inline_program_that_only_opens_a_file_reads_it() {
+        let a = shell(r#"python3 -c "print(open('src/calc.py').read()[:900])""#);
+        assert_eq!(a.kind, ActionKind::Read);
+        assert_eq!(a.path.as_deref(), Some("src/calc.py"));
+        assert_eq!(a.check, None);
+        let checked = shell(r#"python -c "import calc; print(open('src/calc.py').read())""#);
+        assert_eq!(checked.kind, ActionKind::Exec);
+        assert!(checked.check.is_some());
+        let written = shell(r#"python -c "open('out.txt', 'w').write('x')""#);
+        assert_eq!(written.kind, ActionKind::Edit);
     }
 
     #[test]

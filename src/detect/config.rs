@@ -158,7 +158,7 @@ impl Default for Thresholds {
             repeat_count: 2,
             output_same: 4,
             cycle_max_period: 8,
-            near_dup_similarity: 0.7,
+            near_dup_similarity: 0.8,
             near_dup_count: 3,
             dead_end_steps: 5,
             size_reversals: 3,

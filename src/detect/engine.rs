@@ -679,6 +679,12 @@ impl Engine {
                 findings,
             };
         }
+        if ev.rejected && st.facts.fix_verified {
+            // A turn the scaffold rejected (no tool call, a format error) in a run whose
+            // code holds a fix a check has passed: the scaffold already answers the turn,
+            // and the run is finishing. A reminder would be noise on top of the scaffold's.
+            return observe(findings);
+        }
         let Some((lead, lead_name, score)) = self.lead(st, &findings, request) else {
             return observe(findings);
         };

@@ -31,8 +31,15 @@ pub struct CallEvent {
     pub has_result: bool,
     pub empty_result: bool,
     pub is_error: bool,
-    /// No call in the conversation returned this result before.
+    /// The call taught the agent something: no call in the conversation returned this
+    /// result before, and it shows content lines no earlier result showed (a result with
+    /// no content lines: its text is new). The same window of a file printed again by
+    /// another command is no new result.
     pub new_result: bool,
+    /// Content lines of the result ([`normalize::content_lines`]) no earlier result showed,
+    /// and all its content lines.
+    pub novel_lines: u32,
+    pub content_lines: u32,
     /// The call changed a file (or the environment) for real.
     pub changed: bool,
     /// For check commands: consecutive runs that returned an already-seen result.
@@ -142,6 +149,7 @@ pub struct StepDigest {
 #[derive(Debug, Clone, Default)]
 pub struct Recent {
     pub index: usize,
+    pub kind: ActionKind,
     pub tokens: Vec<u64>,
     pub result: u64,
     pub key: u64,
@@ -162,6 +170,9 @@ pub struct Facts {
     pub files: BTreeMap<String, FileFacts>,
     pub checks: BTreeMap<String, CheckFacts>,
     pub seen_results: HashSet<u64>,
+    /// Content lines that results have shown so far, hashed ([`normalize::content_lines`]):
+    /// what the agent has already read, whichever command printed it.
+    pub seen_lines: HashSet<u64>,
     pub stretch: Stretch,
     /// Errors and calls since the last real change.
     pub errors_since_change: u32,
@@ -418,9 +429,11 @@ impl Facts {
         let r = self.read_result(c.result.as_ref(), &action);
         self.note_open_file(r.raw);
         let (changed, file_returns) = self.note_changes(&action, &r, index);
+        let (content_lines, novel_lines) = self.note_lines(&r);
         let new_result = r.has_result
             && !found_nothing(action.kind, &r.text, r.empty, r.is_error)
-            && self.seen_results.insert(r.hash);
+            && self.seen_results.insert(r.hash)
+            && (content_lines == 0 || novel_lines > 0);
         let (check_streak, check_streak_failing) = self.note_check_run(&action, &r);
         let fail_run = self.note_failure(action.key_hash, &r);
         let reads_since_change = self.note_read(&action, &r);
@@ -436,6 +449,8 @@ impl Facts {
             empty_result: r.empty,
             is_error: r.is_error,
             new_result,
+            novel_lines,
+            content_lines,
             changed,
             check_streak,
             check_streak_failing,
@@ -495,6 +510,17 @@ impl Facts {
             raw: r.text.as_str(),
             text: n.text,
         }
+    }
+
+    /// Reads a result's content lines into the lines seen: (its content lines, those no
+    /// earlier result showed).
+    fn note_lines(&mut self, r: &ResultReading) -> (u32, u32) {
+        let (mut lines, mut novel) = (0u32, 0u32);
+        for line in normalize::content_lines(&r.text) {
+            lines += 1;
+            novel += u32::from(self.seen_lines.insert(line));
+        }
+        (lines, novel)
     }
 
     /// Follows SWE-agent's open file, which a result names in its trailer ("n/a": none).
@@ -686,6 +712,8 @@ impl Facts {
             empty_result: false,
             is_error: true,
             new_result: self.seen_results.insert(result),
+            novel_lines: 0,
+            content_lines: 0,
             changed: false,
             check_streak: 0,
             check_streak_failing: false,
@@ -791,6 +819,7 @@ impl Facts {
         for c in ev.calls.iter().filter(|c| c.has_result) {
             self.recent.push_back(Recent {
                 index: ev.index,
+                kind: c.action.kind,
                 tokens: c.tokens.clone(),
                 result: c.result,
                 key: c.action.key_hash,

@@ -1,7 +1,9 @@
 //! output stagnation: different calls returning the same (non-empty) result again and
 //! again: reworded searches that all find nothing, different commands hitting one error.
 
+use super::facts::Recent;
 use super::{DetectConfig, Detector, Facts, Finding, StepEvents};
+use crate::actions::ActionKind;
 
 pub struct OutputStagnation;
 
@@ -15,13 +17,22 @@ impl Detector for OutputStagnation {
         if step.changed || n < 2 {
             return None;
         }
-        let tail: Vec<_> = facts
-            .recent
-            .iter()
-            .rev()
-            .filter(|r| !r.changed && !r.empty)
-            .take(n)
-            .collect();
+        // One result per step: calls sent together in one step (a burst of globs that all
+        // find nothing) are one attempt, not several. Calls no profile or inference reads
+        // (a plan or to-do tool's "updated" receipt) say nothing about the work.
+        let mut tail: Vec<&Recent> = Vec::with_capacity(n);
+        for r in facts.recent.iter().rev() {
+            if r.changed || r.empty || r.kind == ActionKind::Other {
+                continue;
+            }
+            if tail.last().is_some_and(|last| last.index == r.index) {
+                continue;
+            }
+            tail.push(r);
+            if tail.len() == n {
+                break;
+            }
+        }
         if tail.len() < n || tail[0].index != step.index {
             return None;
         }

@@ -367,7 +367,7 @@ pub fn explain_line(
         for c in &ev.calls {
             writeln!(
                 out,
-                "{:>3} {:?} {} | check={:?} streak={} fail_run={} reads={} err={} new={} changed={} rep={} | {}",
+                "{:>3} {:?} {} | check={:?} streak={} fail_run={} reads={} err={} new={} lines={}/{} changed={} rep={} | {}",
                 ev.index,
                 c.action.kind,
                 crate::detect::short(&c.action.key),
@@ -377,6 +377,8 @@ pub fn explain_line(
                 c.reads_since_change,
                 c.is_error,
                 c.new_result,
+                c.novel_lines,
+                c.content_lines,
                 c.changed,
                 c.stretch_repeat,
                 crate::detect::short(&c.result_line),
