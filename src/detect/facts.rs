@@ -373,7 +373,10 @@ impl Facts {
     /// more before the read counts as a repeat. Every step so far is one fewer repeat in a
     /// row: the first step after the summary is no copy of the last before it.
     pub fn after_compaction(&mut self) {
+        // What the model saw is gone from its context: results and lines it saw before
+        // are news to it once more.
         self.seen_results.clear();
+        self.seen_lines.clear();
         for (path, file) in &self.files {
             for (region, reads) in &file.reads {
                 if *reads > 0 {
