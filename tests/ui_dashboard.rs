@@ -41,6 +41,11 @@ match = { team = "ci" }
 "#;
 
 async fn start(listen: &str, token: &str) -> Setup {
+    start_with(listen, token, |_| {}).await
+}
+
+/// [`start`], with `adjust` applied to the config last.
+async fn start_with(listen: &str, token: &str, adjust: impl FnOnce(&mut Config)) -> Setup {
     let mock = MockServer::start(looping_script(DIALECT)).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut config: Config = toml::from_str(POLICIES).unwrap();
@@ -50,6 +55,7 @@ async fn start(listen: &str, token: &str) -> Setup {
     config.upstream.anthropic = mock.url();
     config.upstream.gemini = mock.url();
     config.admin.token = token.into();
+    adjust(&mut config);
     let proxy = loopwarden::proxy::start(config).await.unwrap();
     Setup { mock, proxy, dir }
 }
@@ -389,6 +395,67 @@ async fn each_page_shows_live_traffic_and_its_buttons_act_on_the_conversation() 
         1,
         "only the dashboard's resume"
     );
+}
+
+/// An alert's link, followed in a browser that has no session yet: the login form (wearing
+/// the dashboard's styles), then the halted run's timeline, not the overview.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_s_link_opens_the_run_s_timeline_through_the_login() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let (hook, mut alerts) = intervene_support::receiver().await;
+    let token = "t0ken-for-the-alert-link";
+    let setup = start_with("127.0.0.1:0", token, |c| {
+        c.intervene.alerts.webhooks = vec![hook];
+    })
+    .await;
+    // An id with characters that a URL component escapes travels percent-encoded.
+    let id = "ci:run+7@x";
+    let halt_k = first_k(DIALECT, Action::Halt);
+    for k in 1..=halt_k {
+        let r = client()
+            .post(setup.url(&path("ci", id)))
+            .header("content-type", "application/json")
+            .body(loop_body(DIALECT, k, false, None).to_string())
+            .send()
+            .await
+            .unwrap();
+        r.bytes().await.unwrap();
+    }
+    let alert = tokio::time::timeout(std::time::Duration::from_secs(20), alerts.recv())
+        .await
+        .expect("the halt is alerted")
+        .unwrap();
+    assert_eq!(alert["conversation"], id);
+    let link = alert["timeline"].as_str().unwrap().to_string();
+    assert!(
+        link.ends_with("/ui/#/conversation/ci%3Arun%2B7%40x"),
+        "{link}"
+    );
+
+    browser.goto(&link).await;
+    let field = browser.wait_for("#token", "").await;
+    // The styles reach the login page: its box is laid out by app.css.
+    browser
+        .wait_until("getComputedStyle(document.querySelector('main.login')).maxWidth === '420px'")
+        .await;
+    browser.type_into(&field, token).await;
+    browser.click(&browser.wait_for("#login", "").await).await;
+    browser.wait_for("#halted", "halted").await;
+    browser
+        .wait_for(".step .call code", "python3 test_calc.py")
+        .await;
+    browser.wait_for(".intervention", "by policy").await;
+    assert!(
+        browser.body_text().await.contains(id),
+        "the timeline of {id}"
+    );
+    // The link opens it directly once the browser has its session.
+    browser.goto(&setup.url("/ui/#/policies")).await;
+    browser.wait_for("tr.policy[data-name=ci]", "ci").await;
+    browser.goto(&link).await;
+    browser.wait_for("#halted", "halted").await;
 }
 
 /// A page on another loopback port that tries to resume a conversation through the

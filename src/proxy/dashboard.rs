@@ -27,6 +27,7 @@ const INDEX_HTML: &str = include_str!("../../ui/index.html");
 const LOGIN_HTML: &str = include_str!("../../ui/login.html");
 const APP_JS: &str = include_str!("../../ui/app.js");
 const APP_CSS: &str = include_str!("../../ui/app.css");
+const LOGIN_JS: &str = include_str!("../../ui/login.js");
 
 /// Scripts and styles from this origin only (no inline script: a text that reached the
 /// page from the log cannot run), connections to this origin only, never in a frame.
@@ -68,8 +69,11 @@ pub async fn require_page_access(
     }
 }
 
-fn see_other(to: &'static str) -> Response {
-    (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response()
+fn see_other(to: &str) -> Response {
+    match HeaderValue::from_str(to) {
+        Ok(location) => (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response(),
+        Err(_) => (StatusCode::SEE_OTHER, [(header::LOCATION, "/ui/")]).into_response(),
+    }
 }
 
 fn file(content_type: &'static str, body: &'static str) -> Response {
@@ -85,8 +89,15 @@ pub async fn app_js() -> Response {
     file("text/javascript; charset=utf-8", APP_JS)
 }
 
+/// The styles, served outside the login (the login page wears them too); they hold
+/// nothing of the log.
 pub async fn app_css() -> Response {
     file("text/css; charset=utf-8", APP_CSS)
+}
+
+/// The login page's script (`ui/login.js`), outside the login like the page.
+pub async fn login_js() -> Response {
+    file("text/javascript; charset=utf-8", LOGIN_JS)
 }
 
 /// `GET /ui/login`: the token form (without a token set there is nothing to log in to).
@@ -110,6 +121,20 @@ fn login_page(status: StatusCode, message: &str) -> Response {
 #[derive(Deserialize)]
 pub struct LoginForm {
     token: String,
+    /// The dashboard view the browser was on its way to (`#/conversation/ID`), set by
+    /// `ui/login.js` from the page's `#`.
+    #[serde(default)]
+    view: String,
+}
+
+/// Where a login sends the browser: `/ui/` and the view it asked for, when `view` is one
+/// (`#/` then URL characters only; anything else is dropped, never echoed into a header).
+fn after_login(view: &str) -> String {
+    let url_char = |c: char| c.is_ascii_alphanumeric() || "-._~!$&'()*+,;=:@/?%".contains(c);
+    match view.strip_prefix("#/") {
+        Some(rest) if rest.chars().all(url_char) => format!("/ui/{view}"),
+        _ => "/ui/".to_string(),
+    }
 }
 
 /// `POST /ui/login` (a form with `token`): the right token gets the session cookie. A
@@ -135,7 +160,7 @@ pub async fn login(
         admin::SESSION_COOKIE,
         admin::session_cookie(token)
     );
-    let mut response = see_other("/ui/");
+    let mut response = see_other(&after_login(&form.view));
     if let Ok(value) = HeaderValue::from_str(&cookie) {
         response.headers_mut().insert(header::SET_COOKIE, value);
     }
@@ -273,6 +298,24 @@ pub async fn feedback(State(app): State<Arc<App>>, body: axum::body::Bytes) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_login_goes_on_to_the_view_it_came_for_and_nowhere_else() {
+        assert_eq!(
+            after_login("#/conversation/my%20run"),
+            "/ui/#/conversation/my%20run"
+        );
+        assert_eq!(after_login(""), "/ui/");
+        for odd in [
+            "#/a b",
+            "#/x\r\nset-cookie: a=b",
+            "//evil.example",
+            "#x",
+            "https://e",
+        ] {
+            assert_eq!(after_login(odd), "/ui/", "{odd:?}");
+        }
+    }
 
     fn run(
         first_ms: i64,
