@@ -617,9 +617,10 @@ async fn a_client_off_this_machine_needs_the_token_and_the_browser_logs_in_once(
     browser.screenshot("login").await;
     browser.type_into(&field, token).await;
     browser.click(&browser.wait_for("#login", "").await).await;
-    browser.wait_for("#requests .value", "").await;
-    browser.goto(&format!("{base}/ui/#/policies")).await;
+    // On to the view the browser asked for.
     browser.wait_for("tr.policy[data-name=ci]", "ci").await;
+    browser.goto(&format!("{base}/ui/")).await;
+    browser.wait_for("#requests .value", "").await;
     let _ = client;
 }
 
