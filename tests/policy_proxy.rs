@@ -274,7 +274,12 @@ async fn shadow_passes_every_byte_and_logs_what_enforce_would_do() {
                 let shadowed = post(path("dev")).await.unwrap();
                 assert_eq!(shadowed.status(), 200, "{what}");
                 assert_eq!(header(&shadowed, "x-loopwarden-policy"), "dev", "{what}");
-                assert_eq!(header(&shadowed, "x-loopwarden-decision"), "", "{what}");
+                // Nothing was done: `observe`, whatever it would have done.
+                assert_eq!(
+                    header(&shadowed, "x-loopwarden-decision"),
+                    "observe",
+                    "{what}"
+                );
                 let got = shadowed.bytes().await.unwrap();
                 let sent = tap.upstream_bodies();
                 assert_eq!(

@@ -25,7 +25,8 @@ use ui_support::Browser;
 
 const DIALECT: Dialect = Dialect::OpenAiChat;
 
-/// CI's runs stop on a loop; team `ask` waits for a human instead.
+/// CI's runs stop on a loop; team `ask` waits for a human instead; team `trial`'s runs are
+/// watched in shadow.
 const POLICIES: &str = r#"
 [[policy]]
 name = "ask"
@@ -38,6 +39,11 @@ timeout_secs = 600
 [[policy]]
 name = "ci"
 match = { team = "ci" }
+
+[[policy]]
+name = "trial"
+mode = "shadow"
+match = { team = "trial" }
 "#;
 
 async fn start(listen: &str, token: &str) -> Setup {
@@ -395,6 +401,93 @@ async fn each_page_shows_live_traffic_and_its_buttons_act_on_the_conversation() 
         1,
         "only the dashboard's resume"
     );
+}
+
+/// A shadow policy's run that would have been halted: its answers say `observe` (nothing
+/// was done), the list shows `would_halt` and not a halt, the decision filter tells the two
+/// apart, and the overview's chart counts it as a series of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_run_shows_what_it_would_have_done_and_never_a_halt() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let setup = start("127.0.0.1:0", "").await;
+    let halt_k = first_k(DIALECT, Action::Halt);
+    for k in 1..=halt_k {
+        send(&setup, "ci", "ci-loop", k).await;
+        assert_eq!(send(&setup, "trial", "trial-run", k).await, "observe");
+    }
+    assert!(halted(&setup, "ci-loop").await);
+    assert!(!halted(&setup, "trial-run").await);
+    let (_, listed) = setup.admin("/admin/api/conversations", None).await;
+    let last = |id: &str| {
+        listed["conversations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap_or_else(|| panic!("{id} in {listed}"))["last_decision"]
+            .clone()
+    };
+    assert_eq!(last("ci-loop"), "halt");
+    assert_eq!(last("trial-run"), "would_halt");
+
+    let ui = setup.url("/ui/");
+    let tag_of = |id: &str| {
+        format!("document.querySelector(\"tr.conversation[data-id='{id}'] .tag\")?.innerText")
+    };
+    browser.goto(&format!("{ui}#/conversations")).await;
+    browser
+        .wait_until(&format!("{} === 'would_halt'", tag_of("trial-run")))
+        .await;
+    browser
+        .wait_until(&format!("{} === 'halt'", tag_of("ci-loop")))
+        .await;
+    for (filter, only) in [("halt", "ci-loop"), ("would_halt", "trial-run")] {
+        browser
+            .goto(&format!("{ui}#/conversations?decision={filter}"))
+            .await;
+        browser
+            .wait_until(&format!(
+                "document.querySelectorAll('tr.conversation').length === 1 \
+                 && document.querySelector('tr.conversation').dataset.id === '{only}'"
+            ))
+            .await;
+    }
+    // The timeline: the would-be halt, not a halt.
+    browser.goto(&format!("{ui}#/conversation/trial-run")).await;
+    browser.wait_for(".intervention", "would_halt").await;
+    assert!(browser.find_all(".intervention .tag.halt").await.is_empty());
+    assert!(browser.find_all("#halted").await.is_empty());
+
+    browser.goto(&ui).await;
+    browser.wait_for("#chart rect.bar", "").await;
+    let legend = browser
+        .eval("[...document.querySelectorAll('.legend span')].map(s => s.innerText.trim())")
+        .await;
+    let legend: Vec<String> = serde_json::from_value(legend).unwrap();
+    let shadow: Vec<&String> = legend
+        .iter()
+        .filter(|k| k.ends_with("(shadow: would have)"))
+        .collect();
+    assert_eq!(shadow.len(), 1, "{legend:?}");
+    assert!(
+        legend.len() > shadow.len(),
+        "the enforced halt too: {legend:?}"
+    );
+    let (_, overview) = setup.admin("/admin/api/overview", None).await;
+    let actions: Vec<&str> = overview["interventions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["policy"] == "trial")
+        .map(|c| c["action"].as_str().unwrap())
+        .collect();
+    assert!(
+        !actions.is_empty() && actions.iter().all(|a| a.starts_with("would_")),
+        "{actions:?}"
+    );
+    browser.screenshot("overview-shadow").await;
 }
 
 /// An alert's link, followed in a browser that has no session yet: the login form (wearing

@@ -146,13 +146,16 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     finished.row.body_read_us = Some(body_read.as_micros() as i64);
     let stamp = Stamp {
         conversation: HeaderValue::from_str(&finished.row.conversation_id).ok(),
-        // A shadow policy's answer carries nothing of what it would have done.
+        // What was done to the request: under a shadow policy nothing (`observe`), whatever
+        // it would have done (which the log keeps as `would_*`).
         decision: finished
             .row
             .decision
             .as_deref()
-            .filter(|_| policy.mode != Mode::Shadow)
-            .and_then(|d| HeaderValue::from_str(d).ok()),
+            .and_then(|d| match policy.mode {
+                Mode::Shadow => Some(HeaderValue::from_static("observe")),
+                _ => HeaderValue::from_str(d).ok(),
+            }),
         policy: HeaderValue::from_str(&policy.name).ok(),
     };
     let held_stamp = stamp.clone();

@@ -17,7 +17,8 @@ pub struct ConversationFilter {
     pub team: Option<String>,
     pub client: Option<String>,
     pub model: Option<String>,
-    /// The latest request's decision (`observe`, `nudge`, `halt`...).
+    /// The latest request's decision (`observe`, `nudge`, `halt`...; `would_halt`... under
+    /// a shadow policy).
     pub decision: Option<String>,
 }
 
@@ -141,6 +142,7 @@ pub struct InterventionCount {
     pub bucket_ms: i64,
     pub detector: String,
     pub policy: String,
+    /// The action, or a shadow policy's `would_<act>`.
     pub action: String,
     pub count: i64,
 }
