@@ -63,7 +63,10 @@ pub fn run(args: PoliciesArgs) -> anyhow::Result<()> {
         None => None,
     };
     let traffic = Traffic {
-        team: args.team.as_deref(),
+        team: args
+            .team
+            .as_deref()
+            .map(|t| super::select::team_name(t.into())),
         key_id,
         client: Client::of(&args.user_agent),
         user_agent: &args.user_agent,

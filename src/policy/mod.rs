@@ -205,7 +205,7 @@ mod tests {
     fn traffic(team: Option<&str>, user_agent: &str, model: Option<&str>) -> Traffic<'static> {
         let user_agent: &'static str = Box::leak(user_agent.to_string().into_boxed_str());
         Traffic {
-            team: team.map(|t| &*Box::leak(t.to_string().into_boxed_str())),
+            team: team.map(|t| std::borrow::Cow::Owned(t.to_string())),
             key_id: None,
             client: Client::of(user_agent),
             user_agent,

@@ -5,6 +5,7 @@
 //! Everything the log needs travels with the response body ([`super::tee::Pending`]) and is
 //! handed to the log ([`super::record`]) when the body ends; nothing on this path waits for it.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,7 @@ use super::{errors, upstream, App};
 use crate::detect::Decision;
 use crate::dialect::{Dialect, HaltReply, UpstreamFailure};
 use crate::intervene::{Applied, Effect, RequestInfo};
+use crate::policy::select::{user_agent, Client};
 use crate::policy::{Mode, Policy, Traffic};
 use crate::request_bytes::RequestBytes;
 use crate::store::{next_request_id, now_ms, ConversationSeen, Label, RequestRow};
@@ -48,9 +50,10 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let stated = identity::stated(&parts.headers, route.conversation);
     let policies = app.policies.current();
     let dialect = route.dialect.map(|(dialect, _)| dialect);
+    let team = crate::policy::select::team_of(&parts.headers, route.team);
     let traffic = Traffic::of(
         &parts.headers,
-        route.team,
+        team.as_deref(),
         route.query,
         dialect,
         policies.needs_key_id(),
@@ -104,7 +107,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         headers: &parts.headers,
         body: &body,
         stated,
-        team: traffic.team,
+        team: team.as_deref(),
         earlier,
     };
     let mut analysis = app
@@ -208,7 +211,8 @@ fn refuse(
 ) -> Response {
     let response = errors::refused(route.upstream, refusal);
     let team = crate::policy::select::team_of(&parts.headers, route.team);
-    let id = stated.unwrap_or_else(|| identity::fallback(&parts.headers, route.path).in_team(team));
+    let id = stated
+        .unwrap_or_else(|| identity::fallback(&parts.headers, route.path).in_team(team.as_deref()));
     let parse = match route.dialect {
         Some(_) => ParseStatus::Unparsed,
         None => ParseStatus::NotConversation,
@@ -605,13 +609,15 @@ fn new_record(
     let conversation = parse.is_conversation().then(|| ConversationSeen {
         id: identity.id,
         id_source: identity.source.as_str(),
-        client: identity::client_name(&parts.headers),
+        // The policies' name of the client (`match.client`), the one vocabulary of the
+        // log, the admin API and the dashboard.
+        client: Some(Client::of(user_agent(&parts.headers)).as_str().into()),
         dialect: dialect.map(Dialect::as_str),
         model,
         at_ms: started_ms,
         // Known once the response has ended: `super::record`.
         overhead_us: 0,
-        team: crate::policy::select::team_of(&parts.headers, route.team).map(str::to_string),
+        team: crate::policy::select::team_of(&parts.headers, route.team).map(Cow::into_owned),
     });
     Finished {
         row,
