@@ -264,3 +264,94 @@ async fn a_client_that_goes_away_withdraws_its_held_request() {
     }
     panic!("the held request stayed listed after its client left");
 }
+
+/// The time a request waits for a human is not the proxy's: a request held for a while,
+/// then let go, shows the proxy's own time as its overhead (its row, `/admin/api/stats`,
+/// the latency histogram of `/metrics`), not the hold, in both a plain and a streamed
+/// answer.
+#[tokio::test]
+async fn the_time_a_request_is_held_is_not_counted_as_proxy_overhead() {
+    let (hook, _) = webhook().await;
+    let setup = Arc::new(pause_setup(&hook, 60).await);
+    let dialect = Dialect::OpenAiChat;
+    let k = first_k(dialect, Action::Halt);
+    let mut held_for = Vec::new();
+    for (conversation, stream) in [("slow-human", false), ("slow-human-stream", true)] {
+        let s = setup.clone();
+        let p = path(dialect, conversation, stream);
+        let b = loop_body(dialect, k, stream, None);
+        let client = tokio::spawn(async move {
+            let resp = s.post(&p, &b).await;
+            resp.bytes().await.unwrap();
+        });
+        let id = held_id(&setup, conversation).await;
+        let listed = std::time::Instant::now();
+        // The human reads the run before deciding.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (status, _) = setup
+            .admin(
+                &format!("/admin/api/pending/{id}"),
+                Some(json!({"decision": "continue"})),
+            )
+            .await;
+        assert_eq!(status, 200);
+        held_for.push(listed.elapsed().as_micros() as i64);
+        client.await.unwrap();
+    }
+    setup.proxy.flush_log().await;
+    let held = *held_for.iter().min().unwrap();
+    let db = rusqlite::Connection::open(setup.dir.path().join("log.db")).unwrap();
+    let rows: Vec<(String, i64)> = db
+        .prepare(
+            "SELECT conversation_id, proxy_overhead_us FROM requests \
+             WHERE applied = 'held' OR conversation_id LIKE 'slow-human%'",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for (conversation, overhead) in &rows {
+        assert!(
+            *overhead < held,
+            "{conversation}: {overhead} µs of overhead, held {held} µs"
+        );
+    }
+    let (_, stats) = setup.admin("/admin/api/stats", None).await;
+    let max = stats["proxy_overhead_us"]["max_us"].as_i64().unwrap();
+    assert!(max < held, "{stats}");
+    let metrics = client()
+        .get(setup.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // Every request's overhead falls in a bucket below the hold.
+    let bucket = |le: &str| -> Option<u64> {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("loopwarden_proxy_overhead_seconds_bucket")
+                    && l.contains(&format!("le=\"{le}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    };
+    let below = (held as f64) / 1e6;
+    let all = bucket("+Inf").unwrap();
+    let le = metrics
+        .lines()
+        .filter(|l| l.starts_with("loopwarden_proxy_overhead_seconds_bucket"))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            le.parse::<f64>()
+                .ok()
+                .filter(|v| *v <= below)
+                .map(|_| le.to_string())
+        })
+        .last()
+        .expect("a bucket below the hold");
+    assert_eq!(bucket(&le), Some(all), "{metrics}");
+}

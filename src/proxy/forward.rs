@@ -180,8 +180,8 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
             // The client asked for a stream: keep it alive with SSE comments while a human
             // decides; the answer then follows in the same stream.
             let mut response = intervention::held_stream(&policy, async move {
-                let (effect, applied) = intervention::decide_held(&dispatch.app, *held).await;
-                finished.row.applied = applied.as_str().into();
+                let mut dispatch = dispatch;
+                let effect = dispatch.await_decision(*held, &mut finished).await;
                 dispatch.send(effect, finished, None).await
             });
             held_stamp.apply(&mut response);
@@ -189,7 +189,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         }
         // Rare, and its future is large: boxed, so that every request's future (which axum
         // boxes and moves) does not carry room for it.
-        Some(held) => Box::pin(answer_held(app, dispatch, finished, *held)).await,
+        Some(held) => Box::pin(answer_held(dispatch, finished, *held)).await,
         // Boxed: axum boxes this handler's future and moves it (two copies of its size per
         // request); with the dispatch inline that was ~9 KB each time.
         None => Box::pin(dispatch.send(effect, finished, guard)).await,
@@ -297,14 +297,8 @@ fn plan(
 }
 
 /// A held request of a client that asked for no stream: answered once it is decided.
-async fn answer_held(
-    app: Arc<App>,
-    dispatch: Dispatch,
-    mut finished: Finished,
-    held: Held,
-) -> Response {
-    let (effect, applied) = intervention::decide_held(&app, held).await;
-    finished.row.applied = applied.as_str().into();
+async fn answer_held(mut dispatch: Dispatch, mut finished: Finished, held: Held) -> Response {
+    let effect = dispatch.await_decision(held, &mut finished).await;
     dispatch.send(effect, finished, None).await
 }
 
@@ -353,6 +347,18 @@ struct Answered {
 }
 
 impl Dispatch {
+    /// Waits for the decision on a held request (a human's, or the timeout's) and notes
+    /// what it came to. The wait is not the proxy's work: `started` moves on by it, so the
+    /// request's proxy overhead (its row, `/admin/api/stats`, the latency histogram) counts
+    /// the proxy's own time before and after the hold, never a person's minutes.
+    async fn await_decision(&mut self, held: Held, finished: &mut Finished) -> Effect {
+        let waiting = Instant::now();
+        let (effect, applied) = intervention::decide_held(&self.app, held).await;
+        finished.row.applied = applied.as_str().into();
+        self.started += waiting.elapsed();
+        effect
+    }
+
     /// Sends what a ruling came to: loopwarden's own answer, or the upstream's to the
     /// original or a rewritten body, streamed back through the tee (and the block check
     /// when `guard`).
