@@ -351,7 +351,7 @@ async fn the_time_a_request_is_held_is_not_counted_as_proxy_overhead() {
                 .filter(|v| *v <= below)
                 .map(|_| le.to_string())
         })
-        .last()
+        .next_back()
         .expect("a bucket below the hold");
     assert_eq!(bucket(&le), Some(all), "{metrics}");
 }
