@@ -355,3 +355,66 @@ async fn the_time_a_request_is_held_is_not_counted_as_proxy_overhead() {
         .expect("a bucket below the hold");
     assert_eq!(bucket(&le), Some(all), "{metrics}");
 }
+
+/// A held request whose client leaves before anyone decides still has its row in the log
+/// (`held`, `client_disconnected`), beside its `held` intervention: plain and streamed.
+#[tokio::test]
+async fn a_held_request_whose_client_leaves_is_logged_as_such() {
+    let (hook, _) = webhook().await;
+    let setup = Arc::new(pause_setup(&hook, 60).await);
+    let dialect = Dialect::OpenAiChat;
+    let k = first_k(dialect, Action::Halt);
+    for (conversation, stream) in [("left-plain", false), ("left-stream", true)] {
+        let s = setup.clone();
+        let p = path(dialect, conversation, stream);
+        let b = loop_body(dialect, k, stream, None);
+        let client = tokio::spawn(async move {
+            let mut resp = s.post(&p, &b).await;
+            // A streamed hold answers at once; hold on to it until aborted.
+            while let Ok(Some(_)) = resp.chunk().await {}
+        });
+        held_id(&setup, conversation).await;
+        client.abort();
+        let _ = client.await;
+        let mut gone = false;
+        for _ in 0..500 {
+            let (_, v) = setup.admin("/admin/api/pending", None).await;
+            if !v["pending"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["conversation_id"] == conversation)
+            {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(gone, "{conversation} stayed listed after its client left");
+    }
+    setup.proxy.flush_log().await;
+    let db = rusqlite::Connection::open(setup.dir.path().join("log.db")).unwrap();
+    let rows: Vec<(String, String, String, i64)> = db
+        .prepare(
+            "SELECT conversation_id, applied, outcome, status FROM requests \
+             WHERE conversation_id LIKE 'left-%' ORDER BY conversation_id",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let expected: Vec<(String, String, String, i64)> = ["left-plain", "left-stream"]
+        .iter()
+        .map(|c| {
+            (
+                c.to_string(),
+                "held".into(),
+                "client_disconnected".into(),
+                499,
+            )
+        })
+        .collect();
+    assert_eq!(rows, expected);
+    assert!(setup.mock.requests().is_empty(), "nothing was forwarded");
+}

@@ -180,16 +180,14 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
             // The client asked for a stream: keep it alive with SSE comments while a human
             // decides; the answer then follows in the same stream.
             let mut response = intervention::held_stream(&policy, async move {
-                let mut dispatch = dispatch;
-                let effect = dispatch.await_decision(*held, &mut finished).await;
-                dispatch.send(effect, finished, None).await
+                dispatch.send_when_decided(*held, finished).await
             });
             held_stamp.apply(&mut response);
             response
         }
         // Rare, and its future is large: boxed, so that every request's future (which axum
         // boxes and moves) does not carry room for it.
-        Some(held) => Box::pin(answer_held(dispatch, finished, *held)).await,
+        Some(held) => Box::pin(dispatch.send_when_decided(*held, finished)).await,
         // Boxed: axum boxes this handler's future and moves it (two copies of its size per
         // request); with the dispatch inline that was ~9 KB each time.
         None => Box::pin(dispatch.send(effect, finished, guard)).await,
@@ -296,10 +294,32 @@ fn plan(
     planned
 }
 
-/// A held request of a client that asked for no stream: answered once it is decided.
-async fn answer_held(mut dispatch: Dispatch, mut finished: Finished, held: Held) -> Response {
-    let effect = dispatch.await_decision(held, &mut finished).await;
-    dispatch.send(effect, finished, None).await
+/// The log entry of a request while it is held: written by the drop when the client left
+/// before the decision (its future dropped with the connection), so that the request has
+/// its row (`held`, `client_disconnected`) like every other, not only its `held`
+/// intervention.
+struct HeldEntry {
+    finished: Option<Finished>,
+    app: Arc<App>,
+    /// The proxy's own time on the request, before the hold.
+    overhead: Duration,
+}
+
+/// The status logged for a request whose client left before any answer: nginx's "client
+/// closed request", which log tools know.
+const CLIENT_CLOSED: i64 = 499;
+
+impl Drop for HeldEntry {
+    fn drop(&mut self) {
+        let Some(mut finished) = self.finished.take() else {
+            return;
+        };
+        finished.row.status = CLIENT_CLOSED;
+        finished.row.outcome = Outcome::ClientDisconnected.as_str().into();
+        finished.row.proxy_overhead_us = self.overhead.as_micros() as i64;
+        let app = &self.app;
+        finished.hand_over(&app.store, &app.metrics, &app.traces);
+    }
 }
 
 /// Response headers every answer of a request carries.
@@ -347,16 +367,26 @@ struct Answered {
 }
 
 impl Dispatch {
-    /// Waits for the decision on a held request (a human's, or the timeout's) and notes
+    /// Waits for the decision on a held request (a human's, or the timeout's), then sends
     /// what it came to. The wait is not the proxy's work: `started` moves on by it, so the
     /// request's proxy overhead (its row, `/admin/api/stats`, the latency histogram) counts
     /// the proxy's own time before and after the hold, never a person's minutes.
-    async fn await_decision(&mut self, held: Held, finished: &mut Finished) -> Effect {
+    async fn send_when_decided(mut self, held: Held, finished: Finished) -> Response {
         let waiting = Instant::now();
+        let mut entry = HeldEntry {
+            finished: Some(finished),
+            app: self.app.clone(),
+            overhead: waiting - self.started,
+        };
         let (effect, applied) = intervention::decide_held(&self.app, held).await;
-        finished.row.applied = applied.as_str().into();
         self.started += waiting.elapsed();
-        effect
+        // The entry is emptied only here and by its drop, so it holds the entry here.
+        let Some(mut finished) = entry.finished.take() else {
+            let message = "loopwarden: the held request's log entry is gone";
+            return errors::upstream_failure(self.upstream, UpstreamFailure::Unreachable, message);
+        };
+        finished.row.applied = applied.as_str().into();
+        self.send(effect, finished, None).await
     }
 
     /// Sends what a ruling came to: loopwarden's own answer, or the upstream's to the
