@@ -37,4 +37,5 @@ pub mod scan;
 pub mod spawn;
 pub mod store;
 pub mod telemetry;
+pub mod throttle;
 pub mod transcript;
