@@ -300,8 +300,11 @@ async function pending() {
   const body = el("div", {});
   show(el("h1", {}, "Waiting for a human"), body);
   let list = [];
+  let incomplete = null;
   const render = () => {
-    body.replaceChildren(list.length ? table(["Conversation", "Detector", "Why", "Time left", "Decide"], list.map(p => {
+    // The list may lack other replicas' requests (their database could not be read).
+    const warning = incomplete ? el("p", { class: "error", id: "pending-incomplete" }, "This list may be incomplete: " + incomplete) : null;
+    body.replaceChildren(warning || "", list.length ? table(["Conversation", "Detector", "Why", "Time left", "Decide"], list.map(p => {
       const decide = d => async () => { await postJson("/admin/api/pending/" + encodeURIComponent(p.id), { decision: d }); draw(); };
       return el("tr", { class: "pending", "data-id": p.id },
         el("td", {}, el("a", { href: "#/conversation/" + encodeURIComponent(p.conversation_id), class: "mono" }, p.conversation_id)),
@@ -311,9 +314,14 @@ async function pending() {
           el("button", { class: "primary continue", onclick: decide("continue") }, "Continue"), " ",
           el("button", { class: "nudge", onclick: decide("nudge") }, "Nudge"), " ",
           el("button", { class: "danger halt", onclick: decide("halt") }, "Halt")));
-    }), { id: "pending" }) : el("p", { class: "muted", id: "no-pending" }, "No request is waiting."));
+    }), { id: "pending" }) : el("p", { class: "muted", id: "no-pending" }, incomplete ? "No request is waiting here." : "No request is waiting."));
   };
-  const draw = async () => { list = (await getJson("/admin/api/pending")).pending; render(); };
+  const draw = async () => {
+    const answer = await getJson("/admin/api/pending");
+    list = answer.pending;
+    incomplete = answer.incomplete;
+    render();
+  };
   poll(draw);
   // The countdown, in place (redrawing the rows would move the buttons under the mouse).
   ticker = setInterval(() => {

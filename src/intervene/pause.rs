@@ -87,6 +87,15 @@ impl DecidedBy {
     }
 }
 
+/// The held requests as the admin API lists them ([`Pending::list_everywhere`]).
+#[derive(Debug, Serialize)]
+pub struct Listing {
+    pub pending: Vec<serde_json::Value>,
+    /// Why the list may be missing some (the shared database could not be read); `None`
+    /// when it is complete.
+    pub incomplete: Option<Masked>,
+}
+
 /// A held request waiting for its verdict; dropping it withdraws the request from the list.
 pub struct Ticket {
     id: String,
@@ -194,14 +203,16 @@ impl Pending {
     }
 
     /// Every held request, this replica's and (shared) the others', oldest first, as the
-    /// admin API shows them. The others' are left out, and said so in the process log,
-    /// when the database cannot be read.
-    pub async fn list_everywhere(&self) -> Vec<serde_json::Value> {
+    /// admin API shows them. When the database cannot be read the others' are left out,
+    /// and the listing says so (`incomplete`), as does the process log: an empty list
+    /// must not read as "nobody is waiting" when it only means "cannot tell".
+    pub async fn list_everywhere(&self) -> Listing {
         let mine = self.list();
         let mut all: Vec<serde_json::Value> = mine
             .iter()
             .filter_map(|h| serde_json::to_value(h).ok())
             .collect();
+        let mut incomplete = None;
         if let Some(shared) = self.shared.get() {
             match shared.store.held_elsewhere(&shared.replica).await {
                 Ok(theirs) => all.extend(
@@ -210,12 +221,19 @@ impl Pending {
                         .filter_map(|json| serde_json::from_str::<serde_json::Value>(json).ok()),
                 ),
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot list the other replicas' held requests")
+                    let error = Masked::from(format!(
+                        "the other replicas' held requests could not be read: {e}"
+                    ));
+                    tracing::warn!(error = %error.as_str(), "held requests listed in part");
+                    incomplete = Some(error);
                 }
             }
             all.sort_by_key(|h| h["created_ms"].as_i64().unwrap_or(0));
         }
-        all
+        Listing {
+            pending: all,
+            incomplete,
+        }
     }
 
     /// Delivers a verdict to a request held here or (shared) on another replica, which

@@ -342,8 +342,13 @@ pub async fn halt_conversation(
 /// `GET /admin/api/pending`: requests held for a human, oldest first.
 /// With replicas sharing a database, every replica's.
 pub async fn pending(State(app): State<Arc<App>>) -> Response {
-    let pending = app.interventions.pending.list_everywhere().await;
-    Json(serde_json::json!({ "pending": pending })).into_response()
+    let listing = app.interventions.pending.list_everywhere().await;
+    Json(serde_json::json!({
+        "pending": listing.pending,
+        "complete": listing.incomplete.is_none(),
+        "incomplete": listing.incomplete,
+    }))
+    .into_response()
 }
 
 #[derive(Deserialize)]
