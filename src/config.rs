@@ -70,6 +70,11 @@ pub struct ServerConfig {
     /// Longest a request head may take to arrive whole, from its first byte (a client that
     /// sends half a head and stops is disconnected: `crate::proxy::connection`).
     pub header_timeout_secs: u64,
+    /// Once a request head has arrived, its body must bring at least 1 KiB (or its end)
+    /// within each period this long; a client that stops or trickles it is answered 408
+    /// and disconnected (`crate::proxy::body::with_idle_timeout`). nginx's
+    /// `client_body_timeout` is 60 s too.
+    pub body_timeout_secs: u64,
     /// A connection carrying no request (before its first, between two) is closed after
     /// this long; longer than the idle pools of the common HTTP clients (90 s), so that the
     /// client is the one that closes it.
@@ -164,6 +169,7 @@ impl Default for Config {
                 max_body_bytes: 64 * 1024 * 1024,
                 threads: 0,
                 header_timeout_secs: 30,
+                body_timeout_secs: 60,
                 idle_timeout_secs: 120,
                 max_connections: 0,
             },
@@ -361,7 +367,7 @@ impl Config {
                 ),
             ));
         }
-        let positive: [(&'static str, u64); 14] = [
+        let positive: [(&'static str, u64); 15] = [
             (
                 "intervene.pause.timeout_secs",
                 self.intervene.pause.timeout_secs,
@@ -375,6 +381,7 @@ impl Config {
                 "server.header_timeout_secs",
                 self.server.header_timeout_secs,
             ),
+            ("server.body_timeout_secs", self.server.body_timeout_secs),
             ("server.idle_timeout_secs", self.server.idle_timeout_secs),
             ("upstream.stream_idle_secs", self.upstream.stream_idle_secs),
             (

@@ -88,10 +88,12 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         dialect,
         stated.as_ref().map(|s| &*s.id),
     );
+    let idle_secs = app.config.server.body_timeout_secs;
+    let body = super::body::with_idle_timeout(body, Duration::from_secs(idle_secs));
     let body = match read_body(body, max, &mut earlier).await {
         Ok(body) => body,
         Err(e) => {
-            let refusal = Refusal::of_body(&e, max);
+            let refusal = Refusal::of_body(&e, max, idle_secs);
             let policy = select(path_model());
             return refuse(
                 &app, &policy, &parts, &route, stated, refusal, started, started_ms,
