@@ -1,6 +1,7 @@
 //! Client connections are reaped: a request head that stops half-way is cut after the
 //! header timeout, a connection that carries no request after the idle timeout (never one
-//! whose answer is still streaming), connections over the cap make room or get a 503, and
+//! whose answer is still streaming), connections over the cap make room or get a 503 (the
+//! proxy's own paths still served), a request body that stalls or trickles is cut, and
 //! an upstream that stalls mid-stream is cut after the stream idle timeout, the client
 //! seeing the stream break.
 #![allow(
@@ -233,6 +234,25 @@ async fn over_the_cap_a_waiting_connection_makes_room_else_a_503_with_retry_afte
     assert!(text.starts_with("http/1.1 503"), "{text}");
     assert!(text.contains("\r\nretry-after: "), "{text}");
     assert!(text.contains("server.max_connections"), "{text}");
+    // The proxy's own paths still get through at the cap: a health check, the admin API
+    // (which says what the cap did), and the metrics, each on a connection of its own.
+    for path in ["/healthz", "/admin/api/stats", "/metrics"] {
+        let r = client()
+            .get(proxy.url(path))
+            .header("connection", "close")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path} at the cap");
+        if path == "/admin/api/stats" {
+            let stats: serde_json::Value =
+                serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+            assert!(
+                stats["connections_at_cap"]["refused"].as_u64() >= Some(1),
+                "{stats}"
+            );
+        }
+    }
     // The connections in flight were left alone.
     for stream in &mut busy {
         let (closed, _) = read_until_closed(stream, Duration::from_millis(200)).await;
