@@ -636,6 +636,7 @@ mod tests {
             head_since: AtomicU64::new(UNSET),
             timer_at: AtomicU64::new(UNSET),
             evicted: AtomicBool::new(false),
+            own_paths_only: false,
             waker: AtomicWaker::new(),
         })
     }
