@@ -33,6 +33,7 @@ pub mod proxy;
 pub mod replay;
 pub mod replicas;
 pub mod request_bytes;
+pub mod run;
 pub mod scan;
 pub mod spawn;
 pub mod store;
