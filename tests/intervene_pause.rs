@@ -418,3 +418,31 @@ async fn a_held_request_whose_client_leaves_is_logged_as_such() {
     assert_eq!(rows, expected);
     assert!(setup.mock.requests().is_empty(), "nothing was forwarded");
 }
+
+/// Under `on_stop = "pause"` a spent budget is not put to a human: the run is halted at
+/// once (a human's `continue` would spend past the cap), as the README says.
+#[tokio::test]
+async fn a_spent_budget_halts_at_once_even_under_pause() {
+    let (hook, got) = webhook().await;
+    let setup = Setup::start(looping_script(Dialect::OpenAiChat), move |c| {
+        c.intervene.on_stop = StopMode::Pause;
+        c.intervene.pause.webhooks = vec![hook];
+        c.budget.steps = 2;
+    })
+    .await;
+    let dialect = Dialect::OpenAiChat;
+    let body = loop_body(dialect, 3, false, None);
+    let resp = tokio::time::timeout(
+        Duration::from_secs(20),
+        setup.post(&path(dialect, "over-budget", false), &body),
+    )
+    .await
+    .expect("answered, not held");
+    assert_eq!(header(&resp, "x-loopwarden-decision"), "halt");
+    let (text, _, _) = read_answer(dialect, false, &resp.bytes().await.unwrap());
+    assert!(text.contains("budget"), "{text}");
+    let (_, pending) = setup.admin("/admin/api/pending", None).await;
+    assert_eq!(pending["pending"], json!([]));
+    assert!(setup.mock.requests().is_empty());
+    assert!(got.lock().unwrap().is_empty(), "no pause webhook");
+}
