@@ -29,6 +29,7 @@ enum Command {
     /// Run the detection engine over recorded conversations (JSONL) and print its decisions.
     Replay(loopwarden::replay::ReplayArgs),
     /// Run a scripted mock model server (the four APIs) for tests and demos.
+    #[command(after_long_help = loopwarden::mock::SCRIPT_HELP)]
     Mock(loopwarden::mock::MockArgs),
     /// Start loopwarden and a scripted looping agent in-process and show what happens.
     Demo(loopwarden::demo::DemoArgs),
