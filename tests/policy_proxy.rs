@@ -832,3 +832,36 @@ fn the_policies_command_lists_the_order_and_places_a_request() {
         "{err}"
     );
 }
+
+/// `loopwarden policies` warns of a policy an earlier one shadows, and refuses
+/// `match = {}`, which would match nothing.
+#[test]
+fn the_policies_command_warns_of_a_shadowed_policy_and_refuses_an_empty_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    let policies = |toml: &str| {
+        std::fs::write(&path, toml).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_loopwarden"))
+            .arg("policies")
+            .arg("--config")
+            .arg(&path)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, err) = policies(
+        "[[policy]]\nname = \"ci\"\nmatch = { team = \"ci*\" }\n\
+         [[policy]]\nname = \"nightly\"\nmatch = { team = \"ci-nightly\" }\n",
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("warning: policy \"nightly\" never applies: \"ci\""),
+        "{err}"
+    );
+    let (ok, err) = policies("[[policy]]\nname = \"all\"\nmatch = {}\n");
+    assert!(!ok);
+    assert!(err.contains("matches no request"), "{err}");
+}

@@ -36,6 +36,11 @@ pub fn run(args: PoliciesArgs) -> anyhow::Result<()> {
         let selector = serde_json::to_string(&p.selector)?;
         println!("{:<20} {:<10} match {selector}", p.name, p.mode.as_str());
     }
+    for (policy, by) in set.shadowed() {
+        eprintln!(
+            "warning: policy {policy:?} never applies: {by:?}, tried before it, matches every request it matches"
+        );
+    }
     let asked = args.team.is_some()
         || args.key.is_some()
         || !args.user_agent.is_empty()

@@ -227,6 +227,31 @@ impl Selector {
             && any(&self.api, traffic.api.map(Dialect::as_str))
     }
 
+    /// Whether every request `later` matches is matched by this selector too (so that
+    /// `later`, tried after it, never applies). Conservative: true only when each selector
+    /// this one has is one `later` has too, and each of `later`'s patterns there is one of
+    /// this one's patterns matches as text (`ci*` covers `ci-nightly` and `ci-*`; `*`
+    /// covers all). Teams compare in any case, as they match.
+    pub fn covers(&self, later: &Selector) -> bool {
+        fn field(mine: &[String], theirs: &[String], any_case: bool) -> bool {
+            let matches = if any_case {
+                glob::matches_any_case
+            } else {
+                glob::matches
+            };
+            mine.is_empty()
+                || (!theirs.is_empty() && theirs.iter().all(|t| mine.iter().any(|m| matches(m, t))))
+        }
+        !self.is_empty()
+            && !later.is_empty()
+            && field(&self.team, &later.team, true)
+            && field(&self.key_id, &later.key_id, false)
+            && field(&self.client, &later.client, false)
+            && field(&self.user_agent, &later.user_agent, false)
+            && field(&self.model, &later.model, false)
+            && field(&self.api, &later.api, false)
+    }
+
     /// Checks the values: clients and APIs from their vocabularies, key ids as printed.
     pub fn validate(&self) -> Result<(), String> {
         let clients: Vec<&str> = Client::ALL.iter().map(|c| c.as_str()).collect();
