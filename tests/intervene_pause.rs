@@ -357,10 +357,12 @@ async fn the_time_a_request_is_held_is_not_counted_as_proxy_overhead() {
 }
 
 /// A held request whose client leaves before anyone decides still has its row in the log
-/// (`held`, `client_disconnected`), beside its `held` intervention: plain and streamed.
+/// (`held`, `client_disconnected`), beside its `held` intervention; the pause webhooks are
+/// told it was abandoned, and so is a human who comes to decide it (410): plain and
+/// streamed.
 #[tokio::test]
 async fn a_held_request_whose_client_leaves_is_logged_as_such() {
-    let (hook, _) = webhook().await;
+    let (hook, got) = webhook().await;
     let setup = Arc::new(pause_setup(&hook, 60).await);
     let dialect = Dialect::OpenAiChat;
     let k = first_k(dialect, Action::Halt);
@@ -373,7 +375,7 @@ async fn a_held_request_whose_client_leaves_is_logged_as_such() {
             // A streamed hold answers at once; hold on to it until aborted.
             while let Ok(Some(_)) = resp.chunk().await {}
         });
-        held_id(&setup, conversation).await;
+        let id = held_id(&setup, conversation).await;
         client.abort();
         let _ = client.await;
         let mut gone = false;
@@ -391,7 +393,35 @@ async fn a_held_request_whose_client_leaves_is_logged_as_such() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(gone, "{conversation} stayed listed after its client left");
+        // The human who comes to decide it is told it was abandoned, not "not found".
+        let (status, v) = setup
+            .admin(
+                &format!("/admin/api/pending/{id}"),
+                Some(json!({"decision": "continue"})),
+            )
+            .await;
+        assert_eq!(status, 410, "{v}");
+        assert!(v["error"].as_str().unwrap().contains("abandoned"), "{v}");
+        assert_eq!(v["pending"]["conversation_id"], conversation);
     }
+    // The pause webhook heard of it too.
+    let events = |event: &str| -> Vec<Value> {
+        got.lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e["event"] == event)
+            .cloned()
+            .collect()
+    };
+    for _ in 0..500 {
+        if events("loopwarden.pause.abandoned").len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let abandoned = events("loopwarden.pause.abandoned");
+    assert_eq!(abandoned.len(), 2, "{abandoned:?}");
+    assert_eq!(abandoned[0]["pending"]["conversation_id"], "left-plain");
     setup.proxy.flush_log().await;
     let db = rusqlite::Connection::open(setup.dir.path().join("log.db")).unwrap();
     let rows: Vec<(String, String, String, i64)> = db

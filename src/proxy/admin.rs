@@ -374,11 +374,21 @@ pub async fn decide_pending(
         Err(e) => internal(e),
         Ok(Some(held)) => Json(serde_json::json!({ "decided": verdict.as_str(), "pending": held }))
             .into_response(),
-        Ok(None) => (
-            StatusCode::NOT_FOUND,
-            Json(serde_json::json!({ "error": "no request held under that id (decided, timed out or gone)" })),
-        )
-            .into_response(),
+        Ok(None) => match app.interventions.pending.abandoned(&id) {
+            Some(held) => (
+                StatusCode::GONE,
+                Json(serde_json::json!({
+                    "error": "abandoned: the request's client went away before anyone decided",
+                    "pending": held,
+                })),
+            )
+                .into_response(),
+            None => (
+                StatusCode::NOT_FOUND,
+                Json(serde_json::json!({ "error": "no request held under that id (decided, timed out or gone)" })),
+            )
+                .into_response(),
+        },
     }
 }
 

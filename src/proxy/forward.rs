@@ -303,6 +303,9 @@ fn plan(
 struct HeldEntry {
     finished: Option<Finished>,
     app: Arc<App>,
+    /// The held request's id and policy, to tell the pause webhooks it was abandoned.
+    ticket: String,
+    policy: Arc<Policy>,
     /// The proxy's own time on the request, before the hold.
     overhead: Duration,
 }
@@ -320,6 +323,9 @@ impl Drop for HeldEntry {
         finished.row.outcome = Outcome::ClientDisconnected.as_str().into();
         finished.row.proxy_overhead_us = self.overhead.as_micros() as i64;
         let app = &self.app;
+        let client = upstream::thread_client(&app.client);
+        let pause = &self.policy.intervene().pause;
+        super::held::notify_abandoned(&client, pause, &self.ticket, &finished.row.conversation_id);
         finished.hand_over(&app.store, &app.metrics, &app.traces);
     }
 }
@@ -378,6 +384,8 @@ impl Dispatch {
         let mut entry = HeldEntry {
             finished: Some(finished),
             app: self.app.clone(),
+            ticket: held.ticket.id().to_string(),
+            policy: held.policy.clone(),
             overhead: waiting - self.started,
         };
         let (effect, applied) = intervention::decide_held(&self.app, held).await;
