@@ -106,6 +106,10 @@ pub struct UpstreamConfig {
     /// `response_timeout_secs`: a model may think silently as long inside a stream as
     /// before a non-streamed answer's head (README, "Configuration").
     pub stream_idle_secs: u64,
+    /// A PEM file of CA certificates trusted beside the built-in roots, for an upstream
+    /// (a gateway, a TLS-inspecting company proxy) whose certificate a private CA signed.
+    /// Empty: the built-in roots only.
+    pub ca_file: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -181,6 +185,7 @@ impl Default for Config {
                 response_timeout_secs: 600,
                 pool_idle_timeout_secs: 90,
                 stream_idle_secs: 600,
+                ca_file: String::new(),
             },
             store: StoreConfig {
                 db: "sqlite://loopwarden.db".into(),
@@ -351,6 +356,10 @@ impl Config {
             ("upstream.gemini", &mut self.upstream.gemini),
         ] {
             *url = normalize_base_url(url).map_err(|e| invalid(key, e))?;
+        }
+        if !self.upstream.ca_file.is_empty() {
+            crate::proxy::upstream::extra_roots(&self.upstream.ca_file)
+                .map_err(|e| invalid("upstream.ca_file", e))?;
         }
         // A misspelt table would otherwise be ignored, and its pattern keep responding as
         // built in.
