@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A throwaway PostgreSQL cluster for the tests (issue 36): in a temporary directory, on a
 # free loopback port, trusting local connections, owned by an unprivileged user (PostgreSQL
-# refuses to run as root).
+# refuses to run as root). Run as root, it creates that user (`lwpg`, or $LW_PG_USER) if
+# missing, and says so on stderr; it stays for the next run (`userdel -r lwpg` removes it).
 #
 #   eval "$(scripts/pg_cluster.sh start)"   # exports LW_TEST_POSTGRES and LW_PG_DIR
 #   cargo test
@@ -27,7 +28,10 @@ pg_bin() {
 as_owner() {
   if [[ $(id -u) == 0 ]]; then
     local user=${LW_PG_USER:-lwpg}
-    id "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user" >&2
+    if ! id "$user" >/dev/null 2>&1; then
+      echo "pg_cluster: creating the system user $user to own the cluster (PostgreSQL refuses to run as root; LW_PG_USER names another; \`userdel -r $user\` removes it)" >&2
+      useradd --create-home --shell /bin/bash "$user" >&2
+    fi
     su "$user" -c "$(printf '%q ' "$@")"
   else
     "$@"

@@ -70,6 +70,11 @@ pub struct ServerConfig {
     /// Longest a request head may take to arrive whole, from its first byte (a client that
     /// sends half a head and stops is disconnected: `crate::proxy::connection`).
     pub header_timeout_secs: u64,
+    /// Once a request head has arrived, its body must bring at least 1 KiB (or its end)
+    /// within each period this long; a client that stops or trickles it is answered 408
+    /// and disconnected (`crate::proxy::body::with_idle_timeout`). nginx's
+    /// `client_body_timeout` is 60 s too.
+    pub body_timeout_secs: u64,
     /// A connection carrying no request (before its first, between two) is closed after
     /// this long; longer than the idle pools of the common HTTP clients (90 s), so that the
     /// client is the one that closes it.
@@ -116,6 +121,10 @@ pub struct UpstreamConfig {
     /// `response_timeout_secs`: a model may think silently as long inside a stream as
     /// before a non-streamed answer's head (README, "Configuration").
     pub stream_idle_secs: u64,
+    /// A PEM file of CA certificates trusted beside the built-in roots, for an upstream
+    /// (a gateway, a TLS-inspecting company proxy) whose certificate a private CA signed.
+    /// Empty: the built-in roots only.
+    pub ca_file: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -183,6 +192,7 @@ impl Default for Config {
                 max_body_bytes: 64 * 1024 * 1024,
                 threads: 0,
                 header_timeout_secs: 30,
+                body_timeout_secs: 60,
                 idle_timeout_secs: 120,
                 max_connections: 0,
                 websocket: WebSocketMode::Proxy,
@@ -195,6 +205,7 @@ impl Default for Config {
                 response_timeout_secs: 600,
                 pool_idle_timeout_secs: 90,
                 stream_idle_secs: 600,
+                ca_file: String::new(),
             },
             store: StoreConfig {
                 db: "sqlite://loopwarden.db".into(),
@@ -367,6 +378,10 @@ impl Config {
         ] {
             *url = normalize_base_url(url).map_err(|e| invalid(key, e))?;
         }
+        if !self.upstream.ca_file.is_empty() {
+            crate::proxy::upstream::extra_roots(&self.upstream.ca_file)
+                .map_err(|e| invalid("upstream.ca_file", e))?;
+        }
         // A misspelt table would otherwise be ignored, and its pattern keep responding as
         // built in.
         self.detect
@@ -382,7 +397,7 @@ impl Config {
                 ),
             ));
         }
-        let positive: [(&'static str, u64); 14] = [
+        let positive: [(&'static str, u64); 15] = [
             (
                 "intervene.pause.timeout_secs",
                 self.intervene.pause.timeout_secs,
@@ -396,6 +411,7 @@ impl Config {
                 "server.header_timeout_secs",
                 self.server.header_timeout_secs,
             ),
+            ("server.body_timeout_secs", self.server.body_timeout_secs),
             ("server.idle_timeout_secs", self.server.idle_timeout_secs),
             ("upstream.stream_idle_secs", self.upstream.stream_idle_secs),
             (

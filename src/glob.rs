@@ -1,6 +1,7 @@
 //! Shell-style wildcard patterns for names a user writes in the config: model names
 //! (`claude-sonnet-4*`), teams, clients. `*` matches any run of characters (none too), `?`
-//! exactly one; everything else matches itself, case-sensitively. No character classes:
+//! exactly one; everything else matches itself, case-sensitively ([`matches`]) or with
+//! ASCII letters in either case ([`matches_any_case`], for teams). No character classes:
 //! model ids use `[`/`]` nowhere, and a pattern a reader must decode is a pattern misread.
 
 /// Whether `text` matches `pattern` as a whole.
@@ -11,6 +12,16 @@
 /// character. The greedy walk keeps one backtrack point (the last `*`): never worse than
 /// pattern × text, so a hostile model name costs no more than that.
 pub fn matches(pattern: &str, text: &str) -> bool {
+    walk(pattern, text, |a, b| a == b)
+}
+
+/// [`matches`], an ASCII letter matching itself in either case (`CI` is `ci`).
+pub fn matches_any_case(pattern: &str, text: &str) -> bool {
+    walk(pattern, text, |a, b| a.eq_ignore_ascii_case(&b))
+}
+
+/// The walk of [`matches`], bytes compared by `same`.
+fn walk(pattern: &str, text: &str, same: impl Fn(u8, u8) -> bool) -> bool {
     let (pattern, text) = (pattern.as_bytes(), text.as_bytes());
     let (mut p, mut t) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
@@ -24,7 +35,7 @@ pub fn matches(pattern: &str, text: &str) -> bool {
                 p += 1;
                 t += char_len(text[t]);
             }
-            Some(&c) if c == text[t] => {
+            Some(&c) if same(c, text[t]) => {
                 p += 1;
                 t += 1;
             }
@@ -73,6 +84,15 @@ mod tests {
         assert!(!matches("a*b", "aXbY"));
         assert!(matches("", ""));
         assert!(!matches("", "x"));
+    }
+
+    #[test]
+    fn any_case_matches_ascii_letters_in_either_case() {
+        use super::matches_any_case;
+        assert!(matches_any_case("CI", "ci"));
+        assert!(matches_any_case("team-*", "Team-A"));
+        assert!(!matches_any_case("ci", "cid"));
+        assert!(!matches("CI", "ci"));
     }
 
     #[test]

@@ -29,6 +29,7 @@ enum Command {
     /// Run the detection engine over recorded conversations (JSONL) and print its decisions.
     Replay(loopwarden::replay::ReplayArgs),
     /// Run a scripted mock model server (the four APIs) for tests and demos.
+    #[command(after_long_help = loopwarden::mock::SCRIPT_HELP)]
     Mock(loopwarden::mock::MockArgs),
     /// Start loopwarden and a scripted looping agent in-process and show what happens.
     Demo(loopwarden::demo::DemoArgs),
@@ -38,11 +39,17 @@ enum Command {
     /// Check the config's policies and list them in the order they are tried; with a
     /// request's team, key, user-agent, model or API, say which policy it falls under.
     Policies(loopwarden::policy::explain::PoliciesArgs),
+    /// Run a command (an agent) as one conversation of a running proxy, its base-URL
+    /// variables pointed at it; exit 3 when loopwarden halted the run, else the command's
+    /// own status (125: the run's state could not be read).
+    Run(loopwarden::run::RunArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        // Its exit status is the run's: its own.
+        Command::Run(args) => return loopwarden::run::main(args),
         Command::Serve(args) => loopwarden::proxy::serve_main(args),
         Command::Health(args) => loopwarden::proxy::health::run(args),
         Command::Replay(args) => loopwarden::replay::run(args),

@@ -143,3 +143,38 @@ fn the_benchmark_and_pgo_scripts_need_nothing_outside_the_repository() {
     }
     assert!(Path::new(ROOT).join("examples/loadgen.rs").exists());
 }
+
+/// The compose file's replicas read a config a team edits (its policies): a directory is
+/// mounted where the image looks for its config file, by default the repository's
+/// `config/`, whose `loopwarden.toml` loads.
+#[test]
+fn the_compose_replicas_mount_the_config_the_image_reads() {
+    let dockerfile = read("docker/Dockerfile");
+    let config_file = dockerfile
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("LOOPWARDEN_CONFIG="))
+        .expect("the image names its config file");
+    let (config_dir, file_name) = config_file.rsplit_once('/').unwrap();
+    let compose = read("docker/compose.yml");
+    let target = format!(":{config_dir}:ro");
+    let mount = compose
+        .lines()
+        .map(str::trim)
+        .filter_map(|l| l.strip_prefix("- "))
+        .find(|l| l.ends_with(&target))
+        .unwrap_or_else(|| panic!("no volume mounted on {config_dir}"));
+    let source = mount.strip_suffix(&target).unwrap();
+    let default = source
+        .strip_prefix("${LOOPWARDEN_CONFIG_DIR:-")
+        .and_then(|s| s.strip_suffix('}'))
+        .unwrap_or(source);
+    // Relative to the compose file's directory.
+    let file = Path::new(ROOT).join("docker").join(default).join(file_name);
+    assert!(file.is_file(), "{} is not there", file.display());
+    loopwarden::config::Config::load(Some(&file), |_| None).unwrap();
+    // Both replicas share the mount (the YAML anchor both extend).
+    let anchor = compose.find("x-replica: &replica").unwrap();
+    let services = compose.find("\nservices:").unwrap();
+    assert!((anchor..services).contains(&compose.find(mount).unwrap()));
+    assert_eq!(compose.matches("<<: *replica").count(), 2);
+}

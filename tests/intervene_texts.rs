@@ -201,6 +201,40 @@ async fn a_halt_says_whether_an_operator_or_the_budget_stopped_the_run() {
     }
 }
 
+/// The halt quotes the failing command; a credential in it is masked in the reply the
+/// agent (and whoever reads its terminal or CI log) gets, in every API.
+#[tokio::test]
+async fn a_halt_reply_masks_a_credential_in_the_command_it_quotes() {
+    let secret = "sk-proj-Q2x7VbN4kL9mT1rZ8wY3uH6pD0sF5g";
+    let text = LoopText {
+        command: format!("OPENAI_API_KEY={secret} python3 test_calc.py"),
+        ..LoopText::default()
+    };
+    for dialect in ALL {
+        let setup = Setup::start(looping_script(dialect), |c| c.intervene.block = false).await;
+        let k = first_k(dialect, loopwarden::detect::Action::Halt);
+        let mut answer = String::new();
+        for i in 1..=k {
+            let body = loop_body_with(dialect, i, false, None, &text);
+            let resp = setup.post(&path(dialect, "keyed", false), &body).await;
+            let decision = header(&resp, "x-loopwarden-decision");
+            let (said, _, _) = read_answer(dialect, false, &resp.bytes().await.unwrap());
+            if decision == "halt" {
+                answer = said;
+            }
+        }
+        assert!(
+            answer.contains("python3 test_calc.py"),
+            "{dialect:?}: {answer}"
+        );
+        assert!(
+            !answer.contains("Q2x7VbN4kL9mT1rZ8wY3"),
+            "{dialect:?}: {answer}"
+        );
+        assert!(answer.contains("[redacted]"), "{dialect:?}: {answer}");
+    }
+}
+
 #[tokio::test]
 async fn halting_or_resuming_a_conversation_nobody_has_seen_is_a_404() {
     let setup = Setup::start(looping_script(Dialect::OpenAiChat), |_| {}).await;

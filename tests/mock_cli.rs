@@ -87,3 +87,24 @@ fn cli_rejects_a_bad_script_naming_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.json"), "{err}");
 }
+
+/// The script format is in `loopwarden mock --help`, not only in the source.
+#[test]
+fn the_help_documents_the_script_format() {
+    let out = Command::new(env!("CARGO_BIN_EXE_loopwarden"))
+        .args(["mock", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    for part in [
+        "turns",
+        "tool_calls",
+        "after_end",
+        "repeat_last",
+        "side_rules",
+        "Example",
+    ] {
+        assert!(help.contains(part), "{part} in:\n{help}");
+    }
+}

@@ -13,52 +13,7 @@ use loopwarden::config::Config;
 use loopwarden::detect::Action;
 use loopwarden::dialect::Dialect;
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
-
-/// A webhook receiver: answers every POST with 204 and hands over its JSON body.
-async fn receiver() -> (String, mpsc::UnboundedReceiver<Value>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    let (tx, rx) = mpsc::unbounded_channel();
-    loopwarden::spawn::task("test", async move {
-        loop {
-            let (mut socket, _) = listener.accept().await.unwrap();
-            let tx = tx.clone();
-            loopwarden::spawn::task("test", async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                let body = loop {
-                    let n = socket.read(&mut chunk).await.unwrap();
-                    assert!(n > 0, "the request ended early");
-                    buf.extend_from_slice(&chunk[..n]);
-                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        continue;
-                    };
-                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                    assert!(head.starts_with("post /hook "), "{head}");
-                    assert!(head.contains("content-type: application/json"), "{head}");
-                    let length: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length: "))
-                        .unwrap()
-                        .trim()
-                        .parse()
-                        .unwrap();
-                    if buf.len() >= end + 4 + length {
-                        break buf[end + 4..end + 4 + length].to_vec();
-                    }
-                };
-                socket
-                    .write_all(b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n")
-                    .await
-                    .unwrap();
-                let _ = tx.send(serde_json::from_slice(&body).unwrap());
-            });
-        }
-    });
-    (url, rx)
-}
 
 async fn next(rx: &mut mpsc::UnboundedReceiver<Value>) -> Value {
     tokio::time::timeout(Duration::from_secs(20), rx.recv())
@@ -110,7 +65,7 @@ async fn a_halt_is_alerted_with_the_policy_the_conversation_the_finding_and_the_
     );
     assert_eq!(
         alert["timeline"],
-        "https://loopwarden.example.com/ui/conversations/alert-run"
+        "https://loopwarden.example.com/ui/#/conversation/alert-run"
     );
     // The sticky halt answered again is not alerted again.
     let resp = setup
@@ -159,7 +114,7 @@ async fn a_held_request_is_alerted_before_anyone_decides() {
     assert!(!alert["finding"].as_str().unwrap().is_empty(), "{alert}");
     assert_eq!(
         alert["timeline"],
-        "https://loopwarden.example.com/ui/conversations/held-run"
+        "https://loopwarden.example.com/ui/#/conversation/held-run"
     );
     // Still held: the alert came before the decision. A human lets it go on.
     let (_, pending) = setup.admin("/admin/api/pending", None).await;
@@ -225,7 +180,7 @@ on = ["halt"]
     let text = alert["text"].as_str().unwrap();
     assert!(text.contains("`ci-run`") && text.contains("`ci`"), "{text}");
     assert!(
-        text.contains("/ui/conversations/ci-run|Timeline>"),
+        text.contains("/ui/#/conversation/ci-run|Timeline>"),
         "{text}"
     );
     // Two deliveries failed: ci's dead hook, and the default policy's.

@@ -127,6 +127,16 @@ async fn each_model_call_is_a_span_and_each_intervention_a_guardrail_result() {
     assert!(forwarded
         .iter()
         .all(|c| attr(&c["attributes"], "gen_ai.usage.output_tokens").is_some()));
+    // ... and why each answer ended, as the README lists it: the mock's tool calls, or
+    // the end of the halt that replaced a blocked answer.
+    for call in &forwarded {
+        let reasons = attr(&call["attributes"], "gen_ai.response.finish_reasons")
+            .unwrap_or_else(|| panic!("no finish reasons: {call}"));
+        let reason = &reasons["arrayValue"]["values"][0]["stringValue"];
+        let blocked = text(&call["attributes"], "loopwarden.applied") == "blocked";
+        let expected = if blocked { "end_turn" } else { "tool_use" };
+        assert_eq!(reason, expected, "{call}");
+    }
 
     let guardrails: Vec<&Value> = spans
         .iter()

@@ -211,6 +211,82 @@ async fn each_request_falls_under_the_first_policy_that_matches_and_says_so() {
     );
 }
 
+/// A team and a client are named one way from the base URL to the dashboard: `/t/` is
+/// percent-decoded and matched in any case, a second `/t/` never reaches the upstream,
+/// and the conversation's client is the policies' name for it (`claude-code`, not the
+/// `claude-cli` of its user-agent), in the API and its filter.
+#[tokio::test]
+async fn a_team_and_a_client_are_named_one_way_everywhere() {
+    let mock = MockServer::start(Script::default()).await.unwrap();
+    let policies = r#"
+        [[policy]]
+        name = "spaced"
+        match = { team = "my team" }
+
+        [[policy]]
+        name = "platform"
+        match = { team = "Platform-*" }
+    "#;
+    let (proxy, _dir) = start(policies, &mock.url()).await;
+    let body = Api::Chat.first_request("Fix the bug", false);
+    let cases = [
+        ("/t/my%20team/c/spaced-run/v1/chat/completions", "spaced"),
+        ("/t/MY%20Team/v1/chat/completions", "spaced"),
+        ("/t/platform-ai/v1/chat/completions", "platform"),
+        ("/t/PLATFORM-AI/v1/chat/completions", "platform"),
+        ("/t/my%20team/c/twice/t/other/v1/chat/completions", "spaced"),
+    ];
+    for (path, policy) in cases {
+        let r = client()
+            .post(format!("{}{path}", proxy.url()))
+            .header("content-type", "application/json")
+            .header("user-agent", "claude-cli/2.1.330 (external, sdk-cli)")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        assert_eq!(header(&r, "x-loopwarden-policy"), policy, "{path}");
+        r.bytes().await.unwrap();
+    }
+    for r in mock.requests() {
+        assert_eq!(r.path, "/v1/chat/completions");
+    }
+    proxy.flush_log().await;
+    let (_, listed) = admin(&proxy.url(), "/admin/api/conversations?client=claude-code").await;
+    let run = listed["conversations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "spaced-run")
+        .unwrap_or_else(|| panic!("{listed}"))
+        .clone();
+    assert_eq!(run["client"], "claude-code");
+    assert_eq!(run["team"], "my team");
+    let (_, other) = admin(&proxy.url(), "/admin/api/conversations?client=claude-cli").await;
+    assert_eq!(other["conversations"], json!([]), "{other}");
+    let (_, by_team) = admin(&proxy.url(), "/admin/api/conversations?team=My%20Team").await;
+    assert_eq!(
+        by_team["conversations"].as_array().unwrap().len(),
+        3,
+        "{by_team}"
+    );
+
+    // `loopwarden policies --team` places a team the same way.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, policies).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_loopwarden"))
+        .arg("policies")
+        .arg("--config")
+        .arg(&file)
+        .args(["--team", "MY TEAM"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&out.stdout);
+    assert!(out.contains("falls under: spaced"), "{out}");
+}
+
 /// The head of the answer to a request line sent as is (an HTTP client would resolve the
 /// dot segments itself).
 async fn raw_head(base: &str, line: &str) -> String {
@@ -274,7 +350,12 @@ async fn shadow_passes_every_byte_and_logs_what_enforce_would_do() {
                 let shadowed = post(path("dev")).await.unwrap();
                 assert_eq!(shadowed.status(), 200, "{what}");
                 assert_eq!(header(&shadowed, "x-loopwarden-policy"), "dev", "{what}");
-                assert_eq!(header(&shadowed, "x-loopwarden-decision"), "", "{what}");
+                // Nothing was done: `observe`, whatever it would have done.
+                assert_eq!(
+                    header(&shadowed, "x-loopwarden-decision"),
+                    "observe",
+                    "{what}"
+                );
                 let got = shadowed.bytes().await.unwrap();
                 let sent = tap.upstream_bodies();
                 assert_eq!(
@@ -750,4 +831,37 @@ fn the_policies_command_lists_the_order_and_places_a_request() {
         err.contains("\"x\"") && err.contains("read_loop_read"),
         "{err}"
     );
+}
+
+/// `loopwarden policies` warns of a policy an earlier one shadows, and refuses
+/// `match = {}`, which would match nothing.
+#[test]
+fn the_policies_command_warns_of_a_shadowed_policy_and_refuses_an_empty_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    let policies = |toml: &str| {
+        std::fs::write(&path, toml).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_loopwarden"))
+            .arg("policies")
+            .arg("--config")
+            .arg(&path)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, err) = policies(
+        "[[policy]]\nname = \"ci\"\nmatch = { team = \"ci*\" }\n\
+         [[policy]]\nname = \"nightly\"\nmatch = { team = \"ci-nightly\" }\n",
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("warning: policy \"nightly\" never applies: \"ci\""),
+        "{err}"
+    );
+    let (ok, err) = policies("[[policy]]\nname = \"all\"\nmatch = {}\n");
+    assert!(!ok);
+    assert!(err.contains("matches no request"), "{err}");
 }

@@ -1,6 +1,7 @@
 //! PostgreSQL stopped and started again under a proxy serving a steady load (issue 36): no
 //! proxied request fails or waits for the database, the records that could not be kept
-//! are counted, and the writer reconnects on its own. The server is really stopped
+//! are counted, the held-request list says it is incomplete meanwhile, and the writer
+//! reconnects on its own. The server is really stopped
 //! (`scripts/pg_cluster.sh stop-server`), so this file holds this one test: test binaries
 //! run one after another, and no other test's database goes away under it.
 #![allow(
@@ -55,6 +56,17 @@ async fn until_log(proxy: &TestProxy, what: &str, done: impl Fn(&Value) -> bool)
     panic!("the log never {what}: {}", stats(proxy).await["log"]);
 }
 
+/// `GET /admin/api/pending`: whether it says it is complete, and the whole answer.
+async fn pending_listing(proxy: &TestProxy) -> (bool, Value) {
+    let r = client()
+        .get(proxy.url("/admin/api/pending"))
+        .send()
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    (v["complete"] == true, v)
+}
+
 #[tokio::test]
 async fn postgres_stopped_and_started_under_load_fails_no_request_and_writing_resumes() {
     let mock = MockServer::start(Script::with_turns(vec![Turn::text("Done.")]))
@@ -106,6 +118,8 @@ async fn postgres_stopped_and_started_under_load_fails_no_request_and_writing_re
     }
 
     until_log(&proxy, "wrote", |log| log["written"].as_u64() > Some(0)).await;
+    let (complete, listing) = pending_listing(&proxy).await;
+    assert!(complete, "{listing}");
     pg_ctl("stop-server", &dir).await;
     // The writer notices (a failed write kept for retry), then the buffer overflows.
     until_log(
@@ -114,6 +128,15 @@ async fn postgres_stopped_and_started_under_load_fails_no_request_and_writing_re
         |log| log["failed"].as_u64() > Some(0) || log["dropped"].as_u64() > Some(0),
     )
     .await;
+    // The held requests cannot all be listed: the list says so rather than look empty.
+    let (complete, listing) = pending_listing(&proxy).await;
+    assert!(!complete, "{listing}");
+    assert!(
+        listing["incomplete"]
+            .as_str()
+            .is_some_and(|e| e.contains("could not be read")),
+        "{listing}"
+    );
     let during = sent.load(Ordering::Relaxed);
     pg_ctl("start-server", &dir).await;
     let after = until_log(&proxy, "reconnected", |log| {

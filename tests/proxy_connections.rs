@@ -1,6 +1,7 @@
 //! Client connections are reaped: a request head that stops half-way is cut after the
 //! header timeout, a connection that carries no request after the idle timeout (never one
-//! whose answer is still streaming), connections over the cap make room or get a 503, and
+//! whose answer is still streaming), connections over the cap make room or get a 503 (the
+//! proxy's own paths still served), a request body that stalls or trickles is cut, and
 //! an upstream that stalls mid-stream is cut after the stream idle timeout, the client
 //! seeing the stream break.
 #![allow(
@@ -51,7 +52,10 @@ async fn stalling_upstream() -> String {
 }
 
 /// Reads until the peer closes (`true`) or `within` passes (`false`); what arrived.
-async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> (bool, Vec<u8>) {
+async fn read_until_closed(
+    stream: &mut (impl tokio::io::AsyncRead + Unpin),
+    within: Duration,
+) -> (bool, Vec<u8>) {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     let deadline = tokio::time::Instant::now() + within;
@@ -91,6 +95,50 @@ async fn a_client_that_sends_half_a_request_head_is_disconnected_after_the_heade
     // The proxy still serves everyone else.
     let r = client().get(proxy.url("/healthz")).send().await.unwrap();
     assert_eq!(r.status(), 200);
+}
+
+/// A client that sends its head and then its body too slowly (a byte at a time) or not at
+/// all is answered 408 and disconnected after `server.body_timeout_secs`; nothing reaches
+/// the upstream, and the request has its row.
+#[tokio::test]
+async fn a_body_that_stalls_or_trickles_is_cut_after_the_body_timeout() {
+    let mock = MockServer::start(Script::default()).await.unwrap();
+    let proxy = TestProxy::start_with(&mock.url(), |c| {
+        c.server.body_timeout_secs = 1;
+    })
+    .await;
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n\
+                content-type: application/json\r\ncontent-length: 5000\r\n\r\n{\"model\"";
+    for trickle in [false, true] {
+        let slow = TcpStream::connect(proxy.running.addr()).await.unwrap();
+        let (mut read, mut write) = slow.into_split();
+        write.write_all(head.as_bytes()).await.unwrap();
+        let drip = tokio::spawn(async move {
+            // A byte every 100 ms: far below a kilobyte per timeout. Or nothing more.
+            while trickle && write.write_all(b" ").await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            write
+        });
+        let (closed, got) = read_until_closed(&mut read, Duration::from_secs(20)).await;
+        drip.abort();
+        let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+        assert!(closed, "trickle={trickle}: the connection is closed");
+        assert!(
+            text.starts_with("http/1.1 408"),
+            "trickle={trickle}: {text}"
+        );
+        assert!(text.contains("server.body_timeout_secs"), "{text}");
+    }
+    assert!(mock.requests().is_empty());
+    let rows = proxy
+        .rows("SELECT status, outcome FROM requests ORDER BY id")
+        .await;
+    assert_eq!(
+        rows,
+        vec![json!({"status": 408, "outcome": "rejected"}); 2],
+        "{rows:?}"
+    );
 }
 
 #[tokio::test]
@@ -186,6 +234,25 @@ async fn over_the_cap_a_waiting_connection_makes_room_else_a_503_with_retry_afte
     assert!(text.starts_with("http/1.1 503"), "{text}");
     assert!(text.contains("\r\nretry-after: "), "{text}");
     assert!(text.contains("server.max_connections"), "{text}");
+    // The proxy's own paths still get through at the cap: a health check, the admin API
+    // (which says what the cap did), and the metrics, each on a connection of its own.
+    for path in ["/healthz", "/admin/api/stats", "/metrics"] {
+        let r = client()
+            .get(proxy.url(path))
+            .header("connection", "close")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path} at the cap");
+        if path == "/admin/api/stats" {
+            let stats: serde_json::Value =
+                serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+            assert!(
+                stats["connections_at_cap"]["refused"].as_u64() >= Some(1),
+                "{stats}"
+            );
+        }
+    }
     // The connections in flight were left alone.
     for stream in &mut busy {
         let (closed, _) = read_until_closed(stream, Duration::from_millis(200)).await;

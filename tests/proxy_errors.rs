@@ -309,3 +309,40 @@ async fn a_body_that_breaks_off_is_a_logged_400() {
         ]
     );
 }
+
+/// A client whose every body is unreadable cannot flood the proxy's stderr: the warning is
+/// written once per period, the next line counting the ones left out, while every request
+/// is still forwarded (and logged with its parse error).
+#[tokio::test]
+async fn unreadable_bodies_warn_once_per_period_not_once_per_request() {
+    let mock = MockServer::start(Script::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("log.db").display());
+    let served = proxy_support::Served::start(
+        &["--db", &db],
+        &[("LOOPWARDEN_OPENAI_BASE_URL", mock.url())],
+    )
+    .await;
+    let sent = 200;
+    let bad = br#"{"model": "gpt-5.5", "messages": [{"role": "user", "content": "unterminated"#;
+    for i in 0..sent {
+        let r = client()
+            .post(format!("{}/v1/chat/completions", served.url))
+            .header("x-loopwarden-conversation", format!("bad-{i}"))
+            .body(bad.to_vec())
+            .send()
+            .await
+            .unwrap();
+        r.bytes().await.unwrap();
+    }
+    assert_eq!(mock.requests().len(), sent, "each one forwarded");
+    let stderr = served.stop().await;
+    let warnings = stderr
+        .lines()
+        .filter(|l| l.contains("request body not parsed"))
+        .count();
+    assert!(
+        (1..=3).contains(&warnings),
+        "{warnings} warning lines for {sent} bodies:\n{stderr}"
+    );
+}

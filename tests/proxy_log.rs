@@ -39,7 +39,10 @@ async fn send(
     let mut request = client()
         .post(proxy.url(api.path(stream)))
         .header("content-type", "application/json")
-        .header("user-agent", "log-test/2.0 (linux)")
+        .header(
+            "user-agent",
+            "opencode/1.4.3 ai-sdk/provider-utils/3.0.20 runtime/bun/1.3.5",
+        )
         .body(body.to_string());
     for (name, value) in headers {
         request = request.header(*name, *value);
@@ -91,7 +94,8 @@ async fn a_conversation_with_a_tool_call_is_logged_in_every_api(backend: Backend
         assert_eq!(conv.len(), 1, "{what}");
         let c = &conv[0];
         assert_eq!(c["requests"], 2, "{what}");
-        assert_eq!(c["client"], "log-test", "{what}");
+        // The policies' name of the client, not its user-agent's.
+        assert_eq!(c["client"], "opencode", "{what}");
         assert_eq!(c["id_source"], "x-loopwarden-conversation", "{what}");
         let expected_dialect = match api {
             Api::Chat => "openai_chat",

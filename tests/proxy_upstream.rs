@@ -574,6 +574,55 @@ async fn https_upstreams_are_reached_over_tls_offering_only_http_1_1() {
     );
 }
 
+/// `upstream.ca_file`: an upstream whose certificate a private CA signed is reached once
+/// the file names it, beside the built-in roots; a file that is not there or holds no
+/// certificate is a config error naming the key.
+#[tokio::test]
+async fn a_private_ca_in_upstream_ca_file_is_trusted() {
+    let up = BareUpstream::start_tls(|_, _| Act::Answer);
+    let base = format!("https://127.0.0.1:{}", up.addr.port());
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, TEST_CERT).unwrap();
+
+    let without = upstream::Client::new(&config(&base));
+    let error = without
+        .send(Upstream::Anthropic, request(&without))
+        .await
+        .expect_err("the private CA is not trusted by default");
+    assert!(
+        matches!(error, upstream::Error::Connect { .. }),
+        "{error:?}"
+    );
+
+    let mut trusting = config(&base);
+    trusting.ca_file = ca.display().to_string();
+    let client = upstream::Client::new(&trusting);
+    let response = client
+        .send(Upstream::Anthropic, request(&client))
+        .await
+        .unwrap();
+    // The upstream's second connection (the first failed its handshake), first request.
+    assert_eq!(body_text(response).await, "1/0");
+
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "not a certificate\n").unwrap();
+    for (file, says) in [
+        (dir.path().join("missing.pem"), "cannot read"),
+        (empty, "no certificate"),
+    ] {
+        let env = |var: &str| (var == "LOOPWARDEN_LISTEN").then(|| "127.0.0.1:0".to_string());
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            format!("[upstream]\nca_file = {:?}\n", file.display().to_string()),
+        )
+        .unwrap();
+        let e = Config::load(Some(&path), env).unwrap_err().to_string();
+        assert!(e.contains("upstream.ca_file") && e.contains(says), "{e}");
+    }
+}
+
 /// A self-signed certificate for 127.0.0.1 and localhost (P-256, valid until 2126), and its
 /// key: test material only, for the TLS upstream above.
 const TEST_CERT: &str = "-----BEGIN CERTIFICATE-----

@@ -86,6 +86,55 @@ fn replay(args: &[&std::ffi::OsStr]) -> (bool, String, String) {
     )
 }
 
+/// The shipped config and [`STRICTER`] as files in `dir`, and the decisions the candidate
+/// changes on `transcript` (some).
+fn stricter_candidate(
+    dir: &Path,
+    transcript: &Transcript,
+) -> (
+    std::path::PathBuf,
+    std::path::PathBuf,
+    Vec<loopwarden::replay::log::Change>,
+) {
+    let current = write(dir, "current.toml", "");
+    let candidate = write(dir, "candidate.toml", STRICTER);
+    let expected = compare(
+        &Engine::new(DetectConfig::default()),
+        &Engine::new(loopwarden::replay::load_config(&candidate).unwrap()),
+        transcript,
+    );
+    assert!(!expected.is_empty(), "the candidate changes something");
+    (current, candidate, expected)
+}
+
+/// `replay --db DB` of `current` and `candidate`, which must print conversation `id` first
+/// with the `expected` changes; its stdout and stderr.
+fn replay_changes(
+    db: &str,
+    current: &Path,
+    candidate: &Path,
+    id: &str,
+    expected: &[loopwarden::replay::log::Change],
+) -> (String, String) {
+    let (ok, out, err) = replay(&[
+        "--db".as_ref(),
+        db.as_ref(),
+        "--config".as_ref(),
+        current.as_os_str(),
+        "--candidate".as_ref(),
+        candidate.as_os_str(),
+    ]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!("conversation {id} (policy default, {} steps)", REQUESTS - 1)
+    );
+    let printed: Vec<String> = expected.iter().map(|c| format!("  {c}")).collect();
+    assert_eq!(lines[1..=printed.len()], printed[..], "{out}");
+    (out, err)
+}
+
 /// A candidate stricter than the shipped config: a failing command is a loop at its
 /// second run, and the nudge-only patterns halt.
 const STRICTER: &str = r#"
@@ -118,35 +167,10 @@ async fn a_logged_loop_replayed_with_a_stricter_candidate_shows_the_decisions_th
     assert_eq!(steps.len(), REQUESTS - 1);
 
     // What the replay must print: the decisions the candidate changes on that transcript.
-    let dir = setup.dir.path();
-    let current = write(dir, "current.toml", "");
-    let candidate = write(dir, "candidate.toml", STRICTER);
-    let expected = compare(
-        &Engine::new(DetectConfig::default()),
-        &Engine::new(loopwarden::replay::load_config(&candidate).unwrap()),
-        &transcript,
-    );
-    assert!(!expected.is_empty(), "the candidate changes something");
+    let (current, candidate, expected) = stricter_candidate(setup.dir.path(), &transcript);
     let url = format!("sqlite://{}", db(&setup).display());
-    let (ok, out, err) = replay(&[
-        "--db".as_ref(),
-        url.as_ref(),
-        "--config".as_ref(),
-        current.as_ref(),
-        "--candidate".as_ref(),
-        candidate.as_ref(),
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = replay_changes(&url, &current, &candidate, "loop-1", &expected);
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(
-        lines[0],
-        format!(
-            "conversation loop-1 (policy default, {} steps)",
-            REQUESTS - 1
-        )
-    );
-    let printed: Vec<String> = expected.iter().map(|c| format!("  {c}")).collect();
-    assert_eq!(lines[1..=printed.len()], printed[..], "{out}");
     // The candidate stops the loop earlier than the shipped config: the first change
     // is an earlier intervention, and the summary counts what changed.
     assert!(expected[0].candidate.action.as_str() != "observe", "{out}");
@@ -344,4 +368,39 @@ async fn each_conversation_is_replayed_under_the_policy_it_was_logged_under() {
         "{default_only}"
     );
     assert!(!default_only.contains(" -> "), "{default_only}");
+}
+
+/// The same preview from the PostgreSQL database the replicas share: the store a team
+/// runs in production.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_logged_in_postgresql_is_replayed_from_it() {
+    let Some(pg) = loopwarden::store::test_postgres().await.unwrap() else {
+        return;
+    };
+    let id = "pg-loop";
+    let setup = Setup::start(looping_script(DIALECT), |c| {
+        c.log.content = true;
+        c.detect.enabled = false;
+        c.store.db = pg.clone();
+    })
+    .await;
+    let mut last = None;
+    for k in 0..REQUESTS {
+        let body = loop_body_with(DIALECT, k, false, None, &LoopText::default());
+        let resp = setup.post(&path(DIALECT, id, false), &body).await;
+        assert!(resp.status().is_success(), "request {k}");
+        last = Some(body);
+    }
+    setup.proxy.flush_log().await;
+    let transcript = DIALECT
+        .parse_request(last.unwrap().to_string().as_bytes(), false)
+        .unwrap()
+        .transcript;
+    let (current, candidate, expected) = stricter_candidate(setup.dir.path(), &transcript);
+    let (_, err) =
+        tokio::task::block_in_place(|| replay_changes(&pg, &current, &candidate, id, &expected));
+    assert!(
+        !err.contains(&pg),
+        "the URL (and its password) is not echoed: {err}"
+    );
 }

@@ -25,7 +25,8 @@ use ui_support::Browser;
 
 const DIALECT: Dialect = Dialect::OpenAiChat;
 
-/// CI's runs stop on a loop; team `ask` waits for a human instead.
+/// CI's runs stop on a loop; team `ask` waits for a human instead; team `trial`'s runs are
+/// watched in shadow.
 const POLICIES: &str = r#"
 [[policy]]
 name = "ask"
@@ -38,9 +39,19 @@ timeout_secs = 600
 [[policy]]
 name = "ci"
 match = { team = "ci" }
+
+[[policy]]
+name = "trial"
+mode = "shadow"
+match = { team = "trial" }
 "#;
 
 async fn start(listen: &str, token: &str) -> Setup {
+    start_with(listen, token, |_| {}).await
+}
+
+/// [`start`], with `adjust` applied to the config last.
+async fn start_with(listen: &str, token: &str, adjust: impl FnOnce(&mut Config)) -> Setup {
     let mock = MockServer::start(looping_script(DIALECT)).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut config: Config = toml::from_str(POLICIES).unwrap();
@@ -50,6 +61,7 @@ async fn start(listen: &str, token: &str) -> Setup {
     config.upstream.anthropic = mock.url();
     config.upstream.gemini = mock.url();
     config.admin.token = token.into();
+    adjust(&mut config);
     let proxy = loopwarden::proxy::start(config).await.unwrap();
     Setup { mock, proxy, dir }
 }
@@ -391,6 +403,154 @@ async fn each_page_shows_live_traffic_and_its_buttons_act_on_the_conversation() 
     );
 }
 
+/// A shadow policy's run that would have been halted: its answers say `observe` (nothing
+/// was done), the list shows `would_halt` and not a halt, the decision filter tells the two
+/// apart, and the overview's chart counts it as a series of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_run_shows_what_it_would_have_done_and_never_a_halt() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let setup = start("127.0.0.1:0", "").await;
+    let halt_k = first_k(DIALECT, Action::Halt);
+    for k in 1..=halt_k {
+        send(&setup, "ci", "ci-loop", k).await;
+        assert_eq!(send(&setup, "trial", "trial-run", k).await, "observe");
+    }
+    assert!(halted(&setup, "ci-loop").await);
+    assert!(!halted(&setup, "trial-run").await);
+    let (_, listed) = setup.admin("/admin/api/conversations", None).await;
+    let last = |id: &str| {
+        listed["conversations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap_or_else(|| panic!("{id} in {listed}"))["last_decision"]
+            .clone()
+    };
+    assert_eq!(last("ci-loop"), "halt");
+    assert_eq!(last("trial-run"), "would_halt");
+
+    let ui = setup.url("/ui/");
+    let tag_of = |id: &str| {
+        format!("document.querySelector(\"tr.conversation[data-id='{id}'] .tag\")?.innerText")
+    };
+    browser.goto(&format!("{ui}#/conversations")).await;
+    browser
+        .wait_until(&format!("{} === 'would_halt'", tag_of("trial-run")))
+        .await;
+    browser
+        .wait_until(&format!("{} === 'halt'", tag_of("ci-loop")))
+        .await;
+    for (filter, only) in [("halt", "ci-loop"), ("would_halt", "trial-run")] {
+        browser
+            .goto(&format!("{ui}#/conversations?decision={filter}"))
+            .await;
+        browser
+            .wait_until(&format!(
+                "document.querySelectorAll('tr.conversation').length === 1 \
+                 && document.querySelector('tr.conversation').dataset.id === '{only}'"
+            ))
+            .await;
+    }
+    // The timeline: the would-be halt, not a halt.
+    browser.goto(&format!("{ui}#/conversation/trial-run")).await;
+    browser.wait_for(".intervention", "would_halt").await;
+    assert!(browser.find_all(".intervention .tag.halt").await.is_empty());
+    assert!(browser.find_all("#halted").await.is_empty());
+
+    browser.goto(&ui).await;
+    browser.wait_for("#chart rect.bar", "").await;
+    let legend = browser
+        .eval("[...document.querySelectorAll('.legend span')].map(s => s.innerText.trim())")
+        .await;
+    let legend: Vec<String> = serde_json::from_value(legend).unwrap();
+    let shadow: Vec<&String> = legend
+        .iter()
+        .filter(|k| k.ends_with("(shadow: would have)"))
+        .collect();
+    assert_eq!(shadow.len(), 1, "{legend:?}");
+    assert!(
+        legend.len() > shadow.len(),
+        "the enforced halt too: {legend:?}"
+    );
+    let (_, overview) = setup.admin("/admin/api/overview", None).await;
+    let actions: Vec<&str> = overview["interventions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["policy"] == "trial")
+        .map(|c| c["action"].as_str().unwrap())
+        .collect();
+    assert!(
+        !actions.is_empty() && actions.iter().all(|a| a.starts_with("would_")),
+        "{actions:?}"
+    );
+    browser.screenshot("overview-shadow").await;
+}
+
+/// An alert's link, followed in a browser that has no session yet: the login form (wearing
+/// the dashboard's styles), then the halted run's timeline, not the overview.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_s_link_opens_the_run_s_timeline_through_the_login() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let (hook, mut alerts) = intervene_support::receiver().await;
+    let token = "t0ken-for-the-alert-link";
+    let setup = start_with("127.0.0.1:0", token, |c| {
+        c.intervene.alerts.webhooks = vec![hook];
+    })
+    .await;
+    // An id with characters that a URL component escapes travels percent-encoded.
+    let id = "ci:run+7@x";
+    let halt_k = first_k(DIALECT, Action::Halt);
+    for k in 1..=halt_k {
+        let r = client()
+            .post(setup.url(&path("ci", id)))
+            .header("content-type", "application/json")
+            .body(loop_body(DIALECT, k, false, None).to_string())
+            .send()
+            .await
+            .unwrap();
+        r.bytes().await.unwrap();
+    }
+    let alert = tokio::time::timeout(std::time::Duration::from_secs(20), alerts.recv())
+        .await
+        .expect("the halt is alerted")
+        .unwrap();
+    assert_eq!(alert["conversation"], id);
+    let link = alert["timeline"].as_str().unwrap().to_string();
+    assert!(
+        link.ends_with("/ui/#/conversation/ci%3Arun%2B7%40x"),
+        "{link}"
+    );
+
+    browser.goto(&link).await;
+    let field = browser.wait_for("#token", "").await;
+    // The styles reach the login page: its box is laid out by app.css.
+    browser
+        .wait_until("getComputedStyle(document.querySelector('main.login')).maxWidth === '420px'")
+        .await;
+    browser.type_into(&field, token).await;
+    browser.click(&browser.wait_for("#login", "").await).await;
+    browser.wait_for("#halted", "halted").await;
+    browser
+        .wait_for(".step .call code", "python3 test_calc.py")
+        .await;
+    browser.wait_for(".intervention", "by policy").await;
+    assert!(
+        browser.body_text().await.contains(id),
+        "the timeline of {id}"
+    );
+    // The link opens it directly once the browser has its session.
+    browser.goto(&setup.url("/ui/#/policies")).await;
+    browser.wait_for("tr.policy[data-name=ci]", "ci").await;
+    browser.goto(&link).await;
+    browser.wait_for("#halted", "halted").await;
+}
+
 /// A page on another loopback port that tries to resume a conversation through the
 /// visitor's browser: a JSON `fetch` at once, and a `text/plain` form made to look like
 /// JSON when `#go` is clicked.
@@ -550,9 +710,10 @@ async fn a_client_off_this_machine_needs_the_token_and_the_browser_logs_in_once(
     browser.screenshot("login").await;
     browser.type_into(&field, token).await;
     browser.click(&browser.wait_for("#login", "").await).await;
-    browser.wait_for("#requests .value", "").await;
-    browser.goto(&format!("{base}/ui/#/policies")).await;
+    // On to the view the browser asked for.
     browser.wait_for("tr.policy[data-name=ci]", "ci").await;
+    browser.goto(&format!("{base}/ui/")).await;
+    browser.wait_for("#requests .value", "").await;
     let _ = client;
 }
 

@@ -92,11 +92,13 @@ const COLORS = ["#2d6cdf", "#c0392b", "#e0a100", "#27ae60", "#8e44ad", "#16a085"
 function chart(overview, key) {
   const { since_ms, bucket_ms } = overview.window;
   const buckets = 24;
-  const keys = [...new Set(overview.interventions.map(c => c[key]))].sort();
+  // A shadow policy's would-be interventions are a series of their own.
+  const keyOf = c => c[key] + (shadow(c.action) ? " (shadow: would have)" : "");
+  const keys = [...new Set(overview.interventions.map(keyOf))].sort();
   const counts = Array.from({ length: buckets + 1 }, () => ({}));
   for (const c of overview.interventions) {
     const i = Math.min(buckets, Math.max(0, Math.floor((c.bucket_ms - since_ms) / bucket_ms) + 1));
-    counts[i][c[key]] = (counts[i][c[key]] || 0) + c.count;
+    counts[i][keyOf(c)] = (counts[i][keyOf(c)] || 0) + c.count;
   }
   const totals = counts.map(b => Object.values(b).reduce((a, n) => a + n, 0));
   const max = Math.max(1, ...totals);
@@ -166,7 +168,11 @@ async function overview() {
 // --- conversations ---------------------------------------------------------------------
 
 const FILTERS = ["policy", "team", "client", "model", "decision"];
-const DECISIONS = ["", "observe", "nudge", "replan", "rollback", "pause", "halt", "block"];
+// A shadow policy's runs are listed by what it would have done (`would_halt`...), never as
+// a halt that did not happen.
+const DECISIONS = ["", "observe", "nudge", "replan", "rollback", "pause", "halt", "block",
+  "would_nudge", "would_replan", "would_roll_back", "would_hold", "would_halt"];
+const shadow = action => action.startsWith("would_");
 
 async function conversations(params) {
   const form = el("form", { class: "filters", id: "filters" },
@@ -273,9 +279,9 @@ async function conversation(id) {
           feedbackButtons("finding", f, draw))),
         st.interventions.map(i => {
           const next = i.nextStep === null ? [] : callsOf(i.nextStep);
-          const mild = ["nudge", "replan", "rollback", "resume"].includes(i.action);
+          const mild = ["nudge", "replan", "rollback", "resume"].includes(i.action) || shadow(i.applied);
           return el("div", { class: "intervention" + (mild ? " mild" : ""), "data-id": i.id },
-            tag(i.action), " ", tag(i.applied), ` by ${i.source}`, i.detector ? ` (${i.detector})` : "", i.policy ? `, policy ${i.policy}` : "",
+            shadow(i.applied) ? tag(i.applied) : [tag(i.action), " ", tag(i.applied)], ` by ${i.source}`, i.detector ? ` (${i.detector})` : "", i.policy ? `, policy ${i.policy}` : "",
             ": ", i.reason,
             i.finding ? el("div", { class: "muted" }, "Finding: " + i.finding) : null,
             i.nextStep !== null ? el("div", { class: "next" }, "The agent next: ",
@@ -285,7 +291,7 @@ async function conversation(id) {
     });
     const requests = table(["Started", "Steps", "Decision", "Applied", "Status", { label: "Input", num: 1 }, { label: "Output", num: 1 }, { label: "Cost", num: 1 }],
       t.requests.map(r => el("tr", { class: "request" },
-        cell(when(r.started_ms)), cell(r.steps === null ? "" : r.steps), el("td", {}, r.compaction ? tag("compaction") : r.decision ? tag(r.decision) : ""), cell(r.applied), cell(r.status),
+        cell(when(r.started_ms)), cell(r.steps === null ? "" : r.steps), el("td", {}, r.compaction ? tag("compaction") : shadow(r.applied) ? tag(r.applied) : r.decision ? tag(r.decision) : ""), cell(r.applied), cell(r.status),
         cell(r.input_tokens === null ? "" : r.input_tokens + (r.cached_input_tokens || 0) + (r.cache_write_tokens || 0), 1),
         cell(r.output_tokens === null ? "" : r.output_tokens, 1), cell(dollars(r.cost_usd), 1))), { id: "requests" });
     body.replaceChildren(head, el("h2", {}, "Timeline"), el("div", { id: "timeline" }, stepNodes), el("h2", {}, "Requests"), requests);
@@ -299,8 +305,11 @@ async function pending() {
   const body = el("div", {});
   show(el("h1", {}, "Waiting for a human"), body);
   let list = [];
+  let incomplete = null;
   const render = () => {
-    body.replaceChildren(list.length ? table(["Conversation", "Detector", "Why", "Time left", "Decide"], list.map(p => {
+    // The list may lack other replicas' requests (their database could not be read).
+    const warning = incomplete ? el("p", { class: "error", id: "pending-incomplete" }, "This list may be incomplete: " + incomplete) : null;
+    body.replaceChildren(warning || "", list.length ? table(["Conversation", "Detector", "Why", "Time left", "Decide"], list.map(p => {
       const decide = d => async () => { await postJson("/admin/api/pending/" + encodeURIComponent(p.id), { decision: d }); draw(); };
       return el("tr", { class: "pending", "data-id": p.id },
         el("td", {}, el("a", { href: "#/conversation/" + encodeURIComponent(p.conversation_id), class: "mono" }, p.conversation_id)),
@@ -310,9 +319,14 @@ async function pending() {
           el("button", { class: "primary continue", onclick: decide("continue") }, "Continue"), " ",
           el("button", { class: "nudge", onclick: decide("nudge") }, "Nudge"), " ",
           el("button", { class: "danger halt", onclick: decide("halt") }, "Halt")));
-    }), { id: "pending" }) : el("p", { class: "muted", id: "no-pending" }, "No request is waiting."));
+    }), { id: "pending" }) : el("p", { class: "muted", id: "no-pending" }, incomplete ? "No request is waiting here." : "No request is waiting."));
   };
-  const draw = async () => { list = (await getJson("/admin/api/pending")).pending; render(); };
+  const draw = async () => {
+    const answer = await getJson("/admin/api/pending");
+    list = answer.pending;
+    incomplete = answer.incomplete;
+    render();
+  };
   poll(draw);
   // The countdown, in place (redrawing the rows would move the buttons under the mouse).
   ticker = setInterval(() => {

@@ -98,6 +98,18 @@ impl AlertEvent {
     }
 }
 
+/// What `encodeURIComponent` leaves as it is: letters, digits and `-_.!~*'()`.
+const URI_COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'!')
+    .remove(b'~')
+    .remove(b'*')
+    .remove(b'\'')
+    .remove(b'(')
+    .remove(b')');
+
 /// One alert, as the intervention log has it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Alert {
@@ -113,12 +125,15 @@ pub struct Alert {
 }
 
 impl Alert {
-    /// Where a human reads the run: the dashboard's timeline of the conversation.
+    /// Where a human reads the run: the dashboard's timeline of the conversation, the
+    /// view its page draws for `#/conversation/ID` (the id percent-encoded, as the page
+    /// decodes it). Through the login form when the browser has no session yet: the form
+    /// carries the `#` view on (`ui/login.js`).
     pub fn timeline(&self, public_url: &str) -> String {
         format!(
-            "{}/ui/conversations/{}",
+            "{}/ui/#/conversation/{}",
             public_url.trim_end_matches('/'),
-            self.conversation
+            percent_encoding::utf8_percent_encode(&self.conversation, URI_COMPONENT)
         )
     }
 
@@ -186,16 +201,31 @@ mod tests {
         let json = a.body(AlertFormat::Json, "http://proxy:8788/");
         assert_eq!(json["kind"], "halt");
         assert_eq!(json["policy"], "ci");
-        assert_eq!(json["timeline"], "http://proxy:8788/ui/conversations/run-1");
+        assert_eq!(
+            json["timeline"],
+            "http://proxy:8788/ui/#/conversation/run-1"
+        );
         let slack = a.body(AlertFormat::Slack, "http://proxy:8788");
         let text = slack["text"].as_str().unwrap();
         for part in [
             "run-1",
             "`ci`",
             "failed the same way",
-            "<http://proxy:8788/ui/conversations/run-1|Timeline>",
+            "<http://proxy:8788/ui/#/conversation/run-1|Timeline>",
         ] {
             assert!(text.contains(part), "{part} in {text}");
         }
+    }
+
+    #[test]
+    fn an_id_that_is_not_a_plain_word_is_percent_encoded_in_the_link() {
+        let a = Alert {
+            conversation: "my run/2?#é".into(),
+            ..alert()
+        };
+        assert_eq!(
+            a.timeline("https://lw.example"),
+            "https://lw.example/ui/#/conversation/my%20run%2F2%3F%23%C3%A9"
+        );
     }
 }

@@ -353,10 +353,13 @@ impl Intervener {
             Stop::Operator => &self.config.operator_halt_text,
         };
         let goal = text::goal_line(&req.transcript);
-        text::render(
+        let text = text::render(
             template,
             &text::Fill::of(decision, &goal, &req.conversation),
-        )
+        );
+        // The run's last word, read in a terminal or a CI log, and quoting the failing
+        // command: masked like every halt reason served (the README's promise).
+        crate::store::Masked::from(text).to_string()
     }
 
     /// A complete halt reply in the API's format and the mode the client asked for, with a

@@ -54,6 +54,9 @@ struct Held {
 #[derive(Clone, Default)]
 pub struct Pending {
     held: Arc<Mutex<HashMap<String, Held>>>,
+    /// The latest requests withdrawn undecided (their client went away), newest last, at
+    /// most [`ABANDONED_KEPT`]: so that a human deciding one is told it was abandoned.
+    abandoned: Arc<Mutex<std::collections::VecDeque<HeldInfo>>>,
     next: Arc<AtomicU64>,
     /// Where they are listed for other replicas, once shared.
     shared: Arc<OnceLock<Shared>>,
@@ -87,6 +90,18 @@ impl DecidedBy {
     }
 }
 
+/// Abandoned held requests remembered for a human who comes to decide one.
+const ABANDONED_KEPT: usize = 256;
+
+/// The held requests as the admin API lists them ([`Pending::list_everywhere`]).
+#[derive(Debug, Serialize)]
+pub struct Listing {
+    pub pending: Vec<serde_json::Value>,
+    /// Why the list may be missing some (the shared database could not be read); `None`
+    /// when it is complete.
+    pub incomplete: Option<Masked>,
+}
+
 /// A held request waiting for its verdict; dropping it withdraws the request from the list.
 pub struct Ticket {
     id: String,
@@ -118,16 +133,27 @@ impl Ticket {
                 tracing::warn!(error = %e, id = %self.id, "cannot list the held request for the other replicas: only this one can decide it");
             }
         }
-        match tokio::time::timeout(timeout, rx).await {
+        let decided = match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(v)) => (v, DecidedBy::Human),
             _ => (default, DecidedBy::Timeout),
-        }
+        };
+        // Decided (by a human or the timeout): off the list, so that the drop does not
+        // take it for abandoned.
+        self.pending.lock().remove(&self.id);
+        decided
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.pending.lock().remove(&self.id);
+        // Still listed: nobody decided it, its client went away.
+        if let Some(held) = self.pending.lock().remove(&self.id) {
+            let mut abandoned = self.pending.abandoned_list();
+            if abandoned.len() == ABANDONED_KEPT {
+                abandoned.pop_front();
+            }
+            abandoned.push_back(held.info);
+        }
         // Off a runtime (a process tearing down) the next sync withdraws it instead.
         let on_runtime = tokio::runtime::Handle::try_current().is_ok();
         if let (Some(shared), true) = (self.pending.shared.get(), on_runtime) {
@@ -144,6 +170,16 @@ impl Drop for Ticket {
 impl Pending {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn abandoned_list(&self) -> std::sync::MutexGuard<'_, std::collections::VecDeque<HeldInfo>> {
+        self.abandoned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A request held here that was withdrawn undecided (its client went away), if it is
+    /// among the latest ones.
+    pub fn abandoned(&self, id: &str) -> Option<HeldInfo> {
+        self.abandoned_list().iter().find(|h| h.id == id).cloned()
     }
 
     /// Lists held requests in `store` too, as `replica`'s (several replicas on one
@@ -194,14 +230,16 @@ impl Pending {
     }
 
     /// Every held request, this replica's and (shared) the others', oldest first, as the
-    /// admin API shows them. The others' are left out, and said so in the process log,
-    /// when the database cannot be read.
-    pub async fn list_everywhere(&self) -> Vec<serde_json::Value> {
+    /// admin API shows them. When the database cannot be read the others' are left out,
+    /// and the listing says so (`incomplete`), as does the process log: an empty list
+    /// must not read as "nobody is waiting" when it only means "cannot tell".
+    pub async fn list_everywhere(&self) -> Listing {
         let mine = self.list();
         let mut all: Vec<serde_json::Value> = mine
             .iter()
             .filter_map(|h| serde_json::to_value(h).ok())
             .collect();
+        let mut incomplete = None;
         if let Some(shared) = self.shared.get() {
             match shared.store.held_elsewhere(&shared.replica).await {
                 Ok(theirs) => all.extend(
@@ -210,12 +248,19 @@ impl Pending {
                         .filter_map(|json| serde_json::from_str::<serde_json::Value>(json).ok()),
                 ),
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot list the other replicas' held requests")
+                    let error = Masked::from(format!(
+                        "the other replicas' held requests could not be read: {e}"
+                    ));
+                    tracing::warn!(error = %error.as_str(), "held requests listed in part");
+                    incomplete = Some(error);
                 }
             }
             all.sort_by_key(|h| h["created_ms"].as_i64().unwrap_or(0));
         }
-        all
+        Listing {
+            pending: all,
+            incomplete,
+        }
     }
 
     /// Delivers a verdict to a request held here or (shared) on another replica, which

@@ -36,7 +36,7 @@ mod server;
 mod socket;
 mod wire;
 
-pub use script::{AfterEnd, ErrorReply, Script, SideRule, ToolCall, Turn};
+pub use script::{AfterEnd, ErrorReply, Script, SideRule, ToolCall, Turn, SCRIPT_HELP};
 pub use server::{CapturedRequest, MockServer};
 
 /// Options of `loopwarden mock`.
@@ -45,7 +45,8 @@ pub struct MockArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: String,
-    /// Script file (JSON). Without one, every request gets `end_text` ("Done.").
+    /// Script file (JSON; its format: `loopwarden mock --help`). Without one, every request
+    /// gets `end_text` ("Done.").
     #[arg(long)]
     pub script: Option<std::path::PathBuf>,
     /// Append one JSON line per request (method, path, query, headers with secrets

@@ -6,6 +6,39 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// The script format, as `loopwarden mock --help` prints it (its example is checked to
+/// parse, and every field to be named: the tests below).
+pub const SCRIPT_HELP: &str = r#"Script file (--script, JSON; every key optional, unknown keys refused):
+
+  turns               answers by turn: turn i answers a request whose history holds i
+                      assistant turns. Each turn:
+      text                the answer's text
+      tool_calls          [{"name", "arguments": {...}}] function calls, or
+                          [{"name", "input": "..."}] freeform (custom) calls; a JSON string
+                          as "arguments" is sent verbatim (malformed arguments)
+      error               {"status", "body", "headers", "times"}: answer an HTTP error
+                          instead (the first `times` requests; for ever without it)
+      then                the turn answered once the error's `times` are spent
+      break_after_events  drop the connection after this many streamed events (0: before
+                          the response head)
+      hang                never answer
+      force_json          answer JSON even when a stream was asked for
+      usage               the token usage to report (estimated from sizes otherwise)
+  after_end           past the last turn: "end_text" (default) or "repeat_last"
+  end_text            the text answered past the script ("Done.")
+  side_text           the answer to a side request (no tools: titles, summaries) ("OK")
+  side_rules          [{"match": "substring of the body", "text": "..."}], checked first
+  side_when_no_tools  treat requests without tool definitions as side requests (true)
+  chunk_delay_ms      pause between two streamed events
+  latency_ms          pause before the response head
+  model               the model name to report (the request's by default)
+
+Example (a loop: the same failing command, for ever):
+{"turns": [{"text": "Running the tests.",
+            "tool_calls": [{"name": "bash", "arguments": {"command": "pytest -q"}}]}],
+ "after_end": "repeat_last", "chunk_delay_ms": 20}
+"#;
+
 /// A whole script. Every field has a default, so `{}` is a valid (if dull) script.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -308,5 +341,38 @@ mod tests {
     fn unknown_field_is_rejected() {
         let err = Script::from_json(r#"{"turns":[{"txt":"typo"}]}"#).unwrap_err();
         assert!(err.to_string().contains("txt"), "{err}");
+    }
+
+    #[test]
+    fn the_help_names_every_field_and_its_example_parses() {
+        let example = SCRIPT_HELP
+            .split_once("Example")
+            .and_then(|(_, rest)| rest.split_once('\n'))
+            .map(|(_, json)| json)
+            .unwrap();
+        let script = Script::from_json(example).unwrap();
+        assert_eq!(script.after_end, AfterEnd::RepeatLast);
+        assert_eq!(script.turns[0].tool_calls[0].name, "bash");
+        let fields = |value: serde_json::Value| -> Vec<String> {
+            value.as_object().unwrap().keys().cloned().collect()
+        };
+        let turn = Turn {
+            error: Some(ErrorReply {
+                status: 500,
+                body: None,
+                headers: BTreeMap::new(),
+                times: None,
+            }),
+            ..Turn::default()
+        };
+        for field in fields(serde_json::to_value(Script::default()).unwrap())
+            .into_iter()
+            .chain(fields(serde_json::to_value(turn).unwrap()))
+        {
+            assert!(
+                SCRIPT_HELP.contains(&format!("  {field} ")),
+                "{field} undocumented"
+            );
+        }
     }
 }

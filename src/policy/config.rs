@@ -163,6 +163,13 @@ fn check_names(tables: &[PolicyTable]) -> Result<(), PolicyError> {
                 "`default` applies when no other policy matches: it takes no `match`".into(),
             ));
         }
+        if t.selector.as_ref().is_some_and(Selector::is_empty) {
+            return Err(fail(
+                "`match = {}` matches no request: name what to match (team, key_id, client, \
+                 user_agent, model, api), or leave `match` out for a policy others inherit"
+                    .into(),
+            ));
+        }
     }
     Ok(())
 }

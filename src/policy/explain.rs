@@ -36,6 +36,11 @@ pub fn run(args: PoliciesArgs) -> anyhow::Result<()> {
         let selector = serde_json::to_string(&p.selector)?;
         println!("{:<20} {:<10} match {selector}", p.name, p.mode.as_str());
     }
+    for (policy, by) in set.shadowed() {
+        eprintln!(
+            "warning: policy {policy:?} never applies: {by:?}, tried before it, matches every request it matches"
+        );
+    }
     let asked = args.team.is_some()
         || args.key.is_some()
         || !args.user_agent.is_empty()
@@ -63,7 +68,10 @@ pub fn run(args: PoliciesArgs) -> anyhow::Result<()> {
         None => None,
     };
     let traffic = Traffic {
-        team: args.team.as_deref(),
+        team: args
+            .team
+            .as_deref()
+            .map(|t| super::select::team_name(t.into())),
         key_id,
         client: Client::of(&args.user_agent),
         user_agent: &args.user_agent,

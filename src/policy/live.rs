@@ -72,6 +72,7 @@ impl Live {
         started: Config,
         on_apply: Box<dyn Fn(&Config) + Send + Sync>,
     ) -> Live {
+        set.warn_shadowed();
         let seen = started
             .source
             .as_ref()
@@ -139,6 +140,7 @@ impl Live {
             });
         match loaded {
             Ok((config, set)) => {
+                set.warn_shadowed();
                 set.keep_counts(&self.current());
                 self.current.store(Arc::new(set));
                 (self.on_apply)(&config);

@@ -153,6 +153,33 @@ impl PolicySet {
         })
     }
 
+    /// Policies that can never apply because an earlier one matches every request they
+    /// match: (the later policy, the earlier one). Said by `loopwarden policies` and
+    /// logged when the policies are put in force.
+    pub fn shadowed(&self) -> Vec<(&str, &str)> {
+        let mut found = Vec::new();
+        for (i, later) in self.ordered.iter().enumerate() {
+            if let Some(earlier) = self.ordered[..i]
+                .iter()
+                .find(|e| e.selector.covers(&later.selector))
+            {
+                found.push((&*later.name, &*earlier.name));
+            }
+        }
+        found
+    }
+
+    /// Logs each policy [`PolicySet::shadowed`] names, as it is put in force.
+    pub fn warn_shadowed(&self) {
+        for (policy, by) in self.shadowed() {
+            tracing::warn!(
+                policy,
+                by,
+                "policy never applies: an earlier policy matches every request it matches"
+            );
+        }
+    }
+
     /// The policy a request falls under (counted as a match).
     pub fn select(&self, traffic: &Traffic<'_>) -> Arc<Policy> {
         let policy = self
@@ -205,7 +232,7 @@ mod tests {
     fn traffic(team: Option<&str>, user_agent: &str, model: Option<&str>) -> Traffic<'static> {
         let user_agent: &'static str = Box::leak(user_agent.to_string().into_boxed_str());
         Traffic {
-            team: team.map(|t| &*Box::leak(t.to_string().into_boxed_str())),
+            team: team.map(|t| std::borrow::Cow::Owned(t.to_string())),
             key_id: None,
             client: Client::of(user_agent),
             user_agent,
@@ -350,6 +377,7 @@ mod tests {
             ("[[policy]]\nname = \"a\"\nmode = \"log-only\"\n", &["log-only", "shadow"]),
             ("[[policy]]\nname = \"a\"\nmatch = { teams = \"x\" }\n", &["teams"]),
             ("[[policy]]\nname = \"a\"\n[policy.budget]\nwarn_at = 2.0\n", &["budget.warn_at"]),
+            ("[[policy]]\nname = \"a\"\nmatch = {}\n", &["\"a\"", "match = {}", "matches no request"]),
         ];
         for (toml, words) in cases {
             let e = set(toml).unwrap_err();
@@ -370,5 +398,36 @@ mod tests {
         let default = set.named("default").unwrap();
         assert_eq!(default.detect(), &config.detect);
         assert_eq!(default.intervene(), &config.intervene);
+    }
+
+    #[test]
+    fn a_policy_an_earlier_one_covers_is_named_shadowed() {
+        let set = set(r#"
+            [[policy]]
+            name = "ci"
+            match = { team = "CI*" }
+
+            [[policy]]
+            name = "nightly"
+            match = { team = "ci-nightly", model = "gpt-*" }
+
+            [[policy]]
+            name = "ci-claude"
+            match = { team = "ci", client = "claude-code" }
+
+            [[policy]]
+            name = "mini"
+            match = { model = "*-mini", api = "openai_chat" }
+
+            [[policy]]
+            name = "mini-anywhere"
+            match = { model = "*-mini" }
+        "#)
+        .unwrap();
+        assert_eq!(
+            set.shadowed(),
+            [("nightly", "ci"), ("ci-claude", "ci")],
+            "`mini` narrows by API: `mini-anywhere` still applies to the other APIs"
+        );
     }
 }

@@ -2,6 +2,8 @@
 //! client: the team its base URL or a header names, its API key's fingerprint, the client,
 //! the model and the API.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::dialect::Dialect;
@@ -13,7 +15,8 @@ use crate::glob;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Selector {
-    /// `/t/{team}` in the base URL, or the `x-loopwarden-team` header.
+    /// `/t/{team}` in the base URL, or the `x-loopwarden-team` header; in any case (a team
+    /// is one team however its name is written: [`team_of`]).
     #[serde(
         default,
         deserialize_with = "one_or_many",
@@ -74,7 +77,8 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D:
 /// What a request says about itself that policies match on.
 #[derive(Debug, Clone, Default)]
 pub struct Traffic<'a> {
-    pub team: Option<&'a str>,
+    /// As [`team_of`] gives it.
+    pub team: Option<Cow<'a, str>>,
     /// The key's fingerprint, worked out only when some policy matches on keys.
     pub key_id: Option<String>,
     pub client: Client,
@@ -88,20 +92,18 @@ pub const TEAM_HEADER: &str = "x-loopwarden-team";
 
 impl<'a> Traffic<'a> {
     /// What a request carries that policies match on, but the model (known once the body
-    /// is read). The key's fingerprint is worked out only when `with_key_id`.
+    /// is read); `team` as [`team_of`] gives it. The key's fingerprint is worked out only
+    /// when `with_key_id`.
     pub fn of(
         headers: &'a http::HeaderMap,
-        team_prefix: Option<&'a str>,
+        team: Option<&'a str>,
         query: Option<&'a str>,
         api: Option<Dialect>,
         with_key_id: bool,
     ) -> Traffic<'a> {
-        let user_agent = headers
-            .get(http::header::USER_AGENT)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
+        let user_agent = user_agent(headers);
         Traffic {
-            team: team_of(headers, team_prefix),
+            team: team.map(Cow::Borrowed),
             key_id: with_key_id
                 .then(|| super::key_id::key_of(headers, query).map(super::key_id::of))
                 .flatten(),
@@ -113,14 +115,37 @@ impl<'a> Traffic<'a> {
     }
 }
 
-/// The team a request names: its `/t/{team}` prefix, else its `x-loopwarden-team` header.
-pub fn team_of<'a>(headers: &'a http::HeaderMap, team_prefix: Option<&'a str>) -> Option<&'a str> {
-    team_prefix.or_else(|| {
-        headers
-            .get(TEAM_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-    })
+/// A request's `user-agent` (empty when it has none, or none in ASCII).
+pub fn user_agent(headers: &http::HeaderMap) -> &str {
+    headers
+        .get(http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// The team a request names: its `/t/{team}` prefix (percent-decoded, as a URL path
+/// segment is: `/t/my%20team` is `my team`), else its `x-loopwarden-team` header; as
+/// [`team_name`] writes it. One place, so that policies match, the log records and
+/// `loopwarden policies --team` explains the same name.
+pub fn team_of<'a>(
+    headers: &'a http::HeaderMap,
+    team_prefix: Option<&'a str>,
+) -> Option<Cow<'a, str>> {
+    let raw = match team_prefix {
+        Some(segment) => percent_encoding::percent_decode_str(segment).decode_utf8_lossy(),
+        None => Cow::Borrowed(headers.get(TEAM_HEADER)?.to_str().ok()?.trim()),
+    };
+    Some(team_name(raw))
+}
+
+/// A team's name as matched and logged: ASCII letters in lower case, so that `CI` and
+/// `ci` are one team (its conversations, its policy, its row in the dashboard).
+pub fn team_name(raw: Cow<'_, str>) -> Cow<'_, str> {
+    if raw.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(raw.to_ascii_lowercase())
+    } else {
+        raw
+    }
 }
 
 /// The clients loopwarden knows by their `user-agent` (CLIENTS.md).
@@ -190,12 +215,41 @@ impl Selector {
     /// Whether a request falls under it. An empty selector matches nothing.
     pub fn matches(&self, traffic: &Traffic<'_>) -> bool {
         !self.is_empty()
-            && any(&self.team, traffic.team)
+            && (self.team.is_empty()
+                || traffic
+                    .team
+                    .as_deref()
+                    .is_some_and(|team| self.team.iter().any(|p| glob::matches_any_case(p, team))))
             && any(&self.key_id, traffic.key_id.as_deref())
             && any(&self.client, Some(traffic.client.as_str()))
             && any(&self.user_agent, Some(traffic.user_agent))
             && any(&self.model, traffic.model)
             && any(&self.api, traffic.api.map(Dialect::as_str))
+    }
+
+    /// Whether every request `later` matches is matched by this selector too (so that
+    /// `later`, tried after it, never applies). Conservative: true only when each selector
+    /// this one has is one `later` has too, and each of `later`'s patterns there is one of
+    /// this one's patterns matches as text (`ci*` covers `ci-nightly` and `ci-*`; `*`
+    /// covers all). Teams compare in any case, as they match.
+    pub fn covers(&self, later: &Selector) -> bool {
+        fn field(mine: &[String], theirs: &[String], any_case: bool) -> bool {
+            let matches = if any_case {
+                glob::matches_any_case
+            } else {
+                glob::matches
+            };
+            mine.is_empty()
+                || (!theirs.is_empty() && theirs.iter().all(|t| mine.iter().any(|m| matches(m, t))))
+        }
+        !self.is_empty()
+            && !later.is_empty()
+            && field(&self.team, &later.team, true)
+            && field(&self.key_id, &later.key_id, false)
+            && field(&self.client, &later.client, false)
+            && field(&self.user_agent, &later.user_agent, false)
+            && field(&self.model, &later.model, false)
+            && field(&self.api, &later.api, false)
     }
 
     /// Checks the values: clients and APIs from their vocabularies, key ids as printed.

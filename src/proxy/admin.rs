@@ -342,8 +342,13 @@ pub async fn halt_conversation(
 /// `GET /admin/api/pending`: requests held for a human, oldest first.
 /// With replicas sharing a database, every replica's.
 pub async fn pending(State(app): State<Arc<App>>) -> Response {
-    let pending = app.interventions.pending.list_everywhere().await;
-    Json(serde_json::json!({ "pending": pending })).into_response()
+    let listing = app.interventions.pending.list_everywhere().await;
+    Json(serde_json::json!({
+        "pending": listing.pending,
+        "complete": listing.incomplete.is_none(),
+        "incomplete": listing.incomplete,
+    }))
+    .into_response()
 }
 
 #[derive(Deserialize)]
@@ -369,11 +374,21 @@ pub async fn decide_pending(
         Err(e) => internal(e),
         Ok(Some(held)) => Json(serde_json::json!({ "decided": verdict.as_str(), "pending": held }))
             .into_response(),
-        Ok(None) => (
-            StatusCode::NOT_FOUND,
-            Json(serde_json::json!({ "error": "no request held under that id (decided, timed out or gone)" })),
-        )
-            .into_response(),
+        Ok(None) => match app.interventions.pending.abandoned(&id) {
+            Some(held) => (
+                StatusCode::GONE,
+                Json(serde_json::json!({
+                    "error": "abandoned: the request's client went away before anyone decided",
+                    "pending": held,
+                })),
+            )
+                .into_response(),
+            None => (
+                StatusCode::NOT_FOUND,
+                Json(serde_json::json!({ "error": "no request held under that id (decided, timed out or gone)" })),
+            )
+                .into_response(),
+        },
     }
 }
 

@@ -36,7 +36,13 @@ use crate::intervene::service::ConversationState;
 use crate::policy::Policy;
 use crate::request_bytes::RequestBytes;
 use crate::store::redact::summary;
+use crate::throttle::Throttle;
 use crate::transcript::Transcript;
+
+/// The warning for a body that cannot be read: a client can send one with each request,
+/// so it is written once per 10 s at most (every such request has its row with its
+/// `parse_error` all the same).
+static UNPARSED_WARNING: Throttle = Throttle::new(10_000);
 
 /// What the analysis keeps between requests, so that each costs work for its new messages
 /// and steps only.
@@ -172,7 +178,9 @@ impl Analyser {
             Err(e) => {
                 // Forwarded untouched all the same; the log says why it was not read.
                 let reason = summary(&e.to_string(), 200);
-                tracing::warn!(path = route.path, dialect = dialect.as_str(), error = %reason, "request body not parsed; forwarded untouched");
+                if let Some(skipped) = UNPARSED_WARNING.admit(crate::store::now_ms()) {
+                    tracing::warn!(path = route.path, dialect = dialect.as_str(), error = %reason, more_since_last = skipped, "request body not parsed; forwarded untouched (one line per 10 s at most; each is in the log)");
+                }
                 let policy = policy(path_model);
                 return unread(
                     policy,
@@ -415,10 +423,15 @@ fn rename(identity: &mut Identity, run: String) -> Option<String> {
 }
 
 /// Who sent a request, as a run's lineage compares it: the API key's fingerprint (never
-/// the key) and the client.
+/// the key) and the client, as the product token of its `user-agent` (finer than the
+/// policies' client names, which put every unknown client under one).
 fn sender(headers: &HeaderMap, query: Option<&str>) -> Sender {
+    let product = crate::policy::select::user_agent(headers)
+        .split(|c: char| c == '/' || c.is_whitespace())
+        .next()
+        .filter(|p| !p.is_empty());
     Sender {
         key: crate::policy::key_id::key_of(headers, query).map(crate::policy::key_id::of),
-        client: identity::client_name(headers),
+        client: product.map(|p| p.chars().take(40).collect()),
     }
 }

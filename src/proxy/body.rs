@@ -26,6 +26,82 @@ const LARGE_MIN: usize = 1 << 20;
 /// further than its end. Were that ever broken, the request fails rather than panics.
 const PAST_THE_LAST_BODY: &str = "internal: shared bytes past the last body";
 
+/// A body that went `server.body_timeout_secs` without a byte: the client sent its head
+/// and then its body too slowly, or stopped.
+#[derive(Debug)]
+pub struct BodyStalled;
+
+impl std::fmt::Display for BodyStalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the request body stalled")
+    }
+}
+
+impl std::error::Error for BodyStalled {}
+
+/// Bytes a body must bring within each `idle` period to keep going (its last frame ends
+/// it whatever its size): a trickle of a byte a second makes no progress.
+const MIN_PROGRESS: usize = 1024;
+
+/// `body`, failing with [`BodyStalled`] once `idle` passes without [`MIN_PROGRESS`] bytes
+/// of it: a client that sends its head and then its body at a byte a second (or never)
+/// would otherwise hold the connection, and a serving slot under the cap, for ever
+/// (hyper's header timeout ends with the head).
+pub fn with_idle_timeout(body: Body, idle: std::time::Duration) -> Body {
+    Body::new(IdleTimeout {
+        inner: body,
+        idle,
+        deadline: Box::pin(tokio::time::sleep(idle)),
+        progress: 0,
+    })
+}
+
+struct IdleTimeout {
+    inner: Body,
+    idle: std::time::Duration,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Bytes since the deadline was last pushed back.
+    progress: usize,
+}
+
+impl http_body::Body for IdleTimeout {
+    type Data = Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, axum::BoxError>>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                if let Some(Ok(data)) = frame.as_ref().map(|f| f.as_ref().map(|f| f.data_ref())) {
+                    this.progress += data.map_or(0, Bytes::len);
+                }
+                if this.progress >= MIN_PROGRESS {
+                    this.progress = 0;
+                    let next = tokio::time::Instant::now() + this.idle;
+                    this.deadline.as_mut().reset(next);
+                }
+                Poll::Ready(frame.map(|f| f.map_err(axum::BoxError::from)))
+            }
+            Poll::Pending => match std::future::Future::poll(this.deadline.as_mut(), cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyStalled)))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// The request body, read as it arrives.
 ///
 /// While the body repeats its conversation's last body byte for byte (a history, most of

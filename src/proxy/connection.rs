@@ -13,6 +13,10 @@
 //!   connection (what nginx does with its idle keep-alive connections when it runs out). If
 //!   every connection is serving, the new one is answered `503` with `Retry-After` and
 //!   closed, rather than left in the listen backlog where the client only sees a timeout.
+//!   A few connections beyond the cap ([`OWN_PATHS_RESERVE`]) are still served for the
+//!   proxy's own paths only (`/healthz`, the admin API, the dashboard, `/metrics`), so
+//!   that a health check and an operator get through when agents fill every slot; any other
+//!   request on them gets the 503.
 //!
 //! Three parties share a connection's [`Watch`]: its socket ([`Watched`], which sees bytes
 //! arrive and closes the connection when a limit passes), its requests ([`Serving`], held
@@ -45,6 +49,9 @@ const RETRY_AFTER_SECS: u64 = 2;
 /// Refusals being written at once; past this, a connection over the cap is closed
 /// without a word (a flood must not make the refusals themselves hold the descriptors).
 const MAX_REFUSING: usize = 64;
+
+/// Connections served beyond the cap, for the proxy's own paths only.
+pub const OWN_PATHS_RESERVE: usize = 8;
 
 /// How long a refusal may take to be written and its client to close.
 const REFUSAL_TIME: Duration = Duration::from_secs(2);
@@ -145,6 +152,9 @@ pub struct Watch {
     timer_at: AtomicU64,
     /// Set by the accepting thread to close the connection at the cap.
     evicted: AtomicBool,
+    /// Admitted beyond the cap ([`Admission::OwnPathsOnly`]): serves the proxy's own paths
+    /// only, and is never evicted (it holds no slot under the cap).
+    pub own_paths_only: bool,
     /// The socket's reader: woken to close an evicted connection, and when the connection
     /// starts waiting with no timer set to come (hyper, its read interest already
     /// registered, would not read again before bytes came, and nothing would set one).
@@ -415,12 +425,25 @@ pub struct AtCap {
     pub refused: u64,
 }
 
+/// What a new connection gets ([`Connections::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Served: under the cap, or a waiting connection made room.
+    Served,
+    /// Beyond the cap, in the reserve: the proxy's own paths only.
+    OwnPathsOnly,
+    /// The 503 ([`Connections::refuse`]).
+    Refused,
+}
+
 /// Every open client connection, for the cap.
 pub struct Connections {
     pub limits: Limits,
     open: Mutex<HashMap<u64, Arc<Watch>>>,
     next_id: AtomicU64,
     refusing: AtomicUsize,
+    /// Connections open in the reserve beyond the cap.
+    reserve_open: AtomicUsize,
     /// [`AtCap`]'s counts.
     evicted: AtomicU64,
     refused: AtomicU64,
@@ -433,6 +456,7 @@ impl Connections {
             open: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             refusing: AtomicUsize::new(0),
+            reserve_open: AtomicUsize::new(0),
             evicted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
         }
@@ -445,7 +469,7 @@ impl Connections {
 
     /// A connection starts being served: its socket, watched, and its [`Watch`] for its
     /// requests. [`Connections::close`] it when it ends.
-    pub fn open(&self, io: TcpStream) -> (Watched, Arc<Watch>) {
+    pub fn open(&self, io: TcpStream, admission: Admission) -> (Watched, Arc<Watch>) {
         let watch = Arc::new(Watch {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             serving: AtomicUsize::new(0),
@@ -453,6 +477,7 @@ impl Connections {
             head_since: AtomicU64::new(UNSET),
             timer_at: AtomicU64::new(UNSET),
             evicted: AtomicBool::new(false),
+            own_paths_only: admission == Admission::OwnPathsOnly,
             waker: AtomicWaker::new(),
         });
         self.lock().insert(watch.id, watch.clone());
@@ -467,33 +492,66 @@ impl Connections {
 
     pub fn close(&self, watch: &Watch) {
         self.lock().remove(&watch.id);
+        if watch.own_paths_only {
+            self.reserve_open.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
-    /// Whether a new connection may be served, `open` being open now: under the cap, or
-    /// once the connection that has waited longest is told to close.
-    pub fn admit(&self, open: usize) -> bool {
+    /// What a new connection gets, `open` being open now under the cap: served when under
+    /// it, or once the connection that has waited longest is told to close; else a place
+    /// in the reserve for the proxy's own paths while one is free; else the 503.
+    pub fn admit(&self, open: usize) -> Admission {
         if open < self.limits.max_connections {
-            return true;
+            return Admission::Served;
         }
         let oldest = self
             .lock()
             .values()
             .filter(|w| {
-                w.serving.load(Ordering::Acquire) == 0 && !w.evicted.load(Ordering::Relaxed)
+                !w.own_paths_only
+                    && w.serving.load(Ordering::Acquire) == 0
+                    && !w.evicted.load(Ordering::Relaxed)
             })
             .min_by_key(|w| w.waiting_since.load(Ordering::Relaxed))
             .cloned();
         let Some(oldest) = oldest else {
-            return false;
+            if self.reserve_open.fetch_add(1, Ordering::AcqRel) < OWN_PATHS_RESERVE {
+                return Admission::OwnPathsOnly;
+            }
+            self.reserve_open.fetch_sub(1, Ordering::AcqRel);
+            return Admission::Refused;
         };
         oldest.evicted.store(true, Ordering::Release);
         oldest.waker.wake();
         self.evicted.fetch_add(1, Ordering::Relaxed);
-        true
+        Admission::Served
     }
 
-    /// Answers a connection over the cap with a 503 and closes it, off the accepting loop.
-    pub fn refuse(self: &Arc<Self>, stream: TcpStream) {
+    /// The answer to a request for a path not the proxy's own on a connection of the
+    /// reserve: the refusal's 503, after which the connection closes.
+    pub fn refuse_request(&self) -> axum::response::Response {
+        self.count_refusal();
+        let body = refusal_body(self.limits);
+        let mut response = axum::response::Response::new(axum::body::Body::from(body));
+        *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+        let headers = response.headers_mut();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from(RETRY_AFTER_SECS),
+        );
+        headers.insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+        response
+    }
+
+    /// Counts a refusal, and says so in the process log now and then.
+    fn count_refusal(&self) {
         let refused = self.refused.fetch_add(1, Ordering::Relaxed);
         if refused.is_multiple_of(1000) {
             tracing::warn!(
@@ -502,6 +560,11 @@ impl Connections {
                 "connection refused: every connection is serving a request"
             );
         }
+    }
+
+    /// Answers a connection over the cap with a 503 and closes it, off the accepting loop.
+    pub fn refuse(self: &Arc<Self>, stream: TcpStream) {
+        self.count_refusal();
         if self.refusing.fetch_add(1, Ordering::AcqRel) >= MAX_REFUSING {
             self.refusing.fetch_sub(1, Ordering::AcqRel);
             return; // dropped: closed
@@ -522,19 +585,25 @@ impl Connections {
     }
 }
 
-/// Writes the 503 (in no API's shape in particular: the request is not read, so the body
-/// carries the fields each SDK looks for) and waits for the client to close, so that the
-/// close is not a reset that could discard the answer before the client reads it.
-async fn refusal(mut stream: TcpStream, limits: Limits) -> io::Result<()> {
+/// The 503's body (in no API's shape in particular: the request is not read, so it
+/// carries the fields each SDK looks for).
+fn refusal_body(limits: Limits) -> String {
     let message = format!(
         "loopwarden: too many open connections (server.max_connections = {}); retry in {RETRY_AFTER_SECS} s",
         limits.max_connections
     );
-    let body = serde_json::json!({
+    serde_json::json!({
         "type": "error",
         "error": {"type": "overloaded_error", "code": 503, "status": "UNAVAILABLE", "message": message},
     })
-    .to_string();
+    .to_string()
+}
+
+/// Writes the 503 (in no API's shape in particular: the request is not read, so the body
+/// carries the fields each SDK looks for) and waits for the client to close, so that the
+/// close is not a reset that could discard the answer before the client reads it.
+async fn refusal(mut stream: TcpStream, limits: Limits) -> io::Result<()> {
+    let body = refusal_body(limits);
     let answer = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
          content-length: {}\r\nretry-after: {RETRY_AFTER_SECS}\r\nconnection: close\r\n\r\n{body}",
@@ -567,6 +636,7 @@ mod tests {
             head_since: AtomicU64::new(UNSET),
             timer_at: AtomicU64::new(UNSET),
             evicted: AtomicBool::new(false),
+            own_paths_only: false,
             waker: AtomicWaker::new(),
         })
     }

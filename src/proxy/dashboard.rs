@@ -27,6 +27,7 @@ const INDEX_HTML: &str = include_str!("../../ui/index.html");
 const LOGIN_HTML: &str = include_str!("../../ui/login.html");
 const APP_JS: &str = include_str!("../../ui/app.js");
 const APP_CSS: &str = include_str!("../../ui/app.css");
+const LOGIN_JS: &str = include_str!("../../ui/login.js");
 
 /// Scripts and styles from this origin only (no inline script: a text that reached the
 /// page from the log cannot run), connections to this origin only, never in a frame.
@@ -68,8 +69,11 @@ pub async fn require_page_access(
     }
 }
 
-fn see_other(to: &'static str) -> Response {
-    (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response()
+fn see_other(to: &str) -> Response {
+    match HeaderValue::from_str(to) {
+        Ok(location) => (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response(),
+        Err(_) => (StatusCode::SEE_OTHER, [(header::LOCATION, "/ui/")]).into_response(),
+    }
 }
 
 fn file(content_type: &'static str, body: &'static str) -> Response {
@@ -85,8 +89,15 @@ pub async fn app_js() -> Response {
     file("text/javascript; charset=utf-8", APP_JS)
 }
 
+/// The styles, served outside the login (the login page wears them too); they hold
+/// nothing of the log.
 pub async fn app_css() -> Response {
     file("text/css; charset=utf-8", APP_CSS)
+}
+
+/// The login page's script (`ui/login.js`), outside the login like the page.
+pub async fn login_js() -> Response {
+    file("text/javascript; charset=utf-8", LOGIN_JS)
 }
 
 /// `GET /ui/login`: the token form (without a token set there is nothing to log in to).
@@ -110,6 +121,20 @@ fn login_page(status: StatusCode, message: &str) -> Response {
 #[derive(Deserialize)]
 pub struct LoginForm {
     token: String,
+    /// The dashboard view the browser was on its way to (`#/conversation/ID`), set by
+    /// `ui/login.js` from the page's `#`.
+    #[serde(default)]
+    view: String,
+}
+
+/// Where a login sends the browser: `/ui/` and the view it asked for, when `view` is one
+/// (`#/` then URL characters only; anything else is dropped, never echoed into a header).
+fn after_login(view: &str) -> String {
+    let url_char = |c: char| c.is_ascii_alphanumeric() || "-._~!$&'()*+,;=:@/?%".contains(c);
+    match view.strip_prefix("#/") {
+        Some(rest) if rest.chars().all(url_char) => format!("/ui/{view}"),
+        _ => "/ui/".to_string(),
+    }
 }
 
 /// `POST /ui/login` (a form with `token`): the right token gets the session cookie. A
@@ -135,7 +160,7 @@ pub async fn login(
         admin::SESSION_COOKIE,
         admin::session_cookie(token)
     );
-    let mut response = see_other("/ui/");
+    let mut response = see_other(&after_login(&form.view));
     if let Ok(value) = HeaderValue::from_str(&cookie) {
         response.headers_mut().insert(header::SET_COOKIE, value);
     }
@@ -151,10 +176,15 @@ pub struct OverviewParams {
 /// someone noticed, which without loopwarden is when a person looks, if the run has no cap.
 pub const ASSUMED_MINUTES: f64 = 30.0;
 
-/// What the overview says the estimate assumes.
-const ASSUMPTION: &str = "An estimate. Each halted run is assumed to have gone on at its pace \
-    before the halt (its steps and dollars per minute since its first request, over at least a \
-    minute) until someone noticed: until it was resumed, or for 30 minutes at most.";
+/// What the overview says the estimate assumes. Fixed at the halt: it never grows while
+/// the overview is open (an estimate that rose with the clock, to more than the runs had
+/// spent, was no figure a team could defend), and no run is assumed to save more than it
+/// had spent before its halt.
+const ASSUMPTION: &str = "An estimate. Each halted run is assumed to have gone on, without the \
+    halt, as long again as it had run (30 minutes at most), at its pace before the halt (its \
+    steps and dollars per minute since its first request, over at least a minute); a run \
+    resumed sooner counts until it was resumed. So no run counts more than it spent before \
+    its halt, and the figure does not grow with time.";
 
 /// The overview's estimate of what the halts saved.
 #[derive(Debug, Serialize, PartialEq)]
@@ -167,7 +197,7 @@ pub struct Savings {
 }
 
 /// Steps and dollars the halted runs would have spent had they gone on (see [`ASSUMPTION`]).
-pub fn estimate_savings(runs: &[HaltedRun], now_ms: i64) -> Savings {
+pub fn estimate_savings(runs: &[HaltedRun]) -> Savings {
     let mut savings = Savings {
         estimate: true,
         assumption: ASSUMPTION,
@@ -176,10 +206,13 @@ pub fn estimate_savings(runs: &[HaltedRun], now_ms: i64) -> Savings {
         dollars: 0.0,
     };
     for run in runs {
-        let ran_minutes = ((run.halted_ms - run.first_ms) as f64 / 60_000.0).max(1.0);
-        let until = run.resumed_ms.unwrap_or(now_ms);
-        let spared_minutes =
-            ((until - run.halted_ms) as f64 / 60_000.0).clamp(0.0, ASSUMED_MINUTES);
+        let ran = (run.halted_ms - run.first_ms) as f64 / 60_000.0;
+        let ran_minutes = ran.max(1.0);
+        let mut spared_minutes = ran.clamp(0.0, ASSUMED_MINUTES);
+        if let Some(resumed) = run.resumed_ms {
+            spared_minutes =
+                spared_minutes.min(((resumed - run.halted_ms) as f64 / 60_000.0).max(0.0));
+        }
         savings.steps += run.steps as f64 / ran_minutes * spared_minutes;
         savings.dollars += run.cost_usd / ran_minutes * spared_minutes;
     }
@@ -215,7 +248,7 @@ pub async fn overview(
         "halted_conversations": app.interventions.controls.halted().len(),
         "pending": app.interventions.pending.list().len(),
         "interventions": counts,
-        "savings": estimate_savings(&runs, now),
+        "savings": estimate_savings(&runs),
         "precision": precision,
     }))
     .into_response()
@@ -274,6 +307,24 @@ pub async fn feedback(State(app): State<Arc<App>>, body: axum::body::Bytes) -> R
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_login_goes_on_to_the_view_it_came_for_and_nowhere_else() {
+        assert_eq!(
+            after_login("#/conversation/my%20run"),
+            "/ui/#/conversation/my%20run"
+        );
+        assert_eq!(after_login(""), "/ui/");
+        for odd in [
+            "#/a b",
+            "#/x\r\nset-cookie: a=b",
+            "//evil.example",
+            "#x",
+            "https://e",
+        ] {
+            assert_eq!(after_login(odd), "/ui/", "{odd:?}");
+        }
+    }
+
     fn run(
         first_ms: i64,
         halted_ms: i64,
@@ -293,18 +344,30 @@ mod tests {
     }
 
     #[test]
-    fn savings_go_on_at_the_run_s_pace_until_it_is_resumed_or_for_thirty_minutes() {
+    fn savings_go_on_as_long_again_as_the_run_at_its_pace_and_never_grow() {
         let min = 60_000;
         // 10 steps and $2 over 10 minutes, resumed 5 minutes after the halt: 5 steps, $1.
         let resumed = run(0, 10 * min, 10, 2.0, Some(15 * min));
-        // 4 steps and $1 over 2 minutes, still halted an hour later: 30 minutes of it.
+        // 4 steps and $1 over 2 minutes, still halted: as long again, 4 steps and $1.
         let halted = run(0, 2 * min, 4, 1.0, None);
-        // A run of seconds is taken over a minute: 3 steps a minute, for 30 minutes.
+        // 120 steps and $60 over 2 hours: 30 minutes at its pace, 30 steps and $15.
+        let long = run(0, 120 * min, 120, 60.0, None);
+        // A run of seconds: its pace over a minute, for its own seconds: 3 × 1/60 steps.
         let short = run(0, 1000, 3, 0.0, None);
-        let s = estimate_savings(&[resumed, halted, short], 2 * min + 60 * min);
-        assert_eq!(s.halts, 3);
-        assert!((s.steps - (5.0 + 60.0 + 90.0)).abs() < 1e-6, "{}", s.steps);
-        assert!((s.dollars - (1.0 + 15.0)).abs() < 1e-6, "{}", s.dollars);
+        let s = estimate_savings(&[resumed, halted, long, short]);
+        assert_eq!(s.halts, 4);
+        assert!(
+            (s.steps - (5.0 + 4.0 + 30.0 + 0.05)).abs() < 1e-6,
+            "{}",
+            s.steps
+        );
+        assert!(
+            (s.dollars - (1.0 + 1.0 + 15.0)).abs() < 1e-6,
+            "{}",
+            s.dollars
+        );
         assert!(s.estimate);
+        // No run counts more than it spent before its halt.
+        assert!(s.dollars <= 2.0 + 1.0 + 60.0);
     }
 }

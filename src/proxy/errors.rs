@@ -38,13 +38,18 @@ pub enum Refusal {
     Unreadable,
     /// A WebSocket upgrade, with `server.websocket = "refuse"`.
     WebSocket,
+    /// A body that went `server.body_timeout_secs` without a byte.
+    Stalled { secs: u64 },
 }
 
 impl Refusal {
-    /// The refusal of a body `read_body` could not read within `max` bytes.
-    pub fn of_body(e: &axum::BoxError, max: usize) -> Refusal {
+    /// The refusal of a body `read_body` could not read within `max` bytes, or without a
+    /// byte for `idle_secs`.
+    pub fn of_body(e: &axum::BoxError, max: usize, idle_secs: u64) -> Refusal {
         if e.is::<http_body_util::LengthLimitError>() {
             Refusal::TooLarge { max }
+        } else if caused_by_stall(e) {
+            Refusal::Stalled { secs: idle_secs }
         } else {
             Refusal::Unreadable
         }
@@ -56,6 +61,7 @@ impl Refusal {
             Refusal::ClimbsOut | Refusal::Unreadable => StatusCode::BAD_REQUEST,
             Refusal::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Refusal::WebSocket => StatusCode::UPGRADE_REQUIRED,
+            Refusal::Stalled { .. } => StatusCode::REQUEST_TIMEOUT,
         }
     }
 
@@ -74,8 +80,24 @@ impl Refusal {
             Refusal::WebSocket => "loopwarden: WebSocket upgrades are refused here \
                                    (server.websocket = \"refuse\"); use HTTP"
                 .to_string(),
+            Refusal::Stalled { secs } => format!(
+                "loopwarden: no byte of the request body for {secs} s (server.body_timeout_secs)"
+            ),
         }
     }
+}
+
+/// Whether a body error is, or wraps (the body's and the limit's own error types box it),
+/// [`super::body::BodyStalled`].
+fn caused_by_stall(e: &axum::BoxError) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e.as_ref());
+    while let Some(error) = cause {
+        if error.is::<super::body::BodyStalled>() {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// The answer to a refused request, in `upstream`'s error shape. (The dialect module has

@@ -5,6 +5,7 @@
 //! Everything the log needs travels with the response body ([`super::tee::Pending`]) and is
 //! handed to the log ([`super::record`]) when the body ends; nothing on this path waits for it.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,7 @@ use crate::config::WebSocketMode;
 use crate::detect::Decision;
 use crate::dialect::{Dialect, HaltReply, UpstreamFailure};
 use crate::intervene::{Applied, Effect, RequestInfo};
+use crate::policy::select::{user_agent, Client};
 use crate::policy::{Mode, Policy, Traffic};
 use crate::request_bytes::RequestBytes;
 use crate::store::{next_request_id, now_ms, ConversationSeen, Label, RequestRow};
@@ -54,9 +56,10 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let stated = identity::stated(&parts.headers, route.conversation);
     let policies = app.policies.current();
     let dialect = route.dialect.map(|(dialect, _)| dialect);
+    let team = crate::policy::select::team_of(&parts.headers, route.team);
     let traffic = Traffic::of(
         &parts.headers,
-        route.team,
+        team.as_deref(),
         route.query,
         dialect,
         policies.needs_key_id(),
@@ -95,10 +98,12 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         dialect,
         stated.as_ref().map(|s| &*s.id),
     );
+    let idle_secs = app.config.server.body_timeout_secs;
+    let body = super::body::with_idle_timeout(body, Duration::from_secs(idle_secs));
     let body = match read_body(body, max, &mut earlier).await {
         Ok(body) => body,
         Err(e) => {
-            let refusal = Refusal::of_body(&e, max);
+            let refusal = Refusal::of_body(&e, max, idle_secs);
             let policy = select(path_model());
             return refuse(
                 &app, &policy, &parts, &route, stated, refusal, started, started_ms,
@@ -133,7 +138,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         headers: &parts.headers,
         body: analysed,
         stated,
-        team: traffic.team,
+        team: team.as_deref(),
         earlier,
     };
     let mut analysis = app.analyser.analyse(
@@ -195,13 +200,16 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     finished.row.body_read_us = Some(body_read.as_micros() as i64);
     let stamp = Stamp {
         conversation: HeaderValue::from_str(&finished.row.conversation_id).ok(),
-        // A shadow policy's answer carries nothing of what it would have done.
+        // What was done to the request: under a shadow policy nothing (`observe`), whatever
+        // it would have done (which the log keeps as `would_*`).
         decision: finished
             .row
             .decision
             .as_deref()
-            .filter(|_| policy.mode != Mode::Shadow)
-            .and_then(|d| HeaderValue::from_str(d).ok()),
+            .and_then(|d| match policy.mode {
+                Mode::Shadow => Some(HeaderValue::from_static("observe")),
+                _ => HeaderValue::from_str(d).ok(),
+            }),
         policy: HeaderValue::from_str(&policy.name).ok(),
     };
     let held_stamp = stamp.clone();
@@ -223,16 +231,14 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
             // The client asked for a stream: keep it alive with SSE comments while a human
             // decides; the answer then follows in the same stream.
             let mut response = intervention::held_stream(&policy, async move {
-                let (effect, applied) = intervention::decide_held(&dispatch.app, *held).await;
-                finished.row.applied = applied.as_str().into();
-                dispatch.send(effect, finished, None).await
+                dispatch.send_when_decided(*held, finished).await
             });
             held_stamp.apply(&mut response);
             response
         }
         // Rare, and its future is large: boxed, so that every request's future (which axum
         // boxes and moves) does not carry room for it.
-        Some(held) => Box::pin(answer_held(app, dispatch, finished, *held)).await,
+        Some(held) => Box::pin(dispatch.send_when_decided(*held, finished)).await,
         // Boxed: axum boxes this handler's future and moves it (two copies of its size per
         // request); with the dispatch inline that was ~9 KB each time.
         None => Box::pin(dispatch.send(effect, finished, guard)).await,
@@ -254,7 +260,8 @@ fn refuse(
 ) -> Response {
     let response = errors::refused(route.upstream, refusal);
     let team = crate::policy::select::team_of(&parts.headers, route.team);
-    let id = stated.unwrap_or_else(|| identity::fallback(&parts.headers, route.path).in_team(team));
+    let id = stated
+        .unwrap_or_else(|| identity::fallback(&parts.headers, route.path).in_team(team.as_deref()));
     let parse = match route.dialect {
         Some(_) => ParseStatus::Unparsed,
         None => ParseStatus::NotConversation,
@@ -346,16 +353,38 @@ pub(super) fn plan(
     planned
 }
 
-/// A held request of a client that asked for no stream: answered once it is decided.
-async fn answer_held(
+/// The log entry of a request while it is held: written by the drop when the client left
+/// before the decision (its future dropped with the connection), so that the request has
+/// its row (`held`, `client_disconnected`) like every other, not only its `held`
+/// intervention.
+struct HeldEntry {
+    finished: Option<Finished>,
     app: Arc<App>,
-    dispatch: Dispatch,
-    mut finished: Finished,
-    held: Held,
-) -> Response {
-    let (effect, applied) = intervention::decide_held(&app, held).await;
-    finished.row.applied = applied.as_str().into();
-    dispatch.send(effect, finished, None).await
+    /// The held request's id and policy, to tell the pause webhooks it was abandoned.
+    ticket: String,
+    policy: Arc<Policy>,
+    /// The proxy's own time on the request, before the hold.
+    overhead: Duration,
+}
+
+/// The status logged for a request whose client left before any answer: nginx's "client
+/// closed request", which log tools know.
+const CLIENT_CLOSED: i64 = 499;
+
+impl Drop for HeldEntry {
+    fn drop(&mut self) {
+        let Some(mut finished) = self.finished.take() else {
+            return;
+        };
+        finished.row.status = CLIENT_CLOSED;
+        finished.row.outcome = Outcome::ClientDisconnected.as_str().into();
+        finished.row.proxy_overhead_us = self.overhead.as_micros() as i64;
+        let app = &self.app;
+        let client = upstream::thread_client(&app.client);
+        let pause = &self.policy.intervene().pause;
+        super::held::notify_abandoned(&client, pause, &self.ticket, &finished.row.conversation_id);
+        finished.hand_over(&app.store, &app.metrics, &app.traces);
+    }
 }
 
 /// Response headers every answer of a request carries.
@@ -403,6 +432,30 @@ struct Answered {
 }
 
 impl Dispatch {
+    /// Waits for the decision on a held request (a human's, or the timeout's), then sends
+    /// what it came to. The wait is not the proxy's work: `started` moves on by it, so the
+    /// request's proxy overhead (its row, `/admin/api/stats`, the latency histogram) counts
+    /// the proxy's own time before and after the hold, never a person's minutes.
+    async fn send_when_decided(mut self, held: Held, finished: Finished) -> Response {
+        let waiting = Instant::now();
+        let mut entry = HeldEntry {
+            finished: Some(finished),
+            app: self.app.clone(),
+            ticket: held.ticket.id().to_string(),
+            policy: held.policy.clone(),
+            overhead: waiting - self.started,
+        };
+        let (effect, applied) = intervention::decide_held(&self.app, held).await;
+        self.started += waiting.elapsed();
+        // The entry is emptied only here and by its drop, so it holds the entry here.
+        let Some(mut finished) = entry.finished.take() else {
+            let message = "loopwarden: the held request's log entry is gone";
+            return errors::upstream_failure(self.upstream, UpstreamFailure::Unreachable, message);
+        };
+        finished.row.applied = applied.as_str().into();
+        self.send(effect, finished, None).await
+    }
+
     /// Sends what a ruling came to: loopwarden's own answer, or the upstream's to the
     /// original or a rewritten body, streamed back through the tee (and the block check
     /// when `guard`).
@@ -671,13 +724,15 @@ pub(super) fn new_record(
     let conversation = parse.is_conversation().then(|| ConversationSeen {
         id: identity.id,
         id_source: identity.source.as_str(),
-        client: identity::client_name(&parts.headers),
+        // The policies' name of the client (`match.client`), the one vocabulary of the
+        // log, the admin API and the dashboard.
+        client: Some(Client::of(user_agent(&parts.headers)).as_str().into()),
         dialect: dialect.map(Dialect::as_str),
         model,
         at_ms: started_ms,
         // Known once the response has ended: `super::record`.
         overhead_us: 0,
-        team: crate::policy::select::team_of(&parts.headers, route.team).map(str::to_string),
+        team: crate::policy::select::team_of(&parts.headers, route.team).map(Cow::into_owned),
     });
     Finished {
         row,

@@ -37,6 +37,33 @@ pub fn notify(client: &upstream::Client, config: &PauseConfig, info: &HeldInfo) 
     );
 }
 
+/// Tells every webhook that a held request was abandoned (its client went away before
+/// anyone decided), so that whoever was asked to decide it knows.
+pub fn notify_abandoned(
+    client: &upstream::Client,
+    config: &PauseConfig,
+    id: &str,
+    conversation: &str,
+) {
+    if config.webhooks.is_empty() {
+        return;
+    }
+    let payload = serde_json::json!({
+        "event": "loopwarden.pause.abandoned",
+        "pending": {"id": id, "conversation_id": conversation},
+        "reason": "the request's client went away before anyone decided",
+    });
+    let timeout = Duration::from_millis(config.webhook_timeout_ms);
+    super::webhook::post_all(
+        client,
+        &config.webhooks,
+        &payload,
+        timeout,
+        "pause webhook",
+        |_| {},
+    );
+}
+
 /// The comment a held streaming request receives now and then; every SSE client ignores it.
 pub const KEEPALIVE: &[u8] = b": keep-alive\n\n";
 

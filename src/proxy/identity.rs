@@ -172,17 +172,6 @@ fn make(raw: &str, source: IdSource) -> Identity {
     Identity { id, source }
 }
 
-/// The product token of a user-agent (`claude-cli/2.1 (...)` → `claude-cli`): which client
-/// this is, without versions or platform details.
-pub fn client_name(headers: &HeaderMap) -> Option<String> {
-    let ua = headers.get(http::header::USER_AGENT)?.to_str().ok()?;
-    let product = ua
-        .split(|c: char| c == '/' || c.is_whitespace())
-        .next()
-        .filter(|p| !p.is_empty())?;
-    Some(product.chars().take(40).collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,12 +259,5 @@ mod tests {
         t.task[0] = "another task".into();
         assert_ne!(from_head(&t).unwrap(), a);
         assert_eq!(from_head(&Transcript::default()), None);
-    }
-
-    #[test]
-    fn client_is_the_user_agent_product() {
-        let h = headers(&[("user-agent", "claude-cli/2.1.330 (external, sdk-cli)")]);
-        assert_eq!(client_name(&h).as_deref(), Some("claude-cli"));
-        assert_eq!(client_name(&headers(&[])), None);
     }
 }

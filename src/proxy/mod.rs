@@ -52,6 +52,7 @@ use tower::ServiceExt;
 
 use crate::config::Config;
 use crate::store::{Store, StoreOptions};
+use connection::Admission;
 
 /// Options of `loopwarden serve`.
 #[derive(Debug, Clone, clap::Args)]
@@ -321,21 +322,32 @@ enum Incoming {
 }
 
 impl Incoming {
-    /// The next connection this thread serves; `None` once no more can come.
-    async fn next(&mut self, me: usize, app: &App) -> Option<(tokio::net::TcpStream, SocketAddr)> {
+    /// The next connection this thread serves, and on what terms; `None` once no more can
+    /// come.
+    async fn next(
+        &mut self,
+        me: usize,
+        app: &App,
+    ) -> Option<(tokio::net::TcpStream, SocketAddr, Admission)> {
         let spread = &app.spread;
         loop {
             match self {
                 Incoming::Listener(listener) => match listener.accept().await {
                     Ok((stream, peer)) => {
-                        if !app.connections.admit(spread.total()) {
-                            app.connections.refuse(stream);
-                            continue;
-                        }
                         // Streamed events are small writes; Nagle's algorithm would hold them back.
                         let _ = stream.set_nodelay(true);
-                        if let Some(stream) = spread.place(stream, peer) {
-                            return Some((stream, peer));
+                        match app.connections.admit(spread.total()) {
+                            Admission::Refused => app.connections.refuse(stream),
+                            // Beyond the cap: served here, and counted by `connections`
+                            // alone (it holds no place under the cap).
+                            Admission::OwnPathsOnly => {
+                                return Some((stream, peer, Admission::OwnPathsOnly))
+                            }
+                            Admission::Served => {
+                                if let Some(stream) = spread.place(stream, peer) {
+                                    return Some((stream, peer, Admission::Served));
+                                }
+                            }
                         }
                     }
                     Err(e) => {
@@ -348,7 +360,7 @@ impl Incoming {
                 Incoming::Handed(handed) => {
                     let handed = handed.recv().await?;
                     match tokio::net::TcpStream::from_std(handed.stream) {
-                        Ok(stream) => return Some((stream, handed.peer)),
+                        Ok(stream) => return Some((stream, handed.peer, Admission::Served)),
                         Err(e) => {
                             // The thread that placed it here counted it as open.
                             spread.closed(me);
@@ -384,7 +396,7 @@ async fn serve(
     let (open, mut all_closed) = tokio::sync::mpsc::channel::<()>(1);
     let mut stop = std::pin::pin!(stop);
     loop {
-        let (stream, peer) = tokio::select! {
+        let (stream, peer, admission) = tokio::select! {
             next = incoming.next(me, &app) => match next {
                 Some(connection) => connection,
                 None => break,
@@ -393,7 +405,7 @@ async fn serve(
         };
         let router = router.clone();
         let shared = app.clone();
-        let (io, watch) = app.connections.open(stream);
+        let (io, watch) = app.connections.open(stream, admission);
         let watching = watch.clone();
         let place = Arc::new(Place {
             app: app.clone(),
@@ -411,13 +423,20 @@ async fn serve(
                 // Until its response body ends, the connection is not waiting for a request.
                 let serving = connection::Serving::begin(&watching);
                 let served = |response: Response| response.map(|body| serving.until_sent(body));
+                let own = own::answered_here(request.uri().path());
+                if watching.own_paths_only && !own {
+                    let refused = shared.connections.refuse_request();
+                    return Either::Left(Either::Right(std::future::ready(Ok(served(refused)))));
+                }
                 if route::asks_websocket(request.method(), request.headers()) {
                     // The socket outlives the 101's body and the connection's own future.
                     request.extensions_mut().insert(upgradable.clone());
                 }
-                if own::answered_here(request.uri().path()) {
+                if own {
                     request.extensions_mut().insert(ConnectInfo(peer));
-                    Either::Left(router.clone().oneshot(request).map(|r| r.map(served)))
+                    Either::Left(Either::Left(
+                        router.clone().oneshot(request).map(|r| r.map(served)),
+                    ))
                 } else {
                     let request = request.map(axum::body::Body::new);
                     Either::Right(
@@ -468,7 +487,11 @@ pub struct Place {
 impl Drop for Place {
     fn drop(&mut self) {
         self.app.connections.close(&self.watch);
-        self.app.spread.closed(self.me);
+        // A connection kept for the proxy's own paths at the cap was never counted in the
+        // thread's spread.
+        if !self.watch.own_paths_only {
+            self.app.spread.closed(self.me);
+        }
     }
 }
 

@@ -55,12 +55,12 @@ pub fn router(app: Arc<App>) -> Router {
             app.clone(),
             admin::require_access,
         ));
-    // The dashboard's pages, behind the same rules; its login form outside them.
+    // The dashboard's pages, behind the same rules; its login form (with its script and
+    // the styles) outside them.
     let pages = Router::new()
         .route("/ui", get(dashboard::index))
         .route("/ui/", get(dashboard::index))
         .route("/ui/app.js", get(dashboard::app_js))
-        .route("/ui/app.css", get(dashboard::app_css))
         .route("/ui/{*rest}", any(not_found))
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
@@ -70,6 +70,8 @@ pub fn router(app: Arc<App>) -> Router {
             "/ui/login",
             get(dashboard::login_form).post(dashboard::login),
         )
+        .route("/ui/login.js", get(dashboard::login_js))
+        .route("/ui/app.css", get(dashboard::app_css))
         .layer(axum::middleware::from_fn(dashboard::page_headers));
     Router::new()
         .route("/", get(index))

@@ -186,6 +186,9 @@ impl Finished {
             row.output_tokens = count(u.output);
             row.cost_usd = cost.priced.then_some(cost.dollars);
         }
+        // In the row now, not on the log's thread: the trace and the metrics read the row
+        // before the log does.
+        row.stop_reason = turn.stop_reason.clone();
         self.response = Some(turn);
     }
 }
@@ -219,7 +222,7 @@ impl Deferred for Finished {
 
 fn record(finished: Finished, out: &mut Vec<Record>) {
     let Finished {
-        mut row,
+        row,
         conversation,
         decision,
         history,
@@ -269,7 +272,6 @@ fn record(finished: Finished, out: &mut Vec<Record>) {
         for (i, call) in turn.calls.into_iter().enumerate() {
             out.push(tool_call(next_step, i, call, None));
         }
-        row.stop_reason = turn.stop_reason;
     }
     if let Some(decision) = decision {
         for f in decision.findings {

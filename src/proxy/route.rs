@@ -61,17 +61,22 @@ pub struct Route<'a> {
 }
 
 /// Routes a request. Prefixes `/t/{team}`, `/c/{id}` and `/openai|/anthropic|/gemini` may
-/// come in any order, each at most once; each is removed before forwarding.
+/// come in any order, each at most once; each is removed before forwarding. A second
+/// `/t/{team}` (a base URL with the team set twice) is removed too, the first one naming
+/// the team: no upstream path starts with `/t/`, and forwarded it would reach the upstream
+/// as a 404 naming the team.
 pub fn route<'a>(uri: &'a Uri, headers: &HeaderMap) -> Route<'a> {
     let mut path = uri.path();
     let mut conversation = None;
     let mut team = None;
+    let mut second_team = None;
     let mut explicit = None;
     loop {
         let (first, rest) = split_first_segment(path);
         let named = match first {
             "c" if conversation.is_none() => Some(&mut conversation),
             "t" if team.is_none() => Some(&mut team),
+            "t" => Some(&mut second_team),
             _ => None,
         };
         if let Some(slot) = named {
@@ -327,6 +332,12 @@ mod tests {
         // Only one of each prefix is loopwarden's; a second one belongs to the path.
         let (_, p, c, _) = r("/c/a/c/b/x", &[]);
         assert_eq!((p.as_str(), c.as_deref()), ("/c/b/x", Some("a")));
+        // A team named twice: the first names it, neither is forwarded.
+        let uri: Uri = "/t/a/c/x/t/b/v1/chat/completions".parse().unwrap();
+        let routed = route(&uri, &HeaderMap::new());
+        assert_eq!(routed.path, "/v1/chat/completions");
+        assert_eq!(routed.team, Some("a"));
+        assert_eq!(routed.conversation, Some("x"));
     }
 
     #[test]

@@ -30,7 +30,7 @@ use http::Uri;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
-use hyper_rustls::{ConfigBuilderExt, HttpsConnector};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::route::Upstream;
@@ -120,10 +120,41 @@ pub enum Error {
     Http(#[from] hyper::Error),
 }
 
+/// The CA certificates of `upstream.ca_file` (PEM); an error saying what is wrong with the
+/// file. Read when the config is checked, and again when each client is made.
+pub fn extra_roots(path: &str) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("cannot read {path}: {e}"))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{path} is not PEM certificates: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("{path} holds no certificate"));
+    }
+    Ok(certs)
+}
+
 impl Client {
+    /// A client trusting the built-in roots and those of `upstream.ca_file`.
     pub fn new(config: &UpstreamConfig) -> Client {
+        let mut roots = rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        };
+        if !config.ca_file.is_empty() {
+            // Checked when the config was loaded; gone or changed since, the built-in roots
+            // still serve, and the log says why the private CA is not trusted.
+            match extra_roots(&config.ca_file) {
+                Ok(certs) => {
+                    let (_, ignored) = roots.add_parsable_certificates(certs);
+                    if ignored > 0 {
+                        tracing::warn!(ignored, file = %config.ca_file, "CA certificates that cannot be used were left out");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "upstream.ca_file not trusted"),
+            }
+        }
         let tls = rustls::ClientConfig::builder()
-            .with_webpki_roots()
+            .with_root_certificates(roots)
             .with_no_client_auth();
         Client::with_tls(config, tls, MAX_IDLE_PER_ORIGIN)
     }

@@ -247,7 +247,7 @@ fn log_upgrade(
     ));
     let team = crate::policy::select::team_of(&parts.headers, route.team);
     let id = identity::stated(&parts.headers, route.conversation)
-        .unwrap_or_else(|| identity::fallback(&parts.headers, route.path).in_team(team));
+        .unwrap_or_else(|| identity::fallback(&parts.headers, route.path).in_team(team.as_deref()));
     let mut row = forward::request_row(parts, &route, &policy, id.id, started_ms);
     row.id = next_request_id();
     row.status = i64::from(status.as_u16());
@@ -590,7 +590,7 @@ impl Session {
             headers,
             body: &body,
             stated,
-            team: traffic.team,
+            team: traffic.team.as_deref(),
             earlier,
         };
         let mut analysis = app.analyser.analyse(

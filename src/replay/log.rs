@@ -1,6 +1,7 @@
 //! `loopwarden replay --db`: the conversations the log kept whole (`[log] content = true`)
 //! replayed with a candidate config beside the current one, so that a team tries a change
-//! on last week's traffic before it applies it.
+//! on last week's traffic before it applies it; from a SQLite log, or from the PostgreSQL
+//! database the replicas share.
 //!
 //! Each conversation's transcript is rebuilt from its stored head and steps
 //! (`migrations/0009_content.sql`), and [`Engine::decisions`] (the proxy's decision for
@@ -236,16 +237,86 @@ fn write_summary(out: &mut impl Write, s: &Summary) -> std::io::Result<()> {
     )
 }
 
-/// The log, read-only.
-struct Log {
+/// The log, read-only: a SQLite file, or the PostgreSQL database replicas share (the
+/// store a team runs in production).
+enum Log {
+    Sqlite(SqliteLog),
+    Postgres(PostgresLog),
+}
+
+impl Log {
+    fn open(db: &str) -> anyhow::Result<Log> {
+        if crate::store::postgres::is_url(db) {
+            PostgresLog::open(db).map(Log::Postgres)
+        } else {
+            SqliteLog::open(db).map(Log::Sqlite)
+        }
+    }
+
+    fn conversations(&self, s: &Selection) -> anyhow::Result<Vec<String>> {
+        match self {
+            Log::Sqlite(log) => log.conversations(s),
+            Log::Postgres(log) => log.conversations(s),
+        }
+    }
+
+    fn policy_of(&self, id: &str) -> anyhow::Result<String> {
+        let policy = match self {
+            Log::Sqlite(log) => log.policy_of(id)?,
+            Log::Postgres(log) => log.policy_of(id)?,
+        };
+        Ok(policy.unwrap_or_else(|| DEFAULT_POLICY.to_string()))
+    }
+
+    /// The step counts after which the run's history was compacted: the steps its summary
+    /// requests carried. None in a log written before compactions were logged.
+    fn compactions(&self, id: &str) -> anyhow::Result<Vec<usize>> {
+        let steps = match self {
+            Log::Sqlite(log) => log.compactions(id)?,
+            Log::Postgres(log) => log.compactions(id)?,
+        };
+        Ok(steps
+            .into_iter()
+            .filter_map(|n| usize::try_from(n).ok())
+            .collect())
+    }
+
+    /// The conversation's transcript: its head and its steps from the first on, up to
+    /// the first one missing. `None` when its first step is not in the log.
+    fn transcript(&self, id: &str) -> anyhow::Result<Option<Transcript>> {
+        let (head, rows) = match self {
+            Log::Sqlite(log) => (log.head(id)?, log.steps(id)?),
+            Log::Postgres(log) => (log.head(id)?, log.steps(id)?),
+        };
+        // A missing head (rows lost) leaves the task empty, for both configs alike.
+        let head: Head = match head {
+            Some(text) => serde_json::from_str(&text)
+                .with_context(|| format!("{id}: the logged head is not readable"))?,
+            None => Head::default(),
+        };
+        let mut steps: Vec<Step> = Vec::new();
+        for (index, text) in rows {
+            if usize::try_from(index).ok() != Some(steps.len()) {
+                break;
+            }
+            let step: Step = serde_json::from_str(&text)
+                .with_context(|| format!("{id}: logged step {index} is not readable"))?;
+            steps.push(step);
+        }
+        Ok((!steps.is_empty()).then(|| head.with_steps(steps)))
+    }
+}
+
+/// A SQLite log.
+struct SqliteLog {
     conn: Connection,
     /// Whether the log's rows name their policy (`requests.policy`, written by versions
     /// with policies).
     has_policy: bool,
 }
 
-impl Log {
-    fn open(db: &str) -> anyhow::Result<Log> {
+impl SqliteLog {
+    fn open(db: &str) -> anyhow::Result<SqliteLog> {
         let path = db_path(db)?;
         if !path.exists() {
             anyhow::bail!("no log at {}", path.display());
@@ -265,7 +336,7 @@ impl Log {
             );
         }
         let has_policy = columns("requests")?.iter().any(|c| c == "policy");
-        Ok(Log { conn, has_policy })
+        Ok(SqliteLog { conn, has_policy })
     }
 
     /// The selected conversations with content, oldest first.
@@ -293,9 +364,9 @@ impl Log {
     }
 
     /// The policy of a conversation's last request, where the log records one.
-    fn policy_of(&self, id: &str) -> anyhow::Result<String> {
+    fn policy_of(&self, id: &str) -> anyhow::Result<Option<String>> {
         if !self.has_policy {
-            return Ok(DEFAULT_POLICY.to_string());
+            return Ok(None);
         }
         let policy: Option<Option<String>> = self
             .conn
@@ -306,14 +377,10 @@ impl Log {
                 |r| r.get(0),
             )
             .optional()?;
-        Ok(policy
-            .flatten()
-            .unwrap_or_else(|| DEFAULT_POLICY.to_string()))
+        Ok(policy.flatten())
     }
 
-    /// The step counts after which the run's history was compacted: the steps its summary
-    /// requests carried. None in a log written before compactions were logged.
-    fn compactions(&self, id: &str) -> anyhow::Result<Vec<usize>> {
+    fn compactions(&self, id: &str) -> anyhow::Result<Vec<i64>> {
         let has_column = self
             .conn
             .prepare("SELECT compaction FROM requests LIMIT 0")
@@ -327,47 +394,106 @@ impl Log {
              ORDER BY steps",
         )?;
         let rows = stmt.query_map([id], |r| r.get::<_, i64>(0))?;
-        let mut at = Vec::new();
-        for row in rows {
-            if let Ok(steps) = usize::try_from(row?) {
-                at.push(steps);
-            }
-        }
-        Ok(at)
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// The conversation's transcript: its head and its steps from the first on, up to
-    /// the first one missing. `None` when its first step is not in the log.
-    fn transcript(&self, id: &str) -> anyhow::Result<Option<Transcript>> {
-        let head: Option<String> = self
+    fn head(&self, id: &str) -> anyhow::Result<Option<String>> {
+        Ok(self
             .conn
             .query_row(
                 "SELECT content FROM conversation_content WHERE conversation_id = ?1",
                 [id],
                 |r| r.get(0),
             )
-            .optional()?;
-        // A missing head (rows lost) leaves the task empty, for both configs alike.
-        let head: Head = match head {
-            Some(text) => serde_json::from_str(&text)
-                .with_context(|| format!("{id}: the logged head is not readable"))?,
-            None => Head::default(),
-        };
+            .optional()?)
+    }
+
+    /// The conversation's logged steps, by index.
+    fn steps(&self, id: &str) -> anyhow::Result<Vec<(i64, String)>> {
         let mut stmt = self.conn.prepare(
             "SELECT step, content FROM step_content WHERE conversation_id = ?1 ORDER BY step",
         )?;
         let rows = stmt.query_map([id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?;
-        let mut steps: Vec<Step> = Vec::new();
-        for row in rows {
-            let (index, text) = row?;
-            if usize::try_from(index).ok() != Some(steps.len()) {
-                break;
-            }
-            let step: Step = serde_json::from_str(&text)
-                .with_context(|| format!("{id}: logged step {index} is not readable"))?;
-            steps.push(step);
-        }
-        Ok((!steps.is_empty()).then(|| head.with_steps(steps)))
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+}
+
+/// A PostgreSQL log (its schema is the current one: the replicas migrate it when they
+/// open it), read through a runtime of its own, since the replay is synchronous.
+struct PostgresLog {
+    runtime: tokio::runtime::Runtime,
+    pool: sqlx::PgPool,
+}
+
+impl PostgresLog {
+    fn open(url: &str) -> anyhow::Result<PostgresLog> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let pool = runtime
+            .block_on(
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect(url),
+            )
+            // The error, never the URL (it may carry a password).
+            .map_err(|e| anyhow::anyhow!("cannot open the PostgreSQL log: {e}"))?;
+        Ok(PostgresLog { runtime, pool })
+    }
+
+    /// The selected conversations with content, oldest first.
+    fn conversations(&self, s: &Selection) -> anyhow::Result<Vec<String>> {
+        let query = sqlx::query_scalar(
+            "SELECT conversation_id FROM step_content
+             WHERE ($1::BIGINT IS NULL OR seen_ms >= $1) AND ($2::BIGINT IS NULL OR seen_ms < $2)
+               AND ($3::TEXT IS NULL OR conversation_id = $3)
+               AND ($4::TEXT IS NULL OR conversation_id IN
+                    (SELECT conversation_id FROM requests WHERE policy = $4))
+             GROUP BY conversation_id ORDER BY min(seen_ms), conversation_id",
+        )
+        .bind(s.since_ms)
+        .bind(s.until_ms)
+        .bind(&s.conversation)
+        .bind(&s.policy);
+        Ok(self.runtime.block_on(query.fetch_all(&self.pool))?)
+    }
+
+    fn policy_of(&self, id: &str) -> anyhow::Result<Option<String>> {
+        let query = sqlx::query_scalar::<_, Option<String>>(
+            "SELECT policy FROM requests WHERE conversation_id = $1
+             ORDER BY started_ms DESC, id DESC LIMIT 1",
+        )
+        .bind(id);
+        Ok(self
+            .runtime
+            .block_on(query.fetch_optional(&self.pool))?
+            .flatten())
+    }
+
+    fn compactions(&self, id: &str) -> anyhow::Result<Vec<i64>> {
+        let query = sqlx::query_scalar(
+            "SELECT steps FROM requests
+             WHERE conversation_id = $1 AND compaction IS NOT NULL AND steps IS NOT NULL
+             ORDER BY steps",
+        )
+        .bind(id);
+        Ok(self.runtime.block_on(query.fetch_all(&self.pool))?)
+    }
+
+    fn head(&self, id: &str) -> anyhow::Result<Option<String>> {
+        let query = sqlx::query_scalar(
+            "SELECT content FROM conversation_content WHERE conversation_id = $1",
+        )
+        .bind(id);
+        Ok(self.runtime.block_on(query.fetch_optional(&self.pool))?)
+    }
+
+    fn steps(&self, id: &str) -> anyhow::Result<Vec<(i64, String)>> {
+        let query = sqlx::query_as(
+            "SELECT step, content FROM step_content WHERE conversation_id = $1 ORDER BY step",
+        )
+        .bind(id);
+        Ok(self.runtime.block_on(query.fetch_all(&self.pool))?)
     }
 }
 

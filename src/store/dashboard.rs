@@ -17,17 +17,20 @@ pub struct ConversationFilter {
     pub team: Option<String>,
     pub client: Option<String>,
     pub model: Option<String>,
-    /// The latest request's decision (`observe`, `nudge`, `halt`...).
+    /// The latest request's decision (`observe`, `nudge`, `halt`...; `would_halt`... under
+    /// a shadow policy).
     pub decision: Option<String>,
 }
 
 impl ConversationFilter {
-    /// An empty filter value is no filter (a form's unset field).
+    /// An empty filter value is no filter (a form's unset field); a team is written as the
+    /// log has it (`crate::policy::select::team_name`: `CI` finds `ci`).
     pub fn normalized(self) -> ConversationFilter {
         let set = |v: Option<String>| v.filter(|v| !v.trim().is_empty());
         ConversationFilter {
             policy: set(self.policy),
-            team: set(self.team),
+            team: set(self.team)
+                .map(|t| crate::policy::select::team_name(t.as_str().into()).into_owned()),
             client: set(self.client),
             model: set(self.model),
             decision: set(self.decision),
@@ -141,6 +144,7 @@ pub struct InterventionCount {
     pub bucket_ms: i64,
     pub detector: String,
     pub policy: String,
+    /// The action, or a shadow policy's `would_<act>`.
     pub action: String,
     pub count: i64,
 }

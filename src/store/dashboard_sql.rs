@@ -159,7 +159,8 @@ macro_rules! dashboard_reads {
             .await
         }
 
-        /// The policies' own interventions (not an operator's or a human's) since `since_ms`.
+        /// The policies' own interventions (not an operator's or a human's) since `since_ms`;
+        /// a shadow policy's counted as what they were (`would_halt`...), not as halts.
         pub(crate) async fn intervention_counts(
             pool: &$pool,
             since_ms: i64,
@@ -168,7 +169,9 @@ macro_rules! dashboard_reads {
             sqlx::query_as(
                 "SELECT (created_ms / $2) * $2 AS bucket_ms,
                         CASE detector WHEN '' THEN '(none)' ELSE detector END AS detector,
-                        coalesce(policy, '(none)') AS policy, action, count(*) AS count
+                        coalesce(policy, '(none)') AS policy,
+                        CASE WHEN applied LIKE 'would%' THEN applied ELSE action END AS action,
+                        count(*) AS count
                  FROM interventions
                  WHERE created_ms >= $1 AND source IN ('policy', 'timeout') AND applied <> 'forwarded'
                  GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4",

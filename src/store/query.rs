@@ -22,7 +22,9 @@ pub struct ConversationSummary {
     pub findings: i64,
     /// Decisions other than observe.
     pub interventions: i64,
-    /// The latest request's decision.
+    /// The latest request's decision (`observe`, `nudge`, `halt`...), or under a shadow
+    /// policy what it would have done (`would_nudge`, `would_halt`...): never a halt that
+    /// did not happen.
     pub last_decision: Option<String>,
     /// Mean proxy overhead of the conversation's requests, microseconds.
     pub mean_proxy_overhead_us: Option<f64>,

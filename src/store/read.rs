@@ -9,7 +9,8 @@ pub(crate) const SUMMARY_SELECT: &str = "
            (SELECT count(*) FROM tool_calls t WHERE t.conversation_id = c.id) AS tool_calls,
            (SELECT count(*) FROM findings f WHERE f.conversation_id = c.id) AS findings,
            (SELECT count(*) FROM decisions d WHERE d.conversation_id = c.id) AS interventions,
-           (SELECT r.decision FROM requests r WHERE r.conversation_id = c.id
+           (SELECT CASE WHEN r.applied LIKE 'would%' THEN r.applied ELSE r.decision END
+            FROM requests r WHERE r.conversation_id = c.id
              ORDER BY r.started_ms DESC LIMIT 1) AS last_decision,
            CASE WHEN c.requests > 0
              THEN CAST(c.proxy_overhead_us_sum AS DOUBLE PRECISION) / c.requests END

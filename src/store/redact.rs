@@ -19,8 +19,8 @@ const MASK: &str = "[redacted]";
 /// the webhooks serve is a `Masked`: the log's rows, a held request's listing and a sticky
 /// halt's reason hold their texts as this type, and the only ways to build one mask. So
 /// masking is not a call each place has to remember: a place that forgot would not compile.
-/// (The reminders and halts sent to the model are plain strings: the model saw the text
-/// first.) Masking is idempotent, so text read back from the log is masked again on the
+/// (The reminders sent to the model are plain strings: the model saw the text first. A
+/// halt reply is masked: it ends the run, and is read in terminals and CI logs.) Masking is idempotent, so text read back from the log is masked again on the
 /// way out, which also covers logs written before a pattern was added.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(transparent)]

@@ -320,3 +320,51 @@ pub fn read_answer(dialect: Dialect, stream: bool, body: &[u8]) -> (String, Vec<
         )
     }
 }
+
+/// A webhook receiver: answers every POST with 204 and hands over its JSON body.
+pub async fn receiver() -> (String, tokio::sync::mpsc::UnboundedReceiver<Value>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    loopwarden::spawn::task("test", async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let tx = tx.clone();
+            loopwarden::spawn::task("test", async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let body = loop {
+                    let n = tokio::io::AsyncReadExt::read(&mut socket, &mut chunk)
+                        .await
+                        .unwrap();
+                    assert!(n > 0, "the request ended early");
+                    buf.extend_from_slice(&chunk[..n]);
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    assert!(head.starts_with("post /hook "), "{head}");
+                    assert!(head.contains("content-type: application/json"), "{head}");
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .unwrap()
+                        .trim()
+                        .parse()
+                        .unwrap();
+                    if buf.len() >= end + 4 + length {
+                        break buf[end + 4..end + 4 + length].to_vec();
+                    }
+                };
+                tokio::io::AsyncWriteExt::write_all(
+                    &mut socket,
+                    b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n",
+                )
+                .await
+                .unwrap();
+                let _ = tx.send(serde_json::from_slice(&body).unwrap());
+            });
+        }
+    });
+    (url, rx)
+}

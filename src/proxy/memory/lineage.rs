@@ -37,7 +37,7 @@ const KEEP_MS: i64 = 24 * 3600 * 1000;
 pub struct Sender {
     /// The API key's fingerprint (`crate::policy::key_id`), never the key.
     pub key: Option<String>,
-    /// The client's product name (`crate::proxy::identity::client_name`).
+    /// The client's product name (the `user-agent`'s first token).
     pub client: Option<String>,
 }
 

@@ -1,0 +1,270 @@
+//! The shipped compose stack's front, without Docker: `docker/nginx.conf` as it is, its
+//! upstream names and port replaced by loopback addresses, in front of two replicas on one
+//! PostgreSQL database; agents' requests and the dashboard in headless Chromium both go
+//! through it. The dashboard's writes (a held request's decision, resume, feedback, halt)
+//! must pass the admin API's origin check behind the proxy.
+//!
+//! Needs nginx (Debian's `nginx`), Chromium and PostgreSQL (`LW_TEST_POSTGRES`); without
+//! one of them the test prints a note and skips, unless `LW_REQUIRE_BROWSER=1` (CI), where a
+//! missing nginx or browser fails it.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests start their servers as they like"
+)]
+
+mod intervene_support;
+mod ui_support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use intervene_support::{client, first_k, header, loop_body, looping_script};
+use loopwarden::config::Config;
+use loopwarden::detect::Action;
+use loopwarden::dialect::Dialect;
+use loopwarden::mock::MockServer;
+use loopwarden::proxy::Running;
+use serde_json::Value;
+use ui_support::Browser;
+
+const DIALECT: Dialect = Dialect::OpenAiChat;
+const TOKEN: &str = "t0ken-behind-nginx";
+
+const POLICIES: &str = r#"
+[[policy]]
+name = "ask"
+match = { team = "ask" }
+[policy.intervene]
+on_stop = "pause"
+[policy.intervene.pause]
+timeout_secs = 600
+
+[[policy]]
+name = "ci"
+match = { team = "ci" }
+"#;
+
+/// nginx running `docker/nginx.conf`, stopped (its master process, which stops its
+/// workers) when dropped.
+struct Nginx {
+    master: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Nginx {
+    /// `None` (with a note) when nginx is not installed and the browser tests are not
+    /// required.
+    fn start(replicas: [std::net::SocketAddr; 2]) -> Option<Nginx> {
+        let Some(binary) = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+        else {
+            let required = std::env::var("LW_REQUIRE_BROWSER").is_ok_and(|v| v == "1");
+            assert!(
+                !required,
+                "LW_REQUIRE_BROWSER=1 but nginx is missing (apt-get install -y nginx)"
+            );
+            eprintln!("note: nginx not installed; test skipped");
+            return None;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        // The workers may run as another user (nginx started by root): they write their
+        // temporary files under the directory.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let shipped = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("docker/nginx.conf"),
+        )
+        .unwrap();
+        let at = dir.path().display().to_string();
+        let conf = [
+            ("loopwarden-a:8788", replicas[0].to_string()),
+            ("loopwarden-b:8788", replicas[1].to_string()),
+            ("listen 8788;", format!("listen 127.0.0.1:{port};")),
+            ("/tmp/", format!("{at}/")),
+        ]
+        .iter()
+        .fold(shipped, |conf, (from, to)| {
+            assert!(conf.contains(from), "docker/nginx.conf has no {from:?}");
+            conf.replace(from, to)
+        });
+        let path = dir.path().join("nginx.conf");
+        std::fs::write(&path, conf).unwrap();
+        let master = Command::new(binary)
+            .arg("-c")
+            .arg(&path)
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-e")
+            .arg(dir.path().join("error.log"))
+            .args(["-g", "daemon off;"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        Some(Nginx {
+            master,
+            port,
+            _dir: dir,
+        })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    async fn ready(&self) {
+        for _ in 0..200 {
+            if let Ok(r) = client().get(self.url("/healthz")).send().await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("nginx did not answer /healthz");
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SIGQUIT to the master this test started: nginx's graceful stop, workers included.
+        let _ = Command::new("kill")
+            .args(["-QUIT", &self.master.id().to_string()])
+            .status();
+        let _ = self.master.wait();
+    }
+}
+
+async fn replica(mock: &MockServer, db: &str) -> Running {
+    let mut config: Config = toml::from_str(POLICIES).unwrap();
+    config.server.listen = "127.0.0.1:0".into();
+    config.store.db = db.to_string();
+    config.upstream.openai = mock.url();
+    config.admin.token = TOKEN.into();
+    loopwarden::proxy::start(config).await.unwrap()
+}
+
+/// Sends the loop's request with `k` failing runs through nginx; the answer's decision.
+async fn send(nginx_url: &str, team: &str, conversation: &str, k: usize) -> String {
+    let r = client()
+        .post(format!(
+            "{nginx_url}/t/{team}/c/{conversation}/v1/chat/completions"
+        ))
+        .header("content-type", "application/json")
+        .body(loop_body(DIALECT, k, false, None).to_string())
+        .send()
+        .await
+        .unwrap();
+    let decision = header(&r, "x-loopwarden-decision");
+    r.bytes().await.unwrap();
+    decision
+}
+
+/// `GET` an admin call through nginx with the token.
+async fn admin(nginx: &Nginx, path: &str) -> Value {
+    let r = client()
+        .get(nginx.url(path))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    serde_json::from_slice(&r.bytes().await.unwrap()).unwrap()
+}
+
+/// Polls (bounded) until the conversation's halted state, as either replica answers it
+/// through nginx, is `halted`.
+async fn until_halted(nginx: &Nginx, id: &str, halted: bool) {
+    for _ in 0..200 {
+        let v = admin(nginx, &format!("/admin/api/conversations/{id}")).await;
+        if v["halted"] == halted {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{id} never halted = {halted}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_s_buttons_act_through_the_shipped_nginx_config_on_two_replicas() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let Some(db) = loopwarden::store::test_postgres().await.unwrap() else {
+        return;
+    };
+    let mock = MockServer::start(looping_script(DIALECT)).await.unwrap();
+    let a = replica(&mock, &db).await;
+    let b = replica(&mock, &db).await;
+    let Some(nginx) = Nginx::start([a.addr(), b.addr()]) else {
+        return;
+    };
+    nginx.ready().await;
+    let front = nginx.url("");
+
+    // A CI run halted by its policy, and a request of team `ask` held for a human.
+    let halt_k = first_k(DIALECT, Action::Halt);
+    for k in 1..=halt_k {
+        send(&front, "ci", "ci-loop", k).await;
+    }
+    until_halted(&nginx, "ci-loop", true).await;
+    let held = {
+        let front = front.clone();
+        tokio::spawn(async move { send(&front, "ask", "ask-run", halt_k).await })
+    };
+
+    // The browser logs in through nginx and decides the held request from the list.
+    browser.goto(&nginx.url("/ui/#/pending")).await;
+    let field = browser.wait_for("#token", "").await;
+    browser.type_into(&field, TOKEN).await;
+    browser.click(&browser.wait_for("#login", "").await).await;
+    browser.wait_for("tr.pending", "ask-run").await;
+    let forwarded = mock.requests().len();
+    browser.click_on("tr.pending button.continue", "").await;
+    assert_eq!(held.await.unwrap(), "pause");
+    assert_eq!(mock.requests().len(), forwarded + 1, "released upstream");
+
+    // The halted run: resumed, a finding judged, halted again, each from its button.
+    browser.goto(&nginx.url("/ui/#/conversation/ci-loop")).await;
+    browser.wait_for("#halted", "halted").await;
+    browser.click_on("#resume", "").await;
+    browser.wait_for("#running", "").await;
+    until_halted(&nginx, "ci-loop", false).await;
+    browser.click_on(".finding button.wrong", "").await;
+    browser.wait_for(".finding .verdict", "wrong").await;
+    browser.click_on("#halt", "").await;
+    browser.wait_for("#halted", "halted").await;
+    until_halted(&nginx, "ci-loop", true).await;
+    let errors = browser.body_text().await;
+    assert!(!errors.contains("another origin"), "{errors}");
+
+    a.flush_log().await;
+    b.flush_log().await;
+    let rows = proxy_rows(
+        &db,
+        "SELECT action, source FROM interventions WHERE conversation_id = 'ci-loop' \
+         AND source = 'operator' ORDER BY id",
+    )
+    .await;
+    assert_eq!(rows, vec!["resume/operator", "halt/operator"]);
+    let feedback = proxy_rows(&db, "SELECT verdict, 'x' FROM feedback").await;
+    assert_eq!(feedback, vec!["wrong/x"]);
+}
+
+/// The rows of a two-column query on the PostgreSQL log, each as `a/b`.
+async fn proxy_rows(db: &str, sql: &str) -> Vec<String> {
+    use sqlx::Row;
+    let pool = sqlx::PgPool::connect(db).await.unwrap();
+    let rows = sqlx::query(sql).fetch_all(&pool).await.unwrap();
+    pool.close().await;
+    rows.iter()
+        .map(|r| format!("{}/{}", r.get::<String, _>(0), r.get::<String, _>(1)))
+        .collect()
+}
