@@ -277,17 +277,7 @@ fn refuse(
         proxy_overhead_us: started.elapsed().as_micros() as i64,
         ..request_row(parts, route, policy, id.id, started_ms)
     };
-    let finished = Finished {
-        row,
-        conversation: None,
-        decision: None,
-        history: Default::default(),
-        next_step: 0,
-        log_content: false,
-        response: None,
-        chain: None,
-    };
-    finished.hand_over(&app.store, &app.metrics, &app.traces);
+    Finished::row_only(row).hand_over(&app.store, &app.metrics, &app.traces);
     let mut response = response;
     Stamp {
         conversation: None,

@@ -150,6 +150,20 @@ impl Capture {
 }
 
 impl Finished {
+    /// A request that makes no conversation (refused, an upgrade): its row alone.
+    pub fn row_only(row: RequestRow) -> Finished {
+        Finished {
+            row,
+            conversation: None,
+            decision: None,
+            history: Default::default(),
+            next_step: 0,
+            log_content: false,
+            response: None,
+            chain: None,
+        }
+    }
+
     /// Decodes an answer that arrived whole and charges it to its conversation in the
     /// ledger, under `policy`; its usage (in `crate::budget::Usage`'s terms) and cost go
     /// in the row. Called as the body ends (`super::tee`): the conversation's next request
@@ -447,14 +461,8 @@ mod tests {
         row.started_ms = 100;
         row.model = Some(model.into());
         Finished {
-            row,
-            conversation: None,
-            decision: None,
-            history: Default::default(),
             next_step: 2,
-            log_content: false,
-            response: None,
-            chain: None,
+            ..Finished::row_only(row)
         }
     }
 

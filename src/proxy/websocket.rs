@@ -253,17 +253,7 @@ fn log_upgrade(
     row.status = i64::from(status.as_u16());
     row.outcome = Outcome::Complete.as_str().into();
     row.proxy_overhead_us = started.elapsed().as_micros() as i64;
-    Finished {
-        row,
-        conversation: None,
-        decision: None,
-        history: Default::default(),
-        next_step: 0,
-        log_content: false,
-        response: None,
-        chain: None,
-    }
-    .hand_over(&app.store, &app.metrics, &app.traces);
+    Finished::row_only(row).hand_over(&app.store, &app.metrics, &app.traces);
 }
 
 /// One joined pair of sockets and what it remembers.
