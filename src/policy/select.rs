@@ -92,18 +92,19 @@ pub const TEAM_HEADER: &str = "x-loopwarden-team";
 
 impl<'a> Traffic<'a> {
     /// What a request carries that policies match on, but the model (known once the body
-    /// is read); `team` as [`team_of`] gives it. The key's fingerprint is worked out only
-    /// when `with_key_id`.
+    /// is read); its team as [`team_of`] reads it from the route's `/t/{team}` segment
+    /// (`team_prefix`) or the header. The key's fingerprint is worked out only when
+    /// `with_key_id`.
     pub fn of(
         headers: &'a http::HeaderMap,
-        team: Option<&'a str>,
+        team_prefix: Option<&'a str>,
         query: Option<&'a str>,
         api: Option<Dialect>,
         with_key_id: bool,
     ) -> Traffic<'a> {
         let user_agent = user_agent(headers);
         Traffic {
-            team: team.map(Cow::Borrowed),
+            team: team_of(headers, team_prefix),
             key_id: with_key_id
                 .then(|| super::key_id::key_of(headers, query).map(super::key_id::of))
                 .flatten(),

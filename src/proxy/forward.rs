@@ -56,10 +56,9 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let stated = identity::stated(&parts.headers, route.conversation);
     let policies = app.policies.current();
     let dialect = route.dialect.map(|(dialect, _)| dialect);
-    let team = crate::policy::select::team_of(&parts.headers, route.team);
     let traffic = Traffic::of(
         &parts.headers,
-        team.as_deref(),
+        route.team,
         route.query,
         dialect,
         policies.needs_key_id(),
@@ -138,7 +137,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         headers: &parts.headers,
         body: analysed,
         stated,
-        team: team.as_deref(),
+        team: traffic.team.as_deref(),
         earlier,
     };
     let mut analysis = app.analyser.analyse(

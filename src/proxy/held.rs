@@ -26,11 +26,16 @@ pub fn notify(client: &upstream::Client, config: &PauseConfig, info: &HeldInfo) 
             "body": {"decision": "continue | nudge | halt"},
         },
     });
+    post_to_webhooks(client, config, &payload);
+}
+
+/// Posts a pause event to every webhook of `config`.
+fn post_to_webhooks(client: &upstream::Client, config: &PauseConfig, payload: &serde_json::Value) {
     let timeout = Duration::from_millis(config.webhook_timeout_ms);
     super::webhook::post_all(
         client,
         &config.webhooks,
-        &payload,
+        payload,
         timeout,
         "pause webhook",
         |_| {},
@@ -53,15 +58,7 @@ pub fn notify_abandoned(
         "pending": {"id": id, "conversation_id": conversation},
         "reason": "the request's client went away before anyone decided",
     });
-    let timeout = Duration::from_millis(config.webhook_timeout_ms);
-    super::webhook::post_all(
-        client,
-        &config.webhooks,
-        &payload,
-        timeout,
-        "pause webhook",
-        |_| {},
-    );
+    post_to_webhooks(client, config, &payload);
 }
 
 /// The comment a held streaming request receives now and then; every SSE client ignores it.
