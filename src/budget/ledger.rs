@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use serde::Serialize;
 
-use super::{BudgetConfig, Prices, Usage};
+use super::{BudgetConfig, Price, Prices, Usage};
 use crate::store::{self, LoggedSpend, Store};
 
 /// One conversation's spend.
@@ -207,12 +207,46 @@ pub struct Ledger {
 
 struct Inner {
     /// Swapped whole when the configuration is reloaded.
-    prices: RwLock<Arc<Prices>>,
+    prices: RwLock<Arc<Priced>>,
     conversations: Mutex<HashMap<String, Spend, foldhash::fast::RandomState>>,
     /// The other replicas' spend per conversation (sums over them), as last synced.
     others: Mutex<HashMap<String, Spend, foldhash::fast::RandomState>>,
     /// Models already reported unpriced in the process log (once each).
     unpriced_models: Mutex<std::collections::HashSet<String>>,
+}
+
+/// The prices in force and each model's price as resolved under them. A price is the first
+/// of some fifty globs that matches the model's name, and a run names the same model on
+/// every request: the walk is done once per model, not once per answer. Replaced with the
+/// prices, so an entry never outlives the table it was resolved from.
+struct Priced {
+    prices: Prices,
+    resolved: Mutex<HashMap<String, Option<Price>, foldhash::fast::RandomState>>,
+}
+
+impl Priced {
+    /// Bounded like the unpriced set: a client naming a new model on every request must
+    /// not grow it forever (past the bound, prices are resolved each time).
+    const MAX_MODELS: usize = 1024;
+
+    fn new(prices: Prices) -> Priced {
+        Priced {
+            prices,
+            resolved: Mutex::default(),
+        }
+    }
+
+    fn price(&self, model: &str) -> Option<Price> {
+        let mut resolved = self.resolved.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(price) = resolved.get(model) {
+            return *price;
+        }
+        let price = self.prices.price(model);
+        if resolved.len() < Self::MAX_MODELS {
+            resolved.insert(model.to_string(), price);
+        }
+        price
+    }
 }
 
 impl Ledger {
@@ -224,7 +258,7 @@ impl Ledger {
     pub fn new(prices: Prices) -> Ledger {
         Ledger {
             inner: Arc::new(Inner {
-                prices: RwLock::new(Arc::new(prices)),
+                prices: RwLock::new(Arc::new(Priced::new(prices))),
                 conversations: Mutex::default(),
                 others: Mutex::default(),
                 unpriced_models: Mutex::default(),
@@ -234,10 +268,10 @@ impl Ledger {
 
     /// The prices from now on (a configuration reload); spend already charged stays.
     pub fn set_prices(&self, prices: Prices) {
-        *self.inner.prices.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(prices);
+        *self.inner.prices.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Priced::new(prices));
     }
 
-    pub fn prices(&self) -> Arc<Prices> {
+    fn priced(&self) -> Arc<Priced> {
         self.inner
             .prices
             .read()
@@ -256,7 +290,7 @@ impl Ledger {
 
     /// Adds one answer to its conversation's spend; returns what it cost.
     pub fn charge(&self, c: &Charge<'_>) -> Cost {
-        let price = c.model.and_then(|m| self.prices().price(m));
+        let price = c.model.and_then(|m| self.priced().price(m));
         let dollars = match (price, &c.usage) {
             (Some(price), Some(usage)) => price.cost(usage),
             _ => 0.0,
