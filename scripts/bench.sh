@@ -29,7 +29,10 @@
 #   default BIN). PEERS may add `policies`: loopwarden again, with the ten policies of
 #   scripts/bench_policies.toml (POLICIES to name another file), on LW_PORT + 1; and
 #   `base`: another loopwarden binary (BASE_BIN), default config, on LW_PORT + 2, to
-#   measure a change against the build before it in the same rotation.
+#   measure a change against the build before it in the same rotation; and `teamful`: the
+#   ten policies with every team feature at work, on LW_PORT + 3: traces exported to a
+#   sink that accepts them (a python one on LW_PORT + 4) and `/metrics` scraped every
+#   second.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -75,6 +78,34 @@ RAW=$OUT/raw.jsonl
 
 declare -A URL PID
 STARTED=()
+# An OTLP/HTTP sink on port $1 that accepts every batch (what a collector answers), so
+# that the `teamful` peer's exporter does its whole work: encode, send, read the answer.
+start_trace_sink() {
+  python3 - "$1" <<'PY' &
+import http.server, sys
+class Sink(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200); self.send_header("content-length", "2"); self.end_headers()
+        self.wfile.write(b"{}")
+    def log_message(self, *args): pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
+PY
+  STARTED+=("$!")
+}
+
+# A Prometheus server's scrape of port $1's `/metrics`, every second, in the background.
+scrape_metrics_every_second() {
+  python3 - "$1" <<'PY' &
+import sys, time, urllib.request
+while True:
+    time.sleep(1)
+    try: urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read()
+    except OSError: pass
+PY
+  STARTED+=("$!")
+}
+
 cleanup() { local p; for p in "${STARTED[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
@@ -120,11 +151,19 @@ EOF
       STARTED+=("${PID[nginx]}")
       URL[nginx]=http://127.0.0.1:$NGINX_PORT
       wait_healthy "$NGINX_PORT" 50 0.1 / || { say "nginx did not start"; continue; } ;;
-    loopwarden | policies | base)
+    loopwarden | policies | teamful | base)
       port=$LW_PORT db=$DB config=() bin=$BIN
       if [ "$peer" = policies ]; then
         port=$((LW_PORT + 1)) db=${DB%.db}-policies.db
         config=(--config "${POLICIES:-$ROOT/scripts/bench_policies.toml}")
+      fi
+      if [ "$peer" = teamful ]; then
+        port=$((LW_PORT + 3)) db=${DB%.db}-teamful.db
+        start_trace_sink $((LW_PORT + 4))
+        { cat "${POLICIES:-$ROOT/scripts/bench_policies.toml}"
+          printf '\n[telemetry]\notlp_endpoint = "http://127.0.0.1:%s"\n' $((LW_PORT + 4))
+        } >"$BENCH_WORK/teamful.toml"
+        config=(--config "$BENCH_WORK/teamful.toml")
       fi
       if [ "$peer" = base ]; then
         port=$((LW_PORT + 2)) db=${DB%.db}-base.db bin=${BASE_BIN:?BASE_BIN names the binary of the base peer}
@@ -138,7 +177,8 @@ EOF
       PID[$peer]=$!
       STARTED+=("${PID[$peer]}")
       URL[$peer]=http://127.0.0.1:$port
-      wait_healthy "$port" || { say "$peer did not start: $(tail -3 "$OUT/$peer.log")"; exit 1; } ;;
+      wait_healthy "$port" || { say "$peer did not start: $(tail -3 "$OUT/$peer.log")"; exit 1; }
+      [ "$peer" = teamful ] && scrape_metrics_every_second "$port" ;;
     *) say "unknown peer $peer"; exit 2 ;;
   esac
   ACTIVE+=("$peer")
@@ -193,7 +233,7 @@ echo
 python3 "$ROOT/scripts/bench_summary.py" "$OUT" | tee "$OUT/summary.md"
 echo
 python3 "$ROOT/scripts/bench_ratios.py" "$OUT" "$DB" | tee "$OUT/ratios.md"
-for other in policies base; do
+for other in policies teamful base; do
   if [[ " ${ACTIVE[*]} " == *" $other "* ]]; then
     echo
     OURS=$other python3 "$ROOT/scripts/bench_ratios.py" "$OUT" "${DB%.db}-$other.db" | tee "$OUT/ratios-$other.md"

@@ -4,6 +4,7 @@
 #
 #   scripts/callgrind_proxy.sh BIN [BIN ...]      # oa-8k: openai_8k.json, 50 then 550 requests
 #   PAYLOAD=anthropic_8k_stream.json API_PATH=/v1/messages N1=20 N2=220 scripts/callgrind_proxy.sh BIN
+#   CONFIG=some.toml scripts/callgrind_proxy.sh BIN    # serve with that config file
 #
 # Each binary serves a fresh SQLite log in front of its own `loopwarden mock`; a client sends
 # the same body N1 times, then (in a second run) N2 times, over one kept-alive connection.
@@ -30,7 +31,7 @@ run() {
   rm -rf "$dir" && mkdir -p "$dir"
   BENCH_WORK=$dir MOCK_DELAY_MS=0 start_mock "$MOCK_PORT" "$bin"
   env $(upstream_env "http://127.0.0.1:$MOCK_PORT") valgrind --tool=callgrind \
-    --callgrind-out-file="$dir/callgrind.out" "$bin" serve --listen "127.0.0.1:$LW_PORT" \
+    --callgrind-out-file="$dir/callgrind.out" "$bin" serve ${CONFIG:+--config "$CONFIG"} --listen "127.0.0.1:$LW_PORT" \
     --db "sqlite://$dir/log.db" >"$dir/serve.log" 2>&1 &
   local proxy=$!
   wait_healthy "$LW_PORT" 300 0.2 || { echo "callgrind_proxy: the proxy did not start" >&2; exit 1; }

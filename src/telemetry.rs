@@ -20,11 +20,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::proxy::record::Finished;
+use crate::detect::Decision;
+use crate::store::RequestRow;
 
 /// The `[telemetry]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -73,9 +75,10 @@ struct Counts {
     failed: AtomicU64,
 }
 
-/// Where spans go: nowhere (off), or the exporter's queue.
+/// Where spans go: nowhere (off), or the exporter's queue. A queued span is its OTLP JSON,
+/// written once as the request is handed over: no tree of values is built, copied or kept.
 pub struct Traces {
-    queue: Option<mpsc::Sender<Value>>,
+    queue: Option<mpsc::Sender<String>>,
     counts: Arc<Counts>,
 }
 
@@ -122,19 +125,209 @@ impl Traces {
     /// Queues the spans of a finished request: the model call, and the guardrail's when
     /// loopwarden decided something about it. Requests that were not a model call (not a
     /// conversation endpoint) make no span.
-    pub fn record(&self, finished: &Finished) {
+    pub fn record(&self, call: &Call<'_>) {
         let Some(queue) = &self.queue else { return };
-        for span in spans_of(finished) {
-            if queue.try_send(span).is_err() {
+        for span in spans_of(call) {
+            if queue.try_send(span.to_json()).is_err() {
                 self.counts.dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 }
 
-/// The OTLP JSON spans of a finished request.
-fn spans_of(finished: &Finished) -> Vec<Value> {
-    let row = &finished.row;
+/// What a span says of one finished request: its log row, the decision about it, and
+/// whether its policy lets content (a decision's reason) leave the proxy.
+pub struct Call<'a> {
+    pub row: &'a RequestRow,
+    pub decision: Option<&'a Decision>,
+    pub log_content: bool,
+}
+
+/// An OTLP span, written as OTLP JSON by [`Span::to_json`].
+struct Span<'a> {
+    trace_id: String,
+    span_id: String,
+    parent_span_id: Option<String>,
+    name: Cow<'a, str>,
+    kind: SpanKind,
+    start_ns: i64,
+    end_ns: i64,
+    attributes: Vec<Attribute<'a>>,
+    events: Vec<Event<'a>>,
+    failed: bool,
+}
+
+#[derive(Clone, Copy)]
+enum SpanKind {
+    Internal,
+    Client,
+}
+
+impl SpanKind {
+    /// OTLP's `SpanKind` number.
+    fn code(self) -> u8 {
+        match self {
+            SpanKind::Internal => 1,
+            SpanKind::Client => 3,
+        }
+    }
+}
+
+struct Event<'a> {
+    name: &'static str,
+    attributes: Vec<Attribute<'a>>,
+}
+
+struct Attribute<'a> {
+    key: &'static str,
+    value: AnyValue<'a>,
+}
+
+/// OTLP's `AnyValue`, the kinds written here.
+enum AnyValue<'a> {
+    String(Cow<'a, str>),
+    Int(i64),
+    Array(Vec<AnyValue<'a>>),
+}
+
+fn string<'a>(key: &'static str, value: &'a str) -> Attribute<'a> {
+    Attribute {
+        key,
+        value: AnyValue::String(Cow::Borrowed(value)),
+    }
+}
+
+fn int(key: &'static str, value: i64) -> Attribute<'static> {
+    Attribute {
+        key,
+        value: AnyValue::Int(value),
+    }
+}
+
+/// OTLP JSON, written straight into one string: a span leaves the request path several
+/// times a second per connection, and a tree of JSON values (or a generic serializer
+/// escaping every constant key) cost it more than the rest of the request's bookkeeping.
+/// Names are `camelCase`, 64-bit integers strings, ids lowercase hex.
+impl Span<'_> {
+    fn to_json(&self) -> String {
+        let mut out = String::with_capacity(1024);
+        out.push_str(r#"{"traceId":""#);
+        out.push_str(&self.trace_id);
+        out.push_str(r#"","spanId":""#);
+        out.push_str(&self.span_id);
+        if let Some(parent) = &self.parent_span_id {
+            out.push_str(r#"","parentSpanId":""#);
+            out.push_str(parent);
+        }
+        out.push_str(r#"","name":"#);
+        json_string(&mut out, &self.name);
+        out.push_str(r#","kind":"#);
+        push_int(&mut out, i64::from(self.kind.code()));
+        out.push_str(r#","startTimeUnixNano":""#);
+        push_int(&mut out, self.start_ns);
+        out.push_str(r#"","endTimeUnixNano":""#);
+        push_int(&mut out, self.end_ns);
+        out.push_str(r#"","attributes":"#);
+        json_attributes(&mut out, &self.attributes);
+        if !self.events.is_empty() {
+            out.push_str(r#","events":["#);
+            for (i, event) in self.events.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(r#"{"timeUnixNano":""#);
+                push_int(&mut out, self.start_ns);
+                out.push_str(r#"","name":""#);
+                out.push_str(event.name);
+                out.push_str(r#"","attributes":"#);
+                json_attributes(&mut out, &event.attributes);
+                out.push('}');
+            }
+            out.push(']');
+        }
+        out.push_str(match self.failed {
+            true => r#","status":{"code":2}}"#,
+            false => r#","status":{"code":1}}"#,
+        });
+        out
+    }
+}
+
+fn json_attributes(out: &mut String, attributes: &[Attribute<'_>]) {
+    out.push('[');
+    for (i, attribute) in attributes.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        // Keys are this file's constants: nothing in them to escape.
+        out.push_str(r#"{"key":""#);
+        out.push_str(attribute.key);
+        out.push_str(r#"","value":"#);
+        json_value(out, &attribute.value);
+        out.push('}');
+    }
+    out.push(']');
+}
+
+fn json_value(out: &mut String, value: &AnyValue<'_>) {
+    match value {
+        AnyValue::String(s) => {
+            out.push_str(r#"{"stringValue":"#);
+            json_string(out, s);
+        }
+        AnyValue::Int(n) => {
+            out.push_str(r#"{"intValue":""#);
+            push_int(out, *n);
+            out.push('"');
+        }
+        AnyValue::Array(values) => {
+            out.push_str(r#"{"arrayValue":{"values":["#);
+            for (i, v) in values.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                json_value(out, v);
+            }
+            out.push_str("]}");
+        }
+    }
+    out.push('}');
+}
+
+/// `n` in decimal, without the formatting machinery.
+fn push_int(out: &mut String, n: i64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        out.push('-');
+    }
+    out.extend(digits[at..].iter().map(|&d| char::from(d)));
+}
+
+/// `s` as a JSON string: copied as it is when it holds nothing JSON escapes (every
+/// attribute but a masked reason), else through serde_json.
+fn json_string(out: &mut String, s: &str) {
+    if s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+        out.push_str(&serde_json::Value::from(s).to_string());
+    } else {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    }
+}
+
+/// The OTLP spans of a finished request.
+fn spans_of<'a>(call: &Call<'a>) -> Vec<Span<'a>> {
+    let row = call.row;
     let Some(dialect) = row.dialect.as_deref() else {
         return Vec::new();
     };
@@ -144,8 +337,6 @@ fn spans_of(finished: &Finished) -> Vec<Value> {
         _ => ("chat", "openai"),
     };
     let model = row.model.as_deref().unwrap_or("");
-    let trace = hex_id(16);
-    let call = hex_id(8);
     let start = row.started_ms.saturating_mul(1_000_000);
     let took_us = row.proxy_overhead_us + row.upstream_total_us.unwrap_or(0);
     let end = start.saturating_add(took_us.saturating_mul(1000));
@@ -177,64 +368,83 @@ fn spans_of(finished: &Finished) -> Vec<Value> {
         attributes.push(int("gen_ai.usage.output_tokens", output));
     }
     if let Some(reason) = &row.stop_reason {
-        attributes.push(json!({"key": "gen_ai.response.finish_reasons",
-            "value": {"arrayValue": {"values": [{"stringValue": reason}]}}}));
+        attributes.push(Attribute {
+            key: "gen_ai.response.finish_reasons",
+            value: AnyValue::Array(vec![AnyValue::String(Cow::Borrowed(reason))]),
+        });
     }
     let failed = row.status >= 500
         || row.outcome.as_str() != "complete" && row.outcome.as_str() != "answered";
-    let mut spans = vec![json!({
-        "traceId": trace,
-        "spanId": call,
-        "name": format!("{operation} {model}").trim_end(),
-        "kind": 3, // CLIENT
-        "startTimeUnixNano": start.to_string(),
-        "endTimeUnixNano": end.to_string(),
-        "attributes": attributes,
-        "status": {"code": if failed { 2 } else { 1 }},
-    })];
-    if let Some(decision) = finished
+    let call_span = Span {
+        trace_id: hex_id(16),
+        span_id: hex_id(8),
+        parent_span_id: None,
+        name: match model {
+            "" => Cow::Borrowed(operation),
+            _ => Cow::Owned(format!("{operation} {model}")),
+        },
+        kind: SpanKind::Client,
+        start_ns: start,
+        end_ns: end,
+        attributes,
+        events: Vec::new(),
+        failed,
+    };
+    if let Some(decision) = call
         .decision
-        .as_ref()
         .filter(|d| d.action != crate::detect::Action::Observe)
     {
-        let result = row.applied.as_str();
-        // A decision's reason quotes the agent's commands and files: content.
-        let reason = match finished.log_content {
-            true => crate::store::Masked::from(decision.reason.as_str()).to_string(),
-            false => decision.detector.clone(),
-        };
-        let at = start.to_string();
-        spans.push(json!({
-            "traceId": trace,
-            "spanId": hex_id(8),
-            "parentSpanId": call,
-            "name": "apply_guardrail loopwarden",
-            "kind": 1, // INTERNAL
-            "startTimeUnixNano": at,
-            "endTimeUnixNano": at,
-            "attributes": [
-                string("gen_ai.operation.name", "apply_guardrail"),
-                string("gen_ai.guardian.name", "loopwarden"),
-                string("gen_ai.security.target.type", "llm_input"),
-                string("gen_ai.security.decision.type", decision_type(result)),
-                string("gen_ai.security.decision.reason", &decision.detector),
-                string("gen_ai.conversation.id", &row.conversation_id),
-                string("loopwarden.policy", policy),
-                string("loopwarden.action", decision.action.as_str()),
-            ],
-            "events": [{
-                "timeUnixNano": at,
-                "name": "gen_ai.guardrail.result",
-                "attributes": [
-                    string("gen_ai.guardrail.policy", policy),
-                    string("gen_ai.guardrail.result", result),
-                    string("gen_ai.guardrail.reason", &reason),
-                ],
-            }],
-            "status": {"code": 1},
-        }));
+        let guardrail = guardrail_span(call, decision, &call_span, policy);
+        return vec![call_span, guardrail];
     }
-    spans
+    vec![call_span]
+}
+
+/// The `apply_guardrail` child span of a model call loopwarden decided something about,
+/// with its `gen_ai.guardrail.result` event.
+fn guardrail_span<'a>(
+    call: &Call<'a>,
+    decision: &'a Decision,
+    parent: &Span<'a>,
+    policy: &'a str,
+) -> Span<'a> {
+    let result = call.row.applied.as_str();
+    // A decision's reason quotes the agent's commands and files: content.
+    let reason = match call.log_content {
+        true => Cow::Owned(crate::store::Masked::from(decision.reason.as_str()).to_string()),
+        false => Cow::Borrowed(decision.detector.as_str()),
+    };
+    Span {
+        trace_id: parent.trace_id.clone(),
+        span_id: hex_id(8),
+        parent_span_id: Some(parent.span_id.clone()),
+        name: Cow::Borrowed("apply_guardrail loopwarden"),
+        kind: SpanKind::Internal,
+        start_ns: parent.start_ns,
+        end_ns: parent.start_ns,
+        attributes: vec![
+            string("gen_ai.operation.name", "apply_guardrail"),
+            string("gen_ai.guardian.name", "loopwarden"),
+            string("gen_ai.security.target.type", "llm_input"),
+            string("gen_ai.security.decision.type", decision_type(result)),
+            string("gen_ai.security.decision.reason", &decision.detector),
+            string("gen_ai.conversation.id", &call.row.conversation_id),
+            string("loopwarden.policy", policy),
+            string("loopwarden.action", decision.action.as_str()),
+        ],
+        events: vec![Event {
+            name: "gen_ai.guardrail.result",
+            attributes: vec![
+                string("gen_ai.guardrail.policy", policy),
+                string("gen_ai.guardrail.result", result),
+                Attribute {
+                    key: "gen_ai.guardrail.reason",
+                    value: AnyValue::String(reason),
+                },
+            ],
+        }],
+        failed: false,
+    }
 }
 
 /// The security conventions' decision type of what loopwarden applied: a stop denies, a
@@ -250,22 +460,15 @@ fn decision_type(applied: &str) -> &'static str {
     }
 }
 
-fn string(key: &str, value: &str) -> Value {
-    json!({"key": key, "value": {"stringValue": value}})
-}
-
-fn int(key: &str, value: i64) -> Value {
-    // OTLP JSON writes 64-bit integers as strings.
-    json!({"key": key, "value": {"intValue": value.to_string()}})
-}
-
 /// A random id of `bytes` bytes, in the lowercase hex OTLP JSON writes ids in.
 fn hex_id(bytes: usize) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut id = String::with_capacity(bytes * 2);
-    while id.len() < bytes * 2 {
-        id.push_str(&format!("{:016x}", fastrand::u64(..)));
+    for _ in 0..bytes {
+        let b = fastrand::u8(..);
+        id.push(char::from(HEX[usize::from(b >> 4)]));
+        id.push(char::from(HEX[usize::from(b & 15)]));
     }
-    id.truncate(bytes * 2);
     id
 }
 
@@ -280,7 +483,7 @@ struct Exporter {
 }
 
 impl Exporter {
-    async fn run(self, mut spans: mpsc::Receiver<Value>) {
+    async fn run(self, mut spans: mpsc::Receiver<String>) {
         let client = reqwest::Client::builder()
             .timeout(self.timeout)
             .build()
@@ -307,22 +510,15 @@ impl Exporter {
         }
     }
 
-    async fn send(&self, client: &reqwest::Client, spans: Vec<Value>) {
+    async fn send(&self, client: &reqwest::Client, spans: Vec<String>) {
         if spans.is_empty() {
             return;
         }
         let n = spans.len() as u64;
-        let body = json!({"resourceSpans": [{
-            "resource": {"attributes": [string("service.name", &self.service)]},
-            "scopeSpans": [{
-                "scope": {"name": "loopwarden", "version": env!("CARGO_PKG_VERSION")},
-                "spans": spans,
-            }],
-        }]});
         let sent = client
             .post(&self.url)
             .header("content-type", "application/json")
-            .body(body.to_string())
+            .body(self.body(&spans))
             .send()
             .await;
         match sent {
@@ -338,5 +534,82 @@ impl Exporter {
                 self.counts.failed.fetch_add(n, Ordering::Relaxed);
             }
         }
+    }
+
+    /// The export request's body: one resource, one scope, the spans as they were written.
+    fn body(&self, spans: &[String]) -> String {
+        let service = serde_json::to_string(&self.service).unwrap_or_default();
+        let mut body =
+            String::with_capacity(256 + spans.iter().map(|s| s.len() + 1).sum::<usize>());
+        body.push_str(r#"{"resourceSpans":[{"resource":{"attributes":[{"key":"service.name","value":{"stringValue":"#);
+        body.push_str(&service);
+        body.push_str(r#"}}]},"scopeSpans":[{"scope":{"name":"loopwarden","version":""#);
+        body.push_str(env!("CARGO_PKG_VERSION"));
+        body.push_str(r#""},"spans":["#);
+        for (i, span) in spans.iter().enumerate() {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str(span);
+        }
+        body.push_str("]}]}]}");
+        body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hand-written JSON parses, and every value reads back as it was, escapes,
+    /// negative and extreme numbers included.
+    #[test]
+    fn a_span_is_json_whose_values_read_back() {
+        let span = Span {
+            trace_id: hex_id(16),
+            span_id: hex_id(8),
+            parent_span_id: Some(hex_id(8)),
+            name: Cow::Borrowed("chat \"odd\" model\n\\"),
+            kind: SpanKind::Internal,
+            start_ns: i64::MAX,
+            end_ns: 0,
+            attributes: vec![
+                string("a", "tab\there, quote \" and \u{1} and é ✓"),
+                int("n", -1234567890123),
+                int("m", i64::MIN),
+                Attribute {
+                    key: "list",
+                    value: AnyValue::Array(vec![AnyValue::String(Cow::Borrowed("stop"))]),
+                },
+            ],
+            events: vec![Event {
+                name: "e",
+                attributes: vec![string("r", "x")],
+            }],
+            failed: true,
+        };
+        let v: serde_json::Value = serde_json::from_str(&span.to_json()).unwrap();
+        assert_eq!(v["traceId"].as_str().unwrap().len(), 32);
+        assert_eq!(v["spanId"].as_str().unwrap().len(), 16);
+        assert_eq!(v["parentSpanId"].as_str().unwrap().len(), 16);
+        assert_eq!(v["name"], "chat \"odd\" model\n\\");
+        assert_eq!(v["kind"], 1);
+        assert_eq!(v["startTimeUnixNano"], i64::MAX.to_string());
+        assert_eq!(v["endTimeUnixNano"], "0");
+        let attrs = &v["attributes"];
+        assert_eq!(attrs[0]["key"], "a");
+        assert_eq!(
+            attrs[0]["value"]["stringValue"],
+            "tab\there, quote \" and \u{1} and é ✓"
+        );
+        assert_eq!(attrs[1]["value"]["intValue"], "-1234567890123");
+        assert_eq!(attrs[2]["value"]["intValue"], i64::MIN.to_string());
+        assert_eq!(
+            attrs[3]["value"]["arrayValue"]["values"][0]["stringValue"],
+            "stop"
+        );
+        assert_eq!(v["events"][0]["timeUnixNano"], i64::MAX.to_string());
+        assert_eq!(v["events"][0]["attributes"][0]["value"]["stringValue"], "x");
+        assert_eq!(v["status"]["code"], 2);
     }
 }

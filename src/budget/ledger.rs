@@ -268,7 +268,8 @@ impl Ledger {
 
     /// The prices from now on (a configuration reload); spend already charged stays.
     pub fn set_prices(&self, prices: Prices) {
-        *self.inner.prices.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Priced::new(prices));
+        *self.inner.prices.write().unwrap_or_else(|e| e.into_inner()) =
+            Arc::new(Priced::new(prices));
     }
 
     fn priced(&self) -> Arc<Priced> {

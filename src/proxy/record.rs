@@ -223,7 +223,11 @@ impl Finished {
             .filter(|d| d.action != Action::Observe)
             .map(|d| d.action.as_str());
         metrics.request(&self.row, decision);
-        traces.record(&self);
+        traces.record(&crate::telemetry::Call {
+            row: &self.row,
+            decision: self.decision.as_ref(),
+            log_content: self.log_content,
+        });
         store.log_deferred(Box::new(self));
     }
 }
