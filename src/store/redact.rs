@@ -7,6 +7,7 @@
 use std::borrow::Cow;
 use std::sync::LazyLock;
 
+use aho_corasick::AhoCorasick;
 use regex::{Regex, RegexSet};
 use serde::Serialize;
 
@@ -101,55 +102,91 @@ impl std::fmt::Display for Masked {
 /// A credential pattern: what it matches is replaced by its `keep` group and the mask,
 /// when `is_secret` says the match is one.
 ///
-/// Word boundaries and word characters are ASCII (`(?-u:\b)`, `[A-Za-z0-9_]`): a Unicode
+/// Names are matched ignoring ASCII case only (`(?i-u:token)`), as their anchors are found
+/// (a Unicode `(?i)` would also take the Kelvin sign for a `k`). Word boundaries and word
+/// characters are ASCII (`(?-u:\b)`, `[A-Za-z0-9_]`): a Unicode
 /// `\b` stops the lazy DFA at the first byte that is not ASCII and leaves the search to a
 /// slower engine, which cost a 1 KB summary 60 times as much; credentials are ASCII anyway.
 struct Pattern {
     regex: &'static str,
     is_secret: fn(&str) -> bool,
     group: Group,
+    /// For a [`Group::Named`] pattern, words one of which every match holds (ASCII case
+    /// ignored): a text with none of them is not searched with the pattern at all.
+    anchors: &'static [&'static str],
 }
 
-/// Which pre-check automaton a pattern joins (see [`ANY_SECRET`]).
+/// How a text is first checked for a pattern's possible match (see [`mask`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Group {
-    /// A credential named (`token=`) or with a known prefix (`sk-`, `AIza`).
+    /// A credential named (`token=`) or with a known prefix (`sk-`, `AIza`): first its
+    /// anchors are looked for ([`ANCHORS`]).
     Named,
-    /// A long unbroken run of token characters.
+    /// A long unbroken run of token characters: one automaton of both ([`LONG_RUNS`]).
     LongRun,
 }
 
 const PATTERNS: [Pattern; 14] = [
     // `Bearer <token>`, `key=...`, `"api_key": "..."`, `password: ...`,
     // `aws_secret_access_key = ...`: keep the name.
-    Pattern::named(r#"(?i)(?P<keep>(?-u:\b)bearer\s+)[^\s"',;]+"#),
-    Pattern::named(r#"(?i)(?P<keep>[?&](?:key|api_key|token|access_token)=)[^&\s"']+"#),
     Pattern::named(
-        r#"(?i)(?P<keep>(?-u:\b)[A-Za-z0-9_-]*(?:api[_-]?key|access[_-]?key|private[_-]?key|token|secret|passw(?:or)?d|passphrase|authorization|credential)[A-Za-z0-9_-]*["']?\s*[:=]\s*["']?)[^\s"',;&]+"#,
+        r#"(?P<keep>(?-u:\b)(?i-u:bearer)\s+)[^\s"',;]+"#,
+        &["bearer"],
+    ),
+    Pattern::named(
+        r#"(?P<keep>[?&](?i-u:key|api_key|token|access_token)=)[^&\s"']+"#,
+        &["key=", "token="],
+    ),
+    Pattern::named(
+        r#"(?P<keep>(?-u:\b)[A-Za-z0-9_-]*(?i-u:api[_-]?key|access[_-]?key|private[_-]?key|token|secret|passw(?:or)?d|passphrase|authorization|credential)[A-Za-z0-9_-]*["']?\s*[:=]\s*["']?)[^\s"',;&]+"#,
+        &[
+            "key",
+            "token",
+            "secret",
+            "passw",
+            "passphrase",
+            "authorization",
+            "credential",
+        ],
     ),
     // A PEM private key, from its first line to its last (or the end of the text, when a
     // summary cut it short).
     Pattern::named(
         r"(?P<keep>-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----)(?s:.)*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\z)",
+        &["-----BEGIN "],
     ),
     // Well-known key formats: OpenAI and Anthropic `sk-`, Stripe, Google `AIza` and OAuth
     // `ya29.`, GitHub, Slack, AWS access key ids, JSON Web Tokens (header and payload are
     // enough: a cut one is still masked).
-    Pattern::named(r"(?P<keep>)(?-u:\b)(?:sk|pk|rk)-[A-Za-z0-9_-]{8,}"),
-    Pattern::named(r"(?P<keep>)(?-u:\b)(?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]{8,}"),
-    Pattern::named(r"(?P<keep>)(?-u:\b)AIza[0-9A-Za-z_-]{20,}"),
-    Pattern::named(r"(?P<keep>)(?-u:\b)ya29\.[0-9A-Za-z_-]{20,}"),
-    Pattern::named(r"(?P<keep>)(?-u:\b)(?:ghp|gho|ghs|ghu|ghr|github_pat)_[A-Za-z0-9_]{16,}"),
-    Pattern::named(r"(?P<keep>)(?-u:\b)xox[abprse]-[A-Za-z0-9-]{10,}"),
-    Pattern::named(r"(?P<keep>)(?-u:\b)(?:AKIA|ASIA)[0-9A-Z]{16}(?-u:\b)"),
+    Pattern::named(
+        r"(?P<keep>)(?-u:\b)(?:sk|pk|rk)-[A-Za-z0-9_-]{8,}",
+        &["sk-", "pk-", "rk-"],
+    ),
+    Pattern::named(
+        r"(?P<keep>)(?-u:\b)(?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]{8,}",
+        &["_live_", "_test_"],
+    ),
+    Pattern::named(r"(?P<keep>)(?-u:\b)AIza[0-9A-Za-z_-]{20,}", &["AIza"]),
+    Pattern::named(r"(?P<keep>)(?-u:\b)ya29\.[0-9A-Za-z_-]{20,}", &["ya29."]),
+    Pattern::named(
+        r"(?P<keep>)(?-u:\b)(?:ghp|gho|ghs|ghu|ghr|github_pat)_[A-Za-z0-9_]{16,}",
+        &["ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_"],
+    ),
+    Pattern::named(r"(?P<keep>)(?-u:\b)xox[abprse]-[A-Za-z0-9-]{10,}", &["xox"]),
+    Pattern::named(
+        r"(?P<keep>)(?-u:\b)(?:AKIA|ASIA)[0-9A-Z]{16}(?-u:\b)",
+        &["AKIA", "ASIA"],
+    ),
     Pattern::named(
         r"(?P<keep>)(?-u:\b)eyJ[A-Za-z0-9_-]{6,}\.eyJ[A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]*)?",
+        &["eyJ"],
     ),
     // Any long unbroken token (keys, JWT parts): better masked than kept.
     Pattern {
         regex: r"(?P<keep>)(?-u:\b)[A-Za-z0-9_\-]{40,}",
         is_secret: always,
         group: Group::LongRun,
+        anchors: &[],
     },
     // A long base64 run (a key's body, an AWS secret key): masked when it reads like
     // random bytes, not like a path (`/usr/lib/python3/site-packages/...`).
@@ -157,16 +194,18 @@ const PATTERNS: [Pattern; 14] = [
         regex: r"(?P<keep>)[A-Za-z0-9+/]{40,}={0,2}",
         is_secret: looks_random,
         group: Group::LongRun,
+        anchors: &[],
     },
 ];
 
 impl Pattern {
     /// A named or prefixed pattern whose every match is a credential.
-    const fn named(regex: &'static str) -> Pattern {
+    const fn named(regex: &'static str, anchors: &'static [&'static str]) -> Pattern {
         Pattern {
             regex,
             is_secret: always,
             group: Group::Named,
+            anchors,
         }
     }
 }
@@ -189,37 +228,55 @@ fn looks_random(run: &str) -> bool {
 /// A compiled pattern and its test of a match.
 type Compiled = (Regex, fn(&str) -> bool);
 
-static SECRETS: LazyLock<Vec<Compiled>> = LazyLock::new(|| {
+// A pattern is a bit of [`candidates`]' answer.
+const _: () = assert!(PATTERNS.len() <= 32);
+
+/// One per [`PATTERNS`] entry, in its order (`None`: a pattern that did not compile, which
+/// a test rules out).
+static SECRETS: LazyLock<Vec<Option<Compiled>>> = LazyLock::new(|| {
     PATTERNS
         .iter()
-        .filter_map(|p| Regex::new(p.regex).ok().map(|re| (re, p.is_secret)))
+        .map(|p| Regex::new(p.regex).ok().map(|re| (re, p.is_secret)))
         .collect()
 });
 
-/// The patterns as two automata, one per [`Group`]: most texts hold no credential, and a
-/// pass of each says so. Not one automaton: the counted runs (`{8,}`, `{20,}`, `{40,}`)
-/// of every pattern multiply into more lazy-DFA states than its cache holds, so one set of
-/// all fourteen kept building states on every text (about 100 times the instructions of
-/// the two sets on a 1 KB tool result).
-static ANY_SECRET: LazyLock<Option<Vec<RegexSet>>> = LazyLock::new(|| {
-    [Group::Named, Group::LongRun]
-        .into_iter()
-        .map(|group| {
-            RegexSet::new(
-                PATTERNS
-                    .iter()
-                    .filter(|p| p.group == group)
-                    .map(|p| p.regex),
-            )
-        })
-        .collect::<Result<_, _>>()
+/// The [`Group::Named`] patterns' anchors, as one automaton of plain words: most texts
+/// hold none, and one pass says so. Not the patterns themselves: a pattern such as
+/// `[A-Za-z0-9_-]*(?:token|secret|…)` tracks a partial match of every name at each
+/// character of an identifier, so each new random id (a tool call's `call_x7Q…`, on every
+/// request) built new lazy-DFA states, about 3 K instructions a text.
+/// Beside the automaton, the [`PATTERNS`] index of each anchor's pattern.
+static ANCHORS: LazyLock<Option<(AhoCorasick, Vec<usize>)>> = LazyLock::new(|| {
+    let owners = PATTERNS
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| p.anchors.iter().map(move |_| i))
+        .collect();
+    AhoCorasick::builder()
+        .ascii_case_insensitive(true)
+        .build(PATTERNS.iter().flat_map(|p| p.anchors))
         .ok()
+        .map(|automaton| (automaton, owners))
+});
+
+/// The [`Group::LongRun`] patterns as one automaton. Apart from the named ones: together,
+/// their counted runs (`{8,}`, `{20,}`, `{40,}`) multiplied into more lazy-DFA states than
+/// its cache holds.
+static LONG_RUNS: LazyLock<Option<RegexSet>> = LazyLock::new(|| {
+    RegexSet::new(
+        PATTERNS
+            .iter()
+            .filter(|p| p.group == Group::LongRun)
+            .map(|p| p.regex),
+    )
+    .ok()
 });
 
 /// Compiles the patterns now, so the first request that needs them does not pay for it.
 pub fn warm_up() {
     LazyLock::force(&SECRETS);
-    LazyLock::force(&ANY_SECRET);
+    LazyLock::force(&ANCHORS);
+    LazyLock::force(&LONG_RUNS);
 }
 
 /// Masks credentials in `text`.
@@ -229,15 +286,16 @@ pub fn redact(text: &str) -> String {
 
 /// `text` with credentials masked; borrowed when there is none.
 fn mask(text: &str) -> Cow<'_, str> {
+    let candidates = candidates(text);
     // No pattern matches the text: none matches after a replacement either, as there is none.
-    if ANY_SECRET
-        .as_ref()
-        .is_some_and(|sets| !sets.iter().any(|set| set.is_match(text)))
-    {
+    if candidates == 0 {
         return Cow::Borrowed(text);
     }
     let mut out = Cow::Borrowed(text);
-    for (re, is_secret) in SECRETS.iter() {
+    for (i, compiled) in SECRETS.iter().enumerate() {
+        let Some((re, is_secret)) = compiled.as_ref().filter(|_| candidates & 1 << i != 0) else {
+            continue;
+        };
         if re.is_match(&out) {
             let replaced = re.replace_all(&out, |c: &regex::Captures| {
                 let whole = c.get(0).map_or("", |m| m.as_str());
@@ -250,6 +308,29 @@ fn mask(text: &str) -> Cow<'_, str> {
         }
     }
     out
+}
+
+/// The patterns that may match `text`, a bit per [`PATTERNS`] index: the named ones whose
+/// anchor it holds, and the long-run ones when one of them matches. Every pattern when an
+/// automaton failed to build (a test rules it out): masking too much beats too little.
+fn candidates(text: &str) -> u32 {
+    let mut bits = 0u32;
+    match ANCHORS.as_ref() {
+        Some((automaton, owners)) => {
+            for m in automaton.find_overlapping_iter(text) {
+                bits |= 1 << owners[m.pattern().as_usize()];
+            }
+        }
+        None => bits = u32::MAX,
+    }
+    if LONG_RUNS.as_ref().is_none_or(|set| set.is_match(text)) {
+        for (i, p) in PATTERNS.iter().enumerate() {
+            if p.group == Group::LongRun {
+                bits |= 1 << i;
+            }
+        }
+    }
+    bits
 }
 
 /// One line of at most `max_chars` characters: whitespace runs collapsed, credentials
@@ -384,6 +465,49 @@ mod tests {
             assert!(!out.contains(secret), "{input:?} -> {out:?}");
         }
         assert_eq!(redact("naïve café ✓ ok"), "naïve café ✓ ok");
+    }
+
+    #[test]
+    fn every_pattern_and_automaton_builds() {
+        assert!(SECRETS.iter().all(Option::is_some));
+        assert!(ANCHORS.is_some() && LONG_RUNS.is_some());
+        assert!(PATTERNS
+            .iter()
+            .all(|p| (p.group == Group::Named) != p.anchors.is_empty()));
+    }
+
+    #[test]
+    fn random_ids_need_no_search() {
+        // What every request carries (tool call ids) is not searched with the patterns.
+        for id in [
+            "call_t30_0_zIEuY0dUjwvRv6lD",
+            "toolu_01HXq8ZfP3mW",
+            "chatcmpl-9x2Lq",
+        ] {
+            assert_eq!(candidates(id), 0, "{id}");
+        }
+    }
+
+    proptest::proptest! {
+        /// A named pattern is skipped when none of its anchors is in the text: so each of
+        /// its matches must hold one, which this checks on texts made of the patterns'
+        /// own pieces.
+        #[test]
+        fn every_named_match_holds_one_of_its_anchors(
+            text in "((?i)bearer |key=|token|secret|passwd|password|api_key|apikey|-----BEGIN RSA PRIVATE KEY-----|sk-|pk_live_|AIza|ya29\\.|ghp_|github_pat_|xoxb-|AKIA|ASIA|eyJ|[a-zA-Z0-9_=:\"&?. -]{1,12}){1,6}"
+        ) {
+            for (i, p) in PATTERNS.iter().enumerate() {
+                let Some((re, _)) = &SECRETS[i] else { continue };
+                if p.group == Group::Named && re.is_match(&text) {
+                    let lower = text.to_ascii_lowercase();
+                    proptest::prop_assert!(
+                        p.anchors.iter().any(|a| lower.contains(&a.to_ascii_lowercase())),
+                        "{} matches {text:?} without an anchor", p.regex
+                    );
+                    proptest::prop_assert!(candidates(&text) & 1 << i != 0);
+                }
+            }
+        }
     }
 
     #[test]
