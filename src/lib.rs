@@ -27,6 +27,7 @@ pub mod glob;
 pub mod intervene;
 pub mod metrics;
 pub mod mock;
+pub mod names;
 pub mod normalize;
 pub mod policy;
 pub mod proxy;

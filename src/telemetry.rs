@@ -11,7 +11,7 @@
 //! a decision (which quotes the agent's commands) goes out only under a policy that logs
 //! content (`log.content`); otherwise the event names the detector alone.
 //!
-//! Spans are built when a request's log record is handed over (`Finished::hand_over`, off
+//! Spans are built when a request's log record is handed over (`proxy::record`, off
 //! the client's path: its answer has gone out) and queued; a task of its own sends them in
 //! batches as OTLP/HTTP JSON to `{otlp_endpoint}/v1/traces`. A full queue drops spans
 //! (counted), and an unreachable collector costs the proxy nothing but the counts.
@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::proxy::record::Finished;
+use crate::detect::Decision;
+use crate::store::RequestRow;
 
 /// The `[telemetry]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -122,9 +123,11 @@ impl Traces {
     /// Queues the spans of a finished request: the model call, and the guardrail's when
     /// loopwarden decided something about it. Requests that were not a model call (not a
     /// conversation endpoint) make no span.
-    pub fn record(&self, finished: &Finished) {
+    /// `log_content`: the request's policy logs content, so the decision's reason may go
+    /// out (masked).
+    pub fn record(&self, row: &RequestRow, decision: Option<&Decision>, log_content: bool) {
         let Some(queue) = &self.queue else { return };
-        for span in spans_of(finished) {
+        for span in spans_of(row, decision, log_content) {
             if queue.try_send(span).is_err() {
                 self.counts.dropped.fetch_add(1, Ordering::Relaxed);
             }
@@ -133,8 +136,7 @@ impl Traces {
 }
 
 /// The OTLP JSON spans of a finished request.
-fn spans_of(finished: &Finished) -> Vec<Value> {
-    let row = &finished.row;
+fn spans_of(row: &RequestRow, decision: Option<&Decision>, log_content: bool) -> Vec<Value> {
     let Some(dialect) = row.dialect.as_deref() else {
         return Vec::new();
     };
@@ -152,7 +154,7 @@ fn spans_of(finished: &Finished) -> Vec<Value> {
     let policy = row
         .policy
         .as_deref()
-        .unwrap_or(crate::policy::config::DEFAULT);
+        .unwrap_or(crate::names::DEFAULT_POLICY);
     let input = [
         row.input_tokens,
         row.cached_input_tokens,
@@ -192,14 +194,10 @@ fn spans_of(finished: &Finished) -> Vec<Value> {
         "attributes": attributes,
         "status": {"code": if failed { 2 } else { 1 }},
     })];
-    if let Some(decision) = finished
-        .decision
-        .as_ref()
-        .filter(|d| d.action != crate::detect::Action::Observe)
-    {
+    if let Some(decision) = decision.filter(|d| d.action != crate::detect::Action::Observe) {
         let result = row.applied.as_str();
         // A decision's reason quotes the agent's commands and files: content.
-        let reason = match finished.log_content {
+        let reason = match log_content {
             true => crate::store::Masked::from(decision.reason.as_str()).to_string(),
             false => decision.detector.clone(),
         };

@@ -114,8 +114,8 @@ pub struct PolicyError {
     pub problem: String,
 }
 
-/// The name of the policy that applies when no other matches.
-pub const DEFAULT: &str = "default";
+/// The name of the policy that applies when no other matches (`crate::names`).
+pub const DEFAULT: &str = crate::names::DEFAULT_POLICY;
 
 /// Every policy of the file resolved, in file order, and the default one (the file's
 /// `default`, or the global settings under that name) last.

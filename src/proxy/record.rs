@@ -185,7 +185,7 @@ impl Finished {
             policy: row
                 .policy
                 .as_deref()
-                .unwrap_or(crate::policy::config::DEFAULT),
+                .unwrap_or(crate::names::DEFAULT_POLICY),
             model: row.model.as_deref(),
             usage,
             history_steps: self.next_step as u64,
@@ -223,7 +223,7 @@ impl Finished {
             .filter(|d| d.action != Action::Observe)
             .map(|d| d.action.as_str());
         metrics.request(&self.row, decision);
-        traces.record(&self);
+        traces.record(&self.row, self.decision.as_ref(), self.log_content);
         store.log_deferred(Box::new(self));
     }
 }
