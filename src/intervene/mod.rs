@@ -35,7 +35,7 @@ use crate::request_bytes::RequestBytes;
 use crate::transcript::Transcript;
 
 pub use profile::AgentProfile;
-pub use ruling::{rule, rule_verdict, Act, Reminder, Ruling, Source, Stop};
+pub use ruling::{rule, rule_verdict, Act, Mode, Reminder, Ruling, Source, Stop};
 
 /// The `[intervene]` table of the config file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

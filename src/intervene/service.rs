@@ -12,11 +12,12 @@ use super::alerts::{Alert, AlertEvent, AlertSink};
 use super::controls::{human_messages, Control, Controls, Standing};
 use super::pause::{DecidedBy, FindingInfo, HeldInfo, Pending, Ticket};
 use super::ruling::{self, Act, Ruling, Source, Stop};
+use super::Mode;
 use super::{Applied, Carried, RequestInfo, Verdict};
 use crate::budget::{BudgetStatus, Ledger};
 use crate::detect::{Action, Decision, EngineState, StoreFacts};
 use crate::dialect::ResponseTurn;
-use crate::policy::{Mode, Policy};
+use crate::policy::Policy;
 use crate::store::{now_ms, InterventionRow, Record, Store};
 use crate::transcript::Transcript;
 

@@ -18,40 +18,13 @@ pub mod select;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use crate::budget::BudgetConfig;
 use crate::config::{Config, ConfigError};
 use crate::detect::{DetectConfig, Engine};
+pub use crate::intervene::Mode;
 use crate::intervene::{InterveneConfig, Intervener};
 use crate::store::LogConfig;
 pub use select::{Client, Selector, Traffic};
-
-/// How far a policy acts on what detection and budgets decide.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// Act: remind, halt, hold, block, as the settings say.
-    #[default]
-    Enforce,
-    /// Remind only: a stop becomes the stronger (replan) reminder and no response is
-    /// blocked. For interactive sessions, where a person is there to stop the agent.
-    NudgeOnly,
-    /// Act on nothing: every byte passes both ways as if loopwarden were not there, and
-    /// the log records what it would have done (`would_nudge`, `would_halt`, ...). For
-    /// calibrating a policy on real traffic before enforcing it.
-    Shadow,
-}
-
-impl Mode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Enforce => "enforce",
-            Mode::NudgeOnly => "nudge-only",
-            Mode::Shadow => "shadow",
-        }
-    }
-}
 
 /// One policy, ready to serve: its settings and the engine built from them.
 #[derive(Debug)]
