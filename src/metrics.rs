@@ -97,7 +97,7 @@ pub struct Snapshot {
     pub held_requests: u64,
     pub log_queue_depth: u64,
     pub log: crate::store::StoreHealth,
-    /// Config reloads by outcome (`applied`, `rejected`: `crate::policy::live`).
+    /// Config reloads by outcome (`applied`, `rejected`: `crate::reload`).
     pub reloads: [(&'static str, u64); 2],
 }
 

@@ -115,6 +115,17 @@ impl<'a> Traffic<'a> {
             api,
         }
     }
+
+    /// The same traffic asking for `model` (read from the body or the path).
+    pub fn with_model<'b>(&self, model: Option<&'b str>) -> Traffic<'b>
+    where
+        'a: 'b,
+    {
+        Traffic {
+            model,
+            ..self.clone()
+        }
+    }
 }
 
 /// A request's `user-agent` (empty when it has none, or none in ASCII).

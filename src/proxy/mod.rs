@@ -88,7 +88,7 @@ pub struct App {
     pub responses: Arc<response_chain::ResponseChain>,
     /// The policies in force (each with its engine and intervention settings), swapped
     /// whole on a reload.
-    pub policies: Arc<crate::policy::live::Live>,
+    pub policies: Arc<crate::reload::Live>,
     pub store: Store,
     /// Each conversation's spend, charged as answers end (`crate::budget::Ledger`).
     pub ledger: crate::budget::Ledger,
@@ -159,7 +159,7 @@ impl Running {
 
     /// Reads the config file again and puts its policies in force when it is valid (what
     /// SIGHUP does).
-    pub fn reload(&self, trigger: &'static str) -> crate::policy::live::Reload {
+    pub fn reload(&self, trigger: &'static str) -> crate::reload::Reload {
         self.app.policies.reload(trigger)
     }
 }
@@ -209,14 +209,14 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         metrics.clone(),
     ));
     let prices = ledger.clone();
-    let policies = Arc::new(crate::policy::live::Live::new(
-        crate::policy::PolicySet::of(&config)?,
+    let policies = Arc::new(crate::reload::Live::new(
+        config.policy_set()?,
         config.clone(),
         // The price table is the one setting outside the policies that a reload applies.
         Box::new(move |config: &Config| prices.set_prices(config.prices.clone())),
     ));
     if config.source.is_some() {
-        crate::policy::live::watch(Arc::downgrade(&policies));
+        crate::reload::watch(Arc::downgrade(&policies));
     }
     let traces = Arc::new(crate::telemetry::Traces::start(&config.telemetry));
     let app = Arc::new(App {
@@ -622,7 +622,7 @@ fn colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
 enum Signal {
     /// SIGTERM or Ctrl-C: finish the requests in flight, write out the log, exit.
     Stop,
-    /// SIGHUP: read the config file again (`crate::policy::live`).
+    /// SIGHUP: read the config file again (`crate::reload`).
     Reload,
 }
 

@@ -540,7 +540,7 @@ fn run_log(args: &ReplayArgs, db: &str) -> anyhow::Result<()> {
                 .with_context(|| format!("reading {}", p.display()))?,
             None => crate::config::Config::default(),
         };
-        Ok(PolicySet::of(&config)?)
+        Ok(config.policy_set()?)
     };
     let Some(candidate) = &args.candidate else {
         anyhow::bail!("--db needs --candidate");
