@@ -25,6 +25,7 @@ pub mod detect;
 pub mod dialect;
 pub mod glob;
 pub mod intervene;
+pub mod interventions;
 pub mod metrics;
 pub mod mock;
 pub mod names;

@@ -11,7 +11,7 @@
 //! nothing else makes it: pure functions of their inputs, with no bytes, HTTP or store.
 //! Carrying a ruling out (appending a reminder, building a halt reply) is
 //! [`super::Intervener::carry_out`]'s; logging it and making a halt sticky,
-//! [`super::service::Interventions`]'.
+//! `crate::interventions::Interventions`'.
 
 use serde::{Deserialize, Serialize};
 

@@ -32,7 +32,7 @@ use super::route::Route;
 use crate::detect::{Decision, EngineState};
 use crate::dialect::compaction::{self, Markers};
 use crate::dialect::Dialect;
-use crate::intervene::service::ConversationState;
+use crate::interventions::ConversationState;
 use crate::policy::Policy;
 use crate::request_bytes::RequestBytes;
 use crate::store::redact::summary;

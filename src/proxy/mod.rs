@@ -93,7 +93,7 @@ pub struct App {
     /// Each conversation's spend, charged as answers end (`crate::budget::Ledger`).
     pub ledger: crate::budget::Ledger,
     /// Sticky halts, held requests and the intervention log (`crate::intervene`).
-    pub interventions: crate::intervene::service::Interventions,
+    pub interventions: crate::interventions::Interventions,
     /// Open client connections per serving thread, and where the next one goes.
     pub spread: spread::Spread,
     /// Every open client connection's state, the limits that reap them, the cap.
@@ -197,7 +197,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     }
     let metrics = Arc::new(crate::metrics::Metrics::default());
     let client = upstream::Client::new(&config.upstream);
-    let interventions = crate::intervene::service::Interventions::open(
+    let interventions = crate::interventions::Interventions::open(
         store.clone(),
         ledger.clone(),
         metrics.clone(),

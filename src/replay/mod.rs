@@ -24,7 +24,7 @@ use crate::actions::ToolCatalog;
 use crate::config::CacheConfig;
 use crate::detect::{Action, DetectConfig, Engine, StoreFacts};
 use crate::dialect::{Dialect, ResponseTurn};
-use crate::intervene::service::ConversationState;
+use crate::interventions::ConversationState;
 use crate::policy::{Policy, PolicySet};
 use crate::proxy::analysis::{Analyser, Arrival};
 use crate::proxy::identity;
