@@ -82,17 +82,8 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     // own work can be told from it.
     let body_read = started.elapsed();
 
-    // Read and decided: a Responses request that continues an earlier answer by id is read
-    // with that answer's history before it (`super::response_chain`); its bytes go as
-    // they came.
-    let continued = match dialect {
-        Some(Dialect::OpenAiResponses) => super::response_chain::read_http(&app.responses, &body),
-        _ => None,
-    };
-    let (whole, earlier) = match continued.as_ref().and_then(|c| c.whole.as_ref()) {
-        Some(whole) => read_whole_history(&app, whole, dialect, stated_id).await,
-        None => (None, earlier),
-    };
+    // Read and decided (a request that continues an earlier answer, with its history).
+    let (continued, whole, earlier) = continuation(&app, dialect, &body, stated_id, earlier).await;
     let analysed = whole.as_ref().unwrap_or(&body);
     let arrival = Arrival {
         route: &route,
@@ -118,11 +109,10 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let stream = analysis.stream;
     // Gemini streams a JSON array unless asked for SSE.
     let json_array = stream && analysis.dialect == Some(Dialect::Gemini) && !asks_sse(&route);
-    let headers = &parts.headers;
     let mut planned = plan(
         &app,
         &mut analysis,
-        headers,
+        &parts.headers,
         analysed,
         json_array,
         request_id,
@@ -185,19 +175,33 @@ fn note_continued(finished: &mut Finished, c: HttpRequest, responses: &Arc<Respo
     finished.chain = c.pending(responses);
 }
 
-/// A continued Responses request's whole history (the earlier answer's and its own), read
-/// as a request that sent it all would be, compared with what the conversation sent last.
-/// `None` when it cannot be read.
-async fn read_whole_history<'a>(
+/// A Responses request that continues an earlier answer by id (`super::response_chain`):
+/// the continuation, and its whole history (the earlier answer's and its own) read as a
+/// request that sent it all would be, compared with what the conversation sent last (in
+/// place of `earlier`; `None` when it cannot be read). The request's own bytes go as they
+/// came.
+async fn continuation<'a>(
     app: &'a App,
-    whole: &RequestBytes,
     dialect: Option<Dialect>,
+    body: &RequestBytes,
     stated_id: Option<&str>,
-) -> (Option<RequestBytes>, BodyComparison<'a>) {
+    earlier: BodyComparison<'a>,
+) -> (
+    Option<HttpRequest>,
+    Option<RequestBytes>,
+    BodyComparison<'a>,
+) {
+    let continued = match dialect {
+        Some(Dialect::OpenAiResponses) => super::response_chain::read_http(&app.responses, body),
+        _ => None,
+    };
+    let Some(whole) = continued.as_ref().and_then(|c| c.whole.as_ref()) else {
+        return (continued, None, earlier);
+    };
     let max = app.config.server.max_body_bytes;
     let mut fresh = BodyComparison::new(&app.analyser.memory, dialect, stated_id);
     let read = read_body(Body::from(whole.to_whole()), max, &mut fresh).await;
-    (read.ok(), fresh)
+    (continued, read.ok(), fresh)
 }
 
 /// A request's body, read within `server.max_body_bytes` and `server.body_timeout_secs`
