@@ -197,17 +197,14 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     }
     let metrics = Arc::new(crate::metrics::Metrics::default());
     let client = upstream::Client::new(&config.upstream);
-    let interventions = crate::interventions::Interventions::open(
-        store.clone(),
-        ledger.clone(),
-        metrics.clone(),
-    )
-    .await?
-    .with_alerts(alert_sink(
-        client.clone(),
-        public_url(&config, addr),
-        metrics.clone(),
-    ));
+    let interventions =
+        crate::interventions::Interventions::open(store.clone(), ledger.clone(), metrics.clone())
+            .await?
+            .with_alerts(alert_sink(
+                client.clone(),
+                public_url(&config, addr),
+                metrics.clone(),
+            ));
     let prices = ledger.clone();
     let policies = Arc::new(crate::reload::Live::new(
         config.policy_set()?,
@@ -241,23 +238,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         traces,
     });
     spawn_sweeper(Arc::downgrade(&app), idle);
-    let replicas = match app.store.is_shared() {
-        false => None,
-        true => {
-            let replica = crate::replicas::replica_id();
-            let pending = app.interventions.pending.clone();
-            pending.share(app.store.clone(), replica.clone());
-            let shared = crate::replicas::Shared {
-                replica,
-                store: app.store.clone(),
-                ledger: app.ledger.clone(),
-                controls: app.interventions.controls.clone(),
-                pending,
-            };
-            let alive = Arc::downgrade(&app);
-            Some(crate::replicas::Replicas::start(shared, move || alive.strong_count() > 0).await)
-        }
-    };
+    let replicas = start_replicas(&app).await;
     crate::store::redact::warm_up();
 
     let router = own::router(app.clone());
@@ -294,6 +275,26 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         app,
         replicas,
     })
+}
+
+/// On a database several replicas share: this one's halts, held requests and spend synced
+/// with the others' (`crate::replicas`) while `app` lives. `None` on a database of its own.
+async fn start_replicas(app: &Arc<App>) -> Option<crate::replicas::Replicas> {
+    if !app.store.is_shared() {
+        return None;
+    }
+    let replica = crate::replicas::replica_id();
+    let pending = app.interventions.pending.clone();
+    pending.share(app.store.clone(), replica.clone());
+    let shared = crate::replicas::Shared {
+        replica,
+        store: app.store.clone(),
+        ledger: app.ledger.clone(),
+        controls: app.interventions.controls.clone(),
+        pending,
+    };
+    let alive = Arc::downgrade(app);
+    Some(crate::replicas::Replicas::start(shared, move || alive.strong_count() > 0).await)
 }
 
 /// Largest read buffer hyper keeps per client connection (its default is ~400 KiB), and so
