@@ -3,6 +3,11 @@
 //! key with its default; [`Config::default`] is the single source of those defaults.
 //!
 //! A bad value fails at start with an error that names the key, never later on a request.
+//!
+//! Each part below the proxy owns its settings type (`crate::detect`, `crate::intervene`,
+//! `crate::budget`, `crate::store`, `crate::telemetry`, `crate::policy`'s tables); this
+//! file assembles them, with the proxy's own sections, and checks them by calling each
+//! part's own check. Nothing below imports it back.
 
 use std::net::SocketAddr;
 use std::path::Path;
