@@ -3,6 +3,11 @@
 //! key with its default; [`Config::default`] is the single source of those defaults.
 //!
 //! A bad value fails at start with an error that names the key, never later on a request.
+//!
+//! Each part below the proxy owns its settings type (`crate::detect`, `crate::intervene`,
+//! `crate::budget`, `crate::store`, `crate::telemetry`, `crate::policy`'s tables); this
+//! file assembles them, with the proxy's own sections, and checks them by calling each
+//! part's own check. Nothing below imports it back.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -38,7 +43,7 @@ pub struct Config {
     pub policies: Vec<crate::policy::config::PolicyTable>,
     /// Who may read `/metrics` (`crate::proxy::scrape`).
     pub metrics: MetricsConfig,
-    /// The file this was loaded from: what a reload reads again (`crate::policy::live`).
+    /// The file this was loaded from: what a reload reads again (`crate::reload`).
     #[serde(skip)]
     pub source: Option<std::path::PathBuf>,
     /// The `serve` flags applied over the file (a reload applies them again).
@@ -379,8 +384,7 @@ impl Config {
             *url = normalize_base_url(url).map_err(|e| invalid(key, e))?;
         }
         if !self.upstream.ca_file.is_empty() {
-            crate::proxy::upstream::extra_roots(&self.upstream.ca_file)
-                .map_err(|e| invalid("upstream.ca_file", e))?;
+            extra_roots(&self.upstream.ca_file).map_err(|e| invalid("upstream.ca_file", e))?;
         }
         // A misspelt table would otherwise be ignored, and its pattern keep responding as
         // built in.
@@ -454,8 +458,21 @@ impl Config {
             .map_err(|(key, problem)| invalid(key, problem))?;
         // Every policy resolved and read, so that a mistake in one stops the start (or is
         // the reload's error) rather than surfacing on a request.
-        crate::policy::PolicySet::of(self)?;
+        self.policy_set()?;
         Ok(())
+    }
+
+    /// The policies this configuration declares, resolved (`crate::policy`): its
+    /// `[[policy]]` tables over its global `[detect]`, `[intervene]`, `[budget]` and `[log]`.
+    pub fn policy_set(&self) -> Result<crate::policy::PolicySet, ConfigError> {
+        crate::policy::PolicySet::of(&crate::policy::config::Sources {
+            policies: &self.policies,
+            detect: &self.detect,
+            intervene: &self.intervene,
+            budget: &self.budget,
+            log: &self.log,
+        })
+        .map_err(ConfigError::Policy)
     }
 
     /// `server.listen` as a socket address.
@@ -467,6 +484,21 @@ impl Config {
             )
         })
     }
+}
+
+/// The CA certificates of `upstream.ca_file` (PEM); an error saying what is wrong with the
+/// file. Read when the config is checked, and again when each upstream client
+/// (`crate::proxy::upstream`) is made: kept with the setting, below the proxy.
+pub fn extra_roots(path: &str) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("cannot read {path}: {e}"))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{path} is not PEM certificates: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("{path} holds no certificate"));
+    }
+    Ok(certs)
 }
 
 /// `http(s)://host[:port][/prefix]`, without a trailing slash, query or fragment.

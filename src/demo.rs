@@ -214,121 +214,196 @@ pub async fn demo(out: &mut dyn Write, step_delay: Duration) -> anyhow::Result<D
     writeln!(out)?;
 
     let conversation = format!("demo-{}", fastrand::u32(1000..10000));
-    let url = format!("{}/c/{conversation}/v1/chat/completions", proxy.url());
     let http = reqwest::Client::builder().no_proxy().build()?;
-    let mut workspace = Workspace::new();
-    let mut messages = vec![
-        json!({"role": "system", "content": "You are a coding agent. Use the tools to fix the task."}),
-        json!({"role": "user", "content": TASK}),
-    ];
-    let mut outcome = DemoOutcome::default();
-    let mut step = 0usize;
-    loop {
-        if outcome.requests >= 40 {
-            writeln!(out, "(the demo stops here: 40 requests)")?;
-            break;
-        }
-        let body = json!({"model": "demo-model", "messages": messages, "tools": tools()});
-        let sent = body.to_string();
-        let resp = http
-            .post(&url)
-            .header("content-type", "application/json")
-            .header("authorization", "Bearer demo-no-key")
-            .body(sent.clone())
-            .send()
-            .await?;
-        outcome.requests += 1;
-        let decision = resp
-            .headers()
-            .get("x-loopwarden-decision")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("observe")
-            .to_string();
-        outcome.decisions.push(decision.clone());
-        let status = resp.status();
-        let bytes = resp.bytes().await?;
-        anyhow::ensure!(
-            status.is_success(),
-            "the proxy answered {status}: {}",
-            String::from_utf8_lossy(&bytes)
-        );
-
-        // What the model received beyond what the agent sent: loopwarden's reminder.
-        if let Some(upstream) = mock
-            .requests()
-            .last()
-            .filter(|r| r.body.as_ref() != sent.as_bytes())
-        {
-            let got = upstream.json();
-            let ours = messages.len();
-            for added in got["messages"].as_array().into_iter().flatten().skip(ours) {
-                if let Some(text) = added["content"].as_str() {
-                    if outcome.reminders.last().map(String::as_str) != Some(text) {
-                        outcome.reminders.push(text.to_string());
-                        writeln!(out, "      -> loopwarden {decision}: the model received this reminder with the request:")?;
-                        print_box(out, text)?;
-                    }
-                }
-            }
-        }
-
-        let turn = Dialect::OpenAiChat.parse_response(&bytes)?;
-        let reply: Value = serde_json::from_slice(&bytes)?;
-        let message = reply["choices"][0]["message"].clone();
-        if decision == "halt" || decision == "block" || turn.text.starts_with("[loopwarden]") {
-            writeln!(out, "      -> loopwarden {decision}: the agent received this answer instead of the model's:")?;
-            print_box(out, &turn.text)?;
-            outcome.halt = Some(turn.text.clone());
-            break;
-        }
-        if turn.calls.is_empty() {
-            writeln!(out, "      the model answered: {}", line(&turn.text, 100))?;
-            break;
-        }
-        messages.push(message);
-        for call in &turn.calls {
-            step += 1;
-            let output = workspace.run(&call.name, &call.args);
-            let args = match call.name.as_str() {
-                "read_file" => call.args["file_path"].as_str().unwrap_or("").to_string(),
-                "replace" => format!(
-                    "{} {:?} -> {:?}",
-                    call.args["file_path"].as_str().unwrap_or(""),
-                    call.args["old_string"].as_str().unwrap_or("").trim(),
-                    call.args["new_string"].as_str().unwrap_or("").trim()
-                ),
-                "run_shell_command" => call.args["command"].as_str().unwrap_or("").to_string(),
-                _ => String::new(),
-            };
-            writeln!(
-                out,
-                "  {step:>2}  {:<48} {}",
-                line(&format!("{} {args}", call.name), 48),
-                line(&output, 70)
-            )?;
-            messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": output}));
-        }
-        out.flush()?;
-        tokio::time::sleep(step_delay).await;
-    }
+    let agent = Agent {
+        http: &http,
+        mock: &mock,
+        url: format!("{}/c/{conversation}/v1/chat/completions", proxy.url()),
+        step_delay,
+    };
+    let outcome = agent.run(out).await?;
 
     proxy.flush_log().await;
     writeln!(out)?;
+    print_timeline(out, &http, &proxy.url(), &conversation).await?;
+    writeln!(out)?;
+    match &outcome.halt {
+        Some(_) => writeln!(
+            out,
+            "The agent stopped after {} model requests; without loopwarden the model would have looped through all {} scripted turns.",
+            outcome.requests,
+            looping_script().turns.len()
+        )?,
+        None => writeln!(out, "The run ended without a halt.")?,
+    }
+    proxy.shutdown().await?;
+    mock.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(outcome)
+}
+
+/// The tiny agent: sends the conversation through the proxy, runs the model's tool calls
+/// in its [`Workspace`], and says what happened at each step.
+struct Agent<'a> {
+    http: &'a reqwest::Client,
+    mock: &'a MockServer,
+    /// The proxy's chat completions URL under the demo's conversation id.
+    url: String,
+    step_delay: Duration,
+}
+
+impl Agent<'_> {
+    /// Runs until the model stops calling tools, loopwarden halts the run, or 40 requests.
+    async fn run(&self, out: &mut dyn Write) -> anyhow::Result<DemoOutcome> {
+        let mut workspace = Workspace::new();
+        let mut messages = vec![
+            json!({"role": "system", "content": "You are a coding agent. Use the tools to fix the task."}),
+            json!({"role": "user", "content": TASK}),
+        ];
+        let mut outcome = DemoOutcome::default();
+        let mut step = 0usize;
+        loop {
+            if outcome.requests >= 40 {
+                writeln!(out, "(the demo stops here: 40 requests)")?;
+                break;
+            }
+            let body = json!({"model": "demo-model", "messages": messages, "tools": tools()});
+            let sent = body.to_string();
+            let resp = self
+                .http
+                .post(&self.url)
+                .header("content-type", "application/json")
+                .header("authorization", "Bearer demo-no-key")
+                .body(sent.clone())
+                .send()
+                .await?;
+            outcome.requests += 1;
+            let decision = resp
+                .headers()
+                .get("x-loopwarden-decision")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("observe")
+                .to_string();
+            outcome.decisions.push(decision.clone());
+            let status = resp.status();
+            let bytes = resp.bytes().await?;
+            anyhow::ensure!(
+                status.is_success(),
+                "the proxy answered {status}: {}",
+                String::from_utf8_lossy(&bytes)
+            );
+            self.show_reminder(out, &sent, messages.len(), &decision, &mut outcome)?;
+
+            let turn = Dialect::OpenAiChat.parse_response(&bytes)?;
+            let reply: Value = serde_json::from_slice(&bytes)?;
+            let message = reply["choices"][0]["message"].clone();
+            if decision == "halt" || decision == "block" || turn.text.starts_with("[loopwarden]") {
+                writeln!(out, "      -> loopwarden {decision}: the agent received this answer instead of the model's:")?;
+                print_box(out, &turn.text)?;
+                outcome.halt = Some(turn.text.clone());
+                break;
+            }
+            if turn.calls.is_empty() {
+                writeln!(out, "      the model answered: {}", line(&turn.text, 100))?;
+                break;
+            }
+            messages.push(message);
+            for call in &turn.calls {
+                step += 1;
+                let output = workspace.run(&call.name, &call.args);
+                print_step(out, step, call, &output)?;
+                messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": output}));
+            }
+            out.flush()?;
+            tokio::time::sleep(self.step_delay).await;
+        }
+        Ok(outcome)
+    }
+
+    /// Prints what the model received beyond what the agent `sent` (its first `ours`
+    /// messages): loopwarden's reminder, once per new text.
+    fn show_reminder(
+        &self,
+        out: &mut dyn Write,
+        sent: &str,
+        ours: usize,
+        decision: &str,
+        outcome: &mut DemoOutcome,
+    ) -> std::io::Result<()> {
+        let Some(upstream) = self
+            .mock
+            .requests()
+            .last()
+            .filter(|r| r.body.as_ref() != sent.as_bytes())
+            .map(|r| r.json())
+        else {
+            return Ok(());
+        };
+        for added in upstream["messages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .skip(ours)
+        {
+            if let Some(text) = added["content"].as_str() {
+                if outcome.reminders.last().map(String::as_str) != Some(text) {
+                    outcome.reminders.push(text.to_string());
+                    writeln!(out, "      -> loopwarden {decision}: the model received this reminder with the request:")?;
+                    print_box(out, text)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One agent step: the tool call, its main argument, and the first line of its output.
+fn print_step(
+    out: &mut dyn Write,
+    step: usize,
+    call: &crate::transcript::ToolCall,
+    output: &str,
+) -> std::io::Result<()> {
+    let args = match call.name.as_str() {
+        "read_file" => call.args["file_path"].as_str().unwrap_or("").to_string(),
+        "replace" => format!(
+            "{} {:?} -> {:?}",
+            call.args["file_path"].as_str().unwrap_or(""),
+            call.args["old_string"].as_str().unwrap_or("").trim(),
+            call.args["new_string"].as_str().unwrap_or("").trim()
+        ),
+        "run_shell_command" => call.args["command"].as_str().unwrap_or("").to_string(),
+        _ => String::new(),
+    };
+    writeln!(
+        out,
+        "  {step:>2}  {:<48} {}",
+        line(&format!("{} {args}", call.name), 48),
+        line(output, 70)
+    )
+}
+
+/// The conversation's timeline as loopwarden's admin API reads it from the log: one line
+/// per detector (its first finding, and how often it fired), then each decision.
+async fn print_timeline(
+    out: &mut dyn Write,
+    http: &reqwest::Client,
+    proxy_url: &str,
+    conversation: &str,
+) -> anyhow::Result<()> {
     writeln!(
         out,
         "timeline from loopwarden's log (GET /admin/api/conversations/{conversation}):"
     )?;
     let timeline_bytes = http
         .get(format!(
-            "{}/admin/api/conversations/{conversation}",
-            proxy.url()
+            "{proxy_url}/admin/api/conversations/{conversation}"
         ))
         .send()
         .await?
         .bytes()
         .await?;
     let timeline: Value = serde_json::from_slice(&timeline_bytes).unwrap_or(Value::Null);
-    // One line per detector: its first finding, and how often it fired.
     let mut by_detector: Vec<(String, String, usize)> = Vec::new();
     for f in timeline["findings"].as_array().into_iter().flatten() {
         let detector = f["detector"].as_str().unwrap_or("").to_string();
@@ -361,20 +436,7 @@ pub async fn demo(out: &mut dyn Write, step_delay: Duration) -> anyhow::Result<D
             line(d["reason"].as_str().unwrap_or(""), 80)
         )?;
     }
-    writeln!(out)?;
-    match &outcome.halt {
-        Some(_) => writeln!(
-            out,
-            "The agent stopped after {} model requests; without loopwarden the model would have looped through all {} scripted turns.",
-            outcome.requests,
-            looping_script().turns.len()
-        )?,
-        None => writeln!(out, "The run ended without a halt.")?,
-    }
-    proxy.shutdown().await?;
-    mock.shutdown().await;
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(outcome)
+    Ok(())
 }
 
 /// A private scratch directory for the demo's log.

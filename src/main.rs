@@ -38,7 +38,7 @@ enum Command {
     KeyId,
     /// Check the config's policies and list them in the order they are tried; with a
     /// request's team, key, user-agent, model or API, say which policy it falls under.
-    Policies(loopwarden::policy::explain::PoliciesArgs),
+    Policies(loopwarden::policies::PoliciesArgs),
     /// Run a command (an agent) as one conversation of a running proxy, its base-URL
     /// variables pointed at it; exit 3 when loopwarden halted the run, else the command's
     /// own status (125: the run's state could not be read).
@@ -56,7 +56,7 @@ fn main() -> std::process::ExitCode {
         Command::Mock(args) => loopwarden::mock::run(args),
         Command::Demo(args) => loopwarden::demo::run(args),
         Command::KeyId => loopwarden::policy::key_id::run(),
-        Command::Policies(args) => loopwarden::policy::explain::run(args),
+        Command::Policies(args) => loopwarden::policies::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -97,8 +97,8 @@ pub struct Snapshot {
     pub held_requests: u64,
     pub log_queue_depth: u64,
     pub log: crate::store::StoreHealth,
-    /// Config reloads by outcome (`crate::policy::live`).
-    pub reloads: [(crate::policy::live::Outcome, u64); 2],
+    /// Config reloads by outcome (`applied`, `rejected`: `crate::reload`).
+    pub reloads: [(&'static str, u64); 2],
 }
 
 impl Metrics {
@@ -123,7 +123,7 @@ impl Metrics {
         let policy = row
             .policy
             .as_deref()
-            .unwrap_or(crate::policy::config::DEFAULT);
+            .unwrap_or(crate::names::DEFAULT_POLICY);
         if let Some(action) = decision {
             self.decisions
                 .get_or_create(&DecisionLabels {
@@ -271,11 +271,7 @@ impl Metrics {
         );
         let reloads: Family<OutcomeLabel, Counter> = Family::default();
         for (outcome, n) in now.reloads {
-            reloads
-                .get_or_create(&OutcomeLabel {
-                    outcome: outcome.as_str(),
-                })
-                .inc_by(n);
+            reloads.get_or_create(&OutcomeLabel { outcome }).inc_by(n);
         }
         r.register(
             "config_reloads",
@@ -387,10 +383,7 @@ mod tests {
                 reopened: 0,
                 queued: 0,
             },
-            reloads: [
-                (crate::policy::live::Outcome::Applied, 1),
-                (crate::policy::live::Outcome::Rejected, 0),
-            ],
+            reloads: [("applied", 1), ("rejected", 0)],
         });
         for line in [
             "loopwarden_requests_total{api=\"anthropic\",status=\"200\"} 1",

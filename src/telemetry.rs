@@ -343,7 +343,7 @@ fn spans_of<'a>(call: &Call<'a>) -> Vec<Span<'a>> {
     let policy = row
         .policy
         .as_deref()
-        .unwrap_or(crate::policy::config::DEFAULT);
+        .unwrap_or(crate::names::DEFAULT_POLICY);
     let input = [
         row.input_tokens,
         row.cached_input_tokens,

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use loopwarden::config::CacheConfig;
 use loopwarden::detect::Decision;
 use loopwarden::dialect::Dialect;
-use loopwarden::intervene::service::ConversationState;
+use loopwarden::interventions::ConversationState;
 use loopwarden::policy::Policy;
 use loopwarden::proxy::analysis::{Analyser, Arrival};
 use loopwarden::proxy::memory::{BodyComparison, Memory};

@@ -152,24 +152,7 @@ fn builtin(call: &ToolCall, ctx: &CallContext<'_>) -> Option<ToolAction> {
         // Shell tools: Claude Code Bash, mini-swe-agent/SWE-agent/opencode bash, Codex
         // exec_command (cmd), Gemini run_shell_command, OpenHands execute_bash.
         "Bash" | "bash" | "exec_command" | "run_shell_command" | "execute_bash" | "shell"
-        | "local_shell" | "terminal" => {
-            let cmd = match call.args.get("command").or_else(|| call.args.get("cmd")) {
-                Some(serde_json::Value::String(s)) => s.clone(),
-                // Older Codex `shell {command: ["bash","-lc","..."]}`.
-                Some(serde_json::Value::Array(parts)) => parts
-                    .iter()
-                    .filter_map(|p| p.as_str())
-                    .next_back()
-                    .unwrap_or("")
-                    .to_string(),
-                _ => return None,
-            };
-            // OpenHands sends keystrokes (`C-c`) to a running command as input.
-            if arg(call, "is_input") == Some("true") {
-                return Some(simple(call, ActionKind::Other, None));
-            }
-            Some(shell(&cmd))
-        }
+        | "local_shell" | "terminal" => shell_call(call),
         // Claude Code Read, Gemini read_file, opencode read.
         "Read" | "read_file" | "read" | "view" | "cat" => {
             let path = arg_any(call, &["file_path", "filePath", "path", "absolute_path"])?;
@@ -199,31 +182,7 @@ fn builtin(call: &ToolCall, ctx: &CallContext<'_>) -> Option<ToolAction> {
             }
             None
         }
-        "MultiEdit" => {
-            let path = arg_any(call, &["file_path", "filePath"])?;
-            let edits = call.args.get("edits")?.as_array()?;
-            let changes = edits
-                .iter()
-                .map(|e| Change::Edit {
-                    path: path.to_string(),
-                    old: hash64(
-                        e.get("old_string")
-                            .and_then(|v| v.as_str())
-                            .unwrap_or("")
-                            .as_bytes(),
-                    ),
-                    new: hash64(
-                        e.get("new_string")
-                            .and_then(|v| v.as_str())
-                            .unwrap_or("")
-                            .as_bytes(),
-                    ),
-                })
-                .collect();
-            let mut a = simple(call, ActionKind::Edit, Some(path));
-            a.changes = changes;
-            Some(a)
-        }
+        "MultiEdit" => multi_edit(call),
         // Codex freeform apply_patch (input is the patch string), opencode apply_patch.
         "apply_patch" => {
             let patch = match &call.args {
@@ -235,32 +194,7 @@ fn builtin(call: &ToolCall, ctx: &CallContext<'_>) -> Option<ToolAction> {
             Some(patch_action(call, patch))
         }
         // OpenHands (and Anthropic's text editor tool).
-        "str_replace_editor" | "str_replace_based_edit_tool" | "text_editor" => {
-            let path = arg(call, "path").unwrap_or("");
-            match arg(call, "command").unwrap_or("") {
-                "view" => {
-                    let region = call.args.get("view_range").map(|v| v.to_string());
-                    Some(read(call, path, region))
-                }
-                "create" => Some(write(call, path, arg(call, "file_text").unwrap_or(""))),
-                "str_replace" => Some(edit(
-                    call,
-                    path,
-                    arg(call, "old_str").unwrap_or(""),
-                    arg(call, "new_str").unwrap_or(""),
-                )),
-                "insert" => Some(opaque_edit(call, path)),
-                "undo_edit" => {
-                    let mut a = simple(call, ActionKind::Edit, Some(path));
-                    a.changes.push(Change::Opaque {
-                        path: path.to_string(),
-                        detail: hash64(b"undo"),
-                    });
-                    Some(a)
-                }
-                _ => None,
-            }
-        }
+        "str_replace_editor" | "str_replace_based_edit_tool" | "text_editor" => text_editor(call),
         // SWE-agent's editor: views of the open file, searches, creation, submission.
         "open" => {
             let path = arg(call, "path")?;
@@ -301,6 +235,81 @@ fn builtin(call: &ToolCall, ctx: &CallContext<'_>) -> Option<ToolAction> {
         "LS" | "list_directory" | "list" | "ls" => {
             let path = arg_any(call, &["path", "dir_path", "dirPath", "directory"]).unwrap_or(".");
             Some(read(call, path, Some("dir".into())))
+        }
+        _ => None,
+    }
+}
+
+/// A shell tool's call: its command line, or other input to a running command.
+fn shell_call(call: &ToolCall) -> Option<ToolAction> {
+    let cmd = match call.args.get("command").or_else(|| call.args.get("cmd")) {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        // Older Codex `shell {command: ["bash","-lc","..."]}`.
+        Some(serde_json::Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.as_str())
+            .next_back()
+            .unwrap_or("")
+            .to_string(),
+        _ => return None,
+    };
+    // OpenHands sends keystrokes (`C-c`) to a running command as input.
+    if arg(call, "is_input") == Some("true") {
+        return Some(simple(call, ActionKind::Other, None));
+    }
+    Some(shell(&cmd))
+}
+
+/// Claude Code's `MultiEdit`: several replacements in one file.
+fn multi_edit(call: &ToolCall) -> Option<ToolAction> {
+    let path = arg_any(call, &["file_path", "filePath"])?;
+    let edits = call.args.get("edits")?.as_array()?;
+    let changes = edits
+        .iter()
+        .map(|e| Change::Edit {
+            path: path.to_string(),
+            old: hash64(
+                e.get("old_string")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("")
+                    .as_bytes(),
+            ),
+            new: hash64(
+                e.get("new_string")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("")
+                    .as_bytes(),
+            ),
+        })
+        .collect();
+    let mut a = simple(call, ActionKind::Edit, Some(path));
+    a.changes = changes;
+    Some(a)
+}
+
+/// OpenHands' editor (and Anthropic's text editor tool): one tool, its `command` says what.
+fn text_editor(call: &ToolCall) -> Option<ToolAction> {
+    let path = arg(call, "path").unwrap_or("");
+    match arg(call, "command").unwrap_or("") {
+        "view" => {
+            let region = call.args.get("view_range").map(|v| v.to_string());
+            Some(read(call, path, region))
+        }
+        "create" => Some(write(call, path, arg(call, "file_text").unwrap_or(""))),
+        "str_replace" => Some(edit(
+            call,
+            path,
+            arg(call, "old_str").unwrap_or(""),
+            arg(call, "new_str").unwrap_or(""),
+        )),
+        "insert" => Some(opaque_edit(call, path)),
+        "undo_edit" => {
+            let mut a = simple(call, ActionKind::Edit, Some(path));
+            a.changes.push(Change::Opaque {
+                path: path.to_string(),
+                detail: hash64(b"undo"),
+            });
+            Some(a)
         }
         _ => None,
     }

@@ -514,7 +514,7 @@ fn spend_of(row: LoggedSpend) -> (String, Spend) {
     let spend = Spend {
         policy: row
             .policy
-            .map_or_else(|| Arc::from(crate::policy::config::DEFAULT), Arc::from),
+            .map_or_else(|| Arc::from(crate::names::DEFAULT_POLICY), Arc::from),
         requests: count(row.requests),
         unreported: 0,
         unpriced: count(row.unpriced),

@@ -290,30 +290,7 @@ impl Stream {
                 (StreamEventKind::Other, none)
             }
             "response.output_item.added" => {
-                self.next_index = self.next_index.max(index + 1);
-                match (item_kind.as_str(), item) {
-                    ("function_call" | "custom_tool_call", Some(item)) => {
-                        let freeform = item_kind == "custom_tool_call";
-                        let args = if freeform { item.input } else { item.arguments };
-                        self.open_calls.push((
-                            index,
-                            PartialCall {
-                                id: item.call_id.unwrap_or_default(),
-                                name: item.name.unwrap_or_default(),
-                                args: args.map(Cow::into_owned).unwrap_or_default(),
-                                freeform,
-                            },
-                        ));
-                        self.hold.get_or_insert(Hold {
-                            output_index: index,
-                            seq_before,
-                            items_before: self.done_items.len(),
-                        });
-                        (StreamEventKind::ToolCallStart, none)
-                    }
-                    ("message", _) => (StreamEventKind::Text, none),
-                    _ => (StreamEventKind::Other, none),
-                }
+                (self.item_added(index, &item_kind, item, seq_before), none)
             }
             "response.function_call_arguments.delta" | "response.custom_tool_call_input.delta" => {
                 if let Some((_, call)) = self.open_calls.iter_mut().find(|(i, _)| *i == index) {
@@ -362,35 +339,76 @@ impl Stream {
             | "response.content_part.done"
             | "response.output_text.annotation.added" => (StreamEventKind::Text, none),
             "response.completed" | "response.incomplete" | "response.failed" => {
-                if let Some(resp) = ev
-                    .response
-                    .and_then(|raw| serde_json::from_str::<Response<&RawValue>>(raw.get()).ok())
-                {
-                    // A stream that sent only the final object still gives its turn; one
-                    // that streamed its items has them already, and its final object's
-                    // copies of them are not read again.
-                    let streamed = !self.turn.text.is_empty() || !self.turn.calls.is_empty();
-                    let full = resp.into_turn(|item| {
-                        if streamed {
-                            Vec::new()
-                        } else {
-                            parse_message(item.get())
-                        }
-                    });
-                    if !streamed {
-                        self.turn.text = full.text;
-                        self.turn.calls = full.calls;
-                    }
-                    // Usage comes with the whole response, in `response.completed`.
-                    self.turn.input_tokens = full.input_tokens;
-                    self.turn.output_tokens = full.output_tokens;
-                    self.turn.cached_input_tokens = full.cached_input_tokens;
-                    self.turn.stop_reason = full.stop_reason;
+                if let Some(raw) = ev.response {
+                    self.completed(raw);
                 }
                 (StreamEventKind::MessageEnd, none)
             }
             _ => (StreamEventKind::Other, none),
         }
+    }
+
+    /// `response.output_item.added`: a tool call starts (and the client's view of the
+    /// stream is held from here), or a message.
+    fn item_added(
+        &mut self,
+        index: u64,
+        item_kind: &str,
+        item: Option<InputItem<'_, &RawValue>>,
+        seq_before: Option<u64>,
+    ) -> StreamEventKind {
+        self.next_index = self.next_index.max(index + 1);
+        match (item_kind, item) {
+            ("function_call" | "custom_tool_call", Some(item)) => {
+                let freeform = item_kind == "custom_tool_call";
+                let args = if freeform { item.input } else { item.arguments };
+                self.open_calls.push((
+                    index,
+                    PartialCall {
+                        id: item.call_id.unwrap_or_default(),
+                        name: item.name.unwrap_or_default(),
+                        args: args.map(Cow::into_owned).unwrap_or_default(),
+                        freeform,
+                    },
+                ));
+                self.hold.get_or_insert(Hold {
+                    output_index: index,
+                    seq_before,
+                    items_before: self.done_items.len(),
+                });
+                StreamEventKind::ToolCallStart
+            }
+            ("message", _) => StreamEventKind::Text,
+            _ => StreamEventKind::Other,
+        }
+    }
+
+    /// The final response object (`response.completed`, `.incomplete`, `.failed`): its
+    /// usage and stop reason, and the whole turn when nothing was streamed before it.
+    fn completed(&mut self, raw: &RawValue) {
+        let Ok(resp) = serde_json::from_str::<Response<&RawValue>>(raw.get()) else {
+            return;
+        };
+        // A stream that sent only the final object still gives its turn; one that
+        // streamed its items has them already, and its final object's copies of them are
+        // not read again.
+        let streamed = !self.turn.text.is_empty() || !self.turn.calls.is_empty();
+        let full = resp.into_turn(|item| {
+            if streamed {
+                Vec::new()
+            } else {
+                parse_message(item.get())
+            }
+        });
+        if !streamed {
+            self.turn.text = full.text;
+            self.turn.calls = full.calls;
+        }
+        // Usage comes with the whole response, in `response.completed`.
+        self.turn.input_tokens = full.input_tokens;
+        self.turn.output_tokens = full.output_tokens;
+        self.turn.cached_input_tokens = full.cached_input_tokens;
+        self.turn.stop_reason = full.stop_reason;
     }
 
     pub fn mark_released(&mut self) {

@@ -6,10 +6,11 @@
 //! appended, or looping turns rolled back), answer with a halt reply without calling the
 //! upstream, or hold the request for a human ([`pause`]). On the way back, a response
 //! whose tool call would complete a loop the policy halts on is blocked (the engine's
-//! `decide_response`, [`service::Interventions::check_response`]; the HTTP side is
+//! `decide_response`, `crate::interventions::Interventions::check_response`; the HTTP side is
 //! `crate::proxy::block`). Nothing here speaks HTTP or SQL.
 //! [`controls`] keeps halted conversations halted until a human speaks or an operator
-//! resumes them, across restarts; [`service`] holds that state and logs every intervention.
+//! resumes them, across restarts; `crate::interventions` holds that state and logs every
+//! intervention, per policy.
 //!
 //! Protocol facts this relies on (see CLIENTS.md): a halt is an ordinary assistant reply in
 //! the mode the client asked for (an SSE answer to a streaming request, never JSON, or some
@@ -22,7 +23,6 @@ pub mod pause;
 pub mod profile;
 pub mod rollback;
 pub mod ruling;
-pub mod service;
 pub mod text;
 
 use std::borrow::Cow;
@@ -35,7 +35,7 @@ use crate::request_bytes::RequestBytes;
 use crate::transcript::Transcript;
 
 pub use profile::AgentProfile;
-pub use ruling::{rule, rule_verdict, Act, Reminder, Ruling, Source, Stop};
+pub use ruling::{rule, rule_verdict, Act, Mode, Reminder, Ruling, Source, Stop};
 
 /// The `[intervene]` table of the config file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

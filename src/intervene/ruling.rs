@@ -11,7 +11,9 @@
 //! nothing else makes it: pure functions of their inputs, with no bytes, HTTP or store.
 //! Carrying a ruling out (appending a reminder, building a halt reply) is
 //! [`super::Intervener::carry_out`]'s; logging it and making a halt sticky,
-//! [`super::service::Interventions`]'.
+//! `crate::interventions::Interventions`'.
+
+use serde::{Deserialize, Serialize};
 
 use crate::budget::BudgetStatus;
 use crate::detect::{Action, Decision, Finding};
@@ -19,7 +21,34 @@ use crate::detect::{Action, Decision, Finding};
 use super::controls::Standing;
 use super::pause::DecidedBy;
 use super::{InterveneConfig, StopMode, Verdict};
-use crate::policy::Mode;
+
+/// How far a policy acts on what detection and budgets decide (a `[[policy]]`'s `mode`).
+/// Kept where rulings are made, since that is where it bends them; `crate::policy`
+/// re-exports it for its tables.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Act: remind, halt, hold, block, as the settings say.
+    #[default]
+    Enforce,
+    /// Remind only: a stop becomes the stronger (replan) reminder and no response is
+    /// blocked. For interactive sessions, where a person is there to stop the agent.
+    NudgeOnly,
+    /// Act on nothing: every byte passes both ways as if loopwarden were not there, and
+    /// the log records what it would have done (`would_nudge`, `would_halt`, ...). For
+    /// calibrating a policy on real traffic before enforcing it.
+    Shadow,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::NudgeOnly => "nudge-only",
+            Mode::Shadow => "shadow",
+        }
+    }
+}
 
 /// What happens to a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

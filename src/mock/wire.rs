@@ -535,81 +535,7 @@ fn responses(
         json!({"response": response("in_progress", json!([]), Value::Null)}),
     );
     for (idx, item) in items.iter().enumerate() {
-        let item_id = item["id"].clone();
-        match item["type"].as_str() {
-            Some("message") => {
-                let text = item["content"][0]["text"].as_str().unwrap_or("");
-                let mut added = item.clone();
-                added["status"] = json!("in_progress");
-                added["content"] = json!([]);
-                push(
-                    "response.output_item.added",
-                    json!({"output_index": idx, "item": added}),
-                );
-                push(
-                    "response.content_part.added",
-                    json!({"item_id": item_id, "output_index": idx,
-                    "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}),
-                );
-                for piece in pieces(text, 3) {
-                    push(
-                        "response.output_text.delta",
-                        json!({"item_id": item_id, "output_index": idx,
-                        "content_index": 0, "delta": piece, "logprobs": []}),
-                    );
-                }
-                push(
-                    "response.output_text.done",
-                    json!({"item_id": item_id, "output_index": idx,
-                    "content_index": 0, "text": text, "logprobs": []}),
-                );
-                push(
-                    "response.content_part.done",
-                    json!({"item_id": item_id, "output_index": idx,
-                    "content_index": 0, "part": item["content"][0]}),
-                );
-            }
-            Some("function_call") => {
-                let args = item["arguments"].as_str().unwrap_or("");
-                let mut added = item.clone();
-                added["status"] = json!("in_progress");
-                added["arguments"] = json!("");
-                push(
-                    "response.output_item.added",
-                    json!({"output_index": idx, "item": added}),
-                );
-                for piece in pieces(args, 3) {
-                    push(
-                        "response.function_call_arguments.delta",
-                        json!({"item_id": item_id, "output_index": idx, "delta": piece}),
-                    );
-                }
-                push(
-                    "response.function_call_arguments.done",
-                    json!({"item_id": item_id, "output_index": idx, "arguments": args}),
-                );
-            }
-            _ => {
-                let input = item["input"].as_str().unwrap_or("");
-                let mut added = item.clone();
-                added["status"] = json!("in_progress");
-                added["input"] = json!("");
-                push(
-                    "response.output_item.added",
-                    json!({"output_index": idx, "item": added}),
-                );
-                for piece in pieces(input, 3) {
-                    push(
-                        "response.custom_tool_call_input.delta",
-                        json!({"item_id": item_id, "output_index": idx, "delta": piece}),
-                    );
-                }
-                push(
-                    "response.custom_tool_call_input.done",
-                    json!({"item_id": item_id, "output_index": idx, "input": input}),
-                );
-            }
-        }
+        responses_item_events(&mut push, idx, item);
         push(
             "response.output_item.done",
             json!({"output_index": idx, "item": item}),
@@ -620,6 +546,87 @@ fn responses(
         json!({"response": response("completed", Value::Array(items), usage)}),
     );
     sse(ev, headers)
+}
+
+/// The stream events that build one output item of a Responses answer: from
+/// `response.output_item.added` through its content's `done` (the caller sends
+/// `response.output_item.done`).
+fn responses_item_events(push: &mut dyn FnMut(&str, Value), idx: usize, item: &Value) {
+    let item_id = item["id"].clone();
+    match item["type"].as_str() {
+        Some("message") => {
+            let text = item["content"][0]["text"].as_str().unwrap_or("");
+            let mut added = item.clone();
+            added["status"] = json!("in_progress");
+            added["content"] = json!([]);
+            push(
+                "response.output_item.added",
+                json!({"output_index": idx, "item": added}),
+            );
+            push(
+                "response.content_part.added",
+                json!({"item_id": item_id, "output_index": idx,
+                "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}),
+            );
+            for piece in pieces(text, 3) {
+                push(
+                    "response.output_text.delta",
+                    json!({"item_id": item_id, "output_index": idx,
+                    "content_index": 0, "delta": piece, "logprobs": []}),
+                );
+            }
+            push(
+                "response.output_text.done",
+                json!({"item_id": item_id, "output_index": idx,
+                "content_index": 0, "text": text, "logprobs": []}),
+            );
+            push(
+                "response.content_part.done",
+                json!({"item_id": item_id, "output_index": idx,
+                "content_index": 0, "part": item["content"][0]}),
+            );
+        }
+        Some("function_call") => {
+            let args = item["arguments"].as_str().unwrap_or("");
+            let mut added = item.clone();
+            added["status"] = json!("in_progress");
+            added["arguments"] = json!("");
+            push(
+                "response.output_item.added",
+                json!({"output_index": idx, "item": added}),
+            );
+            for piece in pieces(args, 3) {
+                push(
+                    "response.function_call_arguments.delta",
+                    json!({"item_id": item_id, "output_index": idx, "delta": piece}),
+                );
+            }
+            push(
+                "response.function_call_arguments.done",
+                json!({"item_id": item_id, "output_index": idx, "arguments": args}),
+            );
+        }
+        _ => {
+            let input = item["input"].as_str().unwrap_or("");
+            let mut added = item.clone();
+            added["status"] = json!("in_progress");
+            added["input"] = json!("");
+            push(
+                "response.output_item.added",
+                json!({"output_index": idx, "item": added}),
+            );
+            for piece in pieces(input, 3) {
+                push(
+                    "response.custom_tool_call_input.delta",
+                    json!({"item_id": item_id, "output_index": idx, "delta": piece}),
+                );
+            }
+            push(
+                "response.custom_tool_call_input.done",
+                json!({"item_id": item_id, "output_index": idx, "input": input}),
+            );
+        }
+    }
 }
 
 // ------------------------------------------------------------------------------- Gemini

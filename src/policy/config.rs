@@ -37,6 +37,18 @@ pub struct PolicyTable {
     pub log: Option<toml::Table>,
 }
 
+/// What the policies are resolved from: the file's `[[policy]]` tables and the global
+/// settings they build on. `crate::config` hands these over, so that resolving a policy
+/// needs nothing else of the configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct Sources<'a> {
+    pub policies: &'a [PolicyTable],
+    pub detect: &'a DetectConfig,
+    pub intervene: &'a InterveneConfig,
+    pub budget: &'a BudgetConfig,
+    pub log: &'a LogConfig,
+}
+
 /// The global settings every policy's own merge onto, as tables.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SectionTables {
@@ -47,9 +59,9 @@ pub struct SectionTables {
 }
 
 impl SectionTables {
-    /// The global settings of `config` as tables. Made from the settings themselves, not
-    /// the file's text, so that what the environment or a caller set is the base too.
-    pub fn of(config: &crate::config::Config) -> Result<SectionTables, PolicyError> {
+    /// The global settings as tables. Made from the settings themselves, not the file's
+    /// text, so that what the environment or a caller set is the base too.
+    pub fn of(config: &Sources<'_>) -> Result<SectionTables, PolicyError> {
         fn table<T: serde::Serialize>(
             section: &str,
             value: &T,
@@ -65,10 +77,10 @@ impl SectionTables {
             }
         }
         Ok(SectionTables {
-            detect: table("detect", &config.detect)?,
-            intervene: table("intervene", &config.intervene)?,
-            budget: table("budget", &config.budget)?,
-            log: table("log", &config.log)?,
+            detect: table("detect", config.detect)?,
+            intervene: table("intervene", config.intervene)?,
+            budget: table("budget", config.budget)?,
+            log: table("log", config.log)?,
         })
     }
 }
@@ -114,8 +126,8 @@ pub struct PolicyError {
     pub problem: String,
 }
 
-/// The name of the policy that applies when no other matches.
-pub const DEFAULT: &str = "default";
+/// The name of the policy that applies when no other matches (`crate::names`).
+pub const DEFAULT: &str = crate::names::DEFAULT_POLICY;
 
 /// Every policy of the file resolved, in file order, and the default one (the file's
 /// `default`, or the global settings under that name) last.

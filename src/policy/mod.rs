@@ -7,51 +7,25 @@
 //! applies; when none does, the policy named `default` (or, without one, the global
 //! tables). What a policy's settings are made of is `config`'s rule: defaults < global
 //! tables < the inherited policy < the policy's own. The set in force is swapped whole on
-//! a reload (`live`); a request keeps the policy it started under.
+//! a reload (`crate::reload`); a request keeps the policy it started under.
+//!
+//! The part resolves its `[[policy]]` tables over the global sections `crate::config`
+//! hands it (`config::Sources`), knowing nothing else of the configuration; `crate::config`
+//! assembles the whole and checks it by resolving them.
 
 pub mod config;
-pub mod explain;
 pub mod key_id;
-pub mod live;
 pub mod select;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use crate::budget::BudgetConfig;
-use crate::config::{Config, ConfigError};
 use crate::detect::{DetectConfig, Engine};
+pub use crate::intervene::Mode;
 use crate::intervene::{InterveneConfig, Intervener};
 use crate::store::LogConfig;
 pub use select::{Client, Selector, Traffic};
-
-/// How far a policy acts on what detection and budgets decide.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// Act: remind, halt, hold, block, as the settings say.
-    #[default]
-    Enforce,
-    /// Remind only: a stop becomes the stronger (replan) reminder and no response is
-    /// blocked. For interactive sessions, where a person is there to stop the agent.
-    NudgeOnly,
-    /// Act on nothing: every byte passes both ways as if loopwarden were not there, and
-    /// the log records what it would have done (`would_nudge`, `would_halt`, ...). For
-    /// calibrating a policy on real traffic before enforcing it.
-    Shadow,
-}
-
-impl Mode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Enforce => "enforce",
-            Mode::NudgeOnly => "nudge-only",
-            Mode::Shadow => "shadow",
-        }
-    }
-}
 
 /// One policy, ready to serve: its settings and the engine built from them.
 #[derive(Debug)]
@@ -121,18 +95,17 @@ pub struct PolicySet {
 
 impl PolicySet {
     /// The policies a configuration declares (its global tables as `default` when it
-    /// declares none by that name).
-    pub fn of(config: &Config) -> Result<PolicySet, ConfigError> {
-        let sections = config::SectionTables::of(config).map_err(ConfigError::Policy)?;
-        let resolved =
-            config::resolve_all(&config.policies, &sections).map_err(ConfigError::Policy)?;
+    /// declares none by that name); `crate::config::Config::policy_set` hands them over.
+    pub fn of(config: &config::Sources<'_>) -> Result<PolicySet, config::PolicyError> {
+        let sections = config::SectionTables::of(config)?;
+        let resolved = config::resolve_all(config.policies, &sections)?;
         for r in &resolved {
-            r.selector.validate().map_err(|problem| {
-                ConfigError::Policy(config::PolicyError {
+            r.selector
+                .validate()
+                .map_err(|problem| config::PolicyError {
                     policy: r.name.clone(),
                     problem,
-                })
-            })?;
+                })?;
         }
         let mut ordered = Vec::new();
         let mut default = None;
@@ -209,8 +182,9 @@ impl PolicySet {
         self.named(name).unwrap_or(&self.default)
     }
 
-    /// Carries the match counts of `before`'s policies over to the same names here.
-    fn keep_counts(&self, before: &PolicySet) {
+    /// Carries the match counts of `before`'s policies over to the same names here (a
+    /// reload, `crate::reload`).
+    pub fn keep_counts(&self, before: &PolicySet) {
         for p in self.iter() {
             if let Some(old) = before.named(&p.name) {
                 p.matched.store(old.matched(), Ordering::Relaxed);
@@ -222,11 +196,12 @@ impl PolicySet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use crate::detect::config::Response;
 
     fn set(toml: &str) -> Result<PolicySet, String> {
         let config: Config = toml::from_str(toml).map_err(|e| e.to_string())?;
-        PolicySet::of(&config).map_err(|e| e.to_string())
+        config.policy_set().map_err(|e| e.to_string())
     }
 
     fn traffic(team: Option<&str>, user_agent: &str, model: Option<&str>) -> Traffic<'static> {
@@ -392,7 +367,7 @@ mod tests {
         let mut config = Config::default();
         config.detect.thresholds.fail_loop_runs = 7;
         config.intervene.block = false;
-        let set = PolicySet::of(&config).unwrap();
+        let set = config.policy_set().unwrap();
         let names: Vec<&str> = set.iter().map(|p| &*p.name).collect();
         assert_eq!(names, ["default"]);
         let default = set.named("default").unwrap();

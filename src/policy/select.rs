@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dialect::Dialect;
 use crate::glob;
+pub use crate::names::team_name;
 
 /// The `match` table of a policy. Every selector given must hold (and); within one
 /// selector's list, any pattern may (or). Patterns are globs (`crate::glob`). A policy
@@ -114,6 +115,17 @@ impl<'a> Traffic<'a> {
             api,
         }
     }
+
+    /// The same traffic asking for `model` (read from the body or the path).
+    pub fn with_model<'b>(&self, model: Option<&'b str>) -> Traffic<'b>
+    where
+        'a: 'b,
+    {
+        Traffic {
+            model,
+            ..self.clone()
+        }
+    }
 }
 
 /// A request's `user-agent` (empty when it has none, or none in ASCII).
@@ -137,16 +149,6 @@ pub fn team_of<'a>(
         None => Cow::Borrowed(headers.get(TEAM_HEADER)?.to_str().ok()?.trim()),
     };
     Some(team_name(raw))
-}
-
-/// A team's name as matched and logged: ASCII letters in lower case, so that `CI` and
-/// `ci` are one team (its conversations, its policy, its row in the dashboard).
-pub fn team_name(raw: Cow<'_, str>) -> Cow<'_, str> {
-    if raw.bytes().any(|b| b.is_ascii_uppercase()) {
-        Cow::Owned(raw.to_ascii_lowercase())
-    } else {
-        raw
-    }
 }
 
 /// The clients loopwarden knows by their `user-agent` (CLIENTS.md).

@@ -430,8 +430,8 @@ pub async fn policies(State(app): State<Arc<App>>) -> Response {
 pub async fn reload_policies(State(app): State<Arc<App>>) -> Response {
     let reload = app.policies.reload("admin");
     let status = match reload.outcome {
-        crate::policy::live::Outcome::Applied => StatusCode::OK,
-        crate::policy::live::Outcome::Rejected => StatusCode::UNPROCESSABLE_ENTITY,
+        crate::reload::Outcome::Applied => StatusCode::OK,
+        crate::reload::Outcome::Rejected => StatusCode::UNPROCESSABLE_ENTITY,
     };
     (status, Json(reload)).into_response()
 }

@@ -32,7 +32,7 @@ use super::route::Route;
 use crate::detect::{Decision, EngineState};
 use crate::dialect::compaction::{self, Markers};
 use crate::dialect::Dialect;
-use crate::intervene::service::ConversationState;
+use crate::interventions::ConversationState;
 use crate::policy::Policy;
 use crate::request_bytes::RequestBytes;
 use crate::store::redact::summary;
@@ -74,6 +74,29 @@ pub struct Analysis {
     pub parse: ParseStatus,
     pub parse_error: Option<crate::store::Masked>,
     pub parsed: Option<Parsed>,
+}
+
+impl Analysis {
+    /// A request whose history was not read (not a conversation, or not readable).
+    fn unread(
+        policy: Arc<Policy>,
+        identity: Identity,
+        dialect: Option<Dialect>,
+        stream: bool,
+        parse: ParseStatus,
+        parse_error: Option<crate::store::Masked>,
+    ) -> Analysis {
+        Analysis {
+            policy,
+            identity,
+            dialect,
+            model: None,
+            stream,
+            parse,
+            parse_error,
+            parsed: None,
+        }
+    }
 }
 
 /// A request whose history was read.
@@ -136,29 +159,18 @@ impl Analyser {
         } = arrival;
         let fallback = || identity::fallback(headers, route.path).in_team(team);
         let path_model = Dialect::model_from_path(route.path);
-        let unread =
-            |policy: Arc<Policy>, stated: Option<Identity>, dialect, parse, parse_error| Analysis {
-                policy,
-                identity: stated.unwrap_or_else(fallback),
-                dialect,
-                model: None,
-                stream: route.dialect.is_some_and(|(_, stream_path)| stream_path),
-                parse,
-                parse_error,
-                parsed: None,
-            };
+        let stream = route.dialect.is_some_and(|(_, stream_path)| stream_path);
+        let unread = |policy, stated: Option<Identity>, dialect, parse, error| {
+            let identity = stated.unwrap_or_else(fallback);
+            Analysis::unread(policy, identity, dialect, stream, parse, error)
+        };
         let (Some((dialect, stream_path)), Some(found)) = (route.dialect, earlier.finish(body))
         else {
-            return Analysis {
-                stream: false,
-                ..unread(
-                    policy(path_model),
-                    stated,
-                    None,
-                    ParseStatus::NotConversation,
-                    None,
-                )
-            };
+            let policy = policy(path_model);
+            let mut not_conversation =
+                unread(policy, stated, None, ParseStatus::NotConversation, None);
+            not_conversation.stream = false;
+            return not_conversation;
         };
         let Predecessor {
             recall,
@@ -167,28 +179,16 @@ impl Analyser {
         } = found;
         // Its unchanged messages are recognised without hashing, and the scan resumes
         // after the bytes it shares with the conversation's last request.
-        let history = match self.memory.messages.read_history(
-            dialect,
-            body,
-            stream_path,
-            last,
-            compared.as_ref(),
-        ) {
+        let messages = &self.memory.messages;
+        let read = messages.read_history(dialect, body, stream_path, last, compared.as_ref());
+        let history = match read {
             Ok(history) => history,
             Err(e) => {
                 // Forwarded untouched all the same; the log says why it was not read.
-                let reason = summary(&e.to_string(), 200);
-                if let Some(skipped) = UNPARSED_WARNING.admit(crate::store::now_ms()) {
-                    tracing::warn!(path = route.path, dialect = dialect.as_str(), error = %reason, more_since_last = skipped, "request body not parsed; forwarded untouched (one line per 10 s at most; each is in the log)");
-                }
+                let reason = unparsed(route.path, dialect, &e.to_string());
                 let policy = policy(path_model);
-                return unread(
-                    policy,
-                    stated,
-                    Some(dialect),
-                    ParseStatus::Unparsed,
-                    Some(reason),
-                );
+                let dialect = Some(dialect);
+                return unread(policy, stated, dialect, ParseStatus::Unparsed, Some(reason));
             }
         };
         let History {
@@ -200,27 +200,15 @@ impl Analyser {
             model,
             stream,
         } = history;
-        // Hashed once per conversation head, not per request (the last request kept it).
-        let head = match stated {
-            Some(_) => None,
-            None => head.or_else(|| identity::from_head(&transcript)),
-        };
-        let mut identity = match stated {
-            Some(stated) => stated,
-            None => head.clone().map_or_else(fallback, |h| h.in_team(team)),
-        };
+        let (head, mut identity) = identify(stated, head, &transcript, fallback, team);
         let model = model.or_else(|| path_model.map(str::to_string));
         let policy = policy(model.as_deref());
+        let sent = Sent::of(route, headers, body);
         let Followed {
             compaction,
             run,
             stated_id,
-        } = self.follow(
-            &mut identity,
-            &Sent::of(route, headers, body),
-            &transcript,
-            fold.as_ref(),
-        );
+        } = self.follow(&mut identity, &sent, &transcript, fold.as_ref());
         // A summary request is read as the history it summarizes, without the client's
         // instruction (which would read as a human speaking, to the engine and to a halt).
         // Its standing is what the run's fold must know (an operator's resume); nothing
@@ -245,9 +233,8 @@ impl Analyser {
             // The run's state here is what the conversation that continues it carries.
             let sender = sender(headers, route.query);
             let now = crate::store::now_ms();
-            self.memory
-                .lineage
-                .compacted(&identity.id, state.clone(), sender, now);
+            let lineage = &self.memory.lineage;
+            lineage.compacted(&identity.id, state.clone(), sender, now);
             // Never acted on: no decision to log either.
             decision = Decision::observe();
         }
@@ -425,6 +412,37 @@ fn rename(identity: &mut Identity, run: String) -> Option<String> {
 /// Who sent a request, as a run's lineage compares it: the API key's fingerprint (never
 /// the key) and the client, as the product token of its `user-agent` (finer than the
 /// policies' client names, which put every unknown client under one).
+/// Who a read request is: the id it states, else the one its transcript's head names (in
+/// its team), else the fallback; with the head's identity, worked out only when no id
+/// was stated (the last request kept it: it is hashed once per conversation head, not
+/// per request).
+fn identify(
+    stated: Option<Identity>,
+    head: Option<Identity>,
+    transcript: &Transcript,
+    fallback: impl FnOnce() -> Identity,
+    team: Option<&str>,
+) -> (Option<Identity>, Identity) {
+    match stated {
+        Some(stated) => (None, stated),
+        None => {
+            let head = head.or_else(|| identity::from_head(transcript));
+            let identity = head.clone().map_or_else(fallback, |h| h.in_team(team));
+            (head, identity)
+        }
+    }
+}
+
+/// Why a request's body was not read, as the log keeps it; said in the proxy's own log as
+/// well, one line per 10 s at most.
+fn unparsed(path: &str, dialect: Dialect, error: &str) -> crate::store::Masked {
+    let reason = summary(error, 200);
+    if let Some(skipped) = UNPARSED_WARNING.admit(crate::store::now_ms()) {
+        tracing::warn!(path, dialect = dialect.as_str(), error = %reason, more_since_last = skipped, "request body not parsed; forwarded untouched (one line per 10 s at most; each is in the log)");
+    }
+    reason
+}
+
 fn sender(headers: &HeaderMap, query: Option<&str>) -> Sender {
     let product = crate::policy::select::user_agent(headers)
         .split(|c: char| c == '/' || c.is_whitespace())

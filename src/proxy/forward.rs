@@ -23,6 +23,7 @@ use super::identity;
 use super::intervention::{self, Guard, Held, Planned};
 use super::memory::BodyComparison;
 use super::record::{Capture, Finished, Outcome, ParseStatus};
+use super::response_chain::{HttpRequest, ResponseChain};
 use super::route::{self, Route, Upstream};
 use super::tee::{Pending, TeeBody};
 use super::upstream::Outgoing;
@@ -53,57 +54,25 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let resolved = route::resolve_dots(&parts.uri);
     let route = route::route(resolved.as_deref().unwrap_or(&parts.uri), &parts.headers);
 
+    // Who is asking, and the policy each model would put them under.
     let stated = identity::stated(&parts.headers, route.conversation);
     let policies = app.policies.current();
     let dialect = route.dialect.map(|(dialect, _)| dialect);
-    let traffic = Traffic::of(
-        &parts.headers,
-        route.team,
-        route.query,
-        dialect,
-        policies.needs_key_id(),
-    );
-    let select = |model: Option<&str>| {
-        policies.select(&Traffic {
-            model,
-            ..traffic.clone()
-        })
+    let key_id = policies.needs_key_id();
+    let traffic = Traffic::of(&parts.headers, route.team, route.query, dialect, key_id);
+    let select = |model: Option<&str>| policies.select(&traffic.with_model(model));
+
+    // The body, read once; refused before it is read, or when reading it fails: answered
+    // and logged under the policy the path's model (if any) selects.
+    let stated_id = stated.as_ref().map(|s| &*s.id);
+    let read = match refused_unread(&app, &parts, resolved.is_err(), &body) {
+        Some(refusal) => Err(refusal),
+        None => read_within_limits(&app, body, dialect, stated_id).await,
     };
-    let max = app.config.server.max_body_bytes;
-    let refusal = if parts.method == http::Method::CONNECT {
-        Some(Refusal::Connect)
-    } else if resolved.is_err() {
-        Some(Refusal::ClimbsOut)
-    } else if app.config.server.websocket == WebSocketMode::Refuse
-        && route::asks_websocket(&parts.method, &parts.headers)
-    {
-        Some(Refusal::WebSocket)
-    } else if http_body::Body::size_hint(&body).lower() > max as u64 {
-        // Announced (`Content-Length`): refused before a byte of it is asked for (a client
-        // that waits for `100 Continue` never sends it).
-        Some(Refusal::TooLarge { max })
-    } else {
-        None
-    };
-    let path_model = || Dialect::model_from_path(route.path);
-    if let Some(refusal) = refusal {
-        let policy = select(path_model());
-        return refuse(
-            &app, &policy, &parts, &route, stated, refusal, started, started_ms,
-        );
-    }
-    let mut earlier = BodyComparison::new(
-        &app.analyser.memory,
-        dialect,
-        stated.as_ref().map(|s| &*s.id),
-    );
-    let idle_secs = app.config.server.body_timeout_secs;
-    let body = super::body::with_idle_timeout(body, Duration::from_secs(idle_secs));
-    let body = match read_body(body, max, &mut earlier).await {
-        Ok(body) => body,
-        Err(e) => {
-            let refusal = Refusal::of_body(&e, max, idle_secs);
-            let policy = select(path_model());
+    let (body, earlier) = match read {
+        Ok(read) => read,
+        Err(refusal) => {
+            let policy = select(Dialect::model_from_path(route.path));
             return refuse(
                 &app, &policy, &parts, &route, stated, refusal, started, started_ms,
             );
@@ -113,24 +82,8 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     // own work can be told from it.
     let body_read = started.elapsed();
 
-    // A Responses request that continues an earlier answer by id is read with that
-    // answer's history before it (`super::response_chain`); its bytes go as they came.
-    let continued = match dialect {
-        Some(Dialect::OpenAiResponses) => super::response_chain::read_http(&app.responses, &body),
-        _ => None,
-    };
-    let (whole, earlier) = match continued.as_ref().and_then(|c| c.whole.as_ref()) {
-        Some(whole) => {
-            let mut fresh = BodyComparison::new(
-                &app.analyser.memory,
-                dialect,
-                stated.as_ref().map(|s| &*s.id),
-            );
-            let read = read_body(Body::from(whole.to_whole()), max, &mut fresh).await;
-            (read.ok(), fresh)
-        }
-        None => (None, earlier),
-    };
+    // Read and decided (a request that continues an earlier answer, with its history).
+    let (continued, whole, earlier) = continuation(&app, dialect, &body, stated_id, earlier).await;
     let analysed = whole.as_ref().unwrap_or(&body);
     let arrival = Arrival {
         route: &route,
@@ -149,21 +102,14 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         },
     );
     drop(policies);
+
+    // The ruling carried out: forwarded, rewritten, answered in the upstream's place, or
+    // held for a human.
     let request_id = next_request_id();
     let stream = analysis.stream;
     // Gemini streams a JSON array unless asked for SSE.
-    let json_array = stream
-        && analysis.dialect == Some(Dialect::Gemini)
-        && !route
-            .query
-            .is_some_and(|q| q.split('&').any(|kv| kv == "alt=sse"));
-    let Planned {
-        effect,
-        mut applied,
-        held,
-        guard,
-        ..
-    } = plan(
+    let json_array = stream && analysis.dialect == Some(Dialect::Gemini) && !asks_sse(&route);
+    let mut planned = plan(
         &app,
         &mut analysis,
         &parts.headers,
@@ -172,75 +118,151 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         request_id,
     );
     // A rewrite of the whole history, carried over to the request the client sent.
-    let effect = match (effect, continued.as_ref().filter(|_| whole.is_some())) {
-        (Effect::ForwardModified(rewritten), Some(c)) => match c.rewritten(&rewritten) {
-            Some(body) => Effect::ForwardModified(body),
-            None => {
-                applied = Applied::FailedOpen;
-                Effect::Forward
-            }
-        },
-        (effect, _) => effect,
-    };
+    let continued_whole = continued.as_ref().filter(|_| whole.is_some());
+    let effect = carry_over(planned.effect, continued_whole, &mut planned.applied);
 
+    // The log entry that travels with the answer, and (below) the headers the answer carries.
     let policy = analysis.policy.clone();
     // Responses are decoded for the log only when the request itself was read.
     let capture_dialect = analysis.parsed.as_ref().map(|p| p.dialect);
+    let applied = planned.applied;
     let mut finished = new_record(&app, &parts, &route, &body, analysis, applied, started_ms);
     // The id the intervention log already used for this request.
     finished.row.id = request_id;
-    if let Some(c) = continued {
-        if let Some(id) = &c.missing {
-            let note = super::response_chain::missing(id);
-            finished.row.parse_error.get_or_insert(note);
-        }
-        finished.chain = c.pending(&app.responses);
-    }
     finished.row.body_read_us = Some(body_read.as_micros() as i64);
-    let stamp = Stamp {
-        conversation: HeaderValue::from_str(&finished.row.conversation_id).ok(),
-        // What was done to the request: under a shadow policy nothing (`observe`), whatever
-        // it would have done (which the log keeps as `would_*`).
-        decision: finished
-            .row
-            .decision
-            .as_deref()
-            .and_then(|d| match policy.mode {
-                Mode::Shadow => Some(HeaderValue::from_static("observe")),
-                _ => HeaderValue::from_str(d).ok(),
-            }),
-        policy: HeaderValue::from_str(&policy.name).ok(),
-    };
-    let held_stamp = stamp.clone();
-    // The upstream and the URL to send to, worked out once from the route.
-    let target = app.client.target(route.upstream, route.path, route.query);
-    let upstream = route.upstream;
+    if let Some(c) = continued {
+        note_continued(&mut finished, c, &app.responses);
+    }
+
+    // Sent: now, or once a held request is decided.
     let dispatch = Dispatch {
         app: app.clone(),
-        upstream,
-        target,
+        upstream: route.upstream,
+        // The URL to send to, worked out once from the route.
+        target: app.client.target(route.upstream, route.path, route.query),
         parts,
         body,
         started,
         capture_dialect,
-        stamp,
+        stamp: Stamp::of(&finished.row, &policy),
     };
-    match held {
-        Some(held) if stream && !json_array => {
-            // The client asked for a stream: keep it alive with SSE comments while a human
-            // decides; the answer then follows in the same stream.
-            let mut response = intervention::held_stream(&policy, async move {
-                dispatch.send_when_decided(*held, finished).await
-            });
-            held_stamp.apply(&mut response);
-            response
-        }
+    match planned.held {
+        Some(held) if stream && !json_array => dispatch.held_stream(&policy, *held, finished),
         // Rare, and its future is large: boxed, so that every request's future (which axum
         // boxes and moves) does not carry room for it.
         Some(held) => Box::pin(dispatch.send_when_decided(*held, finished)).await,
         // Boxed: axum boxes this handler's future and moves it (two copies of its size per
         // request); with the dispatch inline that was ~9 KB each time.
-        None => Box::pin(dispatch.send(effect, finished, guard)).await,
+        None => Box::pin(dispatch.send(effect, finished, planned.guard)).await,
+    }
+}
+
+/// A Gemini request's query asks for SSE (`alt=sse`) rather than a streamed JSON array.
+fn asks_sse(route: &Route<'_>) -> bool {
+    route
+        .query
+        .is_some_and(|q| q.split('&').any(|kv| kv == "alt=sse"))
+}
+
+/// What the log keeps of a request that continues an earlier answer (a Responses request
+/// naming it by id): that the answer was not known, and the answer to remember for the
+/// next request that continues this one.
+fn note_continued(finished: &mut Finished, c: HttpRequest, responses: &Arc<ResponseChain>) {
+    if let Some(id) = &c.missing {
+        let note = super::response_chain::missing(id);
+        finished.row.parse_error.get_or_insert(note);
+    }
+    finished.chain = c.pending(responses);
+}
+
+/// A Responses request that continues an earlier answer by id (`super::response_chain`):
+/// the continuation, and its whole history (the earlier answer's and its own) read as a
+/// request that sent it all would be, compared with what the conversation sent last (in
+/// place of `earlier`; `None` when it cannot be read). The request's own bytes go as they
+/// came.
+async fn continuation<'a>(
+    app: &'a App,
+    dialect: Option<Dialect>,
+    body: &RequestBytes,
+    stated_id: Option<&str>,
+    earlier: BodyComparison<'a>,
+) -> (
+    Option<HttpRequest>,
+    Option<RequestBytes>,
+    BodyComparison<'a>,
+) {
+    let continued = match dialect {
+        Some(Dialect::OpenAiResponses) => super::response_chain::read_http(&app.responses, body),
+        _ => None,
+    };
+    let Some(whole) = continued.as_ref().and_then(|c| c.whole.as_ref()) else {
+        return (continued, None, earlier);
+    };
+    let max = app.config.server.max_body_bytes;
+    let mut fresh = BodyComparison::new(&app.analyser.memory, dialect, stated_id);
+    let read = read_body(Body::from(whole.to_whole()), max, &mut fresh).await;
+    (continued, read.ok(), fresh)
+}
+
+/// A request's body, read within `server.max_body_bytes` and `server.body_timeout_secs`
+/// and compared, as it arrives, with what its conversation sent last (`stated_id`: the
+/// conversation its headers name); the refusal when it cannot be read.
+async fn read_within_limits<'a>(
+    app: &'a App,
+    body: Body,
+    dialect: Option<Dialect>,
+    stated_id: Option<&str>,
+) -> Result<(RequestBytes, BodyComparison<'a>), Refusal> {
+    let max = app.config.server.max_body_bytes;
+    let mut earlier = BodyComparison::new(&app.analyser.memory, dialect, stated_id);
+    let idle_secs = app.config.server.body_timeout_secs;
+    let body = super::body::with_idle_timeout(body, Duration::from_secs(idle_secs));
+    match read_body(body, max, &mut earlier).await {
+        Ok(body) => Ok((body, earlier)),
+        Err(e) => Err(Refusal::of_body(&e, max, idle_secs)),
+    }
+}
+
+/// Why a request is refused before a byte of its body is read, if it is: a `CONNECT`, a
+/// path that climbs out of its prefix (`climbs_out`), a WebSocket upgrade the config
+/// refuses, or a body announced larger than `server.max_body_bytes`.
+fn refused_unread(
+    app: &App,
+    parts: &http::request::Parts,
+    climbs_out: bool,
+    body: &Body,
+) -> Option<Refusal> {
+    let max = app.config.server.max_body_bytes;
+    if parts.method == http::Method::CONNECT {
+        Some(Refusal::Connect)
+    } else if climbs_out {
+        Some(Refusal::ClimbsOut)
+    } else if app.config.server.websocket == WebSocketMode::Refuse
+        && route::asks_websocket(&parts.method, &parts.headers)
+    {
+        Some(Refusal::WebSocket)
+    } else if http_body::Body::size_hint(body).lower() > max as u64 {
+        // Announced (`Content-Length`): refused before a byte of it is asked for (a client
+        // that waits for `100 Continue` never sends it).
+        Some(Refusal::TooLarge { max })
+    } else {
+        None
+    }
+}
+
+/// A rewrite of a continued request's whole history (`continued`: the request continues
+/// an earlier answer and was read with its history), carried over to the request the
+/// client sent; when it cannot be, the request goes as it came (`applied` says so).
+fn carry_over(effect: Effect, continued: Option<&HttpRequest>, applied: &mut Applied) -> Effect {
+    match (effect, continued) {
+        (Effect::ForwardModified(rewritten), Some(c)) => match c.rewritten(&rewritten) {
+            Some(body) => Effect::ForwardModified(body),
+            None => {
+                *applied = Applied::FailedOpen;
+                Effect::Forward
+            }
+        },
+        (effect, _) => effect,
     }
 }
 
@@ -385,6 +407,20 @@ struct Stamp {
 }
 
 impl Stamp {
+    /// The headers of a request's answer, from its log row under `policy`.
+    fn of(row: &RequestRow, policy: &Policy) -> Stamp {
+        Stamp {
+            conversation: HeaderValue::from_str(&row.conversation_id).ok(),
+            // What was done to the request: under a shadow policy nothing (`observe`),
+            // whatever it would have done (which the log keeps as `would_*`).
+            decision: row.decision.as_deref().and_then(|d| match policy.mode {
+                Mode::Shadow => Some(HeaderValue::from_static("observe")),
+                _ => HeaderValue::from_str(d).ok(),
+            }),
+            policy: HeaderValue::from_str(&policy.name).ok(),
+        }
+    }
+
     fn apply(&self, response: &mut Response) {
         let headers = response.headers_mut();
         if let Some(v) = &self.conversation {
@@ -421,6 +457,17 @@ struct Answered {
 }
 
 impl Dispatch {
+    /// A held request whose client asked for a stream: the stream is kept alive with SSE
+    /// comments while a human decides, and the answer then follows in it.
+    fn held_stream(self, policy: &Policy, held: Held, finished: Finished) -> Response {
+        let stamp = self.stamp.clone();
+        let mut response = intervention::held_stream(policy, async move {
+            self.send_when_decided(held, finished).await
+        });
+        stamp.apply(&mut response);
+        response
+    }
+
     /// Waits for the decision on a held request (a human's, or the timeout's), then sends
     /// what it came to. The wait is not the proxy's work: `started` moves on by it, so the
     /// request's proxy overhead (its row, `/admin/api/stats`, the latency histogram) counts

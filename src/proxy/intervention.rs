@@ -15,8 +15,8 @@ use super::App;
 use crate::detect::{Decision, EngineState};
 use crate::dialect::{HaltReply, ResponseTurn};
 use crate::intervene::pause::Ticket;
-use crate::intervene::service::ConversationState;
 use crate::intervene::{Applied, Effect, RequestInfo};
+use crate::interventions::ConversationState;
 use crate::policy::Policy;
 
 /// A request held for a human.

@@ -88,12 +88,12 @@ pub struct App {
     pub responses: Arc<response_chain::ResponseChain>,
     /// The policies in force (each with its engine and intervention settings), swapped
     /// whole on a reload.
-    pub policies: Arc<crate::policy::live::Live>,
+    pub policies: Arc<crate::reload::Live>,
     pub store: Store,
     /// Each conversation's spend, charged as answers end (`crate::budget::Ledger`).
     pub ledger: crate::budget::Ledger,
     /// Sticky halts, held requests and the intervention log (`crate::intervene`).
-    pub interventions: crate::intervene::service::Interventions,
+    pub interventions: crate::interventions::Interventions,
     /// Open client connections per serving thread, and where the next one goes.
     pub spread: spread::Spread,
     /// Every open client connection's state, the limits that reap them, the cap.
@@ -159,7 +159,7 @@ impl Running {
 
     /// Reads the config file again and puts its policies in force when it is valid (what
     /// SIGHUP does).
-    pub fn reload(&self, trigger: &'static str) -> crate::policy::live::Reload {
+    pub fn reload(&self, trigger: &'static str) -> crate::reload::Reload {
         self.app.policies.reload(trigger)
     }
 }
@@ -197,26 +197,23 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     }
     let metrics = Arc::new(crate::metrics::Metrics::default());
     let client = upstream::Client::new(&config.upstream);
-    let interventions = crate::intervene::service::Interventions::open(
-        store.clone(),
-        ledger.clone(),
-        metrics.clone(),
-    )
-    .await?
-    .with_alerts(alert_sink(
-        client.clone(),
-        public_url(&config, addr),
-        metrics.clone(),
-    ));
+    let interventions =
+        crate::interventions::Interventions::open(store.clone(), ledger.clone(), metrics.clone())
+            .await?
+            .with_alerts(alert_sink(
+                client.clone(),
+                public_url(&config, addr),
+                metrics.clone(),
+            ));
     let prices = ledger.clone();
-    let policies = Arc::new(crate::policy::live::Live::new(
-        crate::policy::PolicySet::of(&config)?,
+    let policies = Arc::new(crate::reload::Live::new(
+        config.policy_set()?,
         config.clone(),
         // The price table is the one setting outside the policies that a reload applies.
         Box::new(move |config: &Config| prices.set_prices(config.prices.clone())),
     ));
     if config.source.is_some() {
-        crate::policy::live::watch(Arc::downgrade(&policies));
+        crate::reload::watch(Arc::downgrade(&policies));
     }
     let traces = Arc::new(crate::telemetry::Traces::start(&config.telemetry));
     let app = Arc::new(App {
@@ -241,23 +238,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         traces,
     });
     spawn_sweeper(Arc::downgrade(&app), idle);
-    let replicas = match app.store.is_shared() {
-        false => None,
-        true => {
-            let replica = crate::replicas::replica_id();
-            let pending = app.interventions.pending.clone();
-            pending.share(app.store.clone(), replica.clone());
-            let shared = crate::replicas::Shared {
-                replica,
-                store: app.store.clone(),
-                ledger: app.ledger.clone(),
-                controls: app.interventions.controls.clone(),
-                pending,
-            };
-            let alive = Arc::downgrade(&app);
-            Some(crate::replicas::Replicas::start(shared, move || alive.strong_count() > 0).await)
-        }
-    };
+    let replicas = start_replicas(&app).await;
     crate::store::redact::warm_up();
 
     let router = own::router(app.clone());
@@ -294,6 +275,26 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         app,
         replicas,
     })
+}
+
+/// On a database several replicas share: this one's halts, held requests and spend synced
+/// with the others' (`crate::replicas`) while `app` lives. `None` on a database of its own.
+async fn start_replicas(app: &Arc<App>) -> Option<crate::replicas::Replicas> {
+    if !app.store.is_shared() {
+        return None;
+    }
+    let replica = crate::replicas::replica_id();
+    let pending = app.interventions.pending.clone();
+    pending.share(app.store.clone(), replica.clone());
+    let shared = crate::replicas::Shared {
+        replica,
+        store: app.store.clone(),
+        ledger: app.ledger.clone(),
+        controls: app.interventions.controls.clone(),
+        pending,
+    };
+    let alive = Arc::downgrade(app);
+    Some(crate::replicas::Replicas::start(shared, move || alive.strong_count() > 0).await)
 }
 
 /// Largest read buffer hyper keeps per client connection (its default is ~400 KiB), and so
@@ -622,7 +623,7 @@ fn colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
 enum Signal {
     /// SIGTERM or Ctrl-C: finish the requests in flight, write out the log, exit.
     Stop,
-    /// SIGHUP: read the config file again (`crate::policy::live`).
+    /// SIGHUP: read the config file again (`crate::reload`).
     Reload,
 }
 

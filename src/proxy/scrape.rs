@@ -36,7 +36,7 @@ pub async fn metrics(
         held_requests: app.interventions.pending.list().len() as u64,
         log_queue_depth: app.store.queue_depth() as u64,
         log,
-        reloads: app.policies.counts(),
+        reloads: app.policies.counts().map(|(o, n)| (o.as_str(), n)),
     };
     (
         [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],

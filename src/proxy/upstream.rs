@@ -34,7 +34,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::route::Upstream;
-use crate::config::UpstreamConfig;
+use crate::config::{extra_roots, UpstreamConfig};
 use crate::request_bytes::RequestBytes;
 
 /// Idle connections kept per origin and serving thread; one more returned is closed. A
@@ -118,20 +118,6 @@ pub enum Error {
     ConnectTimeout { dial: Uri, ms: u128 },
     #[error("upstream connection failed")]
     Http(#[from] hyper::Error),
-}
-
-/// The CA certificates of `upstream.ca_file` (PEM); an error saying what is wrong with the
-/// file. Read when the config is checked, and again when each client is made.
-pub fn extra_roots(path: &str) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
-    use rustls::pki_types::pem::PemObject;
-    let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("cannot read {path}: {e}"))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{path} is not PEM certificates: {e}"))?;
-    if certs.is_empty() {
-        return Err(format!("{path} holds no certificate"));
-    }
-    Ok(certs)
 }
 
 impl Client {

@@ -24,7 +24,7 @@ use crate::actions::ToolCatalog;
 use crate::config::CacheConfig;
 use crate::detect::{Action, DetectConfig, Engine, StoreFacts};
 use crate::dialect::{Dialect, ResponseTurn};
-use crate::intervene::service::ConversationState;
+use crate::interventions::ConversationState;
 use crate::policy::{Policy, PolicySet};
 use crate::proxy::analysis::{Analyser, Arrival};
 use crate::proxy::identity;
@@ -540,7 +540,7 @@ fn run_log(args: &ReplayArgs, db: &str) -> anyhow::Result<()> {
                 .with_context(|| format!("reading {}", p.display()))?,
             None => crate::config::Config::default(),
         };
-        Ok(PolicySet::of(&config)?)
+        Ok(config.policy_set()?)
     };
     let Some(candidate) = &args.candidate else {
         anyhow::bail!("--db needs --candidate");

@@ -237,6 +237,41 @@ fn skip_ws(s: &[u8], mut i: usize) -> usize {
     i
 }
 
+/// The last of `old`'s array `elements` that `body` holds byte for byte in the same place,
+/// and where it ends: `(k, shared)`. `known`: how many of `body`'s first bytes are already
+/// known to be `old`'s. Sixteen elements per comparison while all match, then one by one
+/// through the group that does not (few calls, and each byte compared about once).
+fn last_shared_element(
+    body: &RequestBytes,
+    old: &RequestBytes,
+    elements: &[(usize, usize)],
+    known: usize,
+) -> Option<(usize, usize)> {
+    let same = |from: usize, to: usize| {
+        let from = from.max(known).min(to);
+        body.range_eq(from..to, old, from..to)
+    };
+    let mut shared = 0;
+    let mut last = None;
+    for group in elements.chunks(16) {
+        let end = group[group.len() - 1].1;
+        if same(shared, end) {
+            shared = end;
+            last = Some(last.map_or(0, |k| k + 1) + group.len() - 1);
+            continue;
+        }
+        for &(_, end) in group {
+            if !same(shared, end) {
+                break;
+            }
+            shared = end;
+            last = Some(last.map_or(0, |k| k + 1));
+        }
+        break;
+    }
+    Some((last?, shared))
+}
+
 /// The spans of the first `n` elements of the array member `key` of a body (the first
 /// member so named; a member that is not an array is one element), scanning no further:
 /// enough to recognise a conversation by its first messages without reading its history.
@@ -464,32 +499,7 @@ impl<'a> Object<'a> {
         let array = &before.members[m];
         let old_elements = array.elements.as_ref()?;
         let known = prefix.map_or(0, |p| p.known(body, before));
-        // The last element whose end lies in the shared prefix: sixteen elements per
-        // comparison while all match, then one by one through the group that does not (few
-        // calls, and each byte compared about once).
-        let same = |from: usize, to: usize| {
-            let from = from.max(known).min(to);
-            body.range_eq(from..to, old, from..to)
-        };
-        let mut shared = 0;
-        let mut last = None;
-        for group in old_elements.chunks(16) {
-            let end = group[group.len() - 1].1;
-            if same(shared, end) {
-                shared = end;
-                last = Some(last.map_or(0, |k| k + 1) + group.len() - 1);
-                continue;
-            }
-            for &(_, end) in group {
-                if !same(shared, end) {
-                    break;
-                }
-                shared = end;
-                last = Some(last.map_or(0, |k| k + 1));
-            }
-            break;
-        }
-        let k = last?;
+        let (k, shared) = last_shared_element(body, old, old_elements, known)?;
         // The scan goes on in the body's last piece: a body in two pieces must have its
         // tail start at an element up to `k` (all shared, so its head is `old`'s bytes up
         // to there and every element and member lies in one piece).

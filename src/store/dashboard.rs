@@ -24,13 +24,12 @@ pub struct ConversationFilter {
 
 impl ConversationFilter {
     /// An empty filter value is no filter (a form's unset field); a team is written as the
-    /// log has it (`crate::policy::select::team_name`: `CI` finds `ci`).
+    /// log has it (`crate::names::team_name`: `CI` finds `ci`).
     pub fn normalized(self) -> ConversationFilter {
         let set = |v: Option<String>| v.filter(|v| !v.trim().is_empty());
         ConversationFilter {
             policy: set(self.policy),
-            team: set(self.team)
-                .map(|t| crate::policy::select::team_name(t.as_str().into()).into_owned()),
+            team: set(self.team).map(|t| crate::names::team_name(t.as_str().into()).into_owned()),
             client: set(self.client),
             model: set(self.model),
             decision: set(self.decision),

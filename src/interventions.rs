@@ -4,19 +4,23 @@
 //! store), [`Interventions::plan`] (the ruling, carried out, logged), and for a held
 //! request [`Interventions::hold`] then [`Interventions::after_verdict`]; per response,
 //! [`Interventions::armed`] and [`Interventions::check_response`] (block). What happens
-//! is ruled in one place, [`super::ruling`]; this file keeps the state and the log.
+//! is ruled in one place, [`crate::intervene::ruling`]; this file keeps the state and the
+//! log. It works under a policy ([`Policy`]: its mode, its `[intervene]` and budget
+//! settings, its engine), so it sits above `crate::policy`, which builds on
+//! `crate::intervene`'s settings.
 
 use std::time::Duration;
 
-use super::alerts::{Alert, AlertEvent, AlertSink};
-use super::controls::{human_messages, Control, Controls, Standing};
-use super::pause::{DecidedBy, FindingInfo, HeldInfo, Pending, Ticket};
-use super::ruling::{self, Act, Ruling, Source, Stop};
-use super::{Applied, Carried, RequestInfo, Verdict};
 use crate::budget::{BudgetStatus, Ledger};
 use crate::detect::{Action, Decision, EngineState, StoreFacts};
 use crate::dialect::ResponseTurn;
-use crate::policy::{Mode, Policy};
+use crate::intervene::alerts::{Alert, AlertEvent, AlertSink};
+use crate::intervene::controls::{human_messages, Control, Controls, Standing};
+use crate::intervene::pause::{DecidedBy, FindingInfo, HeldInfo, Pending, Ticket};
+use crate::intervene::ruling::{self, Act, Ruling, Source, Stop};
+use crate::intervene::Mode;
+use crate::intervene::{Applied, Carried, RequestInfo, Verdict};
+use crate::policy::Policy;
 use crate::store::{now_ms, InterventionRow, Record, Store};
 use crate::transcript::Transcript;
 
@@ -31,7 +35,7 @@ pub struct Interventions {
     ledger: Ledger,
     /// Counts each intervention logged (`/metrics`).
     metrics: std::sync::Arc<crate::metrics::Metrics>,
-    /// Where alerts go (`super::alerts`); none: not sent.
+    /// Where alerts go (`crate::intervene::alerts`); none: not sent.
     alerts: Option<AlertSink>,
 }
 

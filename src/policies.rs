@@ -3,8 +3,8 @@
 //! it would fall under. For trying a change before a reload applies it, and for reading
 //! the precedence rather than working it out.
 
-use super::{Client, PolicySet, Traffic};
 use crate::dialect::Dialect;
+use crate::policy::{Client, Traffic};
 
 /// Options of `loopwarden policies`: `serve`'s, and a request to place.
 #[derive(Debug, Clone, clap::Args)]
@@ -31,7 +31,7 @@ pub struct PoliciesArgs {
 /// Entry point of `loopwarden policies`.
 pub fn run(args: PoliciesArgs) -> anyhow::Result<()> {
     let config = args.serve.clone().load_config()?;
-    let set = PolicySet::of(&config)?;
+    let set = config.policy_set()?;
     for p in set.iter() {
         let selector = serde_json::to_string(&p.selector)?;
         println!("{:<20} {:<10} match {selector}", p.name, p.mode.as_str());
@@ -62,7 +62,7 @@ pub fn run(args: PoliciesArgs) -> anyhow::Result<()> {
         Some("-") => {
             let mut key = String::new();
             std::io::stdin().read_line(&mut key)?;
-            Some(super::key_id::of(&key))
+            Some(crate::policy::key_id::of(&key))
         }
         Some(_) => anyhow::bail!("--key takes `-` (the key is read from stdin, never an argument)"),
         None => None,
@@ -71,7 +71,7 @@ pub fn run(args: PoliciesArgs) -> anyhow::Result<()> {
         team: args
             .team
             .as_deref()
-            .map(|t| super::select::team_name(t.into())),
+            .map(|t| crate::names::team_name(t.into())),
         key_id,
         client: Client::of(&args.user_agent),
         user_agent: &args.user_agent,

@@ -14,8 +14,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-use super::PolicySet;
 use crate::config::Config;
+use crate::policy::PolicySet;
 use crate::store::now_ms;
 
 /// How often the config file is read for changes.
@@ -135,7 +135,7 @@ impl Live {
             .and_then(|config| config.with_flags(flags.listen, flags.db))
             .map_err(|e| e.to_string())
             .and_then(|config| {
-                let set = PolicySet::of(&config).map_err(|e| e.to_string())?;
+                let set = config.policy_set().map_err(|e| e.to_string())?;
                 Ok((config, set))
             });
         match loaded {
