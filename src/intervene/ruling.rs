@@ -83,6 +83,8 @@ pub enum Source {
     Human,
     /// Nobody decided on a held request in time: the configured default.
     Timeout,
+    /// The proxy stopped while a request was held: the timeout's default, at once.
+    Shutdown,
 }
 
 impl Source {
@@ -93,6 +95,7 @@ impl Source {
             Source::Operator => "operator",
             Source::Human => "human",
             Source::Timeout => "timeout",
+            Source::Shutdown => "shutdown",
         }
     }
 }
@@ -102,6 +105,7 @@ impl From<DecidedBy> for Source {
         match by {
             DecidedBy::Human => Source::Human,
             DecidedBy::Timeout => Source::Timeout,
+            DecidedBy::Shutdown => Source::Shutdown,
         }
     }
 }
@@ -271,11 +275,12 @@ pub const BUDGET_DETECTOR: &str = "budget_cap";
 
 /// What happens to a held request once `by` gave `verdict` on `decision` (the one it was
 /// held for). The ruling's decision is the verdict's action, for the log. A human's halt
-/// is a person stopping the run; the timeout's is the policy's own stop.
+/// is a person stopping the run; the timeout's (given early at shutdown too) is the
+/// policy's own stop.
 pub fn rule_verdict(verdict: Verdict, by: DecidedBy, decision: &Decision) -> Ruling {
     let halt = match by {
         DecidedBy::Human => Stop::Operator,
-        DecidedBy::Timeout => Stop::of(decision),
+        DecidedBy::Timeout | DecidedBy::Shutdown => Stop::of(decision),
     };
     let (action, act) = match verdict {
         Verdict::Continue => (Action::Observe, Act::Forward),
