@@ -89,8 +89,9 @@ pub struct ServerConfig {
     pub websocket: WebSocketMode,
     /// Longest a stop (SIGTERM, Ctrl-C) takes (`LOOPWARDEN_SHUTDOWN_GRACE_SECS`): held
     /// requests are answered at once, requests and streams in flight may finish within it
-    /// and are cut at its end, and the log gets what is left of it (then what it could not
-    /// write goes to the spill file). Under the common supervisors' stop timeouts (30 s).
+    /// and are cut near its end (its last quarter, 5 s at most, is the log's), and the log
+    /// gets what is left (then what it could not write goes to the spill file). Under the
+    /// common supervisors' stop timeouts (30 s).
     pub shutdown_grace_secs: u64,
 }
 
@@ -588,6 +589,37 @@ mod tests {
         assert!(uncommented.lines().count() > 30, "{uncommented}");
         let parsed: Config = toml::from_str(&format!("[detect]\n{uncommented}")).unwrap();
         assert_eq!(parsed.detect, DetectConfig::default());
+    }
+
+    #[test]
+    fn the_shutdown_grace_comes_from_the_environment_and_a_bad_one_is_named() {
+        let env = |value: &'static str| {
+            move |var: &str| (var == "LOOPWARDEN_SHUTDOWN_GRACE_SECS").then(|| value.to_string())
+        };
+        let config = Config::load(None, env("7")).unwrap();
+        assert_eq!(config.server.shutdown_grace_secs, 7);
+        let e = Config::load(None, env("soon")).unwrap_err().to_string();
+        assert!(e.contains("server.shutdown_grace_secs"), "{e}");
+        assert!(e.contains("LOOPWARDEN_SHUTDOWN_GRACE_SECS"), "{e}");
+    }
+
+    #[test]
+    fn the_spill_file_is_beside_a_sqlite_log_unless_configured() {
+        let store = |db: &str, spill: &str| StoreConfig {
+            db: db.into(),
+            spill: spill.into(),
+            ..Config::default().store
+        };
+        let path = |db, spill| store(db, spill).spill_path();
+        assert_eq!(
+            path("sqlite:///var/lib/lw/log.db?mode=rwc", ""),
+            PathBuf::from("/var/lib/lw/log.db.spill.jsonl")
+        );
+        assert_eq!(
+            path("postgres://u@h/db", ""),
+            PathBuf::from("loopwarden.spill.jsonl")
+        );
+        assert_eq!(path("postgres://u@h/db", "/s/x"), PathBuf::from("/s/x"));
     }
 
     #[test]

@@ -422,6 +422,14 @@ mod tests {
                 Act::Halt(Stop::Loop),
                 Source::Timeout,
             ),
+            // Released by a stop: the timeout's verdict, said to be the stop's.
+            (
+                Verdict::Halt,
+                DecidedBy::Shutdown,
+                Action::Halt,
+                Act::Halt(Stop::Loop),
+                Source::Shutdown,
+            ),
             // A person who decides to halt stopped the run.
             (
                 Verdict::Halt,

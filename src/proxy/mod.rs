@@ -156,6 +156,10 @@ impl Stopped {
     }
 }
 
+/// The end of a stop's grace kept for writing the log, at most: the requests in flight get
+/// the rest, less a quarter of it for shorter graces.
+const LOG_RESERVE_MAX: Duration = Duration::from_secs(5);
+
 /// `loopwarden serve`'s exit status when log records were spilled at shutdown.
 pub const EXIT_LOG_SPILLED: u8 = 75;
 /// `loopwarden serve`'s exit status when log records were lost at shutdown.
@@ -191,11 +195,14 @@ impl Running {
 
     /// Stops within `server.shutdown_grace_secs`: stops accepting, answers every held
     /// request at once (its timeout's verdict), lets the requests and streams in flight
-    /// finish within the grace and cuts what remains at its end, then gives the log what is
-    /// left of it (what it cannot write by then is spilled, or counted lost).
+    /// finish within the grace and cuts what remains near its end ([`LOG_RESERVE_MAX`]),
+    /// then gives the log what is left of it (what it cannot write by then is spilled, or
+    /// counted lost).
     pub async fn shutdown(mut self) -> anyhow::Result<Stopped> {
         let grace = Duration::from_secs(self.app.config.server.shutdown_grace_secs);
         let deadline = std::time::Instant::now() + grace;
+        // The log's last moments are kept for it: what is cut is logged after the cut.
+        let cut_at = deadline - (grace / 4).min(LOG_RESERVE_MAX);
         let held = self.app.interventions.pending.release_all();
         if held > 0 {
             tracing::info!(
@@ -211,7 +218,7 @@ impl Running {
             let mut server = std::pin::pin!(self.stop_serving());
             tokio::select! {
                 served = &mut server => served,
-                _ = tokio::time::sleep_until(deadline.into()) => {
+                _ = tokio::time::sleep_until(cut_at.into()) => {
                     tracing::warn!(
                         connections = app.spread.total(),
                         "shutdown grace over: cutting the connections still open"
