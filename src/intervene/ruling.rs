@@ -18,7 +18,7 @@ use crate::detect::{Action, Decision, Finding};
 
 use super::controls::Standing;
 use super::pause::DecidedBy;
-use super::{InterveneConfig, StopMode, Verdict};
+use super::{Applied, InterveneConfig, StopMode, Verdict, Would};
 use crate::policy::Mode;
 
 /// What happens to a request.
@@ -121,6 +121,34 @@ pub struct Ruling {
     /// A shadow policy's ruling: logged as what would have been done (`would_<act>`), and
     /// the request forwarded untouched.
     pub shadow: bool,
+}
+
+impl Ruling {
+    /// What carrying the ruling out comes to when nothing fails (a reminder that cannot be
+    /// appended is forwarded as it is, `failed_open`; a rollback that cannot be cut is a
+    /// replan): what `loopwarden replay --db` shows a candidate would have done. Under a
+    /// shadow policy, what it would have done (`would_<act>`).
+    pub fn intended(&self) -> Applied {
+        if self.shadow {
+            let would = match self.act {
+                Act::Forward => None,
+                Act::Remind(Reminder::Nudge | Reminder::WrapUp) => Some(Would::Nudge),
+                Act::Remind(Reminder::Replan) => Some(Would::Replan),
+                Act::RollBack => Some(Would::RollBack),
+                Act::Halt(_) => Some(Would::Halt),
+                Act::Hold => Some(Would::Hold),
+            };
+            return would.map_or(Applied::Forwarded, Applied::Would);
+        }
+        match self.act {
+            Act::Forward => Applied::Forwarded,
+            Act::Remind(Reminder::Nudge | Reminder::WrapUp) => Applied::Nudged,
+            Act::Remind(Reminder::Replan) => Applied::Replanned,
+            Act::RollBack => Applied::RolledBack,
+            Act::Halt(_) => Applied::Halted,
+            Act::Hold => Applied::Held,
+        }
+    }
 }
 
 /// What happens to a request, from the engine's decision, the conversation's standing, its
