@@ -203,6 +203,7 @@ impl Running {
         let deadline = std::time::Instant::now() + grace;
         // The log's last moments are kept for it: what is cut is logged after the cut.
         let cut_at = deadline - (grace / 4).min(LOG_RESERVE_MAX);
+        let log_before = self.app.store.health();
         let held = self.app.interventions.pending.release_all();
         if held > 0 {
             tracing::info!(
@@ -239,7 +240,7 @@ impl Running {
                 );
             }
         }
-        let log = self.app.store.close_by(deadline).await;
+        let log = self.app.store.close_by(deadline, &log_before).await;
         if log.unfinished {
             tracing::error!("the log writer did not finish by the end of the shutdown grace: the records it still held are lost");
         }
@@ -819,7 +820,30 @@ fn minor_faults() -> i64 {
 
 #[cfg(test)]
 mod tests {
-    use super::colour;
+    use super::{colour, Stopped, EXIT_LOG_LOST, EXIT_LOG_SPILLED};
+    use crate::store::Closed;
+
+    #[test]
+    fn the_exit_status_says_whether_the_log_was_written_spilled_or_lost() {
+        let exit = |spilled, lost, unfinished| {
+            Stopped {
+                log: Closed {
+                    spilled,
+                    lost,
+                    unfinished,
+                },
+            }
+            .exit_code()
+        };
+        assert_eq!(exit(0, 0, false), 0);
+        assert_eq!(exit(12, 0, false), EXIT_LOG_SPILLED);
+        assert_eq!(
+            exit(12, 1, false),
+            EXIT_LOG_LOST,
+            "a loss outweighs a spill"
+        );
+        assert_eq!(exit(0, 0, true), EXIT_LOG_LOST, "unaccounted for is lost");
+    }
 
     #[test]
     fn colour_only_on_a_terminal_and_never_under_no_color() {

@@ -381,7 +381,8 @@ pub struct StoreHealth {
 pub struct Closed {
     /// Records kept in the spill file, for the next start to write.
     pub spilled: u64,
-    /// Records lost while closing: neither written nor spilled.
+    /// Records lost since the stop began: neither written nor spilled (a write that would
+    /// fail again, the retry bound passed, the queue full, the spill failed).
     pub lost: u64,
     /// The writer had not finished by the deadline and a last write's time: what it still
     /// held is unaccounted for (the process exits without it).
@@ -474,19 +475,18 @@ impl Store {
     /// Closes the log: what is queued is written until `deadline`, and what is left then
     /// is spilled ([`Store::spill_to`]) or, that failing, lost. Waits for the writer to
     /// say so (a little past the deadline at most: [`CLOSE_SLACK`]). Records logged
-    /// afterwards are dropped.
-    pub async fn close_by(&self, deadline: std::time::Instant) -> Closed {
-        let counters = &self.writer.queue.counters;
-        let failed_before = counters.failed.load(Ordering::Relaxed);
-        let spilled_before = counters.spilled.load(Ordering::Relaxed);
+    /// afterwards are dropped. What was lost is counted from `since` (the log's health
+    /// when the stop began).
+    pub async fn close_by(&self, deadline: std::time::Instant, since: &StoreHealth) -> Closed {
         let (done, wait) = oneshot::channel();
         let waiting = self.writer.queue.flush(done);
         self.writer.queue.close_by(deadline);
         let limit = deadline.saturating_duration_since(std::time::Instant::now()) + CLOSE_SLACK;
         let unfinished = waiting && tokio::time::timeout(limit, wait).await.is_err();
+        let now = self.health();
         Closed {
-            spilled: counters.spilled.load(Ordering::Relaxed) - spilled_before,
-            lost: counters.failed.load(Ordering::Relaxed) - failed_before,
+            spilled: now.spilled - since.spilled,
+            lost: (now.failed + now.dropped) - (since.failed + since.dropped),
             unfinished,
         }
     }
