@@ -556,3 +556,23 @@ async fn a_lowered_budget_shows_the_step_at_which_the_run_would_have_stopped() {
     );
     assert!(out.contains("runs stopped: 0 added, 0 removed"), "{out}");
 }
+
+/// A team that ran under the shared default policy (in shadow), moved by the candidate to
+/// an enforcing policy of its own: its conversations are replayed under that one (found by
+/// the team the log kept), and show the halts.
+#[tokio::test]
+async fn a_team_moved_to_a_policy_of_its_own_is_previewed_under_it() {
+    let shared =
+        "[[policy]]\nname = \"default\"\nmode = \"shadow\"\n[policy.log]\ncontent = true\n";
+    let (setup, url) = log_team_loop(shared, None).await;
+    let own = format!("{}{shared}", rollout_policy("enforce", ""));
+    let out = replay_texts(&setup, &url, shared, &own);
+    assert!(
+        out.contains("conversation ci-loop (policy default -> ci, "),
+        "{out}"
+    );
+    let halt_at = first_k(DIALECT, Action::Halt);
+    let halted = format!("  step {halt_at} done: would_halt(fail_loop) -> halted(fail_loop)");
+    assert!(out.lines().any(|l| l == halted), "{out}");
+    assert!(out.contains("runs stopped: 1 added, 0 removed"), "{out}");
+}

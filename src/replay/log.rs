@@ -9,9 +9,10 @@
 //! config. What is printed is where the two differ, up to where both configs have stopped
 //! the run (after that the agent would have received neither's decisions).
 //!
-//! The policy of a conversation comes from a resolver given the name of the policy its
-//! requests were logged under, so that each conversation is replayed with its own policy's
-//! settings. Beside detection's decisions, what each policy would have done with them is
+//! The policy of a conversation comes from a resolver given what the log kept of its
+//! traffic (team, client, model, API) and the name of the policy its requests were logged
+//! under, so that each conversation is replayed under the policy each config puts it under
+//! (a team moved to a policy of its own in the candidate is replayed under that one). Beside detection's decisions, what each policy would have done with them is
 //! compared (its mode and its budget: [`super::rollout`]), so that a candidate that turns
 //! shadow to enforce, or lowers a budget, shows the runs it would have stopped.
 
@@ -24,7 +25,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 use super::rollout::{self, Answered, DoneChange, Spent};
 use crate::detect::{Action, Decision, Engine, StoreFacts};
-use crate::policy::Policy;
+use crate::policy::{Logged, Policy};
 use crate::transcript::{Head, Step, Transcript};
 
 /// The policy a conversation is replayed under when the log names none (a log written
@@ -92,7 +93,10 @@ impl std::fmt::Display for Change {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Compared {
     pub id: String,
+    /// The policy the current config puts it under.
     pub policy: String,
+    /// The candidate's, when it is another.
+    pub candidate_policy: Option<String>,
     pub steps: usize,
     /// Detection's decisions that change.
     pub changes: Vec<Change>,
@@ -192,8 +196,8 @@ fn changes(before: &[(usize, Decision)], after: &[(usize, Decision)]) -> Vec<Cha
 pub fn replay(
     db: &str,
     selection: &Selection,
-    current: &dyn Fn(&str) -> Arc<Policy>,
-    candidate: &dyn Fn(&str) -> Arc<Policy>,
+    current: &dyn Fn(&Logged, &str) -> Arc<Policy>,
+    candidate: &dyn Fn(&Logged, &str) -> Arc<Policy>,
     out: &mut impl Write,
 ) -> anyhow::Result<Summary> {
     let log = Log::open(db)?;
@@ -204,7 +208,8 @@ pub fn replay(
             summary.incomplete += 1;
             continue;
         };
-        let (now, then) = (current(&policy), candidate(&policy));
+        let traffic = log.traffic(&id)?;
+        let (now, then) = (current(&traffic, &policy), candidate(&traffic, &policy));
         let compactions = log.compactions(&id)?;
         let store = StoreFacts::default();
         let before = now
@@ -219,7 +224,8 @@ pub fn replay(
             done: rollout::compare((&now, &before), (&then, &after), &spent),
             steps: transcript.steps.len(),
             id,
-            policy,
+            policy: now.name.to_string(),
+            candidate_policy: (then.name != now.name).then(|| then.name.to_string()),
         };
         summary.add(&compared);
         write_conversation(out, &compared)?;
@@ -232,10 +238,14 @@ fn write_conversation(out: &mut impl Write, c: &Compared) -> std::io::Result<()>
     if c.changes.is_empty() && c.done.is_empty() {
         return Ok(());
     }
+    let policy = match &c.candidate_policy {
+        Some(candidate) => format!("{} -> {candidate}", c.policy),
+        None => c.policy.clone(),
+    };
     writeln!(
         out,
-        "conversation {} (policy {}, {} steps)",
-        c.id, c.policy, c.steps
+        "conversation {} (policy {policy}, {} steps)",
+        c.id, c.steps
     )?;
     for change in &c.changes {
         writeln!(out, "  {change}")?;
@@ -315,6 +325,21 @@ impl Log {
             .collect())
     }
 
+    /// What the log kept of the conversation's traffic, to find its policy by.
+    fn traffic(&self, id: &str) -> anyhow::Result<Logged> {
+        let row = match self {
+            Log::Sqlite(log) => log.traffic(id)?,
+            Log::Postgres(log) => log.traffic(id)?,
+        };
+        let (team, client, model, api) = row.unwrap_or_default();
+        Ok(Logged {
+            team,
+            client,
+            model,
+            api,
+        })
+    }
+
     /// The conversation's answered requests, as its budget counts them.
     fn spent(&self, id: &str) -> anyhow::Result<Spent> {
         let rows = match self {
@@ -361,6 +386,14 @@ impl Log {
 
 /// A request's steps, start, tokens (every kind) and dollars.
 type SpentRow = (Option<i64>, i64, i64, f64);
+
+/// A conversation's team, client, model and dialect.
+type TrafficRow = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
 
 /// A request's tokens (every kind) and dollars, 0 where not logged.
 const SPEND_COLUMNS: &str = "coalesce(input_tokens, 0) + coalesce(cached_input_tokens, 0)
@@ -454,6 +487,25 @@ impl SqliteLog {
         )?;
         let rows = stmt.query_map([id], |r| r.get::<_, i64>(0))?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The conversation's team (none in a log from before teams were logged), client,
+    /// model and dialect.
+    fn traffic(&self, id: &str) -> anyhow::Result<Option<TrafficRow>> {
+        let has_team = self
+            .conn
+            .prepare("SELECT team FROM conversations LIMIT 0")
+            .is_ok();
+        let team = if has_team { "team" } else { "NULL" };
+        let row = self
+            .conn
+            .query_row(
+                &format!("SELECT {team}, client, model, dialect FROM conversations WHERE id = ?1"),
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()?;
+        Ok(row)
     }
 
     /// Each request's steps, start, tokens and dollars, in the order they started (no
@@ -556,6 +608,13 @@ impl PostgresLog {
         )
         .bind(id);
         Ok(self.runtime.block_on(query.fetch_all(&self.pool))?)
+    }
+
+    fn traffic(&self, id: &str) -> anyhow::Result<Option<TrafficRow>> {
+        let query =
+            sqlx::query_as("SELECT team, client, model, dialect FROM conversations WHERE id = $1")
+                .bind(id);
+        Ok(self.runtime.block_on(query.fetch_optional(&self.pool))?)
     }
 
     fn spent(&self, id: &str) -> anyhow::Result<Vec<SpentRow>> {

@@ -533,9 +533,9 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
 }
 
 /// `replay --db`: the logged conversations with the current config (`--config`, else the
-/// defaults) and the candidate. Each conversation is replayed under the policy it was
-/// logged under (its detection, mode, switches and budget), as each file resolves that
-/// policy (a policy a file does not have falls to that file's `default`).
+/// defaults) and the candidate. Each conversation is replayed under the policy each file
+/// puts it under (its detection, mode, switches and budget), found by what the log kept of
+/// its traffic (`crate::policy::PolicySet::select_logged`).
 fn run_log(args: &ReplayArgs, db: &str) -> anyhow::Result<()> {
     let policies = |path: Option<&std::path::Path>| -> anyhow::Result<PolicySet> {
         let config = match path {
@@ -550,7 +550,9 @@ fn run_log(args: &ReplayArgs, db: &str) -> anyhow::Result<()> {
     };
     let current = policies(args.config.as_deref())?;
     let candidate = policies(Some(candidate))?;
-    let resolve = |set: &PolicySet, name: &str| set.named_or_default(name).clone();
+    let resolve = |set: &PolicySet, logged: &crate::policy::Logged, name: &str| {
+        set.select_logged(logged, name).clone()
+    };
     let selection = log::Selection {
         since_ms: args
             .since
@@ -572,8 +574,8 @@ fn run_log(args: &ReplayArgs, db: &str) -> anyhow::Result<()> {
     log::replay(
         db,
         &selection,
-        &|name| resolve(&current, name),
-        &|name| resolve(&candidate, name),
+        &|logged, name| resolve(&current, logged, name),
+        &|logged, name| resolve(&candidate, logged, name),
         &mut out,
     )?;
     out.flush()?;
