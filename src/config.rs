@@ -10,7 +10,7 @@
 //! part's own check. Nothing below imports it back.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -92,6 +92,12 @@ pub struct ServerConfig {
     /// What a WebSocket upgrade gets (Codex opens the Responses API over one: README,
     /// "Codex's WebSocket transport").
     pub websocket: WebSocketMode,
+    /// Longest a stop (SIGTERM, Ctrl-C) takes (`LOOPWARDEN_SHUTDOWN_GRACE_SECS`): held
+    /// requests are answered at once, requests and streams in flight may finish within it
+    /// and are cut near its end (its last quarter, 5 s at most, is the log's), and the log
+    /// gets what is left (then what it could not write goes to the spill file). Under the
+    /// common supervisors' stop timeouts (30 s).
+    pub shutdown_grace_secs: u64,
 }
 
 /// What the proxy does with a client's WebSocket upgrade (`server.websocket`).
@@ -148,6 +154,29 @@ pub struct StoreConfig {
     /// locked by another process, the disk full); past this the oldest are dropped and
     /// counted (`crate::store::writer`).
     pub retry_rows: usize,
+    /// Where the log records not written by the end of a shutdown go, to be written at the
+    /// next start (JSON lines). Empty: beside a SQLite database (`PATH.spill.jsonl`), or
+    /// `loopwarden.spill.jsonl` in the working directory for PostgreSQL.
+    pub spill: String,
+}
+
+impl StoreConfig {
+    /// The spill file's path ([`StoreConfig::spill`]).
+    pub fn spill_path(&self) -> PathBuf {
+        if !self.spill.is_empty() {
+            return PathBuf::from(&self.spill);
+        }
+        let sqlite = self
+            .db
+            .strip_prefix("sqlite://")
+            .or_else(|| self.db.strip_prefix("sqlite:"))
+            .map(|rest| rest.split('?').next().unwrap_or(rest))
+            .filter(|path| !path.is_empty() && *path != ":memory:");
+        match sqlite {
+            Some(path) => PathBuf::from(format!("{path}.spill.jsonl")),
+            None => PathBuf::from("loopwarden.spill.jsonl"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
@@ -201,6 +230,7 @@ impl Default for Config {
                 idle_timeout_secs: 120,
                 max_connections: 0,
                 websocket: WebSocketMode::Proxy,
+                shutdown_grace_secs: 20,
             },
             upstream: UpstreamConfig {
                 openai: "https://api.openai.com".into(),
@@ -217,6 +247,7 @@ impl Default for Config {
                 queue_capacity: 16_384,
                 batch_size: 512,
                 retry_rows: 65_536,
+                spill: String::new(),
             },
             admin: AdminConfig::default(),
             cache: CacheConfig {
@@ -280,6 +311,10 @@ const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("LOOPWARDEN_GEMINI_BASE_URL", "upstream.gemini"),
     ("LOOPWARDEN_ADMIN_TOKEN", "admin.token"),
     ("LOOPWARDEN_METRICS_TOKEN", "metrics.token"),
+    (
+        "LOOPWARDEN_SHUTDOWN_GRACE_SECS",
+        "server.shutdown_grace_secs",
+    ),
 ];
 
 impl Config {
@@ -300,7 +335,13 @@ impl Config {
         };
         for (var, key) in ENV_OVERRIDES {
             if let Some(value) = env(var) {
-                config.set(key, value);
+                config
+                    .set(key, value)
+                    .map_err(|problem| ConfigError::Invalid {
+                        key,
+                        origin: format!(" (from {var})"),
+                        problem,
+                    })?;
             }
         }
         config.validate(|key| {
@@ -324,9 +365,16 @@ impl Config {
         })
     }
 
-    /// Sets a string key by its dotted name (the keys of [`ENV_OVERRIDES`] and flags).
-    fn set(&mut self, key: &str, value: String) {
+    /// Sets a key by its dotted name (the keys of [`ENV_OVERRIDES`] and flags); an error
+    /// says why the value is not one.
+    fn set(&mut self, key: &str, value: String) -> Result<(), String> {
         match key {
+            "server.shutdown_grace_secs" => {
+                self.server.shutdown_grace_secs = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("{value:?} is not a number of seconds"))?
+            }
             "server.listen" => self.server.listen = value,
             "store.db" => self.store.db = value,
             "upstream.openai" => self.upstream.openai = value,
@@ -336,6 +384,7 @@ impl Config {
             "metrics.token" => self.metrics.token = value,
             _ => {}
         }
+        Ok(())
     }
 
     /// Applies `serve` flags (which win over file and environment) and re-validates.
@@ -350,11 +399,21 @@ impl Config {
         };
         let mut from_flag = Vec::new();
         if let Some(listen) = listen {
-            self.set("server.listen", listen);
+            self.set("server.listen", listen)
+                .map_err(|problem| ConfigError::Invalid {
+                    key: "server.listen",
+                    origin: " (from --listen)".into(),
+                    problem,
+                })?;
             from_flag.push(("server.listen", " (from --listen)"));
         }
         if let Some(db) = db {
-            self.set("store.db", db);
+            self.set("store.db", db)
+                .map_err(|problem| ConfigError::Invalid {
+                    key: "store.db",
+                    origin: " (from --db)".into(),
+                    problem,
+                })?;
             from_flag.push(("store.db", " (from --db)"));
         }
         self.validate(|key| {
@@ -562,6 +621,37 @@ mod tests {
         assert!(uncommented.lines().count() > 30, "{uncommented}");
         let parsed: Config = toml::from_str(&format!("[detect]\n{uncommented}")).unwrap();
         assert_eq!(parsed.detect, DetectConfig::default());
+    }
+
+    #[test]
+    fn the_shutdown_grace_comes_from_the_environment_and_a_bad_one_is_named() {
+        let env = |value: &'static str| {
+            move |var: &str| (var == "LOOPWARDEN_SHUTDOWN_GRACE_SECS").then(|| value.to_string())
+        };
+        let config = Config::load(None, env("7")).unwrap();
+        assert_eq!(config.server.shutdown_grace_secs, 7);
+        let e = Config::load(None, env("soon")).unwrap_err().to_string();
+        assert!(e.contains("server.shutdown_grace_secs"), "{e}");
+        assert!(e.contains("LOOPWARDEN_SHUTDOWN_GRACE_SECS"), "{e}");
+    }
+
+    #[test]
+    fn the_spill_file_is_beside_a_sqlite_log_unless_configured() {
+        let store = |db: &str, spill: &str| StoreConfig {
+            db: db.into(),
+            spill: spill.into(),
+            ..Config::default().store
+        };
+        let path = |db, spill| store(db, spill).spill_path();
+        assert_eq!(
+            path("sqlite:///var/lib/lw/log.db?mode=rwc", ""),
+            PathBuf::from("/var/lib/lw/log.db.spill.jsonl")
+        );
+        assert_eq!(
+            path("postgres://u@h/db", ""),
+            PathBuf::from("loopwarden.spill.jsonl")
+        );
+        assert_eq!(path("postgres://u@h/db", "/s/x"), PathBuf::from("/s/x"));
     }
 
     #[test]

@@ -50,7 +50,11 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         // Its exit status is the run's: its own.
         Command::Run(args) => return loopwarden::run::main(args),
-        Command::Serve(args) => loopwarden::proxy::serve_main(args),
+        // Its exit status says whether the log was written whole at the stop.
+        Command::Serve(args) => match loopwarden::proxy::serve_main(args) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
         Command::Health(args) => loopwarden::proxy::health::run(args),
         Command::Replay(args) => loopwarden::replay::run(args),
         Command::Mock(args) => loopwarden::mock::run(args),

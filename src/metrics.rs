@@ -381,6 +381,7 @@ mod tests {
                 failed: 0,
                 retried: 0,
                 reopened: 0,
+                spilled: 0,
                 queued: 0,
             },
             reloads: [("applied", 1), ("rejected", 0)],

@@ -747,3 +747,32 @@ async fn an_error_event_is_logged_with_the_status_it_reports() {
         .await;
     assert_eq!(rows, vec![json!({"status": 429, "outcome": "complete"})]);
 }
+
+/// A turn whose answer never comes when the proxy stops: the socket is closed on both
+/// sides at the end of the shutdown grace, and the turn logged `cut_at_shutdown`.
+#[tokio::test]
+async fn a_turn_still_unanswered_at_the_end_of_the_grace_is_cut_and_logged() {
+    // The echo upstream never answers a `response.create`.
+    let (upstream, seen) = echo_upstream().await;
+    let proxy = TestProxy::start_with(&upstream, |c| c.server.shutdown_grace_secs = 1).await;
+    let mut ws = connect(proxy.running.addr(), "ws-cut").await;
+    let frame = json!({"type": "response.create", "model": "gpt-test", "stream": true,
+        "tools": [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}}],
+        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]}]});
+    ws.send(Message::text(frame.to_string())).await.unwrap();
+    assert!(until(|| !seen.lock().unwrap().messages.is_empty()).await);
+    let db = proxy.db.clone();
+    proxy.running.shutdown().await.unwrap();
+    let closed = ws.next().await.unwrap().unwrap();
+    let Message::Close(Some(frame)) = closed else {
+        panic!("not a close: {closed:?}")
+    };
+    assert_eq!(frame.code, CloseCode::Away);
+    assert_eq!(frame.reason.as_str(), "loopwarden stopped");
+    let rows = proxy_support::db_rows(
+        &db,
+        "SELECT outcome FROM requests WHERE conversation_id = 'ws-cut' AND method = 'WS'",
+    )
+    .await;
+    assert_eq!(rows, vec![json!({"outcome": "cut_at_shutdown"})]);
+}

@@ -1,7 +1,8 @@
 //! Conversation content in the log (`[log] content`) and `loopwarden replay --db`: a looping
 //! conversation goes through the real proxy in front of the scripted mock, its steps are
 //! logged whole (and masked), and the replay from that SQLite file with a stricter
-//! candidate prints the decisions that change.
+//! candidate prints the decisions that change; a candidate that changes a policy's mode or
+//! budget prints what its policy would have done otherwise (from SQLite and PostgreSQL).
 
 mod intervene_support;
 
@@ -9,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 
 use intervene_support::*;
-use loopwarden::detect::{DetectConfig, Engine};
+use loopwarden::detect::{Action, DetectConfig, Engine};
 use loopwarden::dialect::Dialect;
 use loopwarden::replay::log::compare;
 use loopwarden::transcript::{Head, Step, Transcript};
@@ -195,7 +196,7 @@ async fn a_logged_loop_replayed_with_a_stricter_candidate_shows_the_decisions_th
     assert!(ok, "{err}");
     assert_eq!(
         out.trim(),
-        "replayed 1 conversations (0 skipped: their first steps are not in the log); 0 changed, 0 decisions changed; would-be halts: 0 added, 0 removed"
+        "replayed 1 conversations (0 skipped: their first steps are not in the log); 0 changed, 0 decisions changed; would-be halts: 0 added, 0 removed; 0 requests done otherwise (mode, budget); runs stopped: 0 added, 0 removed"
     );
 
     // A period or a conversation that selects nothing: nothing to replay.
@@ -403,4 +404,175 @@ async fn a_loop_logged_in_postgresql_is_replayed_from_it() {
         !err.contains(&pg),
         "the URL (and its password) is not echoed: {err}"
     );
+}
+
+/// A team's policy in shadow, keeping its conversations whole; `extra` is added to it
+/// (`mode`, a `[policy.budget]`...).
+fn rollout_policy(mode: &str, extra: &str) -> String {
+    format!(
+        "[[policy]]\nname = \"ci\"\nmode = \"{mode}\"\nmatch = {{ team = \"ci\" }}\n{extra}\
+         [policy.log]\ncontent = true\n"
+    )
+}
+
+/// Logs the looping conversation `ci-loop` of team `ci` under `config` (its policies) in
+/// the log at `db` (`None`: a SQLite file in the setup's directory); the setup and the
+/// log's URL.
+async fn log_team_loop(config: &str, pg: Option<String>) -> (Setup, String) {
+    let config: loopwarden::config::Config = toml::from_str(config).unwrap();
+    let setup = Setup::start(looping_script(DIALECT), |c| {
+        c.policies = config.policies;
+        c.detect = config.detect;
+        if let Some(pg) = &pg {
+            c.store.db = pg.clone();
+        }
+    })
+    .await;
+    for k in 0..REQUESTS {
+        let body = loop_body(DIALECT, k, false, None);
+        let path = format!("/t/ci{}", path(DIALECT, "ci-loop", false));
+        assert!(setup.post(&path, &body).await.status().is_success());
+    }
+    setup.proxy.flush_log().await;
+    let url = pg.unwrap_or_else(|| format!("sqlite://{}", db(&setup).display()));
+    (setup, url)
+}
+
+/// `replay --db URL --config CURRENT --candidate CANDIDATE` (both TOML texts): stdout.
+fn replay_texts(setup: &Setup, url: &str, current: &str, candidate: &str) -> String {
+    let dir = setup.dir.path();
+    let current = write(dir, "current.toml", current);
+    let candidate = write(dir, "candidate.toml", candidate);
+    let (ok, out, err) = replay(&[
+        "--db".as_ref(),
+        url.as_ref(),
+        "--config".as_ref(),
+        current.as_os_str(),
+        "--candidate".as_ref(),
+        candidate.as_os_str(),
+    ]);
+    assert!(ok, "{err}");
+    out
+}
+
+/// A shadow policy turned to enforce: the run it would have halted shows, at the request
+/// detection halts it, and every would-be reminder before becomes a reminder; detection's
+/// decisions do not change. The candidate unchanged changes nothing.
+async fn shadow_to_enforce_shows_the_halts(pg: Option<String>) {
+    let shadow = rollout_policy("shadow", "");
+    let (setup, url) = log_team_loop(&shadow, pg).await;
+    // The shadow run was forwarded whole: the log holds every request.
+    let halt_at = first_k(DIALECT, Action::Halt);
+    assert!(halt_at < REQUESTS - 1, "the loop halts within the run");
+
+    let out = replay_texts(&setup, &url, &shadow, &rollout_policy("enforce", ""));
+    let halted = format!("  step {halt_at} done: would_halt(fail_loop) -> halted(fail_loop)");
+    assert!(out.lines().any(|l| l == halted), "{out}");
+    assert!(out.contains("conversation ci-loop (policy ci"), "{out}");
+    let summary = out.lines().last().unwrap();
+    assert!(
+        summary.contains("; 1 changed, 0 decisions changed;"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("runs stopped: 1 added, 0 removed"),
+        "{summary}"
+    );
+    // Nothing is compared past the halt: the agent would have stopped there.
+    let steps: Vec<usize> = out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("step "))
+        .filter_map(|l| l.split(' ').next()?.parse().ok())
+        .collect();
+    assert!(
+        !steps.is_empty() && steps.iter().all(|k| *k <= halt_at),
+        "{out}"
+    );
+
+    let out = replay_texts(&setup, &url, &shadow, &shadow);
+    let summary = out.lines().last().unwrap();
+    assert!(
+        summary.contains("; 0 changed, 0 decisions changed;"),
+        "{out}"
+    );
+    assert!(summary.contains("0 requests done otherwise"), "{out}");
+}
+
+#[tokio::test]
+async fn a_shadow_policy_turned_to_enforce_shows_the_runs_it_would_have_halted() {
+    shadow_to_enforce_shows_the_halts(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_policy_turned_to_enforce_shows_the_halts_from_postgresql() {
+    let Some(pg) = loopwarden::store::test_postgres().await.unwrap() else {
+        return;
+    };
+    // The replay is a blocking process run: off the runtime's workers.
+    let run = shadow_to_enforce_shows_the_halts(Some(pg));
+    run.await;
+}
+
+/// A budget lower than what the run spent stops it at the step it would have crossed (its
+/// wrap-up reminder the step before, at `warn_at`), detection left out of it.
+#[tokio::test]
+async fn a_lowered_budget_shows_the_step_at_which_the_run_would_have_stopped() {
+    let quiet = "[detect]\nenabled = false\n";
+    let current = format!("{quiet}{}", rollout_policy("enforce", ""));
+    let (setup, url) = log_team_loop(&current, None).await;
+    let capped = format!(
+        "{quiet}{}",
+        rollout_policy("enforce", "[policy.budget]\nsteps = 5\nwarn_at = 0.8\n")
+    );
+    let out = replay_texts(&setup, &url, &current, &capped);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[1..3],
+        [
+            "  step 4 done: forwarded -> nudged(budget_cap)",
+            "  step 5 done: forwarded -> halted(budget_cap)",
+        ],
+        "{out}"
+    );
+    let summary = lines.last().unwrap();
+    assert!(
+        summary.contains("; 1 changed, 0 decisions changed;"),
+        "{summary}"
+    );
+    assert!(summary.contains("2 requests done otherwise"), "{summary}");
+    assert!(
+        summary.contains("runs stopped: 1 added, 0 removed"),
+        "{summary}"
+    );
+    // Under shadow the same cap is a would-be stop only.
+    let shadow_capped = format!(
+        "{quiet}{}",
+        rollout_policy("shadow", "[policy.budget]\nsteps = 5\n")
+    );
+    let out = replay_texts(&setup, &url, &current, &shadow_capped);
+    assert!(
+        out.contains("  step 5 done: forwarded -> would_halt(budget_cap)"),
+        "{out}"
+    );
+    assert!(out.contains("runs stopped: 0 added, 0 removed"), "{out}");
+}
+
+/// A team that ran under the shared default policy (in shadow), moved by the candidate to
+/// an enforcing policy of its own: its conversations are replayed under that one (found by
+/// the team the log kept), and show the halts.
+#[tokio::test]
+async fn a_team_moved_to_a_policy_of_its_own_is_previewed_under_it() {
+    let shared =
+        "[[policy]]\nname = \"default\"\nmode = \"shadow\"\n[policy.log]\ncontent = true\n";
+    let (setup, url) = log_team_loop(shared, None).await;
+    let own = format!("{}{shared}", rollout_policy("enforce", ""));
+    let out = replay_texts(&setup, &url, shared, &own);
+    assert!(
+        out.contains("conversation ci-loop (policy default -> ci, "),
+        "{out}"
+    );
+    let halt_at = first_k(DIALECT, Action::Halt);
+    let halted = format!("  step {halt_at} done: would_halt(fail_loop) -> halted(fail_loop)");
+    assert!(out.lines().any(|l| l == halted), "{out}");
+    assert!(out.contains("runs stopped: 1 added, 0 removed"), "{out}");
 }

@@ -162,7 +162,36 @@ pub enum BudgetStatus {
     },
 }
 
+/// What a conversation has used of what a budget caps.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Used {
+    /// Steps its history holds.
+    pub steps: u64,
+    pub tokens: u64,
+    pub dollars: f64,
+    /// Since its first request.
+    pub elapsed_secs: f64,
+}
+
 impl BudgetStatus {
+    /// Where `used` stands against `budget`: the one reading of the caps, for the proxy's
+    /// ledger and for `loopwarden replay --db`'s preview of a candidate's budget.
+    pub fn of(budget: &BudgetConfig, used: &Used) -> BudgetStatus {
+        status_of(
+            [
+                (Cap::Steps, used.steps as f64, budget.steps as f64),
+                (Cap::Tokens, used.tokens as f64, budget.tokens as f64),
+                (Cap::Dollars, used.dollars, budget.dollars),
+                (
+                    Cap::WallClock,
+                    used.elapsed_secs,
+                    budget.wall_clock_secs as f64,
+                ),
+            ],
+            budget.warn_at,
+        )
+    }
+
     /// The status of a conversation a human let go on after a stop: a spent cap no longer
     /// stops it (that would answer every request with the halt again), it keeps reminding.
     pub fn lifted(self) -> BudgetStatus {
@@ -425,23 +454,19 @@ impl Ledger {
         now_ms: i64,
     ) -> BudgetStatus {
         let spend = self.spend(conversation);
-        let (tokens, dollars, elapsed_secs) = match &spend {
-            Some(s) => (
-                s.tokens(),
-                s.dollars,
-                (now_ms - s.first_ms).max(0) as f64 / 1000.0,
-            ),
-            None => (0, 0.0, 0.0),
+        let used = match &spend {
+            Some(s) => Used {
+                steps,
+                tokens: s.tokens(),
+                dollars: s.dollars,
+                elapsed_secs: (now_ms - s.first_ms).max(0) as f64 / 1000.0,
+            },
+            None => Used {
+                steps,
+                ..Used::default()
+            },
         };
-        status_of(
-            [
-                (Cap::Steps, steps as f64, budget.steps as f64),
-                (Cap::Tokens, tokens as f64, budget.tokens as f64),
-                (Cap::Dollars, dollars, budget.dollars),
-                (Cap::WallClock, elapsed_secs, budget.wall_clock_secs as f64),
-            ],
-            budget.warn_at,
-        )
+        BudgetStatus::of(budget, &used)
     }
 
     /// Conversations, the most recently charged first, at most `limit`.

@@ -15,7 +15,7 @@ mod ledger;
 mod prices;
 mod usage;
 
-pub use ledger::{BudgetStatus, Cap, Charge, Cost, Ledger, PolicySpend, Spend};
+pub use ledger::{BudgetStatus, Cap, Charge, Cost, Ledger, PolicySpend, Spend, Used};
 pub use prices::{Price, Prices, BUILT_IN};
 pub use usage::Usage;
 

@@ -289,17 +289,9 @@ impl Intervener {
     pub fn carry_out(&self, ruling: &Ruling, req: &RequestInfo<'_>) -> Carried {
         let decision = &ruling.decision;
         if ruling.shadow {
-            let would = match ruling.act {
-                Act::Forward => None,
-                Act::Remind(Reminder::Nudge | Reminder::WrapUp) => Some(Would::Nudge),
-                Act::Remind(Reminder::Replan) => Some(Would::Replan),
-                Act::RollBack => Some(Would::RollBack),
-                Act::Halt(_) => Some(Would::Halt),
-                Act::Hold => Some(Would::Hold),
-            };
             return Carried {
                 effect: Effect::Forward,
-                applied: would.map_or(Applied::Forwarded, Applied::Would),
+                applied: ruling.intended(),
             };
         }
         let (effect, applied) = match ruling.act {

@@ -5,7 +5,10 @@
 //! (`: keep-alive`) meanwhile, so neither the client nor anything in between times out
 //! (the webhooks and the comments are the proxy's: `crate::proxy::held`).
 //!
-//! Held requests live in memory: a restart answers them (the client's connection is gone).
+//! Held requests live in memory. When the proxy stops, each is answered at once as its
+//! timeout would answer it ([`Pending::release_all`], [`DecidedBy::Shutdown`]): nobody
+//! could decide it any more (the admin API is closed), and a stop must not wait
+//! `timeout_secs` for it.
 //! Replicas sharing a PostgreSQL database also list them there ([`Pending::share`]), so
 //! that any replica's admin API lists and decides them: a verdict given elsewhere reaches
 //! the holder through `crate::replicas`, and a replica that dies holding requests has them
@@ -51,7 +54,7 @@ struct Held {
 }
 
 /// The requests currently held, by id.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Pending {
     held: Arc<Mutex<HashMap<String, Held>>>,
     /// The latest requests withdrawn undecided (their client went away), newest last, at
@@ -60,12 +63,27 @@ pub struct Pending {
     next: Arc<AtomicU64>,
     /// Where they are listed for other replicas, once shared.
     shared: Arc<OnceLock<Shared>>,
+    /// Turns `true` when the proxy stops: every held request, and any held later, gets its
+    /// timeout's verdict at once.
+    stopping: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 /// The shared database and this replica's name in it.
 struct Shared {
     store: Store,
     replica: String,
+}
+
+impl Default for Pending {
+    fn default() -> Pending {
+        Pending {
+            held: Arc::default(),
+            abandoned: Arc::default(),
+            next: Arc::default(),
+            shared: Arc::default(),
+            stopping: Arc::new(tokio::sync::watch::Sender::new(false)),
+        }
+    }
 }
 
 impl std::fmt::Debug for Pending {
@@ -79,6 +97,8 @@ impl std::fmt::Debug for Pending {
 pub enum DecidedBy {
     Human,
     Timeout,
+    /// The proxy stopped: the timeout's verdict, given at once.
+    Shutdown,
 }
 
 impl DecidedBy {
@@ -86,6 +106,7 @@ impl DecidedBy {
         match self {
             DecidedBy::Human => "human",
             DecidedBy::Timeout => "timeout",
+            DecidedBy::Shutdown => "shutdown",
         }
     }
 }
@@ -133,9 +154,14 @@ impl Ticket {
                 tracing::warn!(error = %e, id = %self.id, "cannot list the held request for the other replicas: only this one can decide it");
             }
         }
-        let decided = match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(v)) => (v, DecidedBy::Human),
-            _ => (default, DecidedBy::Timeout),
+        let mut stopping = self.pending.stopping.subscribe();
+        let decided = tokio::select! {
+            decided = tokio::time::timeout(timeout, rx) => match decided {
+                Ok(Ok(v)) => (v, DecidedBy::Human),
+                _ => (default, DecidedBy::Timeout),
+            },
+            // It only ever turns `true`; its sender lives as long as `self.pending`.
+            _ = stopping.wait_for(|stopping| *stopping) => (default, DecidedBy::Shutdown),
         };
         // Decided (by a human or the timeout): off the list, so that the drop does not
         // take it for abandoned.
@@ -212,6 +238,13 @@ impl Pending {
             },
             info,
         )
+    }
+
+    /// The proxy stops: every request held now or later gets its timeout's verdict at
+    /// once ([`DecidedBy::Shutdown`]). Returns how many were held.
+    pub fn release_all(&self) -> usize {
+        self.stopping.send_replace(true);
+        self.lock().len()
     }
 
     /// Every held request, oldest first.

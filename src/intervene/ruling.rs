@@ -20,7 +20,7 @@ use crate::detect::{Action, Decision, Finding};
 
 use super::controls::Standing;
 use super::pause::DecidedBy;
-use super::{InterveneConfig, StopMode, Verdict};
+use super::{Applied, InterveneConfig, StopMode, Verdict, Would};
 
 /// How far a policy acts on what detection and budgets decide (a `[[policy]]`'s `mode`).
 /// Kept where rulings are made, since that is where it bends them; `crate::policy`
@@ -112,6 +112,8 @@ pub enum Source {
     Human,
     /// Nobody decided on a held request in time: the configured default.
     Timeout,
+    /// The proxy stopped while a request was held: the timeout's default, at once.
+    Shutdown,
 }
 
 impl Source {
@@ -122,6 +124,7 @@ impl Source {
             Source::Operator => "operator",
             Source::Human => "human",
             Source::Timeout => "timeout",
+            Source::Shutdown => "shutdown",
         }
     }
 }
@@ -131,6 +134,7 @@ impl From<DecidedBy> for Source {
         match by {
             DecidedBy::Human => Source::Human,
             DecidedBy::Timeout => Source::Timeout,
+            DecidedBy::Shutdown => Source::Shutdown,
         }
     }
 }
@@ -146,6 +150,34 @@ pub struct Ruling {
     /// A shadow policy's ruling: logged as what would have been done (`would_<act>`), and
     /// the request forwarded untouched.
     pub shadow: bool,
+}
+
+impl Ruling {
+    /// What carrying the ruling out comes to when nothing fails (a reminder that cannot be
+    /// appended is forwarded as it is, `failed_open`; a rollback that cannot be cut is a
+    /// replan): what `loopwarden replay --db` shows a candidate would have done. Under a
+    /// shadow policy, what it would have done (`would_<act>`).
+    pub fn intended(&self) -> Applied {
+        if self.shadow {
+            let would = match self.act {
+                Act::Forward => None,
+                Act::Remind(Reminder::Nudge | Reminder::WrapUp) => Some(Would::Nudge),
+                Act::Remind(Reminder::Replan) => Some(Would::Replan),
+                Act::RollBack => Some(Would::RollBack),
+                Act::Halt(_) => Some(Would::Halt),
+                Act::Hold => Some(Would::Hold),
+            };
+            return would.map_or(Applied::Forwarded, Applied::Would);
+        }
+        match self.act {
+            Act::Forward => Applied::Forwarded,
+            Act::Remind(Reminder::Nudge | Reminder::WrapUp) => Applied::Nudged,
+            Act::Remind(Reminder::Replan) => Applied::Replanned,
+            Act::RollBack => Applied::RolledBack,
+            Act::Halt(_) => Applied::Halted,
+            Act::Hold => Applied::Held,
+        }
+    }
 }
 
 /// What happens to a request, from the engine's decision, the conversation's standing, its
@@ -300,11 +332,12 @@ pub const BUDGET_DETECTOR: &str = "budget_cap";
 
 /// What happens to a held request once `by` gave `verdict` on `decision` (the one it was
 /// held for). The ruling's decision is the verdict's action, for the log. A human's halt
-/// is a person stopping the run; the timeout's is the policy's own stop.
+/// is a person stopping the run; the timeout's (given early at shutdown too) is the
+/// policy's own stop.
 pub fn rule_verdict(verdict: Verdict, by: DecidedBy, decision: &Decision) -> Ruling {
     let halt = match by {
         DecidedBy::Human => Stop::Operator,
-        DecidedBy::Timeout => Stop::of(decision),
+        DecidedBy::Timeout | DecidedBy::Shutdown => Stop::of(decision),
     };
     let (action, act) = match verdict {
         Verdict::Continue => (Action::Observe, Act::Forward),
@@ -445,6 +478,14 @@ mod tests {
                 Action::Halt,
                 Act::Halt(Stop::Loop),
                 Source::Timeout,
+            ),
+            // Released by a stop: the timeout's verdict, said to be the stop's.
+            (
+                Verdict::Halt,
+                DecidedBy::Shutdown,
+                Action::Halt,
+                Act::Halt(Stop::Loop),
+                Source::Shutdown,
             ),
             // A person who decides to halt stopped the run.
             (

@@ -25,7 +25,7 @@ use crate::detect::{DetectConfig, Engine};
 pub use crate::intervene::Mode;
 use crate::intervene::{InterveneConfig, Intervener};
 use crate::store::LogConfig;
-pub use select::{Client, Selector, Traffic};
+pub use select::{Client, Logged, Selector, Traffic};
 
 /// One policy, ready to serve: its settings and the engine built from them.
 #[derive(Debug)]
@@ -177,9 +177,19 @@ impl PolicySet {
         self.iter().find(|p| &*p.name == name)
     }
 
-    /// The policy of that name, else the default (where traffic it matched would go).
-    pub fn named_or_default(&self, name: &str) -> &Arc<Policy> {
-        self.named(name).unwrap_or(&self.default)
+    /// The policy a logged conversation falls under (not counted as a match): the first
+    /// whose selector holds for what the log kept of its traffic. A selector on what the
+    /// log does not keep (the key, the `user-agent` itself) is taken to hold for the
+    /// policy the conversation was logged under (`logged_policy`) only.
+    pub fn select_logged(&self, logged: &Logged, logged_policy: &str) -> &Arc<Policy> {
+        self.ordered
+            .iter()
+            .find(|p| {
+                p.selector
+                    .matches_logged(logged)
+                    .unwrap_or(*p.name == *logged_policy)
+            })
+            .unwrap_or(&self.default)
     }
 
     /// Carries the match counts of `before`'s policies over to the same names here (a
@@ -198,6 +208,33 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::detect::config::Response;
+
+    #[test]
+    fn a_logged_conversation_falls_under_the_policy_its_team_selects() {
+        let config: Config = toml::from_str(
+            r#"
+[[policy]]
+name = "trial"
+match = { key_id = "3fa9c1d2e4b5" }
+[[policy]]
+name = "ci"
+match = { team = "ci*", api = "anthropic" }
+"#,
+        )
+        .unwrap();
+        let set = config.policy_set().unwrap();
+        let logged = |team: &str, api: &str| Logged {
+            team: Some(team.into()),
+            api: Some(api.into()),
+            ..Logged::default()
+        };
+        let name = |logged: &Logged, was: &str| set.select_logged(logged, was).name.to_string();
+        assert_eq!(name(&logged("ci-nightly", "anthropic"), "default"), "ci");
+        assert_eq!(name(&logged("ci", "openai_chat"), "default"), "default");
+        // The key is not in the log: the key's policy holds for what it was logged under.
+        assert_eq!(name(&logged("ci", "anthropic"), "trial"), "trial");
+        assert_eq!(name(&Logged::default(), "gone"), "default");
+    }
 
     fn set(toml: &str) -> Result<PolicySet, String> {
         let config: Config = toml::from_str(toml).map_err(|e| e.to_string())?;

@@ -88,6 +88,19 @@ pub struct Traffic<'a> {
     pub api: Option<Dialect>,
 }
 
+/// What the log keeps of a conversation's traffic (`conversations`: its team, client,
+/// model and API), by which `loopwarden replay --db` finds the policy a config puts it
+/// under ([`super::PolicySet::select_logged`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Logged {
+    pub team: Option<String>,
+    /// As [`Client::as_str`] names it.
+    pub client: Option<String>,
+    pub model: Option<String>,
+    /// As [`Dialect::as_str`] names it.
+    pub api: Option<String>,
+}
+
 /// The header that names a request's team when its base URL cannot (`/t/{team}` wins).
 pub const TEAM_HEADER: &str = "x-loopwarden-team";
 
@@ -228,6 +241,30 @@ impl Selector {
             && any(&self.user_agent, Some(traffic.user_agent))
             && any(&self.model, traffic.model)
             && any(&self.api, traffic.api.map(Dialect::as_str))
+    }
+
+    /// Whether a logged conversation falls under it; `None` when it matches on what the
+    /// log does not keep (the key's fingerprint, the `user-agent` itself).
+    pub fn matches_logged(&self, logged: &Logged) -> Option<bool> {
+        if !self.key_id.is_empty() || !self.user_agent.is_empty() {
+            return None;
+        }
+        let client = Client::ALL
+            .into_iter()
+            .find(|c| Some(c.as_str()) == logged.client.as_deref())
+            .unwrap_or_default();
+        let api = Dialect::ALL
+            .into_iter()
+            .find(|d| Some(d.as_str()) == logged.api.as_deref());
+        let traffic = Traffic {
+            team: logged.team.as_deref().map(Cow::Borrowed),
+            key_id: None,
+            client,
+            user_agent: "",
+            model: logged.model.as_deref(),
+            api,
+        };
+        Some(self.matches(&traffic))
     }
 
     /// Whether every request `later` matches is matched by this selector too (so that

@@ -759,11 +759,11 @@ pub(super) fn new_record(
     };
     let conversation = parse.is_conversation().then(|| ConversationSeen {
         id: identity.id,
-        id_source: identity.source.as_str(),
+        id_source: identity.source.as_str().into(),
         // The policies' name of the client (`match.client`), the one vocabulary of the
         // log, the admin API and the dashboard.
         client: Some(Client::of(user_agent(&parts.headers)).as_str().into()),
-        dialect: dialect.map(Dialect::as_str),
+        dialect: dialect.map(|d| d.as_str().into()),
         model,
         at_ms: started_ms,
         // Known once the response has ended: `super::record`.

@@ -102,7 +102,68 @@ pub struct App {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Where the OpenTelemetry spans go (`crate::telemetry`; nowhere unless configured).
     pub traces: Arc<crate::telemetry::Traces>,
+    /// The end of a stop's grace period ([`Running::shutdown`]).
+    pub cut: Cut,
 }
+
+/// The end of a stop's grace period: the connections, streams and WebSockets still open
+/// then are cut (a response cut so is logged `cut_at_shutdown`). Shared by every serving
+/// thread; it only ever turns on.
+#[derive(Clone)]
+pub struct Cut(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Cut {
+    fn new() -> Cut {
+        Cut(Arc::new(tokio::sync::watch::Sender::new(false)))
+    }
+
+    /// Cuts what is still open.
+    fn now(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Whether the grace is over.
+    pub fn is_done(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once the grace is over.
+    pub async fn done(&self) {
+        let mut cut = self.0.subscribe();
+        let _ = cut.wait_for(|cut| *cut).await;
+    }
+}
+
+/// How a stop went ([`Running::shutdown`]): what the log could not write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped {
+    pub log: crate::store::Closed,
+}
+
+impl Stopped {
+    /// `loopwarden serve`'s exit status: 0 when everything was written; 75 (EX_TEMPFAIL)
+    /// when records were spilled and the next start writes them; 74 (EX_IOERR) when records
+    /// were lost (not written and not spilled, or the writer did not finish).
+    pub fn exit_code(&self) -> u8 {
+        let log = &self.log;
+        if log.lost > 0 || log.unfinished {
+            EXIT_LOG_LOST
+        } else if log.spilled > 0 {
+            EXIT_LOG_SPILLED
+        } else {
+            0
+        }
+    }
+}
+
+/// The end of a stop's grace kept for writing the log, at most: the requests in flight get
+/// the rest, less a quarter of it for shorter graces.
+const LOG_RESERVE_MAX: Duration = Duration::from_secs(5);
+
+/// `loopwarden serve`'s exit status when log records were spilled at shutdown.
+pub const EXIT_LOG_SPILLED: u8 = 75;
+/// `loopwarden serve`'s exit status when log records were lost at shutdown.
+pub const EXIT_LOG_LOST: u8 = 74;
 
 /// A running proxy (in-process): its address, and a handle to stop it cleanly.
 pub struct Running {
@@ -132,12 +193,62 @@ impl Running {
         &self.app.store
     }
 
-    /// Stops accepting, lets in-flight requests finish (on every serving thread), then
-    /// writes out the log.
-    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+    /// Stops within `server.shutdown_grace_secs`: stops accepting, answers every held
+    /// request at once (its timeout's verdict), lets the requests and streams in flight
+    /// finish within the grace and cuts what remains near its end ([`LOG_RESERVE_MAX`]),
+    /// then gives the log what is left of it (what it cannot write by then is spilled, or
+    /// counted lost).
+    pub async fn shutdown(mut self) -> anyhow::Result<Stopped> {
+        let grace = Duration::from_secs(self.app.config.server.shutdown_grace_secs);
+        let deadline = std::time::Instant::now() + grace;
+        // The log's last moments are kept for it: what is cut is logged after the cut.
+        let cut_at = deadline - (grace / 4).min(LOG_RESERVE_MAX);
+        let log_before = self.app.store.health();
+        let held = self.app.interventions.pending.release_all();
+        if held > 0 {
+            tracing::info!(
+                held,
+                "held requests released by shutdown: answered with their timeout's verdict"
+            );
+        }
         for stop in self.shutdown.drain(..) {
             let _ = stop.send(());
         }
+        let app = self.app.clone();
+        {
+            let mut server = std::pin::pin!(self.stop_serving());
+            tokio::select! {
+                served = &mut server => served,
+                _ = tokio::time::sleep_until(cut_at.into()) => {
+                    tracing::warn!(
+                        connections = app.spread.total(),
+                        "shutdown grace over: cutting the connections still open"
+                    );
+                    app.cut.now();
+                    server.await
+                }
+            }?;
+        }
+        if let Some(replicas) = &self.replicas {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if tokio::time::timeout(left, replicas.last_sync())
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "the last sync with the other replicas did not finish in the grace period"
+                );
+            }
+        }
+        let log = self.app.store.close_by(deadline, &log_before).await;
+        if log.unfinished {
+            tracing::error!("the log writer did not finish by the end of the shutdown grace: the records it still held are lost");
+        }
+        Ok(Stopped { log })
+    }
+
+    /// Waits for every serving thread to finish its connections.
+    async fn stop_serving(&mut self) -> anyhow::Result<()> {
         (&mut self.server).await??;
         for done in self.others.drain(..) {
             // No answer: the thread is gone already (it cannot hold requests either).
@@ -145,10 +256,6 @@ impl Running {
                 result?;
             }
         }
-        if let Some(replicas) = &self.replicas {
-            replicas.last_sync().await;
-        }
-        self.app.store.flush().await;
         Ok(())
     }
 
@@ -179,6 +286,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         },
     )
     .await?;
+    // What the last stop could not write goes in first: the spend restored below counts it.
+    let spill = config.store.spill_path();
+    store.take_in_spill(&spill).await?;
+    store.spill_to(spill);
     let threads = match config.server.threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
@@ -236,6 +347,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         spread,
         metrics,
         traces,
+        cut: Cut::new(),
     });
     spawn_sweeper(Arc::downgrade(&app), idle);
     let replicas = start_replicas(&app).await;
@@ -416,6 +528,7 @@ async fn serve(
         let upgradable = websocket::Upgradable {
             watch,
             stop: stopping.subscribe(),
+            cut: app.cut.clone(),
             open: open.clone(),
             place: place.clone(),
         };
@@ -451,19 +564,29 @@ async fn serve(
             .with_upgrades();
         let mut stop = stopping.subscribe();
         let open = open.clone();
+        let cut = app.cut.clone();
         crate::spawn::task("client connection", async move {
-            let mut connection = std::pin::pin!(connection);
-            let ended = tokio::select! {
-                ended = connection.as_mut() => ended,
-                // It only ever changes to `true` (or goes, with the server).
-                _ = stop.changed() => {
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
+            // The connection is dropped at the end of this block, and with it what it was
+            // still serving (logged then), before the server can count it closed.
+            let ended = {
+                let mut connection = std::pin::pin!(connection);
+                tokio::select! {
+                    ended = connection.as_mut() => Some(ended),
+                    // It only ever changes to `true` (or goes, with the server).
+                    _ = stop.changed() => {
+                        connection.as_mut().graceful_shutdown();
+                        tokio::select! {
+                            ended = connection.as_mut() => Some(ended),
+                            () = cut.done() => None,
+                        }
+                    }
                 }
             };
             drop(open);
-            if let Err(e) = ended {
-                tracing::debug!(error = %e, "connection ended with an error");
+            match ended {
+                Some(Err(e)) => tracing::debug!(error = %e, "connection ended with an error"),
+                None => tracing::debug!(%peer, "connection cut at the end of the shutdown grace"),
+                Some(Ok(())) => {}
             }
             // Its place is freed now, or by the socket it was upgraded to when that ends.
             drop(place);
@@ -563,8 +686,8 @@ fn spawn_sweeper(app: std::sync::Weak<App>, idle: Duration) {
     });
 }
 
-/// Entry point of `loopwarden serve`.
-pub fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
+/// Entry point of `loopwarden serve`; its exit status ([`Stopped::exit_code`]).
+pub fn serve_main(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
     let config = args.load_config()?;
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
@@ -604,10 +727,25 @@ pub fn serve_main(args: ServeArgs) -> anyhow::Result<()> {
             // under the policies in force.
             running.reload("signal");
         }
-        tracing::info!("shutting down: finishing in-flight requests and writing the log");
-        running.shutdown().await?;
-        tracing::info!("log written; bye");
-        Ok(())
+        tracing::info!(
+            grace_secs = running.app.config.server.shutdown_grace_secs,
+            "shutting down: finishing in-flight requests and writing the log"
+        );
+        let stopped = running.shutdown().await?;
+        let log = stopped.log;
+        match stopped.exit_code() {
+            0 => tracing::info!("log written; bye"),
+            EXIT_LOG_SPILLED => tracing::warn!(
+                spilled = log.spilled,
+                "log records spilled: the next start writes them; exit {EXIT_LOG_SPILLED}"
+            ),
+            code => tracing::error!(
+                lost = log.lost,
+                spilled = log.spilled,
+                "log records lost at shutdown; exit {code}"
+            ),
+        }
+        Ok(std::process::ExitCode::from(stopped.exit_code()))
     })
 }
 
@@ -683,7 +821,30 @@ fn minor_faults() -> i64 {
 
 #[cfg(test)]
 mod tests {
-    use super::colour;
+    use super::{colour, Stopped, EXIT_LOG_LOST, EXIT_LOG_SPILLED};
+    use crate::store::Closed;
+
+    #[test]
+    fn the_exit_status_says_whether_the_log_was_written_spilled_or_lost() {
+        let exit = |spilled, lost, unfinished| {
+            Stopped {
+                log: Closed {
+                    spilled,
+                    lost,
+                    unfinished,
+                },
+            }
+            .exit_code()
+        };
+        assert_eq!(exit(0, 0, false), 0);
+        assert_eq!(exit(12, 0, false), EXIT_LOG_SPILLED);
+        assert_eq!(
+            exit(12, 1, false),
+            EXIT_LOG_LOST,
+            "a loss outweighs a spill"
+        );
+        assert_eq!(exit(0, 0, true), EXIT_LOG_LOST, "unaccounted for is lost");
+    }
 
     #[test]
     fn colour_only_on_a_terminal_and_never_under_no_color() {

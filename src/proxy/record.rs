@@ -35,6 +35,9 @@ pub enum Outcome {
     /// The upstream's answer went silent for `upstream.stream_idle_secs` and was cut (the
     /// client saw it break).
     UpstreamStalled,
+    /// The stop's grace period ended before the answer did: the proxy cut it (the client
+    /// saw it break, as a broken upstream's).
+    CutAtShutdown,
     /// The upstream could not be reached (502).
     UpstreamUnreachable,
     /// The upstream did not answer in time (504).
@@ -60,6 +63,7 @@ impl Outcome {
             Outcome::ClientDisconnected => "client_disconnected",
             Outcome::UpstreamBroken => "upstream_broken",
             Outcome::UpstreamStalled => "upstream_stalled",
+            Outcome::CutAtShutdown => "cut_at_shutdown",
             Outcome::UpstreamUnreachable => "upstream_unreachable",
             Outcome::UpstreamTimeout => "upstream_timeout",
             Outcome::Answered => "answered",

@@ -7,7 +7,8 @@
 //! failed mid-way (`upstream_broken`, or `upstream_stalled` when it went silent for
 //! `upstream.stream_idle_secs`, and the client sees the same break), or the client
 //! went away first (`client_disconnected`: the body is dropped, which drops the upstream
-//! response and closes that connection, so the upstream stops generating).
+//! response and closes that connection, so the upstream stops generating), or the stop's
+//! grace period ended first (`cut_at_shutdown`: the connection is dropped, the same way).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -38,6 +39,8 @@ pub struct Sinks {
     pub ledger: Ledger,
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     pub traces: std::sync::Arc<crate::telemetry::Traces>,
+    /// The end of a stop's grace period, which tells a cut answer from a client leaving.
+    pub cut: super::Cut,
 }
 
 impl Sinks {
@@ -47,6 +50,7 @@ impl Sinks {
             ledger: app.ledger.clone(),
             metrics: app.metrics.clone(),
             traces: app.traces.clone(),
+            cut: app.cut.clone(),
         }
     }
 }
@@ -194,6 +198,12 @@ impl<B: Body> Drop for TeeBody<B> {
         // The server may drop a body it knows is complete without polling its end.
         let outcome = if self.inner.is_end_stream() {
             Outcome::Complete
+        } else if self.pending.as_ref().is_some_and(|p| p.sinks.cut.is_done()) {
+            if let Some(p) = &self.pending {
+                let row = &p.finished.row;
+                tracing::warn!(conversation = %row.conversation_id, path = %row.path, "response cut: the shutdown grace ended before it did");
+            }
+            Outcome::CutAtShutdown
         } else {
             Outcome::ClientDisconnected
         };

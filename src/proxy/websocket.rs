@@ -75,6 +75,8 @@ pub struct Upgradable {
     pub watch: Arc<Watch>,
     /// Turns `true` when the server stops.
     pub stop: tokio::sync::watch::Receiver<bool>,
+    /// The end of the stop's grace: the socket is closed then, its turn in flight or not.
+    pub cut: super::Cut,
     /// Held until the socket ends: the server's stop waits for every holder.
     pub open: tokio::sync::mpsc::Sender<()>,
     /// Held until the socket ends: the socket counts as an open connection until then.
@@ -167,7 +169,7 @@ pub async fn open(app: Arc<App>, request: Request) -> Response {
         let _held = upgradable
             .as_ref()
             .map(|u| (u.open.clone(), u.place.clone()));
-        let stop = upgradable.map(|u| u.stop);
+        let (stop, cut) = upgradable.map(|u| (u.stop, u.cut)).unzip();
         let Some(client_upgrade) = client_upgrade else {
             return;
         };
@@ -182,7 +184,7 @@ pub async fn open(app: Arc<App>, request: Request) -> Response {
             WebSocketStream::from_raw_socket(TokioIo::new(client), Role::Server, None).await;
         let upstream =
             WebSocketStream::from_raw_socket(TokioIo::new(upstream), Role::Client, None).await;
-        session.run(client, upstream, stop).await;
+        session.run(client, upstream, stop, cut).await;
     });
     response
 }
@@ -367,8 +369,16 @@ impl Session {
         mut client: Socket,
         mut upstream: Socket,
         mut stop: Option<tokio::sync::watch::Receiver<bool>>,
+        cut: Option<super::Cut>,
     ) {
         let mut stopping = false;
+        let cut = async move {
+            match cut {
+                Some(cut) => cut.done().await,
+                None => std::future::pending().await,
+            }
+        };
+        let mut cut = std::pin::pin!(cut);
         loop {
             if stopping && self.turn.is_none() {
                 let going = || {
@@ -383,6 +393,16 @@ impl Session {
             }
             tokio::select! {
                 _ = stopped(&mut stop), if !stopping => stopping = true,
+                () = &mut cut => {
+                    let going = || Some(CloseFrame {
+                        code: CloseCode::Away,
+                        reason: "loopwarden stopped".into(),
+                    });
+                    let _ = client.close(going()).await;
+                    let _ = upstream.close(going()).await;
+                    self.end(Outcome::CutAtShutdown);
+                    return;
+                }
                 message = client.next() => {
                     let message = match message {
                         Some(Ok(message)) => message,

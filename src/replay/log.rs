@@ -9,18 +9,23 @@
 //! config. What is printed is where the two differ, up to where both configs have stopped
 //! the run (after that the agent would have received neither's decisions).
 //!
-//! The detection config of a conversation comes from a resolver given the name of the
-//! policy its requests were logged under, so that each conversation is replayed with its
-//! own policy's settings.
+//! The policy of a conversation comes from a resolver given what the log kept of its
+//! traffic (team, client, model, API) and the name of the policy its requests were logged
+//! under, so that each conversation is replayed under the policy each config puts it under
+//! (a team moved to a policy of its own in the candidate is replayed under that one). Beside detection's decisions, what each policy would have done with them is
+//! compared (its mode and its budget: [`super::rollout`]), so that a candidate that turns
+//! shadow to enforce, or lowers a budget, shows the runs it would have stopped.
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
-use crate::detect::{Action, Decision, DetectConfig, Engine, StoreFacts};
+use super::rollout::{self, Answered, DoneChange, Spent};
+use crate::detect::{Action, Decision, Engine, StoreFacts};
+use crate::policy::{Logged, Policy};
 use crate::transcript::{Head, Step, Transcript};
 
 /// The policy a conversation is replayed under when the log names none (a log written
@@ -88,9 +93,16 @@ impl std::fmt::Display for Change {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Compared {
     pub id: String,
+    /// The policy the current config puts it under.
     pub policy: String,
+    /// The candidate's, when it is another.
+    pub candidate_policy: Option<String>,
     pub steps: usize,
+    /// Detection's decisions that change.
     pub changes: Vec<Change>,
+    /// What the policies would have done that changes (mode, budget, and the decisions'
+    /// changes as the policies carry them out).
+    pub done: Vec<DoneChange>,
 }
 
 /// What a replay from the log found, over all conversations.
@@ -106,13 +118,22 @@ pub struct Summary {
     pub halts_added: usize,
     /// Requests the current config stops that the candidate does not.
     pub halts_removed: usize,
+    /// Requests the candidate's policies would have done otherwise.
+    pub done_changed: usize,
+    /// Runs the candidate's policies would have stopped at a request the current ones
+    /// did not stop at (a halt or a hold: enforced, not a shadow's would-be).
+    pub stops_added: usize,
+    pub stops_removed: usize,
 }
 
 impl Summary {
     fn add(&mut self, c: &Compared) {
         self.conversations += 1;
-        self.changed_conversations += usize::from(!c.changes.is_empty());
+        self.changed_conversations += usize::from(!c.changes.is_empty() || !c.done.is_empty());
         self.decisions_changed += c.changes.len();
+        self.done_changed += c.done.len();
+        self.stops_added += c.done.iter().filter(|d| d.adds_a_stop()).count();
+        self.stops_removed += c.done.iter().filter(|d| d.removes_a_stop()).count();
         for change in &c.changes {
             let (was, will) = (
                 change.current.action.stops(),
@@ -141,15 +162,21 @@ pub fn compare_run(
     let store = StoreFacts::default();
     let before = current.decisions_across(transcript, &store, compactions);
     let after = candidate.decisions_across(transcript, &store, compactions);
+    changes(&before, &after)
+}
+
+/// Where two sequences of decisions (`(steps, decision)` per request) differ, up to the
+/// request where both have stopped the run.
+fn changes(before: &[(usize, Decision)], after: &[(usize, Decision)]) -> Vec<Change> {
     let first_stop = |ds: &[(usize, Decision)]| {
         ds.iter()
             .find(|(_, d)| d.action.stops())
             .map_or(usize::MAX, |(k, _)| *k)
     };
-    let last = first_stop(&before).max(first_stop(&after));
+    let last = first_stop(before).max(first_stop(after));
     before
         .iter()
-        .zip(&after)
+        .zip(after)
         .take_while(|((k, _), _)| *k <= last)
         .filter_map(|((k, b), (_, a))| {
             let (current, candidate) = (Verdict::of(b), Verdict::of(a));
@@ -163,17 +190,17 @@ pub fn compare_run(
 }
 
 /// Replays the selected conversations of the log at `db` (a `sqlite://` URL or a path)
-/// with the detection configs `current` and `candidate` resolve for each one's policy,
-/// and writes, per conversation, each request whose decision changes, then the summary.
+/// under the policies `current` and `candidate` resolve for each one's logged policy, and
+/// writes, per conversation, each request whose decision changes and each request the
+/// policies would have done otherwise, then the summary.
 pub fn replay(
     db: &str,
     selection: &Selection,
-    current: &dyn Fn(&str) -> DetectConfig,
-    candidate: &dyn Fn(&str) -> DetectConfig,
+    current: &dyn Fn(&Logged, &str) -> Arc<Policy>,
+    candidate: &dyn Fn(&Logged, &str) -> Arc<Policy>,
     out: &mut impl Write,
 ) -> anyhow::Result<Summary> {
     let log = Log::open(db)?;
-    let mut engines: HashMap<String, (Engine, Engine)> = HashMap::new();
     let mut summary = Summary::default();
     for id in log.conversations(selection)? {
         let policy = log.policy_of(&id)?;
@@ -181,18 +208,24 @@ pub fn replay(
             summary.incomplete += 1;
             continue;
         };
-        let (now, then) = engines.entry(policy.clone()).or_insert_with(|| {
-            (
-                Engine::new(current(&policy)),
-                Engine::new(candidate(&policy)),
-            )
-        });
+        let traffic = log.traffic(&id)?;
+        let (now, then) = (current(&traffic, &policy), candidate(&traffic, &policy));
         let compactions = log.compactions(&id)?;
+        let store = StoreFacts::default();
+        let before = now
+            .engine
+            .decisions_across(&transcript, &store, &compactions);
+        let after = then
+            .engine
+            .decisions_across(&transcript, &store, &compactions);
+        let spent = log.spent(&id)?;
         let compared = Compared {
-            changes: compare_run(now, then, &transcript, &compactions),
+            changes: changes(&before, &after),
+            done: rollout::compare((&now, &before), (&then, &after), &spent),
             steps: transcript.steps.len(),
             id,
-            policy,
+            policy: now.name.to_string(),
+            candidate_policy: (then.name != now.name).then(|| then.name.to_string()),
         };
         summary.add(&compared);
         write_conversation(out, &compared)?;
@@ -202,15 +235,22 @@ pub fn replay(
 }
 
 fn write_conversation(out: &mut impl Write, c: &Compared) -> std::io::Result<()> {
-    if c.changes.is_empty() {
+    if c.changes.is_empty() && c.done.is_empty() {
         return Ok(());
     }
+    let policy = match &c.candidate_policy {
+        Some(candidate) => format!("{} -> {candidate}", c.policy),
+        None => c.policy.clone(),
+    };
     writeln!(
         out,
-        "conversation {} (policy {}, {} steps)",
-        c.id, c.policy, c.steps
+        "conversation {} (policy {policy}, {} steps)",
+        c.id, c.steps
     )?;
     for change in &c.changes {
+        writeln!(out, "  {change}")?;
+    }
+    for change in &c.done {
         writeln!(out, "  {change}")?;
     }
     Ok(())
@@ -227,13 +267,17 @@ fn write_summary(out: &mut impl Write, s: &Summary) -> std::io::Result<()> {
     writeln!(
         out,
         "replayed {} conversations ({} skipped: their first steps are not in the log); \
-         {} changed, {} decisions changed; would-be halts: {} added, {} removed",
+         {} changed, {} decisions changed; would-be halts: {} added, {} removed; \
+         {} requests done otherwise (mode, budget); runs stopped: {} added, {} removed",
         s.conversations,
         s.incomplete,
         s.changed_conversations,
         s.decisions_changed,
         s.halts_added,
-        s.halts_removed
+        s.halts_removed,
+        s.done_changed,
+        s.stops_added,
+        s.stops_removed
     )
 }
 
@@ -281,6 +325,39 @@ impl Log {
             .collect())
     }
 
+    /// What the log kept of the conversation's traffic, to find its policy by.
+    fn traffic(&self, id: &str) -> anyhow::Result<Logged> {
+        let row = match self {
+            Log::Sqlite(log) => log.traffic(id)?,
+            Log::Postgres(log) => log.traffic(id)?,
+        };
+        let (team, client, model, api) = row.unwrap_or_default();
+        Ok(Logged {
+            team,
+            client,
+            model,
+            api,
+        })
+    }
+
+    /// The conversation's answered requests, as its budget counts them.
+    fn spent(&self, id: &str) -> anyhow::Result<Spent> {
+        let rows = match self {
+            Log::Sqlite(log) => log.spent(id)?,
+            Log::Postgres(log) => log.spent(id)?,
+        };
+        let answered = rows
+            .into_iter()
+            .map(|(steps, started_ms, tokens, dollars)| Answered {
+                steps,
+                started_ms,
+                tokens: tokens.max(0) as u64,
+                dollars,
+            })
+            .collect();
+        Ok(Spent { answered })
+    }
+
     /// The conversation's transcript: its head and its steps from the first on, up to
     /// the first one missing. `None` when its first step is not in the log.
     fn transcript(&self, id: &str) -> anyhow::Result<Option<Transcript>> {
@@ -306,6 +383,21 @@ impl Log {
         Ok((!steps.is_empty()).then(|| head.with_steps(steps)))
     }
 }
+
+/// A request's steps, start, tokens (every kind) and dollars.
+type SpentRow = (Option<i64>, i64, i64, f64);
+
+/// A conversation's team, client, model and dialect.
+type TrafficRow = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
+/// A request's tokens (every kind) and dollars, 0 where not logged.
+const SPEND_COLUMNS: &str = "coalesce(input_tokens, 0) + coalesce(cached_input_tokens, 0)
+    + coalesce(cache_write_tokens, 0) + coalesce(output_tokens, 0), coalesce(cost_usd, 0.0)";
 
 /// A SQLite log.
 struct SqliteLog {
@@ -397,6 +489,44 @@ impl SqliteLog {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    /// The conversation's team (none in a log from before teams were logged), client,
+    /// model and dialect.
+    fn traffic(&self, id: &str) -> anyhow::Result<Option<TrafficRow>> {
+        let has_team = self
+            .conn
+            .prepare("SELECT team FROM conversations LIMIT 0")
+            .is_ok();
+        let team = if has_team { "team" } else { "NULL" };
+        let row = self
+            .conn
+            .query_row(
+                &format!("SELECT {team}, client, model, dialect FROM conversations WHERE id = ?1"),
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()?;
+        Ok(row)
+    }
+
+    /// Each request's steps, start, tokens and dollars, in the order they started (no
+    /// tokens nor dollars in a log from before spend was logged).
+    fn spent(&self, id: &str) -> anyhow::Result<Vec<SpentRow>> {
+        let has_spend = self
+            .conn
+            .prepare("SELECT cost_usd FROM requests LIMIT 0")
+            .is_ok();
+        let spend = match has_spend {
+            true => SPEND_COLUMNS,
+            false => "0, 0.0",
+        };
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT steps, started_ms, {spend} FROM requests
+             WHERE conversation_id = ?1 ORDER BY started_ms, id"
+        ))?;
+        let rows = stmt.query_map([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     fn head(&self, id: &str) -> anyhow::Result<Option<String>> {
         Ok(self
             .conn
@@ -477,6 +607,22 @@ impl PostgresLog {
              ORDER BY steps",
         )
         .bind(id);
+        Ok(self.runtime.block_on(query.fetch_all(&self.pool))?)
+    }
+
+    fn traffic(&self, id: &str) -> anyhow::Result<Option<TrafficRow>> {
+        let query =
+            sqlx::query_as("SELECT team, client, model, dialect FROM conversations WHERE id = $1")
+                .bind(id);
+        Ok(self.runtime.block_on(query.fetch_optional(&self.pool))?)
+    }
+
+    fn spent(&self, id: &str) -> anyhow::Result<Vec<SpentRow>> {
+        let sql = format!(
+            "SELECT steps, started_ms, {SPEND_COLUMNS} FROM requests
+             WHERE conversation_id = $1 ORDER BY started_ms, id"
+        );
+        let query = sqlx::query_as(&sql).bind(id);
         Ok(self.runtime.block_on(query.fetch_all(&self.pool))?)
     }
 

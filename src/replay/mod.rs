@@ -12,6 +12,7 @@
 //! replayed with a candidate config beside the current one ([`log`]).
 
 pub mod log;
+pub mod rollout;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -39,15 +40,17 @@ pub struct ReplayArgs {
     /// JSONL file: one object per line with `id` and `messages` (OpenAI Chat format).
     #[arg(required_unless_present = "db", conflicts_with = "db")]
     pub file: Option<std::path::PathBuf>,
-    /// Config file (TOML) whose `[detect]` table to use (with `--db`: the current config).
+    /// Config file (TOML) whose `[detect]` table to use (with `--db`: the current config,
+    /// its policies, modes and budgets too).
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,
     /// Replay the conversations of this log (`sqlite://PATH` or a path) whose content was
     /// logged (`[log] content = true`) with `--candidate`, and print what would change.
     #[arg(long, requires = "candidate")]
     pub db: Option<String>,
-    /// With `--db`: the config file (TOML) to try, whose `[detect]` table is compared
-    /// with `--config`'s (default: the built-in settings).
+    /// With `--db`: the config file (TOML) to try, compared with `--config`'s (default:
+    /// the built-in settings): each policy's detection, and what its mode and budget would
+    /// have done with the logged requests.
     #[arg(long, requires = "db")]
     pub candidate: Option<std::path::PathBuf>,
     /// With `--db`: conversations with a step logged on or after this day (YYYY-MM-DD,
@@ -530,9 +533,9 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
 }
 
 /// `replay --db`: the logged conversations with the current config (`--config`, else the
-/// defaults) and the candidate. Each conversation is replayed under the detection settings
-/// of the policy it was logged under, as each file resolves that policy (a policy a file
-/// does not have falls to that file's `default`, as its traffic would).
+/// defaults) and the candidate. Each conversation is replayed under the policy each file
+/// puts it under (its detection, mode, switches and budget), found by what the log kept of
+/// its traffic (`crate::policy::PolicySet::select_logged`).
 fn run_log(args: &ReplayArgs, db: &str) -> anyhow::Result<()> {
     let policies = |path: Option<&std::path::Path>| -> anyhow::Result<PolicySet> {
         let config = match path {
@@ -547,7 +550,9 @@ fn run_log(args: &ReplayArgs, db: &str) -> anyhow::Result<()> {
     };
     let current = policies(args.config.as_deref())?;
     let candidate = policies(Some(candidate))?;
-    let detect = |set: &PolicySet, name: &str| set.named_or_default(name).detect().clone();
+    let resolve = |set: &PolicySet, logged: &crate::policy::Logged, name: &str| {
+        set.select_logged(logged, name).clone()
+    };
     let selection = log::Selection {
         since_ms: args
             .since
@@ -569,8 +574,8 @@ fn run_log(args: &ReplayArgs, db: &str) -> anyhow::Result<()> {
     log::replay(
         db,
         &selection,
-        &|name| detect(&current, name),
-        &|name| detect(&candidate, name),
+        &|logged, name| resolve(&current, logged, name),
+        &|logged, name| resolve(&candidate, logged, name),
         &mut out,
     )?;
     out.flush()?;

@@ -111,7 +111,7 @@ pub(super) struct Sightings<'a> {
     /// The first sighting's with one, as `coalesce(client, excluded.client)` keeps.
     pub(super) client: Option<&'a str>,
     /// The last sighting's with one, as `coalesce(excluded.dialect, dialect)` keeps.
-    pub(super) dialect: Option<&'static str>,
+    pub(super) dialect: Option<&'a str>,
     pub(super) model: Option<&'a str>,
     pub(super) last_ms: i64,
     pub(super) requests: i64,
@@ -125,7 +125,7 @@ impl<'a> Sightings<'a> {
         Sightings {
             first: seen,
             client: seen.client.as_deref(),
-            dialect: seen.dialect,
+            dialect: seen.dialect.as_deref(),
             model: seen.model.as_deref(),
             last_ms: seen.at_ms,
             requests: 1,
@@ -136,7 +136,7 @@ impl<'a> Sightings<'a> {
 
     fn add(&mut self, seen: &'a ConversationSeen) {
         self.client = self.client.or(seen.client.as_deref());
-        self.dialect = seen.dialect.or(self.dialect);
+        self.dialect = seen.dialect.as_deref().or(self.dialect);
         self.model = seen.model.as_deref().or(self.model);
         self.last_ms = self.last_ms.max(seen.at_ms);
         self.requests += 1;

@@ -23,6 +23,7 @@ pub mod query;
 mod read;
 pub mod redact;
 mod shared;
+mod spill;
 mod sqlite;
 mod writer;
 
@@ -31,7 +32,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 pub use query::{ConversationSummary, LoggedSpend, OverheadStats, Timeline};
@@ -52,12 +53,12 @@ pub struct LogConfig {
 use writer::Entry;
 
 /// A conversation was seen (one per request; the writer upserts and counts).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ConversationSeen {
     pub id: String,
-    pub id_source: &'static str,
+    pub id_source: Label,
     pub client: Option<String>,
-    pub dialect: Option<&'static str>,
+    pub dialect: Option<Label>,
     pub model: Option<String>,
     pub at_ms: i64,
     /// The request's `proxy_overhead_us`, added to the conversation's running sum (set when
@@ -82,6 +83,12 @@ impl Label {
     }
 }
 
+impl<'de> Deserialize<'de> for Label {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Label, D::Error> {
+        String::deserialize(d).map(Label::from)
+    }
+}
+
 impl From<&'static str> for Label {
     fn from(name: &'static str) -> Label {
         Label(Cow::Borrowed(name))
@@ -102,7 +109,7 @@ impl std::ops::Deref for Label {
 }
 
 /// One proxied request, complete with its outcome. Column meanings: `migrations/0001_log.sql`.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
 pub struct RequestRow {
     pub id: i64,
     pub conversation_id: String,
@@ -186,7 +193,7 @@ impl RequestRow {
 }
 
 /// A tool call, with its result once the history carries it.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct ToolCallRow {
     pub conversation_id: String,
     pub step: i64,
@@ -203,7 +210,7 @@ pub struct ToolCallRow {
 }
 
 /// One detector finding attached to a request.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
 pub struct FindingRow {
     pub request_id: i64,
     pub conversation_id: String,
@@ -218,7 +225,7 @@ pub struct FindingRow {
 }
 
 /// A decision other than a plain observe, and what the proxy did with it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
 pub struct DecisionRow {
     pub request_id: i64,
     pub conversation_id: String,
@@ -231,7 +238,7 @@ pub struct DecisionRow {
 }
 
 /// One intervention (see `crate::intervene` and `migrations/0002_interventions.sql`).
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
 pub struct InterventionRow {
     pub conversation_id: String,
     pub request_id: Option<i64>,
@@ -248,7 +255,7 @@ pub struct InterventionRow {
 /// A conversation's content (`log.content`, `migrations/0009_content.sql`): one step as
 /// JSON ([`crate::transcript::Step`]), or the conversation's head
 /// ([`crate::transcript::Head`]), credentials masked in every string ([`Masked::json`]).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ContentRow {
     pub conversation_id: String,
     /// The step's index; `None`: the head.
@@ -259,8 +266,10 @@ pub struct ContentRow {
     pub seen_ms: i64,
 }
 
-/// Anything the log records.
-#[derive(Debug, Clone)]
+/// Anything the log records. Serialised (a line of a spill file, `spill`) as
+/// `{"kind": {row}}`, the kind in snake case.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Record {
     Conversation(ConversationSeen),
     Request(Box<RequestRow>),
@@ -285,6 +294,9 @@ struct Counters {
     /// Times the database file was found deleted or replaced and made again (SQLite), or
     /// the writer's lost connection was made again (PostgreSQL).
     reopened: AtomicU64,
+    /// Records not written by the closing deadline, kept in the spill file for the next
+    /// start (`spill`).
+    spilled: AtomicU64,
 }
 
 /// Handle to the log: cheap to clone, shared by every request.
@@ -358,9 +370,32 @@ pub struct StoreHealth {
     pub failed: u64,
     pub retried: u64,
     pub reopened: u64,
+    /// Records kept in the spill file at shutdown, for the next start.
+    pub spilled: u64,
     /// Entries waiting in the queue now (at most `store.queue_capacity`).
     pub queued: usize,
 }
+
+/// How the log closed ([`Store::close_by`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Closed {
+    /// Records kept in the spill file, for the next start to write.
+    pub spilled: u64,
+    /// Records lost since the stop began: neither written nor spilled (a write that would
+    /// fail again, the retry bound passed, the queue full, the spill failed).
+    pub lost: u64,
+    /// The writer had not finished by the deadline and a last write's time: what it still
+    /// held is unaccounted for (the process exits without it).
+    pub unfinished: bool,
+}
+
+/// How long past its deadline [`Store::close_by`] waits for the writer: one write attempt
+/// (SQLite's busy timeout, PostgreSQL's write timeout, both 5 s) may be under way.
+const CLOSE_SLACK: Duration = Duration::from_secs(6);
+
+/// How long [`Store::take_in_spill`] waits for the spilled records to be written before
+/// the proxy serves anyway (the file is then kept for the next start).
+const TAKE_IN_WAIT: Duration = Duration::from_secs(60);
 
 impl Store {
     /// Opens the log at `url` (a `sqlite://` URL: created if missing; or a `postgres://`
@@ -427,8 +462,81 @@ impl Store {
             failed: counters.failed.load(Ordering::Relaxed),
             retried: counters.retried.load(Ordering::Relaxed),
             reopened: counters.reopened.load(Ordering::Relaxed),
+            spilled: counters.spilled.load(Ordering::Relaxed),
             queued: self.writer.queue.len(),
         }
+    }
+
+    /// Where records not written by the closing deadline go (the writer's spill file).
+    pub fn spill_to(&self, path: std::path::PathBuf) {
+        let _ = self.writer.queue.spill.set(path);
+    }
+
+    /// Closes the log: what is queued is written until `deadline`, and what is left then
+    /// is spilled ([`Store::spill_to`]) or, that failing, lost. Waits for the writer to
+    /// say so (a little past the deadline at most: [`CLOSE_SLACK`]). Records logged
+    /// afterwards are dropped. What was lost is counted from `since` (the log's health
+    /// when the stop began).
+    pub async fn close_by(&self, deadline: std::time::Instant, since: &StoreHealth) -> Closed {
+        let (done, wait) = oneshot::channel();
+        let waiting = self.writer.queue.flush(done);
+        self.writer.queue.close_by(deadline);
+        let limit = deadline.saturating_duration_since(std::time::Instant::now()) + CLOSE_SLACK;
+        let unfinished = waiting && tokio::time::timeout(limit, wait).await.is_err();
+        let now = self.health();
+        Closed {
+            spilled: now.spilled - since.spilled,
+            lost: (now.failed + now.dropped) - (since.failed + since.dropped),
+            unfinished,
+        }
+    }
+
+    /// Writes the records of the spill file at `path` (left by a shutdown that could not
+    /// write them) into the log, and deletes the file once they are written. A line that is
+    /// not a record is skipped, reported and kept beside the file (`.rejected`). When some
+    /// records cannot be written (the log fails now too), the file is kept for the next
+    /// start. Returns how many records were written.
+    pub async fn take_in_spill(&self, path: &std::path::Path) -> anyhow::Result<usize> {
+        let shown = path.display();
+        let spilled = spill::read(path)
+            .map_err(|e| anyhow::anyhow!("cannot read the spill file {shown}: {e}"))?;
+        let Some(spilled) = spilled else {
+            return Ok(0);
+        };
+        for (line, _, error) in &spilled.rejected {
+            tracing::warn!(path = %shown, line, error = %error, "a line of the spill file is not a log record: skipped");
+        }
+        if !spilled.rejected.is_empty() {
+            spill::keep_rejected(path, &spilled.rejected).map_err(|e| {
+                anyhow::anyhow!("cannot keep the spill file's unreadable lines beside it: {e}")
+            })?;
+            tracing::warn!(lines = spilled.rejected.len(), kept = %spill::rejected_path(path).display(), "the spill file's unreadable lines are kept there");
+        }
+        let n = spilled.records.len();
+        let before = self.health();
+        // The queue drops what exceeds its capacity: half of it at a time, each written
+        // before the next is queued.
+        let chunk = (self.writer.queue.capacity() / 2).max(1);
+        let written = tokio::time::timeout(TAKE_IN_WAIT, async {
+            for records in spilled.records.chunks(chunk) {
+                for record in records {
+                    self.log(record.clone());
+                }
+                self.flush().await;
+            }
+        })
+        .await;
+        let after = self.health();
+        let missing = (after.failed - before.failed) + (after.dropped - before.dropped);
+        if written.is_err() || missing > 0 {
+            tracing::error!(path = %shown, records = n, not_written = missing, "the spill file's records could not all be written: the file is kept and read again at the next start (the records written now may then be written twice)");
+            return Ok(n - (missing as usize).min(n));
+        }
+        std::fs::remove_file(path).map_err(|e| {
+            anyhow::anyhow!("cannot delete the spill file {shown} after writing its records: {e}")
+        })?;
+        tracing::info!(path = %shown, records = n, "the spill file's records are in the log; file deleted");
+        Ok(n)
     }
 
     /// Conversations, most recently active first.
@@ -803,18 +911,19 @@ mod tests {
     }
 
     async fn a_batchs_sightings_of_a_conversation_leave_the_row_one_by_one_would(kind: Kind) {
-        let seen = |client: Option<&str>, dialect, model: Option<&str>, at_ms| {
-            Record::Conversation(ConversationSeen {
-                id: "c".into(),
-                id_source: "head_hash",
-                client: client.map(Into::into),
-                dialect,
-                model: model.map(Into::into),
-                at_ms,
-                overhead_us: at_ms * 10,
-                team: None,
-            })
-        };
+        let seen =
+            |client: Option<&str>, dialect: Option<&'static str>, model: Option<&str>, at_ms| {
+                Record::Conversation(ConversationSeen {
+                    id: "c".into(),
+                    id_source: "head_hash".into(),
+                    client: client.map(Into::into),
+                    dialect: dialect.map(Label::from),
+                    model: model.map(Into::into),
+                    at_ms,
+                    overhead_us: at_ms * 10,
+                    team: None,
+                })
+            };
         // Finished in this order, started out of it.
         let sightings = [
             seen(None, None, Some("m1"), 20),
@@ -1327,9 +1436,9 @@ mod tests {
         store.log(Record::Request(Box::new(row)));
         store.log(Record::Conversation(ConversationSeen {
             id: "run-1".into(),
-            id_source: "path",
+            id_source: "path".into(),
             client: Some("claude-cli".into()),
-            dialect: Some("anthropic"),
+            dialect: Some("anthropic".into()),
             model: Some("claude-test".into()),
             at_ms: 1000,
             overhead_us: 10,

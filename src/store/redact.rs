@@ -80,6 +80,13 @@ impl From<String> for Masked {
     }
 }
 
+/// Read back (a spill file, `super::spill`) through [`From<String>`]: masked again.
+impl<'de> serde::Deserialize<'de> for Masked {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Masked, D::Error> {
+        String::deserialize(d).map(Masked::from)
+    }
+}
+
 impl std::ops::Deref for Masked {
     type Target = str;
     fn deref(&self) -> &str {

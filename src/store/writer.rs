@@ -16,10 +16,16 @@
 //! dropped and counted). A write that would fail the same way again (a bad row, a table
 //! gone) is counted and dropped at once. A database file deleted under the proxy ends the
 //! loop so that its backend can make a new one ([`Stop::Reopen`]).
+//!
+//! Closing ([`Queue::close_by`]) sets a deadline: until then the writer keeps writing (and
+//! retrying); what is still unwritten at the deadline, the queue's entries included, goes to
+//! the spill file (`super::spill`), which the next start reads into the log. Records that
+//! cannot be spilled either are counted as failed and their number logged.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -30,8 +36,8 @@ use super::{Counters, Record};
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// How long the writer keeps retrying once the log is closing (the proxy stops): then the
-/// records still unwritten are counted as failed, and the proxy exits.
+/// How long the writer keeps retrying once the log closes without a deadline of its own (the
+/// last `Store` dropped): then the records still unwritten are spilled.
 const CLOSING_RETRY: Duration = Duration::from_secs(10);
 
 /// A log entry whose rows are worked out on the writer thread.
@@ -57,6 +63,9 @@ pub(super) struct Queue {
     window: Duration,
     /// Records kept for a retry at most ([`Unwritten`]).
     retry_rows: usize,
+    /// Where records unwritten at the closing deadline go (`super::spill`); unset, they
+    /// are lost (counted as failed).
+    pub(super) spill: OnceLock<PathBuf>,
 }
 
 #[derive(Default)]
@@ -68,6 +77,8 @@ struct State {
     idle: bool,
     /// No more entries will come (every `Store` is gone, or the writer died).
     closed: bool,
+    /// Set with `closed`: what is unwritten then is spilled.
+    deadline: Option<Instant>,
 }
 
 impl Queue {
@@ -107,6 +118,11 @@ impl Queue {
         true
     }
 
+    /// Entries the queue holds at most.
+    pub(super) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Entries waiting for the writer (the queue's depth).
     pub(super) fn len(&self) -> usize {
         self.lock().entries.len()
@@ -117,8 +133,32 @@ impl Queue {
     }
 
     pub(super) fn close(&self) {
-        self.lock().closed = true;
+        self.close_by(Instant::now() + CLOSING_RETRY);
+    }
+
+    /// No more entries will come; what is not written by `deadline` (or an earlier one
+    /// already set) is spilled.
+    pub(super) fn close_by(&self, deadline: Instant) {
+        let mut s = self.lock();
+        s.closed = true;
+        s.deadline = Some(s.deadline.map_or(deadline, |d| d.min(deadline)));
+        drop(s);
         self.wake.notify_one();
+    }
+
+    /// The closing deadline, once the queue is closed.
+    fn deadline(&self) -> Option<Instant> {
+        self.lock().deadline
+    }
+
+    /// Every entry still queued, and the flushes waiting for them (the closing deadline
+    /// passed: they are spilled).
+    fn take_all(&self) -> (Vec<Entry>, Vec<oneshot::Sender<()>>) {
+        let mut s = self.lock();
+        (
+            std::mem::take(&mut s.entries),
+            std::mem::take(&mut s.flushes),
+        )
     }
 
     /// Waits for work (or until `due`), gathers for the window, and moves the next
@@ -194,6 +234,7 @@ pub(super) fn start(
         batch_size: options.batch_size.max(1),
         window: options.batch_window,
         retry_rows: options.retry_rows.max(1),
+        spill: OnceLock::new(),
     });
     let writer_queue = queue.clone();
     crate::spawn::thread("loopwarden-log".into(), move || {
@@ -249,8 +290,6 @@ pub(super) struct Unwritten {
     failures: u32,
     /// When the next attempt may be made, after a failure.
     retry_at: Option<Instant>,
-    /// When the closed queue's last attempts began.
-    closing_since: Option<Instant>,
 }
 
 impl Unwritten {
@@ -283,13 +322,40 @@ impl Unwritten {
         self.retry_at = None;
     }
 
-    /// A failure while the log closes: given up on after [`CLOSING_RETRY`].
-    fn closing(&mut self, error: &anyhow::Error, counters: &Counters) {
-        let since = *self.closing_since.get_or_insert_with(Instant::now);
-        if since.elapsed() >= CLOSING_RETRY {
-            tracing::warn!(records = self.records.len(), error = %error, "log write still failing at shutdown: records lost");
-            self.give_up(counters);
+    /// The closing deadline passed: every record still unwritten, the queue's entries
+    /// included, goes to the spill file (or, that failing too, is counted as lost), and
+    /// the flushes waiting for them are answered.
+    pub(super) fn spill_rest(&mut self, queue: &Queue) {
+        let (entries, flushes) = queue.take_all();
+        work_out(entries, &mut self.records, &queue.counters);
+        self.flushes.extend(flushes);
+        if !self.records.is_empty() {
+            let n = self.records.len() as u64;
+            let counters = &queue.counters;
+            match queue.spill.get() {
+                Some(path) => match super::spill::append(path, &self.records) {
+                    Ok(()) => {
+                        counters.spilled.fetch_add(n, Ordering::Relaxed);
+                        tracing::warn!(records = n, path = %path.display(), "log records not written by the shutdown deadline: spilled, to be written at the next start");
+                    }
+                    Err(e) => {
+                        counters.failed.fetch_add(n, Ordering::Relaxed);
+                        tracing::error!(records_lost = n, path = %path.display(), error = %e, "log records not written by the shutdown deadline, and the spill file cannot be written: {n} records lost");
+                    }
+                },
+                None => {
+                    counters.failed.fetch_add(n, Ordering::Relaxed);
+                    tracing::error!(
+                        records_lost = n,
+                        "log records not written by the shutdown deadline: {n} records lost"
+                    );
+                }
+            }
+            self.records.clear();
+            self.failures = 0;
+            self.retry_at = None;
         }
+        self.answer_flushes_if_written();
     }
 
     fn answer_flushes_if_written(&mut self) {
@@ -330,6 +396,25 @@ impl Unwritten {
     }
 }
 
+/// Turns queued entries into records (a deferred entry's are worked out here).
+fn work_out(
+    entries: impl IntoIterator<Item = Entry>,
+    records: &mut Vec<Record>,
+    counters: &Counters,
+) {
+    for entry in entries {
+        match entry {
+            Entry::Record(r) => records.push(r),
+            Entry::Deferred(d) => {
+                // A bug in decoding one response must not end the log.
+                if catch_unwind(AssertUnwindSafe(|| d.records(records))).is_err() {
+                    counters.failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
 /// The writer thread: batch after batch until the queue closes, each batch's records (and
 /// those of earlier failed batches) written by `write`.
 pub(super) fn run(queue: &Queue, unwritten: &mut Unwritten, write: &mut WriteBatch<'_>) -> Stop {
@@ -341,26 +426,22 @@ pub(super) fn run(queue: &Queue, unwritten: &mut Unwritten, write: &mut WriteBat
         let due = (!unwritten.records.is_empty())
             .then(|| unwritten.retry_at.unwrap_or_else(Instant::now));
         let (flushes, closed) = queue.next_batch(&mut batch, due);
-        for entry in batch.drain(..) {
-            match entry {
-                Entry::Record(r) => unwritten.records.push(r),
-                Entry::Deferred(d) => {
-                    // A bug in decoding one response must not end the log.
-                    let records = &mut unwritten.records;
-                    if catch_unwind(AssertUnwindSafe(|| d.records(records))).is_err() {
-                        counters.failed.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-        }
+        work_out(batch.drain(..), &mut unwritten.records, counters);
         unwritten.flushes.extend(flushes);
         unwritten.bound(queue.retry_rows, counters);
+        let deadline = queue.deadline();
+        if deadline.is_some_and(|at| Instant::now() >= at) {
+            unwritten.spill_rest(queue);
+            return Stop::Closed;
+        }
         if let Some(at) = unwritten.retry_at {
             let now = Instant::now();
             if now < at {
                 if closed {
-                    // Nothing more will wake the queue: wait here.
-                    std::thread::sleep(at - now);
+                    // Nothing more will wake the queue: wait here (until the deadline at
+                    // most, when what is left is spilled).
+                    let until = deadline.map_or(at, |d| d.min(at));
+                    std::thread::sleep(until.saturating_duration_since(now));
                 }
                 continue;
             }
@@ -368,12 +449,7 @@ pub(super) fn run(queue: &Queue, unwritten: &mut Unwritten, write: &mut WriteBat
         if !unwritten.records.is_empty() {
             match write(&unwritten.records) {
                 Ok(()) => unwritten.written(counters),
-                Err(Failure::Transient(e)) => {
-                    unwritten.failed(&e, counters);
-                    if closed {
-                        unwritten.closing(&e, counters);
-                    }
-                }
+                Err(Failure::Transient(e)) => unwritten.failed(&e, counters),
                 Err(Failure::Permanent(e)) => {
                     tracing::warn!(records = unwritten.records.len(), error = %e, "log write failed: records lost");
                     unwritten.give_up(counters);

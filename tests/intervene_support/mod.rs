@@ -277,6 +277,8 @@ pub fn config(
     let mut config = Config::default();
     config.server.listen = "127.0.0.1:0".into();
     config.store.db = format!("sqlite://{}", dir.path().join("log.db").display());
+    // In the test's directory on PostgreSQL too (its default is the working directory).
+    config.store.spill = dir.path().join("log.spill.jsonl").display().to_string();
     config.upstream.openai = mock.url();
     config.upstream.anthropic = mock.url();
     config.upstream.gemini = mock.url();

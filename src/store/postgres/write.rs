@@ -283,7 +283,7 @@ const CONVERSATIONS: Insert = Insert {
 
 fn bind_sightings<'r>(v: &mut Values<'_, 'r>, s: &'r Sightings<'_>) {
     v.push_bind(s.first.id.as_str())
-        .push_bind(s.first.id_source)
+        .push_bind(s.first.id_source.as_str())
         .push_bind(s.client)
         .push_bind(s.dialect)
         .push_bind(s.model)

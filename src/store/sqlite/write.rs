@@ -41,7 +41,7 @@ pub(crate) fn run(mut conn: Connection, db: &Database, queue: &Queue) {
         drop(conn);
         conn = match reopen(db, queue) {
             Some(conn) => conn,
-            None => return unwritten.give_up(&queue.counters),
+            None => return unwritten.spill_rest(queue),
         };
     }
 }
@@ -422,7 +422,7 @@ fn write_batch(
 fn write_sightings(statements: &mut Statements<'_>, s: &Sightings<'_>) -> rusqlite::Result<()> {
     statements.get(Sql::Conversation)?.execute(params![
         s.first.id,
-        s.first.id_source,
+        s.first.id_source.as_str(),
         s.client,
         s.dialect,
         s.model,
