@@ -125,6 +125,21 @@ pub struct UpstreamConfig {
     /// (a gateway, a TLS-inspecting company proxy) whose certificate a private CA signed.
     /// Empty: the built-in roots only.
     pub ca_file: String,
+    /// The HTTP proxy upstream connections go through (`crate::proxy::egress`):
+    /// `http://[user:password@]host:port`, or `none`. Empty: the environment's
+    /// `https_proxy`/`HTTPS_PROXY` for https upstreams, `http_proxy`/`HTTP_PROXY` for
+    /// http ones.
+    pub proxy: String,
+    /// Upstream hosts reached without the proxy, as `NO_PROXY` lists them (domains, IP
+    /// addresses, CIDR ranges, `*`, each with an optional `:port`). Empty: the
+    /// environment's `no_proxy`/`NO_PROXY`.
+    pub no_proxy: String,
+    /// Loopback upstreams (localhost, 127.0.0.0/8, ::1) go through the proxy too; by
+    /// default they are always reached directly.
+    pub proxy_loopback: bool,
+    /// The proxy variables of the environment the config was loaded with.
+    #[serde(skip)]
+    pub proxy_env: crate::proxy::egress::ProxyEnv,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -206,6 +221,10 @@ impl Default for Config {
                 pool_idle_timeout_secs: 90,
                 stream_idle_secs: 600,
                 ca_file: String::new(),
+                proxy: String::new(),
+                no_proxy: String::new(),
+                proxy_loopback: false,
+                proxy_env: Default::default(),
             },
             store: StoreConfig {
                 db: "sqlite://loopwarden.db".into(),
@@ -298,6 +317,7 @@ impl Config {
                 config.set(key, value);
             }
         }
+        config.upstream.proxy_env = crate::proxy::egress::ProxyEnv::read(env);
         config.validate(|key| {
             ENV_OVERRIDES
                 .iter()
@@ -382,6 +402,13 @@ impl Config {
             crate::proxy::upstream::extra_roots(&self.upstream.ca_file)
                 .map_err(|e| invalid("upstream.ca_file", e))?;
         }
+        crate::proxy::egress::Egress::of(&self.upstream).map_err(|(var, problem)| {
+            ConfigError::Invalid {
+                key: "upstream.proxy",
+                origin: var.map_or_else(|| origin("upstream.proxy"), |v| format!(" (from {v})")),
+                problem,
+            }
+        })?;
         // A misspelt table would otherwise be ignored, and its pattern keep responding as
         // built in.
         self.detect

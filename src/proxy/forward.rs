@@ -499,10 +499,7 @@ impl Dispatch {
             }),
             Ok(Err(e)) => {
                 tracing::warn!(upstream = upstream.as_str(), error = %error_chain(&e), "upstream unreachable");
-                let message = format!(
-                    "loopwarden: the {} upstream could not be reached",
-                    upstream.as_str()
-                );
+                let message = e.unreachable_message(upstream);
                 Err((Failure::unreachable(upstream, &message), Some(sent)))
             }
             Err(_) => {

@@ -17,6 +17,7 @@ pub mod block;
 pub mod body;
 pub mod connection;
 pub mod dashboard;
+pub mod egress;
 pub mod errors;
 pub mod forward;
 pub mod health;
@@ -196,6 +197,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         tracing::debug!(conversations = restored, "spend restored from the log");
     }
     let metrics = Arc::new(crate::metrics::Metrics::default());
+    egress::log_in_use(&config.upstream);
     let client = upstream::Client::new(&config.upstream);
     let interventions = crate::intervene::service::Interventions::open(
         store.clone(),

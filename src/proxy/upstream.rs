@@ -16,6 +16,9 @@
 //! sent again: the error goes to the client.
 //!
 //! The model APIs all speak HTTP/1.1; TLS offers only `http/1.1` by ALPN.
+//!
+//! Every connection is opened by one connector, which goes through the outbound proxy when
+//! `crate::proxy::egress` says so (a `CONNECT` tunnel, TLS to the upstream inside it).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -33,6 +36,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 
+use super::egress::{Egress, TunnelError, Tunnelling};
 use super::route::Upstream;
 use crate::config::UpstreamConfig;
 use crate::request_bytes::RequestBytes;
@@ -41,7 +45,7 @@ use crate::request_bytes::RequestBytes;
 /// serving thread rarely has more requests in flight to one API than this.
 pub const MAX_IDLE_PER_ORIGIN: usize = 64;
 
-type Connector = HttpsConnector<HttpConnector>;
+type Connector = HttpsConnector<Tunnelling>;
 type Sender = SendRequest<Outgoing>;
 
 /// One serving thread's upstream client (cheap to clone: a handle to the same pool).
@@ -116,8 +120,31 @@ pub enum Error {
     },
     #[error("cannot connect to {dial}: no connection within {ms} ms")]
     ConnectTimeout { dial: Uri, ms: u128 },
+    /// The outbound proxy (`crate::proxy::egress`) could not be reached or gave no tunnel.
+    #[error("cannot connect to {dial} through the outbound proxy")]
+    Proxy {
+        dial: Uri,
+        #[source]
+        source: TunnelError,
+    },
     #[error("upstream connection failed")]
     Http(#[from] hyper::Error),
+}
+
+impl Error {
+    /// What the client's 502 says: which hop could not be reached.
+    pub fn unreachable_message(&self, upstream: Upstream) -> String {
+        match self {
+            Error::Proxy { source, .. } => format!(
+                "loopwarden: the {} upstream could not be reached: {source}",
+                upstream.as_str()
+            ),
+            _ => format!(
+                "loopwarden: the {} upstream could not be reached",
+                upstream.as_str()
+            ),
+        }
+    }
 }
 
 /// The CA certificates of `upstream.ca_file` (PEM); an error saying what is wrong with the
@@ -199,7 +226,16 @@ impl Client {
         http.set_connect_timeout(Some(connect_timeout));
         // The model APIs all speak HTTP/1.1, and this client speaks nothing else.
         tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let connector = Connector::from((http, tls));
+        // Checked when the config was loaded.
+        let egress = Egress::of(config).unwrap_or_else(|(_, problem)| {
+            tracing::warn!(%problem, "upstream.proxy not usable; connecting directly");
+            Egress::default()
+        });
+        let tunnelling = Tunnelling {
+            direct: http,
+            egress: Arc::new(egress),
+        };
+        let connector = Connector::from((tunnelling, tls));
         let mut origins: Vec<Origin> = Vec::new();
         let mut base = |url: &str| {
             let uri: Uri = url.parse().ok()?;
@@ -419,10 +455,16 @@ impl Shared {
         let connecting = tower::ServiceExt::oneshot(self.connector.clone(), dial.clone());
         match tokio::time::timeout(self.connect_timeout, connecting).await {
             Ok(Ok(io)) => Ok(io),
-            Ok(Err(source)) => Err(Error::Connect {
-                dial: dial.clone(),
-                source,
-            }),
+            Ok(Err(source)) => match source.downcast::<TunnelError>() {
+                Ok(tunnel) => Err(Error::Proxy {
+                    dial: dial.clone(),
+                    source: *tunnel,
+                }),
+                Err(source) => Err(Error::Connect {
+                    dial: dial.clone(),
+                    source,
+                }),
+            },
             Err(_) => Err(Error::ConnectTimeout {
                 dial: dial.clone(),
                 ms: self.connect_timeout.as_millis(),

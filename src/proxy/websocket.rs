@@ -111,10 +111,7 @@ pub async fn open(app: Arc<App>, request: Request) -> Response {
         Ok(Ok(answer)) => answer,
         Ok(Err(e)) => {
             tracing::warn!(upstream = upstream.as_str(), error = %error_chain(&e), "upstream unreachable for a WebSocket");
-            let message = format!(
-                "loopwarden: the {} upstream could not be reached",
-                upstream.as_str()
-            );
+            let message = e.unreachable_message(upstream);
             return errors::upstream_failure(upstream, UpstreamFailure::Unreachable, &message);
         }
         Err(_) => {
