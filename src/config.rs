@@ -87,6 +87,11 @@ pub struct ServerConfig {
     /// What a WebSocket upgrade gets (Codex opens the Responses API over one: README,
     /// "Codex's WebSocket transport").
     pub websocket: WebSocketMode,
+    /// A PEM file of the listener's certificate chain (leaf first): set with `tls_key`, the
+    /// proxy serves HTTPS instead of plain HTTP (`crate::proxy::listener_tls`).
+    pub tls_cert: String,
+    /// The PEM file of that certificate's private key.
+    pub tls_key: String,
 }
 
 /// What the proxy does with a client's WebSocket upgrade (`server.websocket`).
@@ -211,6 +216,8 @@ impl Default for Config {
                 idle_timeout_secs: 120,
                 max_connections: 0,
                 websocket: WebSocketMode::Proxy,
+                tls_cert: String::new(),
+                tls_key: String::new(),
             },
             upstream: UpstreamConfig {
                 openai: "https://api.openai.com".into(),
@@ -391,6 +398,8 @@ impl Config {
         };
         self.listen_addr()
             .map_err(|e| invalid("server.listen", e))?;
+        crate::proxy::listener_tls::acceptor(&self.server)
+            .map_err(|(key, problem)| invalid(key, problem))?;
         for (key, url) in [
             ("upstream.openai", &mut self.upstream.openai),
             ("upstream.anthropic", &mut self.upstream.anthropic),

@@ -25,6 +25,7 @@ pub mod held;
 pub mod identity;
 pub mod intervention;
 pub mod large_buffer;
+pub mod listener_tls;
 pub mod memory;
 pub mod own;
 pub mod record;
@@ -103,6 +104,8 @@ pub struct App {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Where the OpenTelemetry spans go (`crate::telemetry`; nowhere unless configured).
     pub traces: Arc<crate::telemetry::Traces>,
+    /// The listener's TLS (`server.tls_cert`); `None`: plain HTTP.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// A running proxy (in-process): its address, and a handle to stop it cleanly.
@@ -124,9 +127,9 @@ impl Running {
         self.addr
     }
 
-    /// `http://ADDR`
+    /// `http://ADDR`, or `https://ADDR` with TLS on the listener.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", scheme(&self.app.config), self.addr)
     }
 
     pub fn store(&self) -> &Store {
@@ -170,6 +173,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let listen = config
         .listen_addr()
         .map_err(|e| anyhow::anyhow!("config key `server.listen`: {e}"))?;
+    let tls = listener_tls::acceptor(&config.server)
+        .map_err(|(key, problem)| anyhow::anyhow!("config key `{key}`: {problem}"))?;
     let store = Store::open(
         &config.store.db,
         StoreOptions {
@@ -241,6 +246,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         spread,
         metrics,
         traces,
+        tls,
     });
     spawn_sweeper(Arc::downgrade(&app), idle);
     let replicas = match app.store.is_shared() {
@@ -408,6 +414,7 @@ async fn serve(
         let router = router.clone();
         let shared = app.clone();
         let (io, watch) = app.connections.open(stream, admission);
+        let io = listener_tls::wrap(app.tls.as_ref(), io);
         let watching = watch.clone();
         let place = Arc::new(Place {
             app: app.clone(),
@@ -517,13 +524,22 @@ fn serve_thread(
     runtime.block_on(serve(incoming, me, app, router, stop))
 }
 
-/// `server.public_url`, or `http://` and the address the proxy listens on (a wildcard
+/// `server.public_url`, or `http(s)://` and the address the proxy listens on (a wildcard
 /// address read as this machine's loopback): where the links in alerts point.
 fn public_url(config: &Config, addr: SocketAddr) -> String {
+    let scheme = scheme(config);
     match config.server.public_url.trim_end_matches('/') {
-        "" if addr.ip().is_unspecified() => format!("http://localhost:{}", addr.port()),
-        "" => format!("http://{addr}"),
+        "" if addr.ip().is_unspecified() => format!("{scheme}://localhost:{}", addr.port()),
+        "" => format!("{scheme}://{addr}"),
         url => url.to_string(),
+    }
+}
+
+/// The listener's scheme: `https` with `server.tls_cert` set.
+fn scheme(config: &Config) -> &'static str {
+    match config.server.tls_cert.is_empty() {
+        true => "http",
+        false => "https",
     }
 }
 
