@@ -171,6 +171,72 @@ pub struct AdminConfig {
     /// Bearer token for `/admin/api/` (`LOOPWARDEN_ADMIN_TOKEN`). Empty: loopback clients that
     /// name this machine in `Host` only (`crate::proxy::admin::check`).
     pub token: String,
+    /// Tokens that read and act on one team's conversations only (`[[admin.team_tokens]]`),
+    /// beside the global one (`crate::proxy::admin::Access`).
+    pub team_tokens: Vec<TeamToken>,
+}
+
+/// A team's admin token: its value is read from the environment variable `token_env` when
+/// the config is loaded, so that no config file holds it.
+#[derive(Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeamToken {
+    /// The team, as requests name it (`/t/{team}`, `x-loopwarden-team`; matched without case).
+    pub team: String,
+    /// The environment variable holding the token.
+    pub token_env: String,
+    /// The token, from `token_env`.
+    #[serde(skip)]
+    pub token: String,
+}
+
+impl std::fmt::Debug for TeamToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TeamToken")
+            .field("team", &self.team)
+            .field("token_env", &self.token_env)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdminConfig {
+    /// Each team token names a team and a set variable, and opens one door only: no two
+    /// tokens are the same, and none is the global one. Teams are written as the log has
+    /// them (`crate::policy::select::team_name`).
+    fn check_team_tokens(&mut self) -> Result<(), String> {
+        let mut seen: Vec<&str> = vec![self.token.as_str()];
+        for entry in &mut self.team_tokens {
+            let team = crate::policy::select::team_name(entry.team.trim().into()).into_owned();
+            if team.is_empty() {
+                return Err("each entry needs a team".into());
+            }
+            entry.team = team;
+            let var = &entry.token_env;
+            if var.is_empty() {
+                return Err(format!(
+                    "team {:?}: token_env names the environment variable holding its token",
+                    entry.team
+                ));
+            }
+            if entry.token.is_empty() {
+                return Err(format!("team {:?}: {var} is not set", entry.team));
+            }
+            if entry.token.chars().any(|c| c.is_whitespace()) {
+                return Err(format!(
+                    "team {:?}: {var} must not contain whitespace",
+                    entry.team
+                ));
+            }
+            if seen.contains(&entry.token.as_str()) {
+                return Err(format!(
+                    "team {:?}: {var} holds a token already in use (the global one or another team's)",
+                    entry.team
+                ));
+            }
+            seen.push(&entry.token);
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
@@ -325,6 +391,9 @@ impl Config {
             }
         }
         config.upstream.proxy_env = crate::proxy::egress::ProxyEnv::read(env);
+        for team in &mut config.admin.team_tokens {
+            team.token = env(&team.token_env).unwrap_or_default();
+        }
         config.validate(|key| {
             ENV_OVERRIDES
                 .iter()
@@ -476,6 +545,9 @@ impl Config {
         if self.admin.token.chars().any(|c| c.is_whitespace()) {
             return Err(invalid("admin.token", "must not contain whitespace".into()));
         }
+        self.admin
+            .check_team_tokens()
+            .map_err(|problem| invalid("admin.team_tokens", problem))?;
         if self.metrics.token.chars().any(|c| c.is_whitespace()) {
             return Err(invalid(
                 "metrics.token",

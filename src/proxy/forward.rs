@@ -170,6 +170,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         analysed,
         json_array,
         request_id,
+        traffic.team.as_deref(),
     );
     // A rewrite of the whole history, carried over to the request the client sent.
     let effect = match (effect, continued.as_ref().filter(|_| whole.is_some())) {
@@ -296,6 +297,7 @@ pub(super) fn plan(
     body: &RequestBytes,
     json_array: bool,
     request_id: i64,
+    team: Option<&str>,
 ) -> Planned {
     // Nothing is done to a request that was not read, nor to a summary request: a stop
     // there would corrupt the summary the run goes on from.
@@ -324,6 +326,7 @@ pub(super) fn plan(
         json_array,
         model: analysis.model.as_deref().map(Into::into),
         user_agent: user_agent.into(),
+        team: team.map(Into::into),
         body: std::borrow::Cow::Borrowed(body),
         transcript: std::borrow::Cow::Borrowed(&p.transcript),
         run_steps: p.state.steps(),

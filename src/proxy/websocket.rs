@@ -589,7 +589,15 @@ impl Session {
             },
         );
         let request_id = next_request_id();
-        let planned = forward::plan(app, &mut analysis, headers, &body, false, request_id);
+        let planned = forward::plan(
+            app,
+            &mut analysis,
+            headers,
+            &body,
+            false,
+            request_id,
+            traffic.team.as_deref(),
+        );
         let mut finished = forward::new_record(
             app,
             parts,
