@@ -171,3 +171,48 @@ async fn a_certificate_that_cannot_be_used_stops_the_start_naming_the_key() {
         );
     }
 }
+
+/// The handshake runs under the same limits as a plain request head: a client that starts
+/// one and stops halfway is closed at `server.header_timeout_secs`, and the listener goes
+/// on serving.
+#[tokio::test]
+async fn a_handshake_that_stops_halfway_is_closed_at_the_header_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mock = MockServer::start(Script::with_turns(vec![Turn::text("x")]))
+        .await
+        .unwrap();
+    let keys = tempfile::tempdir().unwrap();
+    let (cert, key) = write_pair(keys.path());
+    let proxy = TestProxy::start_with(&mock.url(), |c| {
+        c.server.tls_cert = cert;
+        c.server.tls_key = key;
+        c.server.header_timeout_secs = 1;
+    })
+    .await;
+    let mut tcp = tokio::net::TcpStream::connect(proxy.running.addr())
+        .await
+        .unwrap();
+    // A handshake record's header announcing 512 bytes, and nothing more.
+    tcp.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00])
+        .await
+        .unwrap();
+    let closed = async {
+        let mut buf = [0u8; 256];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    // A bound on waiting (the timeout is 1 s), not a measurement.
+    tokio::time::timeout(std::time::Duration::from_secs(30), closed)
+        .await
+        .expect("the half-done handshake is closed");
+    let health = https_client()
+        .get(proxy.url("/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+}
