@@ -29,6 +29,8 @@ enum Answer {
     Tunnel,
     /// `407 Proxy Authentication Required`, and the connection closed.
     Refuse,
+    /// Nothing: the connection is held open without an answer.
+    Silent,
 }
 
 /// A forward proxy that only tunnels, recording each `CONNECT` head it gets.
@@ -62,6 +64,10 @@ impl ConnectProxy {
                         .unwrap()
                         .to_string();
                     match answer {
+                        Answer::Silent => {
+                            let mut rest = Vec::new();
+                            let _ = client.read_to_end(&mut rest).await;
+                        }
                         Answer::Refuse => {
                             let refusal = "HTTP/1.1 407 Proxy Authentication Required\r\n\
                                            proxy-authenticate: Basic realm=\"corp\"\r\n\
@@ -279,6 +285,16 @@ async fn a_proxy_that_refuses_or_is_not_there_is_a_502_naming_it() {
     })
     .await;
     assert_proxy_502(&unreachable, &format!("{absent} cannot be reached")).await;
+    // A proxy that takes the connection and never answers: the connect timeout, naming it.
+    let silent = ConnectProxy::start(Answer::Silent).await;
+    let waiting = proxy_to(upstream, |c| {
+        c.upstream.proxy = silent.url_with("");
+        c.upstream.proxy_loopback = true;
+        c.upstream.connect_timeout_ms = 300;
+    })
+    .await;
+    let says = format!("through the outbound proxy http://{}", silent.addr);
+    assert_proxy_502(&waiting, &says).await;
 }
 
 #[tokio::test]

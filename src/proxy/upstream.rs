@@ -56,6 +56,9 @@ pub struct Client {
 
 struct Shared {
     connector: Connector,
+    /// Which connections go through the outbound proxy (the connector's own decision; kept
+    /// here to say so when one times out).
+    egress: Arc<Egress>,
     /// Over TCP connect and TLS handshake together.
     connect_timeout: Duration,
     idle_timeout: Duration,
@@ -118,8 +121,13 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    #[error("cannot connect to {dial}: no connection within {ms} ms")]
-    ConnectTimeout { dial: Uri, ms: u128 },
+    #[error("cannot connect to {dial}: no connection within {ms} ms{}", via_proxy(.via))]
+    ConnectTimeout {
+        dial: Uri,
+        ms: u128,
+        /// The outbound proxy the connection went through (`crate::proxy::egress`), if any.
+        via: Option<String>,
+    },
     /// The outbound proxy (`crate::proxy::egress`) could not be reached or gave no tunnel.
     #[error("cannot connect to {dial} through the outbound proxy")]
     Proxy {
@@ -131,12 +139,22 @@ pub enum Error {
     Http(#[from] hyper::Error),
 }
 
+fn via_proxy(via: &Option<String>) -> String {
+    via.as_ref()
+        .map(|proxy| format!(" through the outbound proxy {proxy}"))
+        .unwrap_or_default()
+}
+
 impl Error {
     /// What the client's 502 says: which hop could not be reached.
     pub fn unreachable_message(&self, upstream: Upstream) -> String {
         match self {
             Error::Proxy { source, .. } => format!(
                 "loopwarden: the {} upstream could not be reached: {source}",
+                upstream.as_str()
+            ),
+            Error::ConnectTimeout { via: Some(_), .. } => format!(
+                "loopwarden: the {} upstream could not be reached: {self}",
                 upstream.as_str()
             ),
             _ => format!(
@@ -231,9 +249,10 @@ impl Client {
             tracing::warn!(%problem, "upstream.proxy not usable; connecting directly");
             Egress::default()
         });
+        let egress = Arc::new(egress);
         let tunnelling = Tunnelling {
             direct: http,
-            egress: Arc::new(egress),
+            egress: egress.clone(),
         };
         let connector = Connector::from((tunnelling, tls));
         let mut origins: Vec<Origin> = Vec::new();
@@ -283,6 +302,7 @@ impl Client {
         Client {
             shared: Arc::new(Shared {
                 connector,
+                egress,
                 connect_timeout,
                 idle_timeout: Duration::from_secs(config.pool_idle_timeout_secs),
                 stream_idle: Duration::from_secs(config.stream_idle_secs),
@@ -468,6 +488,7 @@ impl Shared {
             Err(_) => Err(Error::ConnectTimeout {
                 dial: dial.clone(),
                 ms: self.connect_timeout.as_millis(),
+                via: self.egress.proxy_for(dial).map(|p| p.to_string()),
             }),
         }
     }
