@@ -98,6 +98,63 @@ pub struct ServerConfig {
     /// gets what is left (then what it could not write goes to the spill file). Under the
     /// common supervisors' stop timeouts (30 s).
     pub shutdown_grace_secs: u64,
+    /// A PEM file of the listener's certificate chain (leaf first): set with `tls_key`, the
+    /// proxy serves HTTPS instead of plain HTTP (`crate::proxy::listener_tls`, which
+    /// [`ServerConfig::tls_acceptor`] builds).
+    pub tls_cert: String,
+    /// The PEM file of that certificate's private key.
+    pub tls_key: String,
+}
+
+const TLS_BOTH_OR_NEITHER: &str =
+    "server.tls_cert and server.tls_key are set together (both for TLS, neither for plain HTTP)";
+
+impl ServerConfig {
+    /// The listener's TLS settings when `server.tls_cert` and `server.tls_key` are both set;
+    /// `Ok(None)` when neither is. An error names the key at fault and what is wrong.
+    pub fn tls_acceptor(
+        &self,
+    ) -> Result<Option<tokio_rustls::TlsAcceptor>, (&'static str, String)> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let (cert, key) = match (self.tls_cert.as_str(), self.tls_key.as_str()) {
+            ("", "") => return Ok(None),
+            (_, "") => return Err(("server.tls_key", TLS_BOTH_OR_NEITHER.into())),
+            ("", _) => return Err(("server.tls_cert", TLS_BOTH_OR_NEITHER.into())),
+            (cert, key) => (cert, key),
+        };
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+            .map_err(|e| ("server.tls_cert", format!("cannot read {cert}: {e}")))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| {
+                (
+                    "server.tls_cert",
+                    format!("{cert} is not PEM certificates: {e}"),
+                )
+            })?;
+        if chain.is_empty() {
+            return Err(("server.tls_cert", format!("{cert} holds no certificate")));
+        }
+        let private = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+            (
+                "server.tls_key",
+                format!("cannot read a PEM private key from {key}: {e}"),
+            )
+        })?;
+        let mut tls = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(chain, private)
+            .map_err(|e| {
+                (
+                    "server.tls_key",
+                    format!("{key} does not go with {cert}: {e}"),
+                )
+            })?;
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Some(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(
+            tls,
+        ))))
+    }
 }
 
 /// What the proxy does with a client's WebSocket upgrade (`server.websocket`).
@@ -136,6 +193,33 @@ pub struct UpstreamConfig {
     /// (a gateway, a TLS-inspecting company proxy) whose certificate a private CA signed.
     /// Empty: the built-in roots only.
     pub ca_file: String,
+    /// The HTTP proxy upstream connections go through (`crate::egress`):
+    /// `http://[user:password@]host:port`, or `none`. Empty: the environment's
+    /// `https_proxy`/`HTTPS_PROXY` for https upstreams, `http_proxy`/`HTTP_PROXY` for
+    /// http ones.
+    pub proxy: String,
+    /// Upstream hosts reached without the proxy, as `NO_PROXY` lists them (domains, IP
+    /// addresses, CIDR ranges, `*`, each with an optional `:port`). Empty: the
+    /// environment's `no_proxy`/`NO_PROXY`.
+    pub no_proxy: String,
+    /// Loopback upstreams (localhost, 127.0.0.0/8, ::1) go through the proxy too; by
+    /// default they are always reached directly.
+    pub proxy_loopback: bool,
+    /// The proxy variables of the environment the config was loaded with.
+    #[serde(skip)]
+    pub proxy_env: crate::egress::ProxyEnv,
+}
+
+impl UpstreamConfig {
+    /// The settings an upstream connection's route is decided from.
+    pub fn egress(&self) -> crate::egress::Settings<'_> {
+        crate::egress::Settings {
+            proxy: &self.proxy,
+            no_proxy: &self.no_proxy,
+            proxy_loopback: self.proxy_loopback,
+            env: &self.proxy_env,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -185,6 +269,72 @@ pub struct AdminConfig {
     /// Bearer token for `/admin/api/` (`LOOPWARDEN_ADMIN_TOKEN`). Empty: loopback clients that
     /// name this machine in `Host` only (`crate::proxy::admin::check`).
     pub token: String,
+    /// Tokens that read and act on one team's conversations only (`[[admin.team_tokens]]`),
+    /// beside the global one (`crate::proxy::admin::Access`).
+    pub team_tokens: Vec<TeamToken>,
+}
+
+/// A team's admin token: its value is read from the environment variable `token_env` when
+/// the config is loaded, so that no config file holds it.
+#[derive(Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeamToken {
+    /// The team, as requests name it (`/t/{team}`, `x-loopwarden-team`; matched without case).
+    pub team: String,
+    /// The environment variable holding the token.
+    pub token_env: String,
+    /// The token, from `token_env`.
+    #[serde(skip)]
+    pub token: String,
+}
+
+impl std::fmt::Debug for TeamToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TeamToken")
+            .field("team", &self.team)
+            .field("token_env", &self.token_env)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdminConfig {
+    /// Each team token names a team and a set variable, and opens one door only: no two
+    /// tokens are the same, and none is the global one. Teams are written as the log has
+    /// them (`crate::policy::select::team_name`).
+    fn check_team_tokens(&mut self) -> Result<(), String> {
+        let mut seen: Vec<&str> = vec![self.token.as_str()];
+        for entry in &mut self.team_tokens {
+            let team = crate::policy::select::team_name(entry.team.trim().into()).into_owned();
+            if team.is_empty() {
+                return Err("each entry needs a team".into());
+            }
+            entry.team = team;
+            let var = &entry.token_env;
+            if var.is_empty() {
+                return Err(format!(
+                    "team {:?}: token_env names the environment variable holding its token",
+                    entry.team
+                ));
+            }
+            if entry.token.is_empty() {
+                return Err(format!("team {:?}: {var} is not set", entry.team));
+            }
+            if entry.token.chars().any(|c| c.is_whitespace()) {
+                return Err(format!(
+                    "team {:?}: {var} must not contain whitespace",
+                    entry.team
+                ));
+            }
+            if seen.contains(&entry.token.as_str()) {
+                return Err(format!(
+                    "team {:?}: {var} holds a token already in use (the global one or another team's)",
+                    entry.team
+                ));
+            }
+            seen.push(&entry.token);
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
@@ -231,6 +381,8 @@ impl Default for Config {
                 max_connections: 0,
                 websocket: WebSocketMode::Proxy,
                 shutdown_grace_secs: 20,
+                tls_cert: String::new(),
+                tls_key: String::new(),
             },
             upstream: UpstreamConfig {
                 openai: "https://api.openai.com".into(),
@@ -241,6 +393,10 @@ impl Default for Config {
                 pool_idle_timeout_secs: 90,
                 stream_idle_secs: 600,
                 ca_file: String::new(),
+                proxy: String::new(),
+                no_proxy: String::new(),
+                proxy_loopback: false,
+                proxy_env: Default::default(),
             },
             store: StoreConfig {
                 db: "sqlite://loopwarden.db".into(),
@@ -344,6 +500,10 @@ impl Config {
                     })?;
             }
         }
+        config.upstream.proxy_env = crate::egress::ProxyEnv::read(env);
+        for team in &mut config.admin.team_tokens {
+            team.token = env(&team.token_env).unwrap_or_default();
+        }
         config.validate(|key| {
             ENV_OVERRIDES
                 .iter()
@@ -435,6 +595,9 @@ impl Config {
         };
         self.listen_addr()
             .map_err(|e| invalid("server.listen", e))?;
+        self.server
+            .tls_acceptor()
+            .map_err(|(key, problem)| invalid(key, problem))?;
         for (key, url) in [
             ("upstream.openai", &mut self.upstream.openai),
             ("upstream.anthropic", &mut self.upstream.anthropic),
@@ -445,6 +608,13 @@ impl Config {
         if !self.upstream.ca_file.is_empty() {
             extra_roots(&self.upstream.ca_file).map_err(|e| invalid("upstream.ca_file", e))?;
         }
+        crate::egress::Egress::of(&self.upstream.egress()).map_err(|(var, problem)| {
+            ConfigError::Invalid {
+                key: "upstream.proxy",
+                origin: var.map_or_else(|| origin("upstream.proxy"), |v| format!(" (from {v})")),
+                problem,
+            }
+        })?;
         // A misspelt table would otherwise be ignored, and its pattern keep responding as
         // built in.
         self.detect
@@ -503,6 +673,9 @@ impl Config {
         if self.admin.token.chars().any(|c| c.is_whitespace()) {
             return Err(invalid("admin.token", "must not contain whitespace".into()));
         }
+        self.admin
+            .check_team_tokens()
+            .map_err(|problem| invalid("admin.team_tokens", problem))?;
         if self.metrics.token.chars().any(|c| c.is_whitespace()) {
             return Err(invalid(
                 "metrics.token",

@@ -226,6 +226,7 @@ impl Interventions {
         let info = HeldInfo {
             id: String::new(),
             conversation_id: req.conversation.to_string(),
+            team: req.team.as_deref().map(str::to_string),
             created_ms: now,
             deadline_ms: now + (pause.timeout_secs as i64) * 1000,
             on_timeout: pause.on_timeout,

@@ -23,6 +23,7 @@ pub mod config;
 pub mod demo;
 pub mod detect;
 pub mod dialect;
+pub mod egress;
 pub mod glob;
 pub mod intervene;
 pub mod interventions;

@@ -20,7 +20,7 @@ use loopwarden::config::{Config, UpstreamConfig};
 use loopwarden::proxy::route::Upstream;
 use loopwarden::proxy::upstream::{self, Outgoing};
 use loopwarden::request_bytes::RequestBytes;
-use proxy_support::{client, eventually, TestProxy};
+use proxy_support::{client, eventually, TestProxy, TEST_CERT, TEST_KEY};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
@@ -622,25 +622,3 @@ async fn a_private_ca_in_upstream_ca_file_is_trusted() {
         assert!(e.contains("upstream.ca_file") && e.contains(says), "{e}");
     }
 }
-
-/// A self-signed certificate for 127.0.0.1 and localhost (P-256, valid until 2126), and its
-/// key: test material only, for the TLS upstream above.
-const TEST_CERT: &str = "-----BEGIN CERTIFICATE-----
-MIIBmTCCAT6gAwIBAgIUdbVsc6L5NpN/ixob3s4Ffb0CWpYwCgYIKoZIzj0EAwIw
-FDESMBAGA1UEAwwJbG9jYWxob3N0MCAXDTI2MTEyMjE0NDgxOFoYDzIxMjYxMDI5
-MTQ0ODE4WjAUMRIwEAYDVQQDDAlsb2NhbGhvc3QwWTATBgcqhkjOPQIBBggqhkjO
-PQMBBwNCAASnW9u7/Q7E8J2Yb7k/ANEPZHKjJZuJTw/RrJeJY0FyGDKLz1TehCyX
-IGxr0dN6IO91hKnPnKZaI1RF07o6rc1Lo2wwajAdBgNVHQ4EFgQUi9wH/O7aOa7x
-F7f4603OdXK1yhMwHwYDVR0jBBgwFoAUi9wH/O7aOa7xF7f4603OdXK1yhMwGgYD
-VR0RBBMwEYcEfwAAAYIJbG9jYWxob3N0MAwGA1UdEwEB/wQCMAAwCgYIKoZIzj0E
-AwIDSQAwRgIhAKHPk/H664HUKOK2DF8DPfYg6b5USkk4J2JPLIRe5NEXAiEA31xA
-W/WGTxC7scRKrjCz170ghnAEvDqqS64ehG1MDI4=
------END CERTIFICATE-----
-";
-
-const TEST_KEY: &str = "-----BEGIN PRIVATE KEY-----
-MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgSyEKH2+xRKdwY9pu
-tt/T8btEOSjmfsEPP7amBtiLJSihRANCAASnW9u7/Q7E8J2Yb7k/ANEPZHKjJZuJ
-Tw/RrJeJY0FyGDKLz1TehCyXIGxr0dN6IO91hKnPnKZaI1RF07o6rc1L
------END PRIVATE KEY-----
-";

@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use intervene_support::{client, first_k, header, loop_body, looping_script, Setup};
-use loopwarden::config::Config;
+use loopwarden::config::{Config, TeamToken};
 use loopwarden::detect::Action;
 use loopwarden::dialect::Dialect;
 use loopwarden::mock::MockServer;
@@ -715,6 +715,69 @@ async fn a_client_off_this_machine_needs_the_token_and_the_browser_logs_in_once(
     browser.goto(&format!("{base}/ui/")).await;
     browser.wait_for("#requests .value", "").await;
     let _ = client;
+}
+
+/// A team's token in the browser (`[[admin.team_tokens]]`): the login takes it, the
+/// overview and the list show that team's runs only, the Halt button acts on its own run,
+/// and another team's timeline is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_token_logs_in_and_sees_its_team_only() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let global = "gl0bal-t0ken";
+    let setup = start_with("127.0.0.1:0", global, |c| {
+        c.admin.team_tokens = vec![TeamToken {
+            team: "ci".into(),
+            token_env: "LW_CI_ADMIN".into(),
+            token: "ci-t0ken".into(),
+        }];
+    })
+    .await;
+    send(&setup, "ci", "ci-run", 1).await;
+    send(&setup, "dev", "dev-run", 1).await;
+    setup.proxy.flush_log().await;
+
+    browser.goto(&setup.url("/ui/#/conversations")).await;
+    let field = browser.wait_for("#token", "").await;
+    browser.type_into(&field, "ci-t0ken").await;
+    browser.click(&browser.wait_for("#login", "").await).await;
+    browser
+        .wait_until(
+            "document.querySelectorAll('tr.conversation').length === 1 \
+             && document.querySelector('tr.conversation').dataset.id === 'ci-run'",
+        )
+        .await;
+    browser.screenshot("team-conversations").await;
+    browser.goto(&setup.url("/ui/#/")).await;
+    browser.wait_for("h1", "Overview: team ci").await;
+    browser.wait_for("#conversations .value", "1").await;
+    assert!(
+        browser.find_all("#live").await.is_empty(),
+        "memory is every team's"
+    );
+
+    browser.goto(&setup.url("/ui/#/conversation/ci-run")).await;
+    browser.click_on("#halt", "").await;
+    browser.wait_for("#halted", "halted").await;
+    // Halted for everyone: the global token reads it so.
+    let timeline = client()
+        .get(setup.url("/admin/api/conversations/ci-run"))
+        .bearer_auth(global)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let timeline: Value = serde_json::from_slice(&timeline).unwrap();
+    assert_eq!(timeline["halted"], true);
+
+    browser.goto(&setup.url("/ui/#/conversation/dev-run")).await;
+    browser.wait_for("#status", "404").await;
+    assert!(!browser.body_text().await.contains("not halted"));
+    browser.goto(&setup.url("/ui/#/policies")).await;
+    browser.wait_for("#status", "403").await;
 }
 
 fn header_of(r: &reqwest::Response, name: &str) -> String {

@@ -145,11 +145,12 @@ async function overview() {
     const toggle = el("select", { id: "chart-by", onchange: e => { by = e.target.value; render(); } },
       el("option", { value: "detector", selected: by === "detector" }, "by detector"),
       el("option", { value: "policy", selected: by === "policy" }, "by policy"));
+    // A team's token sees its team's figures, and not what memory holds for every team.
     const render = () => show(
-      el("h1", {}, "Overview"),
+      el("h1", {}, o.team ? "Overview: team " + o.team : "Overview"),
       el("div", { class: "cards" },
         card("requests", o.totals.requests_in_window, `requests in 24 h (${o.totals.requests} in all)`),
-        card("live", o.live_conversations, "live conversations"),
+        o.live_conversations === null ? null : card("live", o.live_conversations, "live conversations"),
         card("conversations", o.totals.conversations_in_window, "conversations active in 24 h"),
         card("halted", o.halted_conversations, "halted now"),
         card("pending", o.pending, "waiting for a human"),

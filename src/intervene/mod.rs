@@ -168,6 +168,8 @@ pub struct RequestInfo<'a> {
     pub json_array: bool,
     pub model: Option<Cow<'a, str>>,
     pub user_agent: Cow<'a, str>,
+    /// The team the request names (`/t/{team}`, `x-loopwarden-team`), as the log writes it.
+    pub team: Option<Cow<'a, str>>,
     /// The body exactly as the client sent it.
     pub body: Cow<'a, RequestBytes>,
     pub transcript: Cow<'a, Transcript>,
@@ -187,6 +189,7 @@ impl RequestInfo<'_> {
             json_array: self.json_array,
             model: self.model.as_deref().map(|m| Cow::Owned(m.to_string())),
             user_agent: Cow::Owned(self.user_agent.to_string()),
+            team: self.team.as_deref().map(|t| Cow::Owned(t.to_string())),
             body: Cow::Owned(self.body.clone().into_owned()),
             transcript: Cow::Owned(self.transcript.clone().into_owned()),
             run_steps: self.run_steps,

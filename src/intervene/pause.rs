@@ -30,6 +30,8 @@ use crate::store::{Masked, Store};
 pub struct HeldInfo {
     pub id: String,
     pub conversation_id: String,
+    /// The team the held request named: who may decide it with a team's admin token.
+    pub team: Option<String>,
     pub created_ms: i64,
     /// When `on_timeout` applies.
     pub deadline_ms: i64,

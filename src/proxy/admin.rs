@@ -6,6 +6,12 @@
 //! no foreign `Origin`, so that no web page can make a browser call it: a page's cross-origin
 //! `text/plain` or form POST needs no preflight, and a page whose host name was rebound to
 //! 127.0.0.1 (DNS rebinding) reaches loopback with its own name in `Host`.
+//!
+//! Who the caller is ([`Access`]): the global token (or a loopback client when none is
+//! set) reaches everything; a team's token (`[[admin.team_tokens]]`) reaches that team's
+//! conversations only. For a team, a conversation of another team is answered as one that
+//! does not exist (404, so that ids do not leak), the figures are its own, and what is the
+//! whole proxy's (the policies, a reload, the process's health) is refused (403).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -13,7 +19,7 @@ use std::sync::Arc;
 use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use http::{header, HeaderMap, Method, StatusCode};
 use serde::Deserialize;
 
@@ -32,15 +38,38 @@ pub enum Denied {
     ForeignOrigin,
     /// A write whose body is not declared JSON.
     NotJson,
+    /// A team's token, on a call about the whole proxy.
+    TeamScope,
+}
+
+/// Whom the admin API answers (put in each admin request's extensions by
+/// [`require_access`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Access {
+    /// The global token, or a loopback client when none is set: everything.
+    Global,
+    /// A team's token: that team's conversations (the team as the log has it).
+    Team(Arc<str>),
+}
+
+impl Access {
+    /// The team the caller is limited to, if any.
+    pub fn team(&self) -> Option<&str> {
+        match self {
+            Access::Global => None,
+            Access::Team(team) => Some(team),
+        }
+    }
 }
 
 impl Denied {
     pub fn status(self) -> StatusCode {
         match self {
             Denied::WrongToken => StatusCode::UNAUTHORIZED,
-            Denied::NotLoopback | Denied::ForeignHost | Denied::ForeignOrigin => {
-                StatusCode::FORBIDDEN
-            }
+            Denied::NotLoopback
+            | Denied::ForeignHost
+            | Denied::ForeignOrigin
+            | Denied::TeamScope => StatusCode::FORBIDDEN,
             Denied::NotJson => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         }
     }
@@ -59,6 +88,10 @@ impl Denied {
                 "admin API: writes from a web page of another origin are refused"
             }
             Denied::NotJson => "admin API: writes need Content-Type: application/json",
+            Denied::TeamScope => {
+                "admin API: a team's token reads and acts on its team's conversations only; \
+                 this call is about the whole proxy"
+            }
         }
     }
 }
@@ -82,16 +115,17 @@ pub fn check(
             return Err(Denied::ForeignHost);
         }
     } else {
-        let presented = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
+        let presented = bearer(headers);
         let by_header = constant_time_eq(presented.as_bytes(), token.as_bytes());
         if !by_header && !has_session_cookie(headers, token) {
             return Err(Denied::WrongToken);
         }
     }
+    write_rules(method, headers)
+}
+
+/// What a write must be, whoever sends it: a JSON body from no other origin.
+fn write_rules(method: &Method, headers: &HeaderMap) -> Result<(), Denied> {
     if matches!(*method, Method::GET | Method::HEAD) {
         return Ok(());
     }
@@ -107,6 +141,37 @@ pub fn check(
         return Err(Denied::NotJson);
     }
     Ok(())
+}
+
+/// Who is calling, by [`check`]'s rules, or a team's token (`admin.team_tokens`) in the
+/// `Authorization` header or as the dashboard's session cookie, which reaches its team's
+/// conversations from anywhere (and never more, even from loopback).
+pub fn access(
+    admin: &crate::config::AdminConfig,
+    listen: Option<IpAddr>,
+    peer: SocketAddr,
+    method: &Method,
+    headers: &HeaderMap,
+) -> Result<Access, Denied> {
+    let presented = bearer(headers);
+    let team = admin.team_tokens.iter().find(|t| {
+        constant_time_eq(presented.as_bytes(), t.token.as_bytes())
+            || has_session_cookie(headers, &t.token)
+    });
+    if let Some(team) = team {
+        write_rules(method, headers)?;
+        return Ok(Access::Team(team.team.as_str().into()));
+    }
+    check(&admin.token, listen, peer, method, headers).map(|()| Access::Global)
+}
+
+/// The `Authorization: Bearer` token, or "".
+fn bearer(headers: &HeaderMap) -> &str {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
 }
 
 /// Whether the request states an `Origin` other than the `Host` it is sent to (a web
@@ -183,19 +248,58 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The access rules ([`check`]), applied once to every `/admin/` route.
+/// The access rules ([`access`]), applied once to every `/admin/` route; the handlers find
+/// who called in the request's [`Access`].
 pub async fn require_access(
     State(app): State<Arc<App>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     let listen = app.config.listen_addr().ok().map(|a| a.ip());
-    let token = &app.config.admin.token;
-    if let Err(denied) = check(token, listen, peer, request.method(), request.headers()) {
-        return refusal(denied);
+    match access(
+        &app.config.admin,
+        listen,
+        peer,
+        request.method(),
+        request.headers(),
+    ) {
+        Ok(access) => {
+            request.extensions_mut().insert(access);
+            next.run(request).await
+        }
+        Err(denied) => refusal(denied),
     }
-    next.run(request).await
+}
+
+/// For the calls about the whole proxy (its policies, a reload): a team's token is refused.
+/// Runs after [`require_access`].
+pub async fn require_global(request: Request, next: Next) -> Response {
+    match request.extensions().get::<Access>() {
+        Some(Access::Global) => next.run(request).await,
+        _ => refusal(Denied::TeamScope),
+    }
+}
+
+/// `Ok` when `access` reaches conversation `id`, else the answer: no such conversation.
+async fn within_reach(app: &App, access: &Access, id: &str) -> Result<(), Response> {
+    match reaches(app, access, id).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(no_such_conversation()),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+/// Whether `access` reaches conversation `id`: the global access every one, a team's only
+/// those the log holds under its team.
+pub async fn reaches(app: &App, access: &Access, id: &str) -> Result<bool, crate::store::Error> {
+    match access.team() {
+        None => Ok(true),
+        Some(team) => {
+            let logged = app.store.conversation_team(id).await?;
+            Ok(logged.flatten().as_deref() == Some(team))
+        }
+    }
 }
 
 /// The answer to a call the access rules refused.
@@ -223,11 +327,16 @@ pub struct ListParams {
 /// `decision` (the latest request's) when given.
 pub async fn conversations(
     State(app): State<Arc<App>>,
+    Extension(access): Extension<Access>,
     Query(params): Query<ListParams>,
     Query(filter): Query<crate::store::dashboard::ConversationFilter>,
 ) -> Response {
     let limit = params.limit.unwrap_or(100).clamp(1, 10_000);
-    let filter = filter.normalized();
+    let mut filter = filter.normalized();
+    if let Some(team) = access.team() {
+        // A team's token lists its team's conversations, whatever team the query names.
+        filter.team = Some(team.to_string());
+    }
     match app.store.listed_conversations(&filter, limit).await {
         Ok(list) => Json(serde_json::json!({ "conversations": list })).into_response(),
         Err(e) => internal(e),
@@ -236,7 +345,14 @@ pub async fn conversations(
 
 /// `GET /admin/api/conversations/{id}`: the timeline, and the conversation's `spend` (null
 /// when nothing was charged to it lately).
-pub async fn conversation(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+pub async fn conversation(
+    State(app): State<Arc<App>>,
+    Extension(access): Extension<Access>,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(refused) = within_reach(&app, &access, &id).await {
+        return refused;
+    }
     #[derive(serde::Serialize)]
     struct WithSpend {
         #[serde(flatten)]
@@ -266,7 +382,11 @@ pub async fn conversation(State(app): State<Arc<App>>, Path(id): Path<String>) -
 /// `GET /admin/api/spend?limit=N`: totals per policy, and the conversations (the most
 /// recently charged first, at most N, 100 by default) with their spend. Covers what the
 /// ledger holds: the conversations charged in the last day (`crate::budget::Ledger`).
-pub async fn spend(State(app): State<Arc<App>>, Query(params): Query<ListParams>) -> Response {
+pub async fn spend(
+    State(app): State<Arc<App>>,
+    Extension(access): Extension<Access>,
+    Query(params): Query<ListParams>,
+) -> Response {
     #[derive(serde::Serialize)]
     struct Conversation {
         id: String,
@@ -274,14 +394,38 @@ pub async fn spend(State(app): State<Arc<App>>, Query(params): Query<ListParams>
         spend: crate::budget::Spend,
     }
     let limit = params.limit.unwrap_or(100).clamp(1, 10_000) as usize;
+    let Some(team) = access.team() else {
+        let conversations: Vec<Conversation> = app
+            .ledger
+            .conversations(limit)
+            .into_iter()
+            .map(|(id, spend)| Conversation { id, spend })
+            .collect();
+        return Json(serde_json::json!({
+            "policies": app.ledger.policies(),
+            "conversations": conversations,
+        }))
+        .into_response();
+    };
+    // A team's: its conversations among those the ledger holds (charged in the last day),
+    // and no policy totals, which are every team's.
+    let since_ms = crate::store::now_ms() - 2 * 24 * 3_600_000;
+    let ours: std::collections::HashSet<String> =
+        match app.store.team_conversations(team, since_ms).await {
+            Ok(ids) => ids.into_iter().collect(),
+            Err(e) => return internal(e),
+        };
     let conversations: Vec<Conversation> = app
         .ledger
-        .conversations(limit)
+        .conversations(usize::MAX)
         .into_iter()
+        .filter(|(id, _)| ours.contains(id))
+        .take(limit)
         .map(|(id, spend)| Conversation { id, spend })
         .collect();
     Json(serde_json::json!({
-        "policies": app.ledger.policies(),
+        "team": team,
+        "policies": [],
         "conversations": conversations,
     }))
     .into_response()
@@ -298,7 +442,14 @@ fn no_such_conversation() -> Response {
 /// `POST /admin/api/conversations/{id}/resume`: releases a halted conversation; its next
 /// request goes upstream and detection starts over from there. 404 for an id the proxy
 /// has not seen.
-pub async fn resume_conversation(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+pub async fn resume_conversation(
+    State(app): State<Arc<App>>,
+    Extension(access): Extension<Access>,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(refused) = within_reach(&app, &access, &id).await {
+        return refused;
+    }
     match app.interventions.operator_resume(&id).await {
         Ok(Some(control)) => Json(serde_json::json!({ "resumed": control })).into_response(),
         Ok(None) => no_such_conversation(),
@@ -317,9 +468,13 @@ struct HaltBody {
 /// writes to it. 404 for an id the proxy has not seen.
 pub async fn halt_conversation(
     State(app): State<Arc<App>>,
+    Extension(access): Extension<Access>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
+    if let Err(refused) = within_reach(&app, &access, &id).await {
+        return refused;
+    }
     let parsed: HaltBody = if body.iter().all(u8::is_ascii_whitespace) {
         HaltBody::default()
     } else {
@@ -341,14 +496,55 @@ pub async fn halt_conversation(
 
 /// `GET /admin/api/pending`: requests held for a human, oldest first.
 /// With replicas sharing a database, every replica's.
-pub async fn pending(State(app): State<Arc<App>>) -> Response {
+pub async fn pending(
+    State(app): State<Arc<App>>,
+    Extension(access): Extension<Access>,
+) -> Response {
     let listing = app.interventions.pending.list_everywhere().await;
+    let pending = match reachable(&app, &access, listing.pending).await {
+        Ok(pending) => pending,
+        Err(e) => return internal(e),
+    };
     Json(serde_json::json!({
-        "pending": listing.pending,
+        "pending": pending,
         "complete": listing.incomplete.is_none(),
         "incomplete": listing.incomplete,
     }))
     .into_response()
+}
+
+/// The held requests (as listed) of the conversations `access` reaches.
+async fn reachable(
+    app: &App,
+    access: &Access,
+    held: Vec<serde_json::Value>,
+) -> Result<Vec<serde_json::Value>, crate::store::Error> {
+    if access.team().is_none() {
+        return Ok(held);
+    }
+    let mut ours = Vec::with_capacity(held.len());
+    for request in held {
+        let team = request["team"].as_str();
+        let conversation = request["conversation_id"].as_str().unwrap_or_default();
+        if held_reaches(app, access, team, conversation).await? {
+            ours.push(request);
+        }
+    }
+    Ok(ours)
+}
+
+/// Whether `access` reaches a request held for `conversation` that named `team`: by the
+/// team it named (its conversation may have nothing in the log yet), else by the log's.
+pub async fn held_reaches(
+    app: &App,
+    access: &Access,
+    team: Option<&str>,
+    conversation: &str,
+) -> Result<bool, crate::store::Error> {
+    if team.is_some() && team == access.team() {
+        return Ok(true);
+    }
+    reaches(app, access, conversation).await
 }
 
 #[derive(Deserialize)]
@@ -359,6 +555,7 @@ struct DecideBody {
 /// `POST /admin/api/pending/{id}` with `{"decision": "continue" | "nudge" | "halt"}`.
 pub async fn decide_pending(
     State(app): State<Arc<App>>,
+    Extension(access): Extension<Access>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
@@ -370,7 +567,28 @@ pub async fn decide_pending(
             ))
         }
     };
-    match app.interventions.pending.decide_anywhere(&id, verdict).await {
+    if access.team().is_some() {
+        // Only a request held for one of the team's conversations; another's is answered
+        // as one that is not held.
+        let listing = app.interventions.pending.list_everywhere().await;
+        let held = listing.pending.into_iter().find(|h| h["id"] == id.as_str());
+        let conversation = held.as_ref().and_then(|h| h["conversation_id"].as_str());
+        let team = held.as_ref().and_then(|h| h["team"].as_str());
+        match conversation {
+            Some(conversation) => match held_reaches(&app, &access, team, conversation).await {
+                Ok(true) => {}
+                Ok(false) => return not_held(),
+                Err(e) => return internal(e),
+            },
+            None => return not_held(),
+        }
+    }
+    match app
+        .interventions
+        .pending
+        .decide_anywhere(&id, verdict)
+        .await
+    {
         Err(e) => internal(e),
         Ok(Some(held)) => Json(serde_json::json!({ "decided": verdict.as_str(), "pending": held }))
             .into_response(),
@@ -383,13 +601,17 @@ pub async fn decide_pending(
                 })),
             )
                 .into_response(),
-            None => (
-                StatusCode::NOT_FOUND,
-                Json(serde_json::json!({ "error": "no request held under that id (decided, timed out or gone)" })),
-            )
-                .into_response(),
+            None => not_held(),
         },
     }
+}
+
+fn not_held() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(serde_json::json!({ "error": "no request held under that id (decided, timed out or gone)" })),
+    )
+        .into_response()
 }
 
 pub fn bad_request(message: &str) -> Response {
@@ -440,14 +662,17 @@ pub async fn reload_policies(State(app): State<Arc<App>>) -> Response {
 /// read from the log; the health is counted in memory, and answered even when the log
 /// cannot be read (a database down is when it matters most): `proxy_overhead_us` is then
 /// null and `log_read_error` says why.
-pub async fn stats(State(app): State<Arc<App>>) -> Response {
+pub async fn stats(State(app): State<Arc<App>>, Extension(access): Extension<Access>) -> Response {
+    if let Some(team) = access.team() {
+        return team_stats(&app, &access, team).await;
+    }
     let (overhead, log_read_error) = match app.store.overhead(1000).await {
         Ok(overhead) => (Some(overhead), None),
         Err(e) => (None, Some(e.to_string())),
     };
     // Each detector's right / (right + wrong) from the feedback on its alerts
     // (`POST /admin/api/feedback`; a halt a human lifted counts wrong).
-    let precision = match app.store.precision().await {
+    let precision = match app.store.precision(None).await {
         Ok(precision) => Some(precision),
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the feedback for the stats");
@@ -472,6 +697,27 @@ pub async fn stats(State(app): State<Arc<App>>) -> Response {
         // Connections closed at `server.max_connections` to make room, and refused.
         "connections_at_cap": app.connections.at_cap(),
         "precision": precision,
+    }))
+    .into_response()
+}
+
+/// `GET /admin/api/stats` for a team's token: the detectors' precision on its team's
+/// alerts, its halted conversations and held requests. The process's own figures (overhead,
+/// log health, cache, connections) are every team's, and the global token's to read.
+async fn team_stats(app: &App, access: &Access, team: &str) -> Response {
+    let precision = match app.store.precision(Some(team)).await {
+        Ok(precision) => precision,
+        Err(e) => return internal(e),
+    };
+    let (halted, held) = match super::dashboard::live_counts(app, access).await {
+        Ok(counts) => counts,
+        Err(e) => return internal(e),
+    };
+    Json(serde_json::json!({
+        "team": team,
+        "precision": precision,
+        "halted_conversations": halted,
+        "pending": held,
     }))
     .into_response()
 }

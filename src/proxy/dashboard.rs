@@ -14,11 +14,11 @@ use std::sync::Arc;
 use axum::extract::{ConnectInfo, Query, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::{Form, Json};
+use axum::{Extension, Form, Json};
 use http::{header, HeaderMap, HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 
-use super::admin::{self, Denied};
+use super::admin::{self, Access, Denied};
 use super::App;
 use crate::store::dashboard::{HaltedRun, Target, Verdict};
 use crate::store::now_ms;
@@ -61,10 +61,12 @@ pub async fn require_page_access(
     next: Next,
 ) -> Response {
     let listen = app.config.listen_addr().ok().map(|a| a.ip());
-    let token = &app.config.admin.token;
-    match admin::check(token, listen, peer, request.method(), request.headers()) {
-        Ok(()) => next.run(request).await,
+    let admin = &app.config.admin;
+    match admin::access(admin, listen, peer, request.method(), request.headers()) {
+        Ok(_) => next.run(request).await,
         Err(Denied::WrongToken) => see_other("/ui/login"),
+        // Off this machine with only team tokens set: a team's member logs in with one.
+        Err(Denied::NotLoopback) if !admin.team_tokens.is_empty() => see_other("/ui/login"),
         Err(denied) => admin::refusal(denied),
     }
 }
@@ -102,7 +104,8 @@ pub async fn login_js() -> Response {
 
 /// `GET /ui/login`: the token form (without a token set there is nothing to log in to).
 pub async fn login_form(State(app): State<Arc<App>>) -> Response {
-    if app.config.admin.token.is_empty() {
+    let admin = &app.config.admin;
+    if admin.token.is_empty() && admin.team_tokens.is_empty() {
         return see_other("/ui/");
     }
     login_page(StatusCode::OK, "")
@@ -145,16 +148,25 @@ pub async fn login(
     headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Response {
-    let token = &app.config.admin.token;
-    if token.is_empty() {
+    let admin = &app.config.admin;
+    if admin.token.is_empty() && admin.team_tokens.is_empty() {
         return see_other("/ui/");
     }
     if admin::foreign_origin(&headers) {
         return admin::refusal(Denied::ForeignOrigin);
     }
-    if !admin::constant_time_eq(form.token.trim().as_bytes(), token.as_bytes()) {
-        return login_page(StatusCode::UNAUTHORIZED, "That is not the admin token.");
-    }
+    // The global token or a team's: the cookie is derived from the one given, and
+    // `admin::access` knows from it which one it stands for.
+    let given = form.token.trim().as_bytes();
+    let global = (!admin.token.is_empty()).then_some(admin.token.as_str());
+    let teams = admin.team_tokens.iter().map(|t| t.token.as_str());
+    let Some(token) = global
+        .into_iter()
+        .chain(teams)
+        .find(|token| admin::constant_time_eq(given, token.as_bytes()))
+    else {
+        return login_page(StatusCode::UNAUTHORIZED, "That is not an admin token.");
+    };
     let cookie = format!(
         "{}={}; Path=/; HttpOnly; SameSite=Strict",
         admin::SESSION_COOKIE,
@@ -225,6 +237,7 @@ pub fn estimate_savings(runs: &[HaltedRun]) -> Savings {
 /// estimate), and each detector's precision from the feedback.
 pub async fn overview(
     State(app): State<Arc<App>>,
+    Extension(access): Extension<Access>,
     Query(params): Query<OverviewParams>,
 ) -> Response {
     let hours = params.hours.unwrap_or(24).clamp(1, 720);
@@ -232,26 +245,57 @@ pub async fn overview(
     let since_ms = now - hours * 3_600_000;
     let bucket_ms = hours * 3_600_000 / 24;
     let store = &app.store;
+    let team = access.team();
     let (totals, counts, runs, precision) = match tokio::try_join!(
-        store.totals(since_ms),
-        store.intervention_counts(since_ms, bucket_ms),
-        store.halted_runs(since_ms),
-        store.precision(),
+        store.totals(since_ms, team),
+        store.intervention_counts(since_ms, bucket_ms, team),
+        store.halted_runs(since_ms, team),
+        store.precision(team),
     ) {
         Ok(all) => all,
         Err(e) => return admin::internal(e),
     };
+    let (halted, pending) = match live_counts(&app, &access).await {
+        Ok(counts) => counts,
+        Err(e) => return admin::internal(e),
+    };
     Json(serde_json::json!({
         "window": { "hours": hours, "since_ms": since_ms, "bucket_ms": bucket_ms, "now_ms": now },
+        "team": team,
         "totals": totals,
-        "live_conversations": app.analyser.memory.held().conversations,
-        "halted_conversations": app.interventions.controls.halted().len(),
-        "pending": app.interventions.pending.list().len(),
+        // What memory holds is every team's: a team's view leaves it out.
+        "live_conversations": team.is_none().then(|| app.analyser.memory.held().conversations),
+        "halted_conversations": halted,
+        "pending": pending,
         "interventions": counts,
         "savings": estimate_savings(&runs),
         "precision": precision,
     }))
     .into_response()
+}
+
+/// The halted conversations and the requests held on this replica that `access` reaches.
+pub async fn live_counts(
+    app: &App,
+    access: &Access,
+) -> Result<(usize, usize), crate::store::Error> {
+    if access.team().is_none() {
+        return Ok((
+            app.interventions.controls.halted().len(),
+            app.interventions.pending.list().len(),
+        ));
+    }
+    let mut halted = 0;
+    for control in app.interventions.controls.halted() {
+        halted += usize::from(admin::reaches(app, access, &control.conversation_id).await?);
+    }
+    let mut pending = 0;
+    for held in app.interventions.pending.list() {
+        let team = held.team.as_deref();
+        pending +=
+            usize::from(admin::held_reaches(app, access, team, &held.conversation_id).await?);
+    }
+    Ok((halted, pending))
 }
 
 #[derive(Deserialize)]
@@ -270,7 +314,11 @@ const NOTE_CHARS: usize = 1000;
 /// `POST /admin/api/feedback` with `{"finding_id" | "intervention_id": N, "verdict":
 /// "right" | "wrong", "note": "..."}`: a human's word on an alert; the latest one on an
 /// alert counts. 404 for an alert the log does not hold.
-pub async fn feedback(State(app): State<Arc<App>>, body: axum::body::Bytes) -> Response {
+pub async fn feedback(
+    State(app): State<Arc<App>>,
+    Extension(access): Extension<Access>,
+    body: axum::body::Bytes,
+) -> Response {
     const SHAPE: &str = "expected {\"finding_id\" | \"intervention_id\": N, \"verdict\": \"right\" | \"wrong\", \"note\": \"...\"}";
     let parsed: FeedbackBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
@@ -288,19 +336,36 @@ pub async fn feedback(State(app): State<Arc<App>>, body: axum::body::Bytes) -> R
         .take(NOTE_CHARS)
         .collect();
     let note = crate::store::Masked::from(note);
+    if access.team().is_some() {
+        // An alert of another team's conversation is answered as one the log does not hold.
+        let reached = match app.store.alert_conversation(target).await {
+            Ok(Some(conversation)) => admin::reaches(&app, &access, &conversation).await,
+            Ok(None) => Ok(false),
+            Err(e) => Err(e),
+        };
+        match reached {
+            Ok(true) => {}
+            Ok(false) => return no_such_alert(),
+            Err(e) => return admin::internal(e),
+        }
+    }
     match app
         .store
         .give_feedback(target, parsed.verdict, note.as_str())
         .await
     {
         Ok(Some(recorded)) => Json(serde_json::json!({ "feedback": recorded })).into_response(),
-        Ok(None) => (
-            StatusCode::NOT_FOUND,
-            Json(serde_json::json!({ "error": "no such finding or intervention" })),
-        )
-            .into_response(),
+        Ok(None) => no_such_alert(),
         Err(e) => admin::internal(e),
     }
+}
+
+fn no_such_alert() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(serde_json::json!({ "error": "no such finding or intervention" })),
+    )
+        .into_response()
 }
 
 #[cfg(test)]

@@ -116,6 +116,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         analysed,
         json_array,
         request_id,
+        traffic.team.as_deref(),
     );
     // A rewrite of the whole history, carried over to the request the client sent.
     let continued_whole = continued.as_ref().filter(|_| whole.is_some());
@@ -318,6 +319,7 @@ pub(super) fn plan(
     body: &RequestBytes,
     json_array: bool,
     request_id: i64,
+    team: Option<&str>,
 ) -> Planned {
     // Nothing is done to a request that was not read, nor to a summary request: a stop
     // there would corrupt the summary the run goes on from.
@@ -346,6 +348,7 @@ pub(super) fn plan(
         json_array,
         model: analysis.model.as_deref().map(Into::into),
         user_agent: user_agent.into(),
+        team: team.map(Into::into),
         body: std::borrow::Cow::Borrowed(body),
         transcript: std::borrow::Cow::Borrowed(&p.transcript),
         run_steps: p.state.steps(),
@@ -546,10 +549,7 @@ impl Dispatch {
             }),
             Ok(Err(e)) => {
                 tracing::warn!(upstream = upstream.as_str(), error = %error_chain(&e), "upstream unreachable");
-                let message = format!(
-                    "loopwarden: the {} upstream could not be reached",
-                    upstream.as_str()
-                );
+                let message = e.unreachable_message(upstream);
                 Err((Failure::unreachable(upstream, &message), Some(sent)))
             }
             Err(_) => {

@@ -24,6 +24,7 @@ pub mod held;
 pub mod identity;
 pub mod intervention;
 pub mod large_buffer;
+pub mod listener_tls;
 pub mod memory;
 pub mod own;
 pub mod record;
@@ -104,6 +105,8 @@ pub struct App {
     pub traces: Arc<crate::telemetry::Traces>,
     /// The end of a stop's grace period ([`Running::shutdown`]).
     pub cut: Cut,
+    /// The listener's TLS (`server.tls_cert`); `None`: plain HTTP.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// The end of a stop's grace period: the connections, streams and WebSockets still open
@@ -184,9 +187,9 @@ impl Running {
         self.addr
     }
 
-    /// `http://ADDR`
+    /// `http://ADDR`, or `https://ADDR` with TLS on the listener.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", scheme(&self.app.config), self.addr)
     }
 
     pub fn store(&self) -> &Store {
@@ -271,11 +274,9 @@ impl Running {
     }
 }
 
-/// Opens the log, binds the listener and serves until [`Running::shutdown`].
-pub async fn start(config: Config) -> anyhow::Result<Running> {
-    let listen = config
-        .listen_addr()
-        .map_err(|e| anyhow::anyhow!("config key `server.listen`: {e}"))?;
+/// The log, with what the last stop spilled written into it, and spilling to the same file
+/// at the next stop.
+async fn open_store(config: &Config) -> anyhow::Result<Store> {
     let store = Store::open(
         &config.store.db,
         StoreOptions {
@@ -286,10 +287,23 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         },
     )
     .await?;
-    // What the last stop could not write goes in first: the spend restored below counts it.
     let spill = config.store.spill_path();
     store.take_in_spill(&spill).await?;
     store.spill_to(spill);
+    Ok(store)
+}
+
+/// Opens the log, binds the listener and serves until [`Running::shutdown`].
+pub async fn start(config: Config) -> anyhow::Result<Running> {
+    let listen = config
+        .listen_addr()
+        .map_err(|e| anyhow::anyhow!("config key `server.listen`: {e}"))?;
+    let tls = config
+        .server
+        .tls_acceptor()
+        .map_err(|(key, problem)| anyhow::anyhow!("config key `{key}`: {problem}"))?;
+    // What the last stop could not write goes in first: the spend restored below counts it.
+    let store = open_store(&config).await?;
     let threads = match config.server.threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
@@ -307,6 +321,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         tracing::debug!(conversations = restored, "spend restored from the log");
     }
     let metrics = Arc::new(crate::metrics::Metrics::default());
+    crate::egress::log_in_use(&config.upstream.egress());
     let client = upstream::Client::new(&config.upstream);
     let interventions =
         crate::interventions::Interventions::open(store.clone(), ledger.clone(), metrics.clone())
@@ -348,6 +363,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         metrics,
         traces,
         cut: Cut::new(),
+        tls,
     });
     spawn_sweeper(Arc::downgrade(&app), idle);
     let replicas = start_replicas(&app).await;
@@ -519,6 +535,7 @@ async fn serve(
         let router = router.clone();
         let shared = app.clone();
         let (io, watch) = app.connections.open(stream, admission);
+        let io = listener_tls::wrap(app.tls.as_ref(), io);
         let watching = watch.clone();
         let place = Arc::new(Place {
             app: app.clone(),
@@ -639,13 +656,22 @@ fn serve_thread(
     runtime.block_on(serve(incoming, me, app, router, stop))
 }
 
-/// `server.public_url`, or `http://` and the address the proxy listens on (a wildcard
+/// `server.public_url`, or `http(s)://` and the address the proxy listens on (a wildcard
 /// address read as this machine's loopback): where the links in alerts point.
 fn public_url(config: &Config, addr: SocketAddr) -> String {
+    let scheme = scheme(config);
     match config.server.public_url.trim_end_matches('/') {
-        "" if addr.ip().is_unspecified() => format!("http://localhost:{}", addr.port()),
-        "" => format!("http://{addr}"),
+        "" if addr.ip().is_unspecified() => format!("{scheme}://localhost:{}", addr.port()),
+        "" => format!("{scheme}://{addr}"),
         url => url.to_string(),
+    }
+}
+
+/// The listener's scheme: `https` with `server.tls_cert` set.
+fn scheme(config: &Config) -> &'static str {
+    match config.server.tls_cert.is_empty() {
+        true => "http",
+        false => "https",
     }
 }
 

@@ -29,6 +29,11 @@ pub fn answered_here(path: &str) -> bool {
 /// without a route (`/metrics`, `/ui`, an unknown admin call): they are the proxy's all the
 /// same.
 pub fn router(app: Arc<App>) -> Router {
+    // About the whole proxy: a team's token is refused (403).
+    let global = Router::new()
+        .route("/admin/api/policies", get(admin::policies))
+        .route("/admin/api/policies/reload", post(admin::reload_policies))
+        .route_layer(axum::middleware::from_fn(admin::require_global));
     let admin = Router::new()
         .route("/admin/api/conversations", get(admin::conversations))
         .route("/admin/api/conversations/{id}", get(admin::conversation))
@@ -42,12 +47,11 @@ pub fn router(app: Arc<App>) -> Router {
             "/admin/api/conversations/{id}/halt",
             post(admin::halt_conversation),
         )
-        .route("/admin/api/policies", get(admin::policies))
-        .route("/admin/api/policies/reload", post(admin::reload_policies))
         .route("/admin/api/pending", get(admin::pending))
         .route("/admin/api/pending/{id}", post(admin::decide_pending))
         .route("/admin/api/overview", get(dashboard::overview))
         .route("/admin/api/feedback", post(dashboard::feedback))
+        .merge(global)
         // Unknown admin calls go through the access rule too: a caller without access
         // learns nothing of which calls exist.
         .route("/admin/{*rest}", any(not_found))

@@ -16,6 +16,9 @@
 //! sent again: the error goes to the client.
 //!
 //! The model APIs all speak HTTP/1.1; TLS offers only `http/1.1` by ALPN.
+//!
+//! Every connection is opened by one connector, which goes through the outbound proxy when
+//! `crate::proxy::egress` says so (a `CONNECT` tunnel, TLS to the upstream inside it).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -35,13 +38,14 @@ use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::route::Upstream;
 use crate::config::{extra_roots, UpstreamConfig};
+use crate::egress::{Egress, TunnelError, Tunnelling};
 use crate::request_bytes::RequestBytes;
 
 /// Idle connections kept per origin and serving thread; one more returned is closed. A
 /// serving thread rarely has more requests in flight to one API than this.
 pub const MAX_IDLE_PER_ORIGIN: usize = 64;
 
-type Connector = HttpsConnector<HttpConnector>;
+type Connector = HttpsConnector<Tunnelling>;
 type Sender = SendRequest<Outgoing>;
 
 /// One serving thread's upstream client (cheap to clone: a handle to the same pool).
@@ -52,6 +56,9 @@ pub struct Client {
 
 struct Shared {
     connector: Connector,
+    /// Which connections go through the outbound proxy (the connector's own decision; kept
+    /// here to say so when one times out).
+    egress: Arc<Egress>,
     /// Over TCP connect and TLS handshake together.
     connect_timeout: Duration,
     idle_timeout: Duration,
@@ -114,10 +121,48 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    #[error("cannot connect to {dial}: no connection within {ms} ms")]
-    ConnectTimeout { dial: Uri, ms: u128 },
+    #[error("cannot connect to {dial}: no connection within {ms} ms{}", via_proxy(.via))]
+    ConnectTimeout {
+        dial: Uri,
+        ms: u128,
+        /// The outbound proxy the connection went through (`crate::proxy::egress`), if any.
+        via: Option<String>,
+    },
+    /// The outbound proxy (`crate::proxy::egress`) could not be reached or gave no tunnel.
+    #[error("cannot connect to {dial} through the outbound proxy")]
+    Proxy {
+        dial: Uri,
+        #[source]
+        source: TunnelError,
+    },
     #[error("upstream connection failed")]
     Http(#[from] hyper::Error),
+}
+
+fn via_proxy(via: &Option<String>) -> String {
+    via.as_ref()
+        .map(|proxy| format!(" through the outbound proxy {proxy}"))
+        .unwrap_or_default()
+}
+
+impl Error {
+    /// What the client's 502 says: which hop could not be reached.
+    pub fn unreachable_message(&self, upstream: Upstream) -> String {
+        match self {
+            Error::Proxy { source, .. } => format!(
+                "loopwarden: the {} upstream could not be reached: {source}",
+                upstream.as_str()
+            ),
+            Error::ConnectTimeout { via: Some(_), .. } => format!(
+                "loopwarden: the {} upstream could not be reached: {self}",
+                upstream.as_str()
+            ),
+            _ => format!(
+                "loopwarden: the {} upstream could not be reached",
+                upstream.as_str()
+            ),
+        }
+    }
 }
 
 impl Client {
@@ -185,7 +230,17 @@ impl Client {
         http.set_connect_timeout(Some(connect_timeout));
         // The model APIs all speak HTTP/1.1, and this client speaks nothing else.
         tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let connector = Connector::from((http, tls));
+        // Checked when the config was loaded.
+        let egress = Egress::of(&config.egress()).unwrap_or_else(|(_, problem)| {
+            tracing::warn!(%problem, "upstream.proxy not usable; connecting directly");
+            Egress::default()
+        });
+        let egress = Arc::new(egress);
+        let tunnelling = Tunnelling {
+            direct: http,
+            egress: egress.clone(),
+        };
+        let connector = Connector::from((tunnelling, tls));
         let mut origins: Vec<Origin> = Vec::new();
         let mut base = |url: &str| {
             let uri: Uri = url.parse().ok()?;
@@ -233,6 +288,7 @@ impl Client {
         Client {
             shared: Arc::new(Shared {
                 connector,
+                egress,
                 connect_timeout,
                 idle_timeout: Duration::from_secs(config.pool_idle_timeout_secs),
                 stream_idle: Duration::from_secs(config.stream_idle_secs),
@@ -405,13 +461,20 @@ impl Shared {
         let connecting = tower::ServiceExt::oneshot(self.connector.clone(), dial.clone());
         match tokio::time::timeout(self.connect_timeout, connecting).await {
             Ok(Ok(io)) => Ok(io),
-            Ok(Err(source)) => Err(Error::Connect {
-                dial: dial.clone(),
-                source,
-            }),
+            Ok(Err(source)) => match source.downcast::<TunnelError>() {
+                Ok(tunnel) => Err(Error::Proxy {
+                    dial: dial.clone(),
+                    source: *tunnel,
+                }),
+                Err(source) => Err(Error::Connect {
+                    dial: dial.clone(),
+                    source,
+                }),
+            },
             Err(_) => Err(Error::ConnectTimeout {
                 dial: dial.clone(),
                 ms: self.connect_timeout.as_millis(),
+                via: self.egress.proxy_for(dial).map(|p| p.to_string()),
             }),
         }
     }

@@ -113,10 +113,7 @@ pub async fn open(app: Arc<App>, request: Request) -> Response {
         Ok(Ok(answer)) => answer,
         Ok(Err(e)) => {
             tracing::warn!(upstream = upstream.as_str(), error = %error_chain(&e), "upstream unreachable for a WebSocket");
-            let message = format!(
-                "loopwarden: the {} upstream could not be reached",
-                upstream.as_str()
-            );
+            let message = e.unreachable_message(upstream);
             return errors::upstream_failure(upstream, UpstreamFailure::Unreachable, &message);
         }
         Err(_) => {
@@ -612,7 +609,15 @@ impl Session {
             },
         );
         let request_id = next_request_id();
-        let planned = forward::plan(app, &mut analysis, headers, &body, false, request_id);
+        let planned = forward::plan(
+            app,
+            &mut analysis,
+            headers,
+            &body,
+            false,
+            request_id,
+            traffic.team.as_deref(),
+        );
         let mut finished = forward::new_record(
             app,
             parts,

@@ -230,10 +230,11 @@ impl Store {
     }
 
     /// Each detector's precision from the verdicts (and the halts humans lifted).
-    pub async fn precision(&self) -> Result<Vec<Precision>, Error> {
+    /// `team`: its conversations' alerts only; `None`: every conversation's.
+    pub async fn precision(&self, team: Option<&str>) -> Result<Vec<Precision>, Error> {
         let rows = match &self.backend {
-            Backend::Sqlite(db) => super::sqlite::dashboard::precision(&db.pool()).await?,
-            Backend::Postgres(db) => super::postgres::dashboard::precision(db.pool()).await?,
+            Backend::Sqlite(db) => super::sqlite::dashboard::precision(&db.pool(), team).await?,
+            Backend::Postgres(db) => super::postgres::dashboard::precision(db.pool(), team).await?,
         };
         Ok(rows.into_iter().map(Precision::with_ratio).collect())
     }
@@ -243,43 +244,97 @@ impl Store {
         &self,
         since_ms: i64,
         bucket_ms: i64,
+        team: Option<&str>,
     ) -> Result<Vec<InterventionCount>, Error> {
         match &self.backend {
             Backend::Sqlite(db) => Ok(super::sqlite::dashboard::intervention_counts(
                 &db.pool(),
                 since_ms,
                 bucket_ms.max(1),
+                team,
             )
             .await?),
             Backend::Postgres(db) => Ok(super::postgres::dashboard::intervention_counts(
                 db.pool(),
                 since_ms,
                 bucket_ms.max(1),
+                team,
             )
             .await?),
         }
     }
 
     /// The halts the policies made since `since_ms`, with the runs before them.
-    pub async fn halted_runs(&self, since_ms: i64) -> Result<Vec<HaltedRun>, Error> {
+    pub async fn halted_runs(
+        &self,
+        since_ms: i64,
+        team: Option<&str>,
+    ) -> Result<Vec<HaltedRun>, Error> {
         match &self.backend {
             Backend::Sqlite(db) => {
-                Ok(super::sqlite::dashboard::halted_runs(&db.pool(), since_ms).await?)
+                Ok(super::sqlite::dashboard::halted_runs(&db.pool(), since_ms, team).await?)
             }
             Backend::Postgres(db) => {
-                Ok(super::postgres::dashboard::halted_runs(db.pool(), since_ms).await?)
+                Ok(super::postgres::dashboard::halted_runs(db.pool(), since_ms, team).await?)
             }
         }
     }
 
     /// Requests and conversations, in all and since `since_ms`.
-    pub async fn totals(&self, since_ms: i64) -> Result<Totals, Error> {
+    pub async fn totals(&self, since_ms: i64, team: Option<&str>) -> Result<Totals, Error> {
         match &self.backend {
             Backend::Sqlite(db) => {
-                Ok(super::sqlite::dashboard::totals(&db.pool(), since_ms).await?)
+                Ok(super::sqlite::dashboard::totals(&db.pool(), since_ms, team).await?)
             }
             Backend::Postgres(db) => {
-                Ok(super::postgres::dashboard::totals(db.pool(), since_ms).await?)
+                Ok(super::postgres::dashboard::totals(db.pool(), since_ms, team).await?)
+            }
+        }
+    }
+
+    /// The team a conversation's requests named, as the log holds it (`Some(None)`: none
+    /// did); `None` for a conversation the log does not hold.
+    pub async fn conversation_team(&self, id: &str) -> Result<Option<Option<String>>, Error> {
+        match &self.backend {
+            Backend::Sqlite(db) => {
+                Ok(super::sqlite::dashboard::conversation_team(&db.pool(), id).await?)
+            }
+            Backend::Postgres(db) => {
+                Ok(super::postgres::dashboard::conversation_team(db.pool(), id).await?)
+            }
+        }
+    }
+
+    /// The conversation of a finding or an intervention; `None` when there is no such one.
+    pub async fn alert_conversation(&self, target: Target) -> Result<Option<String>, Error> {
+        match &self.backend {
+            Backend::Sqlite(db) => {
+                Ok(super::sqlite::dashboard::alert_conversation(&db.pool(), target).await?)
+            }
+            Backend::Postgres(db) => {
+                Ok(super::postgres::dashboard::alert_conversation(db.pool(), target).await?)
+            }
+        }
+    }
+
+    /// The ids of `team`'s conversations active since `since_ms`.
+    pub async fn team_conversations(
+        &self,
+        team: &str,
+        since_ms: i64,
+    ) -> Result<Vec<String>, Error> {
+        match &self.backend {
+            Backend::Sqlite(db) => {
+                Ok(
+                    super::sqlite::dashboard::team_conversations(&db.pool(), team, since_ms)
+                        .await?,
+                )
+            }
+            Backend::Postgres(db) => {
+                Ok(
+                    super::postgres::dashboard::team_conversations(db.pool(), team, since_ms)
+                        .await?,
+                )
             }
         }
     }

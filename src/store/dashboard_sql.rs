@@ -141,20 +141,27 @@ macro_rules! dashboard_reads {
 
         /// Each detector's verdicts: the latest said on each alert, and `wrong` for each lifted
         /// halt nobody judged.
-        pub(crate) async fn precision(pool: &$pool) -> Result<Vec<Precision>, sqlx::Error> {
+        pub(crate) async fn precision(
+            pool: &$pool,
+            team: Option<&str>,
+        ) -> Result<Vec<Precision>, sqlx::Error> {
+            let latest_in_team = $crate::store::dashboard_sql::in_team("latest.conversation_id", 1);
+            let halt_in_team = $crate::store::dashboard_sql::in_team("h.conversation_id", 1);
             sqlx::query_as(&format!(
                 "WITH {LATEST_FEEDBACK}, {LIFTED_HALTS},
                  votes AS (
-                   SELECT detector, verdict, 0 AS implied FROM latest
+                   SELECT detector, verdict, 0 AS implied FROM latest WHERE {latest_in_team}
                    UNION ALL
                    SELECT h.detector, 'wrong', 1 FROM halts h JOIN lifted ON lifted.halt_id = h.id
-                   WHERE NOT EXISTS (SELECT 1 FROM feedback f WHERE f.intervention_id = h.id))
+                   WHERE NOT EXISTS (SELECT 1 FROM feedback f WHERE f.intervention_id = h.id)
+                     AND {halt_in_team})
                  SELECT CASE detector WHEN '' THEN '(operator)' ELSE detector END AS detector,
                         count(*) FILTER (WHERE verdict = 'right') AS right,
                         count(*) FILTER (WHERE verdict = 'wrong') AS wrong,
                         count(*) FILTER (WHERE implied = 1) AS implied_wrong
                  FROM votes GROUP BY 1 ORDER BY 1"
             ))
+            .bind(team)
             .fetch_all(pool)
             .await
         }
@@ -165,8 +172,10 @@ macro_rules! dashboard_reads {
             pool: &$pool,
             since_ms: i64,
             bucket_ms: i64,
+            team: Option<&str>,
         ) -> Result<Vec<InterventionCount>, sqlx::Error> {
-            sqlx::query_as(
+            let in_team = $crate::store::dashboard_sql::in_team("conversation_id", 3);
+            sqlx::query_as(&format!(
                 "SELECT (created_ms / $2) * $2 AS bucket_ms,
                         CASE detector WHEN '' THEN '(none)' ELSE detector END AS detector,
                         coalesce(policy, '(none)') AS policy,
@@ -174,10 +183,12 @@ macro_rules! dashboard_reads {
                         count(*) AS count
                  FROM interventions
                  WHERE created_ms >= $1 AND source IN ('policy', 'timeout') AND applied <> 'forwarded'
-                 GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4",
-            )
+                   AND {in_team}
+                 GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
+            ))
             .bind(since_ms)
             .bind(bucket_ms)
+            .bind(team)
             .fetch_all(pool)
             .await
         }
@@ -187,8 +198,10 @@ macro_rules! dashboard_reads {
         pub(crate) async fn halted_runs(
             pool: &$pool,
             since_ms: i64,
+            team: Option<&str>,
         ) -> Result<Vec<HaltedRun>, sqlx::Error> {
-            sqlx::query_as(
+            let in_team = $crate::store::dashboard_sql::in_team("h.conversation_id", 2);
+            sqlx::query_as(&format!(
                 "SELECT h.conversation_id, h.detector, h.created_ms AS halted_ms,
                         coalesce(min(r.started_ms), h.created_ms) AS first_ms,
                         coalesce(max(r.steps), 0) AS steps,
@@ -200,28 +213,86 @@ macro_rules! dashboard_reads {
                  LEFT JOIN requests r ON r.conversation_id = h.conversation_id
                                      AND r.started_ms <= h.created_ms
                  WHERE h.created_ms >= $1 AND h.source = 'policy'
-                   AND h.applied IN ('halted', 'blocked')
-                 GROUP BY h.id ORDER BY h.created_ms",
-            )
+                   AND h.applied IN ('halted', 'blocked') AND {in_team}
+                 GROUP BY h.id ORDER BY h.created_ms"
+            ))
             .bind(since_ms)
+            .bind(team)
             .fetch_all(pool)
             .await
         }
 
         /// Requests and conversations, in all and since `since_ms` (requests by id: the rowid
         /// starts with the start time, `crate::store::next_request_id`).
-        pub(crate) async fn totals(pool: &$pool, since_ms: i64) -> Result<Totals, sqlx::Error> {
-            sqlx::query_as(
-                "SELECT (SELECT count(*) FROM requests) AS requests,
-                        (SELECT count(*) FROM requests WHERE id >= ($1 << 20)) AS requests_in_window,
-                        (SELECT count(*) FROM conversations) AS conversations,
-                        (SELECT count(*) FROM conversations WHERE last_seen_ms >= $1)
-                          AS conversations_in_window",
-            )
+        pub(crate) async fn totals(
+            pool: &$pool,
+            since_ms: i64,
+            team: Option<&str>,
+        ) -> Result<Totals, sqlx::Error> {
+            let request_in_team = $crate::store::dashboard_sql::in_team("conversation_id", 2);
+            let in_team = "(CAST($2 AS TEXT) IS NULL OR team = $2)";
+            sqlx::query_as(&format!(
+                "SELECT (SELECT count(*) FROM requests WHERE {request_in_team}) AS requests,
+                        (SELECT count(*) FROM requests WHERE id >= ($1 << 20) AND {request_in_team})
+                          AS requests_in_window,
+                        (SELECT count(*) FROM conversations WHERE {in_team}) AS conversations,
+                        (SELECT count(*) FROM conversations WHERE last_seen_ms >= $1 AND {in_team})
+                          AS conversations_in_window"
+            ))
             .bind(since_ms)
+            .bind(team)
             .fetch_one(pool)
             .await
+        }
+
+        /// The team a conversation's requests named (`Some(None)`: none did); `None` when the
+        /// log holds no such conversation.
+        pub(crate) async fn conversation_team(
+            pool: &$pool,
+            id: &str,
+        ) -> Result<Option<Option<String>>, sqlx::Error> {
+            sqlx::query_scalar("SELECT team FROM conversations WHERE id = $1")
+                .bind(id)
+                .fetch_optional(pool)
+                .await
+        }
+
+        /// The conversation a finding or an intervention belongs to.
+        pub(crate) async fn alert_conversation(
+            pool: &$pool,
+            target: Target,
+        ) -> Result<Option<String>, sqlx::Error> {
+            let (table, id) = match target {
+                Target::Finding(id) => ("findings", id),
+                Target::Intervention(id) => ("interventions", id),
+            };
+            sqlx::query_scalar(&format!("SELECT conversation_id FROM {table} WHERE id = $1"))
+                .bind(id)
+                .fetch_optional(pool)
+                .await
+        }
+
+        /// The ids of `team`'s conversations active since `since_ms`.
+        pub(crate) async fn team_conversations(
+            pool: &$pool,
+            team: &str,
+            since_ms: i64,
+        ) -> Result<Vec<String>, sqlx::Error> {
+            sqlx::query_scalar("SELECT id FROM conversations WHERE team = $1 AND last_seen_ms >= $2")
+                .bind(team)
+                .bind(since_ms)
+                .fetch_all(pool)
+                .await
         }
     };
 }
 pub(crate) use dashboard_reads;
+
+/// SQL that holds when `column` (a conversation id) is one of the team's named by
+/// parameter `$param`, or when that parameter is `NULL` (every team: the global view).
+pub(crate) fn in_team(column: &str, param: u8) -> String {
+    format!(
+        "(CAST(${param} AS TEXT) IS NULL OR {column} IN \
+         (SELECT id FROM conversations WHERE team = ${param}))"
+    )
+}

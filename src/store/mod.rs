@@ -1499,7 +1499,7 @@ mod tests {
             "{kind:?}"
         );
         // The halt a human lifted counts wrong for its detector until someone says otherwise.
-        let implied = store.precision().await.unwrap();
+        let implied = store.precision(None).await.unwrap();
         let fail_loop = implied.iter().find(|p| p.detector == "fail_loop").unwrap();
         assert_eq!(
             (fail_loop.right, fail_loop.wrong, fail_loop.implied_wrong),
@@ -1519,20 +1519,46 @@ mod tests {
             .await
             .unwrap()
             .is_none());
-        let after = store.precision().await.unwrap();
-        let fail_loop = after.iter().find(|p| p.detector == "fail_loop").unwrap();
-        assert_eq!((fail_loop.right, fail_loop.wrong), (1, 1), "{kind:?}");
-        let counts = store.intervention_counts(0, 3_600_000).await.unwrap();
-        assert_eq!(
-            counts.len(),
-            1,
-            "the policy's halt, not the operator's resume: {kind:?}"
-        );
-        let halted = store.halted_runs(0).await.unwrap();
-        assert_eq!(halted.len(), 1, "{kind:?}");
+        // Each figure for every team (`None`), for the conversation's team, and for another
+        // team, which sees none of it.
+        for (team, seen) in [(None, 1), (Some("ci"), 1), (Some("payments"), 0)] {
+            let after = store.precision(team).await.unwrap();
+            let fail_loop = after.iter().find(|p| p.detector == "fail_loop");
+            let votes = fail_loop.map_or((0, 0), |p| (p.right, p.wrong));
+            assert_eq!(votes, (seen, seen), "{kind:?} {team:?}");
+            let counts = store.intervention_counts(0, 3_600_000, team).await.unwrap();
+            assert_eq!(
+                counts.len() as i64,
+                seen,
+                "the policy's halt, not the operator's resume: {kind:?} {team:?}"
+            );
+            let halted = store.halted_runs(0, team).await.unwrap();
+            assert_eq!(halted.len() as i64, seen, "{kind:?} {team:?}");
+            let totals = store.totals(0, team).await.unwrap();
+            assert_eq!(
+                (totals.requests, totals.conversations),
+                (seen, seen),
+                "{kind:?} {team:?}"
+            );
+        }
+        let halted = store.halted_runs(0, None).await.unwrap();
         assert_eq!(halted[0].resumed_ms, Some(3000));
-        let totals = store.totals(0).await.unwrap();
-        assert_eq!((totals.requests, totals.conversations), (1, 1), "{kind:?}");
+        assert_eq!(
+            store.conversation_team("run-1").await.unwrap(),
+            Some(Some("ci".into()))
+        );
+        assert_eq!(store.conversation_team("nope").await.unwrap(), None);
+        assert_eq!(
+            store
+                .alert_conversation(Target::Finding(finding))
+                .await
+                .unwrap(),
+            Some("run-1".into())
+        );
+        assert_eq!(
+            store.team_conversations("ci", 0).await.unwrap(),
+            vec!["run-1".to_string()]
+        );
     }
 
     /// PostgreSQL's tables of state shared by replicas (`migrations/postgres/0010_*`), which

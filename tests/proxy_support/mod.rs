@@ -103,7 +103,7 @@ impl TestProxy {
         TestProxy::start_in(upstream, dir, |_| {}).await
     }
 
-    async fn start_in(
+    pub async fn start_in(
         upstream: &str,
         dir: tempfile::TempDir,
         adjust: impl FnOnce(&mut Config),
@@ -621,3 +621,25 @@ impl Api {
         }
     }
 }
+
+/// A self-signed certificate for 127.0.0.1 and localhost (P-256, valid until 2126), and its
+/// key: test material only, for TLS upstreams and listeners in tests.
+pub const TEST_CERT: &str = "-----BEGIN CERTIFICATE-----
+MIIBmTCCAT6gAwIBAgIUdbVsc6L5NpN/ixob3s4Ffb0CWpYwCgYIKoZIzj0EAwIw
+FDESMBAGA1UEAwwJbG9jYWxob3N0MCAXDTI2MTEyMjE0NDgxOFoYDzIxMjYxMDI5
+MTQ0ODE4WjAUMRIwEAYDVQQDDAlsb2NhbGhvc3QwWTATBgcqhkjOPQIBBggqhkjO
+PQMBBwNCAASnW9u7/Q7E8J2Yb7k/ANEPZHKjJZuJTw/RrJeJY0FyGDKLz1TehCyX
+IGxr0dN6IO91hKnPnKZaI1RF07o6rc1Lo2wwajAdBgNVHQ4EFgQUi9wH/O7aOa7x
+F7f4603OdXK1yhMwHwYDVR0jBBgwFoAUi9wH/O7aOa7xF7f4603OdXK1yhMwGgYD
+VR0RBBMwEYcEfwAAAYIJbG9jYWxob3N0MAwGA1UdEwEB/wQCMAAwCgYIKoZIzj0E
+AwIDSQAwRgIhAKHPk/H664HUKOK2DF8DPfYg6b5USkk4J2JPLIRe5NEXAiEA31xA
+W/WGTxC7scRKrjCz170ghnAEvDqqS64ehG1MDI4=
+-----END CERTIFICATE-----
+";
+
+pub const TEST_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgSyEKH2+xRKdwY9pu
+tt/T8btEOSjmfsEPP7amBtiLJSihRANCAASnW9u7/Q7E8J2Yb7k/ANEPZHKjJZuJ
+Tw/RrJeJY0FyGDKLz1TehCyXIGxr0dN6IO91hKnPnKZaI1RF07o6rc1L
+-----END PRIVATE KEY-----
+";
