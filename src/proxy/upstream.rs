@@ -18,7 +18,7 @@
 //! The model APIs all speak HTTP/1.1; TLS offers only `http/1.1` by ALPN.
 //!
 //! Every connection is opened by one connector, which goes through the outbound proxy when
-//! `crate::proxy::egress` says so (a `CONNECT` tunnel, TLS to the upstream inside it).
+//! `crate::egress` says so (a `CONNECT` tunnel, TLS to the upstream inside it).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -125,10 +125,10 @@ pub enum Error {
     ConnectTimeout {
         dial: Uri,
         ms: u128,
-        /// The outbound proxy the connection went through (`crate::proxy::egress`), if any.
+        /// The outbound proxy the connection went through (`crate::egress`), if any.
         via: Option<String>,
     },
-    /// The outbound proxy (`crate::proxy::egress`) could not be reached or gave no tunnel.
+    /// The outbound proxy (`crate::egress`) could not be reached or gave no tunnel.
     #[error("cannot connect to {dial} through the outbound proxy")]
     Proxy {
         dial: Uri,
