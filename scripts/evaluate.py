@@ -49,6 +49,7 @@ GRID = {
     "pileup8": "[detect.thresholds]\npileup_errors = 8\n",
     "fail_loop4": "[detect.thresholds]\nfail_loop_runs = 4\n",
     "near_dup07": "[detect.thresholds]\nnear_dup_similarity = 0.7\n",
+    "new_output_counts": "[detect.thresholds]\nstagnation_new_output_holds = false\n",
 }
 
 

@@ -114,6 +114,11 @@ pub struct Thresholds {
     /// stagnation: how many of the streak's results may be successes (a passing check
     /// re-run after cosmetic edits is not a spiral).
     pub stagnation_counts_success: bool,
+    /// stagnation: a check run whose output shows lines no earlier result showed does not
+    /// lengthen the streak. Its outcome signature is one already seen (the same verdict,
+    /// the same headline), but the agent learned something from it: the rubric's fail-loop
+    /// is the same output again, not the same kind of output.
+    pub stagnation_new_output_holds: bool,
     /// error pile-up: error results since the last real change...
     pub pileup_errors: u32,
     /// ...among at least this share of the calls since that change.
@@ -129,6 +134,10 @@ pub struct Thresholds {
     pub near_dup_count: u32,
     /// dead end: steps with no change and no new information.
     pub dead_end_steps: u32,
+    /// A step that changes nothing and shows at most this many content lines never seen
+    /// before learned only a scrap (one commit id, one count): it does not end a stall
+    /// (dead end, and the stretch repeats are counted in). 0: any new result ends it.
+    pub marginal_lines: u32,
     /// file-size oscillation: direction reversals of one file's size.
     pub size_reversals: u32,
     /// error rate: share of errors among the last `error_rate_window` results.
@@ -153,6 +162,7 @@ impl Default for Thresholds {
             fail_loop_runs: 3,
             stagnation_streak: 3,
             stagnation_counts_success: true,
+            stagnation_new_output_holds: true,
             pileup_errors: 6,
             pileup_share: 0.6,
             repeat_count: 2,
@@ -161,6 +171,7 @@ impl Default for Thresholds {
             near_dup_similarity: 0.8,
             near_dup_count: 3,
             dead_end_steps: 5,
+            marginal_lines: 0,
             size_reversals: 3,
             error_rate: 0.3,
             error_rate_window: 10,
