@@ -134,10 +134,6 @@ pub struct Thresholds {
     pub near_dup_count: u32,
     /// dead end: steps with no change and no new information.
     pub dead_end_steps: u32,
-    /// A step that changes nothing and shows at most this many content lines never seen
-    /// before learned only a scrap (one commit id, one count): it does not end a stall
-    /// (dead end, and the stretch repeats are counted in). 0: any new result ends it.
-    pub marginal_lines: u32,
     /// file-size oscillation: direction reversals of one file's size.
     pub size_reversals: u32,
     /// error rate: share of errors among the last `error_rate_window` results.
@@ -171,7 +167,6 @@ impl Default for Thresholds {
             near_dup_similarity: 0.8,
             near_dup_count: 3,
             dead_end_steps: 5,
-            marginal_lines: 0,
             size_reversals: 3,
             error_rate: 0.3,
             error_rate_window: 10,

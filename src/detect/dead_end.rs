@@ -12,7 +12,7 @@ impl Detector for DeadEnd {
     fn check(&self, facts: &Facts, step: &StepEvents, cfg: &DetectConfig) -> Option<Finding> {
         let min = cfg.thresholds.dead_end_steps;
         let n = facts.stretch.steps;
-        if n < min || step.changed || step.learned {
+        if n < min || step.changed || step.new_info {
             return None;
         }
         Some(Finding::new(

@@ -72,10 +72,6 @@ pub struct StepEvents {
     pub changed: bool,
     /// Some call returned a result never seen before.
     pub new_info: bool,
-    /// The step learned more than a marginal scrap: it returned something new with more
-    /// content lines never seen than `thresholds.marginal_lines` (the same as `new_info`
-    /// when that is 0). A step that did not is part of a stall ([`Stretch`]).
-    pub learned: bool,
     /// The assistant's text, lowercased, for phrase checks.
     pub text_lower: String,
     /// A human (not the scaffold) wrote after this step.
@@ -414,9 +410,6 @@ impl Facts {
             ev.new_info |= call.new_result;
             ev.calls.push(call);
         }
-        let novel: u32 = ev.calls.iter().map(|c| c.novel_lines).sum();
-        let marginal = cfg.thresholds.marginal_lines;
-        ev.learned = ev.new_info && (marginal == 0 || novel > marginal);
         ev.identical_run = self.note_identical_calls(&ev.calls);
         self.note_replies(step, cfg, &mut ev);
         self.note_stretch(&mut ev);
@@ -770,7 +763,7 @@ impl Facts {
     /// repeat of an (action, result) pair is being stuck. Marks the calls that repeat one.
     fn note_stretch(&mut self, ev: &mut StepEvents) {
         let index = ev.index;
-        if ev.changed || ev.learned {
+        if ev.changed || ev.new_info {
             self.stretch = Stretch {
                 start: index,
                 ..Stretch::default()
