@@ -12,7 +12,7 @@ detector off (`[detect.patterns.NAME] response = "off"`), and for each detector 
   the stop now (or `none`).
 
     cargo build --profile eval
-    scripts/detector_overlap.py                      # both files of ../shared/data/trajectories
+    scripts/detector_overlap.py                      # the four files of ../shared/data/trajectories
     scripts/detector_overlap.py --files dev          # one of them
     scripts/detector_overlap.py --keep /tmp/overlap  # keep the decisions (rerun reuses them)
 """
@@ -96,7 +96,7 @@ def main():
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(REPO, "target"))
     ap.add_argument("--binary", default=os.path.join(target, "eval", "loopwarden"))
     ap.add_argument("--data", default=DATA)
-    ap.add_argument("--files", nargs="+", default=["dev", "dev2"])
+    ap.add_argument("--files", nargs="+", default=["dev", "dev2", "fresh", "cc"])
     ap.add_argument("--keep", help="directory for the decisions (reused when present)")
     args = ap.parse_args()
     files = [os.path.join(args.data, f + ".jsonl") for f in args.files]

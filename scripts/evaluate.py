@@ -10,7 +10,7 @@ overall, per file and per agent family (EVALUATION.md says what each figure mean
     scripts/evaluate.py --loao                # + leave-one-agent-out over the settings grid
     scripts/evaluate.py --renamed             # + the same runs with every tool renamed
     scripts/evaluate.py --cases               # + the runs behind the harm and the misses
-    scripts/evaluate.py --gate                # exit 1 below the CI gate (GATE_* below)
+    scripts/evaluate.py --gate                # exit 1 outside the CI gate (GATE_* below)
     scripts/evaluate.py --files dev,cc        # only these files
 
 Leave-one-agent-out: every variant of GRID (the shipped config and a few global settings
@@ -30,11 +30,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 FILES = ("dev", "dev2", "fresh", "cc")
 
-# The CI gate, on all files pooled: the harm users feel (lost-fix) and a recall floor set
-# just under what the shipped config reaches (84.5% of 116 labelled loops), so a change
-# that loses one loop more than a few fails.
+# The CI gate, on all files pooled: the harm users feel (lost-fix), a recall floor set just
+# under what the shipped config reaches (85.3% of 116 labelled loops: a change that loses
+# two loops fails) and a ceiling on resolved runs nudged just over it (13.3% of 812: a
+# change that nudges six more of them fails).
 GATE_LOST_FIX = 0.01
 GATE_RECALL = 0.84
+GATE_RES_NUDGED = 0.14
 # Targets of the detection issue (per family and by leave-one-agent-out), reported.
 TARGET = {"lost_fix": 0.01, "res_nudged": 0.10, "recall": 0.85, "prec": 0.85, "steps_saved": 0.10}
 
@@ -49,6 +51,7 @@ GRID = {
     "pileup8": "[detect.thresholds]\npileup_errors = 8\n",
     "fail_loop4": "[detect.thresholds]\nfail_loop_runs = 4\n",
     "near_dup07": "[detect.thresholds]\nnear_dup_similarity = 0.7\n",
+    "new_output_counts": "[detect.thresholds]\nstagnation_new_output_holds = false\n",
 }
 
 
@@ -349,11 +352,14 @@ def main():
             leave_one_agent_out(corpus, a.binary, work, a.markdown)
         if a.gate:
             m = corpus.metrics(per)
-            ok = (m["lost_fix"] or 0) <= GATE_LOST_FIX and (m["recall"] or 0) >= GATE_RECALL
+            ok = (m["lost_fix"] or 0) <= GATE_LOST_FIX and (m["recall"] or 0) >= GATE_RECALL \
+                and (m["res_nudged"] or 0) <= GATE_RES_NUDGED
             print(f"\ngate ({', '.join(corpus.names)}): lost-fix "
                   f"{100 * (m['lost_fix'] or 0):.1f}% (at most {100 * GATE_LOST_FIX:.0f}%), "
                   f"labelled-loop recall {100 * (m['recall'] or 0):.1f}% (at least "
-                  f"{100 * GATE_RECALL:.0f}%): " + ("passed" if ok else "FAILED"))
+                  f"{100 * GATE_RECALL:.0f}%), resolved runs nudged "
+                  f"{100 * (m['res_nudged'] or 0):.1f}% (at most {100 * GATE_RES_NUDGED:.0f}%): "
+                  + ("passed" if ok else "FAILED"))
             if not ok:
                 sys.exit(1)
 

@@ -1106,3 +1106,69 @@ fn the_same_window_printed_again_by_ever_different_commands_is_a_dead_end() {
     let f = fired(&paging);
     assert!(!f.contains(&"dead_end".to_string()), "{f:?}");
 }
+
+/// A check that fails with the same error lines after each edit, but whose output shows
+/// lines never seen before (the debug prints the edits added appear, values change): the
+/// outcome signature repeats, yet each run taught the agent something. Such a run neither
+/// lengthens nor breaks the stagnation streak (the rubric's "transparent" cycle); the same
+/// runs printing nothing new are a spiral.
+#[test]
+fn stagnation_holds_its_streak_on_a_run_that_shows_new_lines() {
+    let run = |out: &str| {
+        call(
+            "execute_bash",
+            json!({"command": "cd /workspace && python reproduce.py"}),
+            &format!("{out}\n[The command completed with exit code 1.]"),
+            None,
+        )
+    };
+    let cycles = |outputs: Vec<String>| {
+        let mut steps = vec![vec![run(&outputs[0])]];
+        for (i, out) in outputs.iter().enumerate().skip(1) {
+            steps.push(vec![openhands_edit(
+                "/w/calc.py",
+                &format!("v{i}"),
+                &format!("v{}", i + 1),
+            )]);
+            steps.push(vec![run(out)]);
+        }
+        transcript(steps)
+    };
+    let stuck = cycles((0..6).map(|_| format!("computing sum\n{FAIL}")).collect());
+    assert!(fired(&stuck).contains(&"stagnation".to_string()));
+    let learning = cycles(
+        (0..6)
+            .map(|i| format!("debug: operand {i} resolved to {}\n{FAIL}", i * 7 + 3))
+            .collect(),
+    );
+    assert!(
+        !fired(&learning).contains(&"stagnation".to_string()),
+        "{:?}",
+        fired(&learning)
+    );
+    // The only line never seen is the traceback's frame, its line number moved by an edit
+    // of the script above it: a place, not news.
+    let moved = cycles(
+        (0..6)
+            .map(|i| {
+                format!(
+                    "Traceback (most recent call last):\n  File \"/w/reproduce.py\", line {}, in setUpClass\n{FAIL}",
+                    30 + i
+                )
+            })
+            .collect(),
+    );
+    assert!(
+        fired(&moved).contains(&"stagnation".to_string()),
+        "{:?}",
+        fired(&moved)
+    );
+    let mut off = DetectConfig::default();
+    off.thresholds.stagnation_new_output_holds = false;
+    let engine = Engine::new(off);
+    let fired_off = engine
+        .decisions(&learning, &StoreFacts::default())
+        .into_iter()
+        .any(|(_, d)| d.findings.iter().any(|f| f.detector == "stagnation"));
+    assert!(fired_off, "the setting off counts every repeated signature");
+}

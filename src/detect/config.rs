@@ -114,6 +114,11 @@ pub struct Thresholds {
     /// stagnation: how many of the streak's results may be successes (a passing check
     /// re-run after cosmetic edits is not a spiral).
     pub stagnation_counts_success: bool,
+    /// stagnation: a check run whose output shows lines no earlier result showed does not
+    /// lengthen the streak. Its outcome signature is one already seen (the same verdict,
+    /// the same headline), but the agent learned something from it: the rubric's fail-loop
+    /// is the same output again, not the same kind of output.
+    pub stagnation_new_output_holds: bool,
     /// error pile-up: error results since the last real change...
     pub pileup_errors: u32,
     /// ...among at least this share of the calls since that change.
@@ -153,6 +158,7 @@ impl Default for Thresholds {
             fail_loop_runs: 3,
             stagnation_streak: 3,
             stagnation_counts_success: true,
+            stagnation_new_output_holds: true,
             pileup_errors: 6,
             pileup_share: 0.6,
             repeat_count: 2,

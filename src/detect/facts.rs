@@ -251,6 +251,13 @@ static NOTHING_FOUND: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::n
 static NO_SUCH_PATH: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
     normalize::re(r"(?i)(not found|no such file or directory|does not exist)")
 });
+/// A line that names a place in a file: a traceback frame (`File "x.py", line 35, in f`,
+/// `at f (x.js:12:3)`), a compiler's `--> src/x.rs:12:5`.
+static PLACE_LINE: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+    normalize::re(
+        r#"(?i)(^\s*File "[^"]+", line \d+|\.\w{1,6}:\d+(:\d+)?\)?\s*$|^\s*(at|-->)\s.*:\d+)"#,
+    )
+});
 static OPEN_FILE: std::sync::LazyLock<regex::Regex> =
     std::sync::LazyLock::new(|| normalize::re(r"\(Open file: ([^)\n]+)\)"));
 static LINES_TOTAL: std::sync::LazyLock<regex::Regex> =
@@ -432,12 +439,15 @@ impl Facts {
         let r = self.read_result(c.result.as_ref(), &action);
         self.note_open_file(r.raw);
         let (changed, file_returns) = self.note_changes(&action, &r, index);
-        let (content_lines, novel_lines) = self.note_lines(&r);
+        let (content_lines, novel_lines, novel_places) = self.note_lines(&r);
         let new_result = r.has_result
             && !found_nothing(action.kind, &r.text, r.empty, r.is_error)
             && self.seen_results.insert(r.hash)
             && (content_lines == 0 || novel_lines > 0);
-        let (check_streak, check_streak_failing) = self.note_check_run(&action, &r);
+        // A check's output that shows more than moved places is news about the code.
+        let holds =
+            new_result && novel_lines > novel_places && cfg.thresholds.stagnation_new_output_holds;
+        let (check_streak, check_streak_failing) = self.note_check_run(&action, &r, holds);
         let fail_run = self.note_failure(action.key_hash, &r);
         let reads_since_change = self.note_read(&action, &r);
         let verifier_score = verifier.and_then(|v| v.score(&action, &c.call.name, &r));
@@ -516,14 +526,24 @@ impl Facts {
     }
 
     /// Reads a result's content lines into the lines seen: (its content lines, those no
-    /// earlier result showed).
-    fn note_lines(&mut self, r: &ResultReading) -> (u32, u32) {
-        let (mut lines, mut novel) = (0u32, 0u32);
-        for line in normalize::content_lines(&r.text) {
+    /// earlier result showed, and how many of those are only a place in a file: a frame of
+    /// a traceback, `file.rs:12:5`, whose line number moved because a file above it was
+    /// edited).
+    fn note_lines(&mut self, r: &ResultReading) -> (u32, u32, u32) {
+        let (mut lines, mut novel, mut places) = (0u32, 0u32, 0u32);
+        for text in r.text.lines().take(normalize::CONTENT_LINES_MAX) {
+            // One line at a time, so the novel ones can be looked at; the same hash the
+            // whole text's content lines would give.
+            let Some(line) = normalize::content_lines(text).next() else {
+                continue;
+            };
             lines += 1;
-            novel += u32::from(self.seen_lines.insert(line));
+            if self.seen_lines.insert(line) {
+                novel += 1;
+                places += u32::from(PLACE_LINE.is_match(text));
+            }
         }
-        (lines, novel)
+        (lines, novel, places)
     }
 
     /// Follows SWE-agent's open file, which a result names in its trailer ("n/a": none).
@@ -575,7 +595,16 @@ impl Facts {
     /// and whether those runs all failed. The streak runs across edits; a re-run with no
     /// change since the last run neither extends nor breaks it (repeats within an
     /// unchanged stretch are the repeat detector's business).
-    fn note_check_run(&mut self, action: &ToolAction, r: &ResultReading) -> (u32, bool) {
+    ///
+    /// `holds`: the run showed something new (lines no earlier result showed) and the
+    /// config says such a run does not lengthen the streak (it does not break it either:
+    /// the verdict and headline are the ones already seen).
+    fn note_check_run(
+        &mut self,
+        action: &ToolAction,
+        r: &ResultReading,
+        holds: bool,
+    ) -> (u32, bool) {
         let (Some(key), true) = (&action.check, r.has_result) else {
             return (0, false);
         };
@@ -593,7 +622,7 @@ impl Facts {
             cf.seen.push(outcome);
             cf.streak = 0;
             cf.streak_failing = false;
-        } else if edited {
+        } else if edited && !holds {
             cf.streak += 1;
             cf.streak_failing = if cf.streak == 1 {
                 failing

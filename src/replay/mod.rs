@@ -387,6 +387,17 @@ pub fn explain_line(
                 crate::detect::short(&c.result_line),
             )?;
         }
+        writeln!(
+            out,
+            "    . step {}: changed={} new={} rejected={} quiet={} last_new_source={:?} fix_verified={}",
+            ev.index,
+            ev.changed,
+            ev.new_info,
+            ev.rejected,
+            facts.stretch.steps,
+            facts.last_new_source,
+            facts.fix_verified,
+        )?;
         engine.fold(&mut state, step, &StoreFacts::default());
         let d = state.decision();
         for f in &d.findings {
