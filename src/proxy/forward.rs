@@ -372,7 +372,7 @@ pub(super) fn plan(
 /// its row (`held`, `client_disconnected`) like every other, not only its `held`
 /// intervention.
 struct HeldEntry {
-    finished: Option<Finished>,
+    finished: Option<Box<Finished>>,
     app: Arc<App>,
     /// The held request's id and policy, to tell the pause webhooks it was abandoned.
     ticket: String,
@@ -462,7 +462,7 @@ struct Answered {
 impl Dispatch {
     /// A held request whose client asked for a stream: the stream is kept alive with SSE
     /// comments while a human decides, and the answer then follows in it.
-    fn held_stream(self, policy: &Policy, held: Held, finished: Finished) -> Response {
+    fn held_stream(self, policy: &Policy, held: Held, finished: Box<Finished>) -> Response {
         let stamp = self.stamp.clone();
         let mut response = intervention::held_stream(policy, async move {
             self.send_when_decided(held, finished).await
@@ -475,7 +475,7 @@ impl Dispatch {
     /// what it came to. The wait is not the proxy's work: `started` moves on by it, so the
     /// request's proxy overhead (its row, `/admin/api/stats`, the latency histogram) counts
     /// the proxy's own time before and after the hold, never a person's minutes.
-    async fn send_when_decided(mut self, held: Held, finished: Finished) -> Response {
+    async fn send_when_decided(mut self, held: Held, finished: Box<Finished>) -> Response {
         let waiting = Instant::now();
         let mut entry = HeldEntry {
             finished: Some(finished),
@@ -498,7 +498,12 @@ impl Dispatch {
     /// Sends what a ruling came to: loopwarden's own answer, or the upstream's to the
     /// original or a rewritten body, streamed back through the tee (and the block check
     /// when `guard`).
-    async fn send(mut self, effect: Effect, finished: Finished, guard: Option<Guard>) -> Response {
+    async fn send(
+        mut self,
+        effect: Effect,
+        finished: Box<Finished>,
+        guard: Option<Guard>,
+    ) -> Response {
         let body = match effect {
             // A held request is sent only once decided: `Hold` does not reach here.
             Effect::Forward | Effect::Hold => std::mem::take(&mut self.body),
@@ -512,7 +517,7 @@ impl Dispatch {
     }
 
     /// Answers with loopwarden's own reply (a halt); the upstream is not called.
-    fn answer(self, reply: HaltReply, mut finished: Finished) -> Response {
+    fn answer(self, reply: HaltReply, mut finished: Box<Finished>) -> Response {
         let mut response = intervention::answer(reply);
         finished.row.status = response.status().as_u16() as i64;
         finished.row.outcome = Outcome::Answered.as_str().into();
@@ -578,7 +583,7 @@ impl Dispatch {
     async fn relay(
         self,
         answered: Answered,
-        mut finished: Finished,
+        mut finished: Box<Finished>,
         guard: Option<Guard>,
     ) -> Response {
         let Answered {
@@ -677,7 +682,12 @@ impl Dispatch {
     }
 
     /// Answers with `failure` and logs the request, which ended before any upstream body.
-    fn fail(self, mut finished: Finished, failure: Failure, sent: Option<Instant>) -> Response {
+    fn fail(
+        self,
+        mut finished: Box<Finished>,
+        failure: Failure,
+        sent: Option<Instant>,
+    ) -> Response {
         let Failure {
             mut response,
             outcome,
@@ -714,7 +724,7 @@ pub(super) fn new_record(
     analysis: Analysis,
     applied: Applied,
     started_ms: i64,
-) -> Finished {
+) -> Box<Finished> {
     let Analysis {
         policy,
         identity,
@@ -770,7 +780,7 @@ pub(super) fn new_record(
         overhead_us: 0,
         team: crate::policy::select::team_of(&parts.headers, route.team).map(Cow::into_owned),
     });
-    Finished {
+    Box::new(Finished {
         row,
         conversation,
         decision,
@@ -779,7 +789,7 @@ pub(super) fn new_record(
         log_content: policy.log.content,
         response: None,
         chain: None,
-    }
+    })
 }
 
 /// A request's log row as far as its request line tells: what the request was, nothing yet

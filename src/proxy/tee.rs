@@ -57,7 +57,7 @@ impl Sinks {
 
 /// The log entry of a request whose response is still flowing.
 pub struct Pending {
-    pub finished: Finished,
+    pub finished: Box<Finished>,
     pub sinks: Sinks,
     /// When the request was sent upstream, for the upstream's total time.
     pub sent: Instant,
@@ -74,7 +74,7 @@ pub type Blocked = std::sync::Arc<std::sync::OnceLock<crate::detect::Decision>>;
 
 impl Pending {
     pub fn new(
-        finished: Finished,
+        finished: Box<Finished>,
         sinks: Sinks,
         sent: Instant,
         capture: Option<Capture>,

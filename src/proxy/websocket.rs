@@ -343,7 +343,7 @@ impl Blocking {
 
 /// A turn's log entry, completed when its answer ends.
 struct TurnLog {
-    finished: Finished,
+    finished: Box<Finished>,
     /// The answer's status as HTTP would have it: 200, or what an `error` event reports.
     status: u16,
     sent: Instant,
@@ -564,7 +564,7 @@ impl Session {
         uri: &http::Uri,
         body: &RequestBytes,
         started_ms: i64,
-    ) -> Option<(Planned, Finished)> {
+    ) -> Option<(Planned, Box<Finished>)> {
         let route = route::route(uri, &parts.headers);
         let headers = &parts.headers;
         let stated = identity::stated(headers, route.conversation);
@@ -641,7 +641,7 @@ impl Session {
         create: &Create,
         parent: Option<Arc<Link>>,
         sse: Vec<u8>,
-        mut finished: Finished,
+        mut finished: Box<Finished>,
         started: Instant,
     ) -> Vec<Out> {
         let frames = socket::frames_of_sse(&sse);
