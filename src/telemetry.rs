@@ -317,7 +317,7 @@ fn push_int(out: &mut String, n: i64) {
 /// attribute but a masked reason), else through serde_json.
 fn json_string(out: &mut String, s: &str) {
     if s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
-        out.push_str(&serde_json::Value::from(s).to_string());
+        out.push_str(&serde_json::to_string(s).unwrap_or_default());
     } else {
         out.push('"');
         out.push_str(s);

@@ -93,14 +93,7 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
         team: traffic.team.as_deref(),
         earlier,
     };
-    let mut analysis = app.analyser.analyse(
-        arrival,
-        select,
-        |policy, conversation, transcript, continued| {
-            app.interventions
-                .conversation_state(policy, conversation, transcript, continued)
-        },
-    );
+    let mut analysis = analyse(&app, arrival, select);
     drop(policies);
 
     // The ruling carried out: forwarded, rewritten, answered in the upstream's place, or
@@ -713,6 +706,24 @@ fn replace_by_block(headers: &mut HeaderMap, content_type: &'static str) {
         HeaderName::from_static(DECISION_HEADER),
         HeaderValue::from_static("block"),
     );
+}
+
+/// The proxy's analysis of an arrived request: the policy `select` picks, and the
+/// conversation's standing as the interventions hold it (an HTTP request or a WebSocket
+/// turn alike).
+pub(super) fn analyse(
+    app: &App,
+    arrival: Arrival<'_>,
+    select: impl FnOnce(Option<&str>) -> Arc<Policy>,
+) -> Analysis {
+    app.analyser.analyse(
+        arrival,
+        select,
+        |policy, conversation, transcript, continued| {
+            app.interventions
+                .conversation_state(policy, conversation, transcript, continued)
+        },
+    )
 }
 
 /// The log entry of a request, before its response is known.

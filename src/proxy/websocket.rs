@@ -600,14 +600,7 @@ impl Session {
             team: traffic.team.as_deref(),
             earlier,
         };
-        let mut analysis = app.analyser.analyse(
-            arrival,
-            select,
-            |policy, conversation, transcript, continued| {
-                app.interventions
-                    .conversation_state(policy, conversation, transcript, continued)
-            },
-        );
+        let mut analysis = forward::analyse(app, arrival, select);
         let request_id = next_request_id();
         let planned = forward::plan(
             app,
