@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use super::history;
-use super::script::{Choice, ErrorBudgets, Script};
+use super::script::{Choice, ErrorBudgets, Script, Turn};
 use super::wire::{self, Api, Ctx, Reply};
 
 type Body = UnsyncBoxBody<Bytes, std::io::Error>;
@@ -229,13 +229,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
     let (reply, turn) = answer(&shared, &script, &mut captured);
     record(&shared, captured);
 
-    if script.latency_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(script.latency_ms)).await;
-    }
-    let turn = turn.unwrap_or_default();
-    if turn.hang {
-        std::future::pending::<()>().await;
-    }
+    let turn = paced(&script, turn).await;
     if turn.break_after_events == Some(0) {
         return Err(Dropped);
     }
@@ -252,7 +246,7 @@ pub(super) fn answer(
     shared: &Shared,
     script: &Script,
     req: &mut CapturedRequest,
-) -> (Reply, Option<super::script::Turn>) {
+) -> (Reply, Option<Turn>) {
     let full_path = req.path.clone();
     let path = full_path.trim_end_matches('/');
     let post = req.method == "POST";
@@ -292,7 +286,7 @@ pub(super) fn answer_as(
     req: &mut CapturedRequest,
     api: Api,
     path: &str,
-) -> (Reply, Option<super::script::Turn>) {
+) -> (Reply, Option<Turn>) {
     req.api = api.name().to_string();
     let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
     req.turn_index = history::count_turns(api, &body);
@@ -321,10 +315,7 @@ pub(super) fn answer_as(
         model,
     };
     match choice {
-        Choice::Side(text) => (
-            wire::render_turn(&ctx, &super::script::Turn::text(&text)),
-            None,
-        ),
+        Choice::Side(text) => (wire::render_turn(&ctx, &Turn::text(&text)), None),
         Choice::Turn(turn) => (wire::render_turn(&ctx, &turn), Some(turn)),
         Choice::Error(error, turn) => (wire::render_error(api, &error), Some(turn)),
     }
@@ -383,6 +374,19 @@ fn side_endpoint(req: &mut CapturedRequest, path: &str, post: bool) -> Reply {
         );
     }
     Reply::json(200, &json!({"ok": true}))
+}
+
+/// Waits the script's latency before an answer, and for ever on a turn that hangs; then
+/// the turn (a default one for an answer no turn scripted).
+pub(super) async fn paced(script: &Script, turn: Option<Turn>) -> Turn {
+    if script.latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(script.latency_ms)).await;
+    }
+    let turn = turn.unwrap_or_default();
+    if turn.hang {
+        std::future::pending::<()>().await;
+    }
+    turn
 }
 
 pub(super) fn record(shared: &Shared, req: CapturedRequest) {

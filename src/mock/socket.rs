@@ -22,7 +22,7 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
-use super::server::{answer_as, lock, record, CapturedRequest, Shared};
+use super::server::{answer_as, lock, paced, record, CapturedRequest, Shared};
 use super::wire::{self, Api, Reply};
 use crate::dialect::responses_socket::{self as socket, Event};
 use crate::proxy::response_chain::{Found, ResponseChain};
@@ -136,13 +136,7 @@ async fn serve(shared: Arc<Shared>, template: CapturedRequest, mut ws: Socket) {
             (frames_of(reply), turn)
         };
         record(&shared, captured);
-        if script.latency_ms > 0 {
-            tokio::time::sleep(Duration::from_millis(script.latency_ms)).await;
-        }
-        let turn = turn.unwrap_or_default();
-        if turn.hang {
-            std::future::pending::<()>().await;
-        }
+        let turn = paced(&script, turn).await;
         let mut output = Vec::new();
         let mut response_id = None;
         for (sent, frame) in frames.into_iter().enumerate() {

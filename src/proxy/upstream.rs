@@ -328,13 +328,7 @@ impl Client {
         mut request: http::Request<Outgoing>,
     ) -> Result<http::Response<ResponseBody>, Error> {
         let shared = &self.shared;
-        let origin = shared.bases[upstream as usize]
-            .as_ref()
-            .ok_or(Error::BadBase)?
-            .origin;
-        request
-            .headers_mut()
-            .insert(HOST, shared.origins[origin].host.clone());
+        let origin = self.address(upstream, &mut request).ok_or(Error::BadBase)?;
         if let Some(mut sender) = shared.checkout(origin) {
             match sender.try_send_request(request).await {
                 Ok(response) => return Ok(self.answer(response, sender, origin)),
@@ -364,12 +358,8 @@ impl Client {
         mut request: http::Request<Outgoing>,
     ) -> Result<http::Response<Incoming>, Error> {
         let shared = &self.shared;
-        let origin = shared.bases[upstream as usize]
-            .as_ref()
-            .ok_or(Error::BadBase)?
-            .origin;
+        let origin = self.address(upstream, &mut request).ok_or(Error::BadBase)?;
         let origin = &shared.origins[origin];
-        request.headers_mut().insert(HOST, origin.host.clone());
         let io = shared.open(&origin.dial).await?;
         let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await?;
         crate::spawn::task("upstream upgrade", async move {
@@ -379,6 +369,17 @@ impl Client {
         });
         shared.opened.fetch_add(1, Ordering::Relaxed);
         Ok(sender.send_request(request).await?)
+    }
+
+    /// The origin `upstream`'s requests go to, with `request`'s `Host` set to it; `None`
+    /// for an upstream whose base was not usable.
+    fn address<B>(&self, upstream: Upstream, request: &mut http::Request<B>) -> Option<usize> {
+        let shared = &self.shared;
+        let origin = shared.bases[upstream as usize].as_ref()?.origin;
+        request
+            .headers_mut()
+            .insert(HOST, shared.origins[origin].host.clone());
+        Some(origin)
     }
 
     fn answer(
