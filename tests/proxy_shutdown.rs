@@ -422,6 +422,30 @@ async fn postgres_stopped_at_shutdown_is_spilled_and_written_at_the_next_start()
     the_spill_is_in_the_log(served, dir.path(), &spill).await;
 }
 
+/// The spill file's default place is beside the database: the directory, removed with the
+/// database, is made again for it, and the next start writes it in.
+#[tokio::test]
+async fn the_default_spill_file_survives_the_database_s_directory_removed() {
+    let mock = MockServer::start(Script::with_turns(vec![Turn::text("Done.")]))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db_dir = dir.path().join("db");
+    std::fs::create_dir(&db_dir).unwrap();
+    let (code, stderr) = stop_with_the_log_gone(dir.path(), &db_dir, None, &mock).await;
+    assert_eq!(code, Some(75), "spilled: {stderr}");
+    let spill = db_dir.join("log.db.spill.jsonl");
+    let text = std::fs::read_to_string(&spill).unwrap();
+    assert!(text.contains("\"after\""), "{text}");
+    let served = serve_logging(dir.path(), &db_dir, None, &mock).await;
+    let after = timeline(&served.url, "after")
+        .await
+        .expect("the spilled conversation is in the log");
+    assert_eq!(after["requests"].as_array().unwrap().len(), 3, "{after}");
+    assert!(!spill.exists(), "deleted once written");
+    served.stop().await;
+}
+
 #[tokio::test]
 async fn a_spill_that_fails_too_says_how_many_records_were_lost() {
     let mock = MockServer::start(Script::with_turns(vec![Turn::text("Done.")]))
@@ -430,8 +454,15 @@ async fn a_spill_that_fails_too_says_how_many_records_were_lost() {
     let dir = tempfile::tempdir().unwrap();
     let db_dir = dir.path().join("db");
     std::fs::create_dir(&db_dir).unwrap();
-    // The spill file's default place is beside the database: gone with it.
-    let (code, stderr) = stop_with_the_log_gone(dir.path(), &db_dir, None, &mock).await;
+    let spill_dir = dir.path().join("spill");
+    std::fs::create_dir(&spill_dir).unwrap();
+    let served = serve_logging(dir.path(), &db_dir, Some(&spill_dir.join("s.jsonl")), &mock).await;
+    until_logged(&served).await;
+    std::fs::remove_dir_all(&db_dir).unwrap();
+    // The spill file's directory replaced by a regular file: none can be made there.
+    std::fs::remove_dir_all(&spill_dir).unwrap();
+    std::fs::write(&spill_dir, "").unwrap();
+    let (code, stderr) = answer_and_stop(served).await;
     assert_eq!(code, Some(74), "lost: {stderr}");
     let lost = stderr
         .lines()

@@ -716,17 +716,10 @@ fn spawn_sweeper(app: std::sync::Weak<App>, idle: Duration) {
 pub fn serve_main(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
     let config = args.load_config()?;
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(colour(
-            std::io::stderr().is_terminal(),
-            std::env::var_os("NO_COLOR"),
-        ))
-        .init();
+    crate::process_log::init(colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR"),
+    ));
     if let Some(files) = connection::raise_open_file_limit() {
         tracing::debug!(files, "open-file limit");
     }

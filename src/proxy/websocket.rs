@@ -112,7 +112,7 @@ pub async fn open(app: Arc<App>, request: Request) -> Response {
     let answer = match tokio::time::timeout(timeout, client.upgrade(upstream, outgoing)).await {
         Ok(Ok(answer)) => answer,
         Ok(Err(e)) => {
-            tracing::warn!(upstream = upstream.as_str(), error = %error_chain(&e), "upstream unreachable for a WebSocket");
+            crate::warn_per_request!(upstream = upstream.as_str(), error = %error_chain(&e), "upstream unreachable for a WebSocket");
             let message = e.unreachable_message(upstream);
             return errors::upstream_failure(upstream, UpstreamFailure::Unreachable, &message);
         }
