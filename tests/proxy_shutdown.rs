@@ -479,3 +479,89 @@ async fn a_spill_that_fails_too_says_how_many_records_were_lost() {
     assert!(n >= 6, "{lost}");
     assert!(lost.contains(&format!("{n} records lost")), "{lost}");
 }
+
+/// A fresh connection's `GET` of `path` (no pooled connection: each is a new client, as a
+/// load balancer's probe or a new client would be); its status and `Connection` header, or
+/// `None` when nothing listens.
+async fn fresh_get(url: &str, path: &str) -> Option<(u16, String)> {
+    let r = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap()
+        .get(format!("{url}{path}"))
+        .send()
+        .await
+        .ok()?;
+    let connection = r
+        .headers()
+        .get("connection")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    Some((r.status().as_u16(), connection))
+}
+
+/// From SIGTERM, `/readyz` answers 503 for `server.drain_secs` while the listener still
+/// serves new connections (each answer closing its connection, so that clients reconnect
+/// elsewhere); then the stop goes on as before and the process exits cleanly.
+#[tokio::test]
+async fn a_stop_drains_first_with_readyz_503_while_new_requests_are_served() {
+    let mock = MockServer::start(Script::with_turns(vec![Turn::text("Done.")]))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(
+        dir.path(),
+        "[server]\nshutdown_grace_secs = 8\ndrain_secs = 4\n",
+    );
+    let db = format!("sqlite://{}", dir.path().join("log.db").display());
+    let served = Served::start(
+        &["--config", &config, "--db", &db],
+        &[("LOOPWARDEN_OPENAI_BASE_URL", mock.url())],
+    )
+    .await;
+    let url = served.url.clone();
+    assert_eq!(fresh_get(&url, "/readyz").await, Some((200, String::new())));
+    served.sigterm();
+    let mut draining = false;
+    for _ in 0..200 {
+        if fresh_get(&url, "/readyz")
+            .await
+            .is_some_and(|(s, _)| s == 503)
+        {
+            draining = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(draining, "/readyz never answered 503 after SIGTERM");
+    // Alive, and still serving a new client's request on a new connection.
+    assert_eq!(fresh_get(&url, "/healthz").await.map(|(s, _)| s), Some(200));
+    let r = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("x-loopwarden-conversation", "drained")
+        .body(Api::Chat.first_request("task", false).to_string())
+        .send()
+        .await
+        .expect("a new request is served while draining");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["connection"], "close");
+    r.bytes().await.unwrap();
+    // Then the listener closes, and the stop ends as before.
+    let mut closed = false;
+    for _ in 0..400 {
+        if fresh_get(&url, "/healthz").await.is_none() {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(closed, "the listener never closed");
+    let (code, stderr) = exit_of(served).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("draining"), "{stderr}");
+}
