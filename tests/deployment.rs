@@ -191,7 +191,9 @@ fn yaml_value<'a>(yaml: &'a str, key: &str) -> &'a str {
 /// The ConfigMap's `loopwarden.toml`, as the pods read it.
 fn configmap_toml() -> String {
     let yaml = read("deploy/kubernetes/configmap.yaml");
-    let mut lines = yaml.lines().skip_while(|l| l.trim() != "loopwarden.toml: |");
+    let mut lines = yaml
+        .lines()
+        .skip_while(|l| l.trim() != "loopwarden.toml: |");
     lines.next().expect("the ConfigMap holds loopwarden.toml");
     lines
         .take_while(|l| l.is_empty() || l.starts_with("    "))

@@ -18,6 +18,11 @@
 //!   that a health check and an operator get through when agents fill every slot; any other
 //!   request on them gets the 503.
 //!
+//! A connection upgraded to a WebSocket ([`Watch::become_socket`]) has no head or idle
+//! deadline here: its session keeps its own idle time, serves while an answer is on its
+//! way and waits between turns, and closes the socket itself (1001) when the cap evicts it
+//! ([`Watch::evicted`]).
+//!
 //! Three parties share a connection's [`Watch`]: its socket ([`Watched`], which sees bytes
 //! arrive and closes the connection when a limit passes), its requests ([`Serving`], held
 //! by each response body until the body is sent) and the accepting thread ([`Connections`],
