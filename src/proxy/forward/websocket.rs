@@ -72,8 +72,9 @@ const ANSWERS_PER_CONNECTION: usize = 16;
 type Socket = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
 
 /// What a socket keeps of the connection it was upgraded from (a request extension, set
-/// by the server for upgrade requests): the connection serves while the socket is open, and
-/// the server, stopping, tells the socket and waits for it as for any connection.
+/// by the server for upgrade requests): the connection stays open (and counted) while the
+/// socket is, serving while an answer is on its way, and the server, stopping, tells the
+/// socket and waits for it as for any connection.
 #[derive(Clone)]
 pub struct Upgradable {
     pub watch: Arc<Watch>,
