@@ -322,14 +322,21 @@ async fn until_logged(served: &Served) {
     assert!(logged, "the first request was never logged");
 }
 
-#[tokio::test]
-async fn a_log_that_cannot_be_written_is_spilled_and_written_at_the_next_start() {
+/// A mock that answers every request at once, a temporary directory, and the directory in
+/// it (`db/`) that holds the log.
+async fn mock_and_db_dir() -> (MockServer, tempfile::TempDir, std::path::PathBuf) {
     let mock = MockServer::start(Script::with_turns(vec![Turn::text("Done.")]))
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let db_dir = dir.path().join("db");
     std::fs::create_dir(&db_dir).unwrap();
+    (mock, dir, db_dir)
+}
+
+#[tokio::test]
+async fn a_log_that_cannot_be_written_is_spilled_and_written_at_the_next_start() {
+    let (mock, dir, db_dir) = mock_and_db_dir().await;
     let spill = dir.path().join("spill.jsonl");
 
     let (code, stderr) = stop_with_the_log_gone(dir.path(), &db_dir, Some(&spill), &mock).await;
@@ -426,12 +433,7 @@ async fn postgres_stopped_at_shutdown_is_spilled_and_written_at_the_next_start()
 /// database, is made again for it, and the next start writes it in.
 #[tokio::test]
 async fn the_default_spill_file_survives_the_database_s_directory_removed() {
-    let mock = MockServer::start(Script::with_turns(vec![Turn::text("Done.")]))
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let db_dir = dir.path().join("db");
-    std::fs::create_dir(&db_dir).unwrap();
+    let (mock, dir, db_dir) = mock_and_db_dir().await;
     let (code, stderr) = stop_with_the_log_gone(dir.path(), &db_dir, None, &mock).await;
     assert_eq!(code, Some(75), "spilled: {stderr}");
     let spill = db_dir.join("log.db.spill.jsonl");
@@ -448,12 +450,7 @@ async fn the_default_spill_file_survives_the_database_s_directory_removed() {
 
 #[tokio::test]
 async fn a_spill_that_fails_too_says_how_many_records_were_lost() {
-    let mock = MockServer::start(Script::with_turns(vec![Turn::text("Done.")]))
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let db_dir = dir.path().join("db");
-    std::fs::create_dir(&db_dir).unwrap();
+    let (mock, dir, db_dir) = mock_and_db_dir().await;
     let spill_dir = dir.path().join("spill");
     std::fs::create_dir(&spill_dir).unwrap();
     let served = serve_logging(dir.path(), &db_dir, Some(&spill_dir.join("s.jsonl")), &mock).await;
