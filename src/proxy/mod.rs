@@ -485,7 +485,7 @@ impl Incoming {
                     Err(e) => {
                         // Out of file descriptors and the like: the connection stays in the
                         // backlog; wait (serving the others meanwhile) rather than spin.
-                        tracing::warn!(error = %e, "accept failed");
+                        crate::warn_per_request!(error = %e, "accept failed");
                         tokio::time::sleep(ACCEPT_BACKOFF).await;
                     }
                 },
