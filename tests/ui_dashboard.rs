@@ -131,10 +131,9 @@ async fn precision(setup: &Setup, detector: &str) -> Option<(i64, i64, i64)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Chromium and chromedriver: cargo test -- --include-ignored"]
 async fn each_page_shows_live_traffic_and_its_buttons_act_on_the_conversation() {
-    let Some(browser) = Browser::start().await else {
-        return;
-    };
+    let browser = Browser::start().await;
     let setup = Arc::new(start("127.0.0.1:0", "").await);
     let halt_k = first_k(DIALECT, Action::Halt);
     let nudge_k = first_k(DIALECT, Action::Nudge);
@@ -407,10 +406,9 @@ async fn each_page_shows_live_traffic_and_its_buttons_act_on_the_conversation() 
 /// was done), the list shows `would_halt` and not a halt, the decision filter tells the two
 /// apart, and the overview's chart counts it as a series of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Chromium and chromedriver: cargo test -- --include-ignored"]
 async fn a_shadow_run_shows_what_it_would_have_done_and_never_a_halt() {
-    let Some(browser) = Browser::start().await else {
-        return;
-    };
+    let browser = Browser::start().await;
     let setup = start("127.0.0.1:0", "").await;
     let halt_k = first_k(DIALECT, Action::Halt);
     for k in 1..=halt_k {
@@ -493,10 +491,9 @@ async fn a_shadow_run_shows_what_it_would_have_done_and_never_a_halt() {
 /// An alert's link, followed in a browser that has no session yet: the login form (wearing
 /// the dashboard's styles), then the halted run's timeline, not the overview.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Chromium and chromedriver: cargo test -- --include-ignored"]
 async fn an_alert_s_link_opens_the_run_s_timeline_through_the_login() {
-    let Some(browser) = Browser::start().await else {
-        return;
-    };
+    let browser = Browser::start().await;
     let (hook, mut alerts) = intervene_support::receiver().await;
     let token = "t0ken-for-the-alert-link";
     let setup = start_with("127.0.0.1:0", token, |c| {
@@ -590,9 +587,10 @@ fn network_address() -> Option<IpAddr> {
 
 /// Listening on every address: a client reaching it through the network address is not
 /// loopback. Without a token it gets nothing; with one, the pages send it to the login
-/// form, whose cookie then opens them, in a real browser too.
+/// form, whose cookie then opens them (in a browser:
+/// [`the_browser_logs_in_once_and_lands_on_the_view_it_asked_for`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_off_this_machine_needs_the_token_and_the_browser_logs_in_once() {
+async fn a_client_off_this_machine_needs_the_token_and_logs_in_once() {
     let Some(ip) = network_address() else {
         eprintln!("note: no network address besides loopback; test skipped");
         return;
@@ -700,11 +698,18 @@ async fn a_client_off_this_machine_needs_the_token_and_the_browser_logs_in_once(
         .await
         .unwrap();
     assert_eq!(plain.status().as_u16(), 415);
+    let _ = client;
+}
 
-    // The same in a browser: the login form once, then the pages.
-    let Some(browser) = Browser::start().await else {
-        return;
-    };
+/// With a token, the browser gets the login form once, then the view it asked for and
+/// the other pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Chromium and chromedriver: cargo test -- --include-ignored"]
+async fn the_browser_logs_in_once_and_lands_on_the_view_it_asked_for() {
+    let browser = Browser::start().await;
+    let token = "t0ken-for-the-dashboard";
+    let guarded = start("127.0.0.1:0", token).await;
+    let base = guarded.proxy.url();
     browser.goto(&format!("{base}/ui/#/policies")).await;
     let field = browser.wait_for("#token", "").await;
     browser.screenshot("login").await;
@@ -714,17 +719,15 @@ async fn a_client_off_this_machine_needs_the_token_and_the_browser_logs_in_once(
     browser.wait_for("tr.policy[data-name=ci]", "ci").await;
     browser.goto(&format!("{base}/ui/")).await;
     browser.wait_for("#requests .value", "").await;
-    let _ = client;
 }
 
 /// A team's token in the browser (`[[admin.team_tokens]]`): the login takes it, the
 /// overview and the list show that team's runs only, the Halt button acts on its own run,
 /// and another team's timeline is not there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Chromium and chromedriver: cargo test -- --include-ignored"]
 async fn a_team_token_logs_in_and_sees_its_team_only() {
-    let Some(browser) = Browser::start().await else {
-        return;
-    };
+    let browser = Browser::start().await;
     let global = "gl0bal-t0ken";
     let setup = start_with("127.0.0.1:0", global, |c| {
         c.admin.team_tokens = vec![TeamToken {
