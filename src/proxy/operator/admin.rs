@@ -623,6 +623,13 @@ pub fn bad_request(message: &str) -> Response {
         .into_response()
 }
 
+/// `GET /admin/api/access`: whom the caller's credentials stand for, `{"team": "ci"}` for a
+/// team's token and `{"team": null}` for the global one (or a loopback client without
+/// one): the dashboard names the team and draws its views.
+pub async fn access_of(Extension(access): Extension<Access>) -> Response {
+    Json(serde_json::json!({ "team": access.team() })).into_response()
+}
+
 /// `GET /admin/api/policies`: the policies in force in the order they are tried (the
 /// default last), how many requests each matched, and what the last reload came to. A
 /// team's token reads its own, read-only: the policies whose `match.team` names its team

@@ -50,6 +50,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/admin/api/pending", get(admin::pending))
         .route("/admin/api/pending/{id}", post(admin::decide_pending))
         .route("/admin/api/overview", get(dashboard::overview))
+        .route("/admin/api/access", get(admin::access_of))
         // A team's token reads its own policies there (`admin::policies`).
         .route("/admin/api/policies", get(admin::policies))
         .route("/admin/api/feedback", post(dashboard::feedback))
