@@ -177,16 +177,14 @@ async fn run_command(mut command: tokio::process::Command) -> std::io::Result<En
         futures_util::future::select_all(waits).await.0
     };
     tokio::pin!(received);
-    let status = loop {
-        tokio::select! {
-            status = child.wait() => break status?,
-            Some(number) = &mut received => {
-                if let Some(pid) = child.id() {
-                    forward(pid, number);
-                }
-                // One signal passed on; the command's end is what counts from here.
-                break child.wait().await?;
+    let status = tokio::select! {
+        status = child.wait() => status?,
+        Some(number) = &mut received => {
+            if let Some(pid) = child.id() {
+                forward(pid, number);
             }
+            // One signal passed on; the command's end is what counts from here.
+            child.wait().await?
         }
     };
     Ok(match (status.code(), status.signal()) {
