@@ -484,13 +484,43 @@ const ENV_OVERRIDES: &[(&str, &str)] = &[
     ),
 ];
 
+/// What a command reads the configuration for: `serve` needs all of it; the commands that
+/// read the file `serve` reads without serving (`replay`, `policies`) do not need the
+/// secrets only a server uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    Serve,
+    /// Without serving: a team token whose variable is unset is left out (it opens no door
+    /// here) and named in [`Loaded::unset`] instead of failing the load.
+    ReadOnly,
+}
+
+/// A configuration read without serving ([`Purpose::ReadOnly`]).
+#[derive(Debug)]
+pub struct Loaded {
+    pub config: Config,
+    /// The secrets' variables that are not set: `serve` would refuse to start without
+    /// them (`team "ci": LW_CI_TOKEN is not set`).
+    pub unset: Vec<String>,
+}
+
 impl Config {
     /// Defaults, then `file`, then the environment as seen through `env` (a parameter so
-    /// tests need not touch the process environment).
+    /// tests need not touch the process environment), for `serve`: every secret the file
+    /// names must be set.
     pub fn load(
         file: Option<&Path>,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
+        Config::load_for(file, env, Purpose::Serve).map(|loaded| loaded.config)
+    }
+
+    /// [`Config::load`] for `purpose`.
+    pub fn load_for(
+        file: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+        purpose: Purpose,
+    ) -> Result<Loaded, ConfigError> {
         // Set but empty is unset: the only way to lift a variable a container image sets.
         let env = |var: &str| env(var).filter(|value| !value.is_empty());
         let mut config = match file {
@@ -515,6 +545,17 @@ impl Config {
         for team in &mut config.admin.team_tokens {
             team.token = env(&team.token_env).unwrap_or_default();
         }
+        let mut unset = Vec::new();
+        if purpose == Purpose::ReadOnly {
+            // An entry without a variable's name stays, for validation to say so.
+            config.admin.team_tokens.retain(|t| {
+                let missing = t.token.is_empty() && !t.token_env.trim().is_empty();
+                if missing {
+                    unset.push(format!("team {:?}: {} is not set", t.team, t.token_env));
+                }
+                !missing
+            });
+        }
         config.validate(|key| {
             ENV_OVERRIDES
                 .iter()
@@ -522,7 +563,7 @@ impl Config {
                 .map(|(var, _)| format!(" (from {var})"))
                 .unwrap_or_default()
         })?;
-        Ok(config)
+        Ok(Loaded { config, unset })
     }
 
     fn from_file(path: &Path) -> Result<Config, ConfigError> {

@@ -52,9 +52,7 @@ async fn send(
 
 async fn a_conversation_with_a_tool_call_is_logged_in_every_api(backend: Backend) {
     let mock = MockServer::start(test_then_done()).await.unwrap();
-    let Some(proxy) = TestProxy::on(backend, &mock.url()).await else {
-        return;
-    };
+    let proxy = TestProxy::on(backend, &mock.url()).await;
     for (api, stream) in [
         (Api::Chat, false),
         (Api::Responses, true),
@@ -199,9 +197,7 @@ async fn a_conversation_with_a_tool_call_is_logged_in_every_api(backend: Backend
 
 async fn the_new_call_is_logged_from_the_response_before_its_result_arrives(backend: Backend) {
     let mock = MockServer::start(test_then_done()).await.unwrap();
-    let Some(proxy) = TestProxy::on(backend, &mock.url()).await else {
-        return;
-    };
+    let proxy = TestProxy::on(backend, &mock.url()).await;
     for api in ALL_APIS {
         let id = format!("resp-{api:?}");
         let r = send(
@@ -228,9 +224,7 @@ async fn the_new_call_is_logged_from_the_response_before_its_result_arrives(back
 
 async fn conversation_identity_follows_the_documented_order(backend: Backend) {
     let mock = MockServer::start(test_then_done()).await.unwrap();
-    let Some(proxy) = TestProxy::on(backend, &mock.url()).await else {
-        return;
-    };
+    let proxy = TestProxy::on(backend, &mock.url()).await;
     let body = Api::Chat.first_request(TASK, false);
     let id_of = |r: &reqwest::Response| {
         r.headers()["x-loopwarden-conversation"]
@@ -331,9 +325,7 @@ async fn a_body_that_does_not_parse_is_forwarded_untouched_and_logged_as_unparse
     backend: Backend,
 ) {
     let mock = MockServer::start(test_then_done()).await.unwrap();
-    let Some(proxy) = TestProxy::on(backend, &mock.url()).await else {
-        return;
-    };
+    let proxy = TestProxy::on(backend, &mock.url()).await;
     let bodies: [(&str, &[u8]); 3] = [
         (
             "/v1/chat/completions",

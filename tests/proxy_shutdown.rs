@@ -402,17 +402,12 @@ async fn pg_ctl(verb: &str, dir: &str) {
 }
 
 #[tokio::test]
+#[ignore = "needs PostgreSQL (LW_TEST_POSTGRES): cargo test -- --include-ignored"]
 async fn postgres_stopped_at_shutdown_is_spilled_and_written_at_the_next_start() {
-    let Some(cluster) = cluster_dir() else {
-        assert!(
-            proxy_support::postgres_db().await.is_none(),
-            "LW_TEST_POSTGRES is set but LW_PG_DIR is not: this test stops the cluster's server"
-        );
-        return;
-    };
-    let Some(db) = proxy_support::postgres_db().await else {
-        return;
-    };
+    let cluster = cluster_dir().expect(
+        "LW_PG_DIR is unset: this test stops the server of scripts/pg_cluster.sh's cluster",
+    );
+    let db = proxy_support::postgres_db().await;
     let mock = MockServer::start(Script::with_turns(vec![Turn::text("Done.")]))
         .await
         .unwrap();

@@ -34,7 +34,6 @@ pub fn answered_here(path: &str) -> bool {
 pub fn router(app: Arc<App>) -> Router {
     // About the whole proxy: a team's token is refused (403).
     let global = Router::new()
-        .route("/admin/api/policies", get(admin::policies))
         .route("/admin/api/policies/reload", post(admin::reload_policies))
         .route_layer(axum::middleware::from_fn(admin::require_global));
     let admin = Router::new()
@@ -53,6 +52,9 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/admin/api/pending", get(admin::pending))
         .route("/admin/api/pending/{id}", post(admin::decide_pending))
         .route("/admin/api/overview", get(dashboard::overview))
+        .route("/admin/api/access", get(admin::access_of))
+        // A team's token reads its own policies there (`admin::policies`).
+        .route("/admin/api/policies", get(admin::policies))
         .route("/admin/api/feedback", post(dashboard::feedback))
         .merge(global)
         // Unknown admin calls go through the access rule too: a caller without access
