@@ -369,3 +369,54 @@ async fn a_body_that_does_not_parse_is_forwarded_untouched_and_logged_as_unparse
         assert_eq!(rows[0]["decision"], Value::Null, "{path}");
     }
 }
+
+/// A client's text that reaches the process log (here an unknown `previous_response_id`,
+/// sent with every request: a newline that would forge an `ERROR` line, escape sequences
+/// that would clear and colour the terminal) is written escaped, and the warning it causes
+/// is written once per period however many requests cause it.
+#[tokio::test]
+async fn a_client_s_text_in_the_process_log_is_escaped_and_its_warning_rate_limited() {
+    let mock = MockServer::start(Script::with_turns(vec![Turn::text("Done.")]))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("log.db").display());
+    let served = proxy_support::Served::start(
+        &["--db", &db],
+        &[
+            ("LOOPWARDEN_OPENAI_BASE_URL", mock.url()),
+            ("RUST_LOG", "info".into()),
+        ],
+    )
+    .await;
+    let forged =
+        "resp_x\n2026-12-07T16:00:00.000000Z ERROR loopwarden: forged line\u{1b}[2J\u{1b}[31m";
+    for _ in 0..20 {
+        let body = json!({"model": "gpt-test", "stream": false, "previous_response_id": forged,
+            "input": [{"type": "message", "role": "user",
+                       "content": [{"type": "input_text", "text": "go on"}]}]});
+        let r = client()
+            .post(format!("{}/v1/responses", served.url))
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    let stderr = served.stop().await;
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "an escape reached the log: {stderr:?}"
+    );
+    let warned: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("forged line"))
+        .collect();
+    assert_eq!(warned.len(), 1, "one line for 20 requests: {stderr}");
+    assert!(warned[0].contains("never relayed"), "{stderr}");
+    assert!(
+        warned[0].contains("resp_x\\n2026-12-07T16:00:00.000000Z ERROR"),
+        "{stderr}"
+    );
+}

@@ -851,6 +851,123 @@ async fn a_team_token_logs_in_and_sees_its_team_only() {
     browser.screenshot("team-policy").await;
 }
 
+/// `POST /ui/login` with `token` on `base`, no redirect followed: its `Set-Cookie` values.
+async fn login_cookies(base: &str, token: &str) -> Vec<String> {
+    let r = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("{base}/ui/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 303);
+    r.headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect()
+}
+
+/// The status of `GET /admin/api/overview` on `base` with `cookie`.
+async fn overview_with(base: &str, cookie: &str) -> u16 {
+    client()
+        .get(format!("{base}/admin/api/overview"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// The dashboard's session stays the proxy's. In a browser logged in to the dashboard, the
+/// requests it makes for any other path of the proxy (a path of the upstream's, the
+/// favicon) carry no session: the cookie's paths are `/ui` and `/admin`. The favicon is
+/// answered here, neither forwarded nor logged. A session cookie sent anyway is taken out
+/// before forwarding. Each login makes a new session, which expires, and which a proxy with
+/// another token refuses (one with the same token, a replica, accepts it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_cookie_never_reaches_the_upstream() {
+    let browser = Browser::start().await;
+    let token = "t0ken-kept-at-home";
+    let setup = start("127.0.0.1:0", token).await;
+    send(&setup, "ci", "ci-run", 1).await;
+    browser.goto(&setup.url("/ui/#/conversations")).await;
+    let field = browser.wait_for("#token", "").await;
+    browser.type_into(&field, token).await;
+    browser.click(&browser.wait_for("#login", "").await).await;
+    browser.wait_for("tr.conversation", "ci-run").await;
+    browser.goto(&setup.url("/ui/#/policies")).await;
+    browser.wait_for("tr.policy[data-name=ci]", "ci").await;
+    // Paths that are not the proxy's own, in the same browser.
+    browser.goto(&setup.url("/favicon.ico")).await;
+    browser.goto(&setup.url("/v1/models")).await;
+    browser
+        .wait_until("document.body.innerText.length > 0")
+        .await;
+
+    let upstream = setup.mock.requests();
+    assert!(
+        upstream.iter().any(|r| r.path == "/v1/models"),
+        "the upstream's path was forwarded"
+    );
+    assert!(upstream.iter().all(|r| r.path != "/favicon.ico"));
+    for r in &upstream {
+        let cookie = r.header("cookie").unwrap_or("");
+        assert!(
+            !cookie.contains("loopwarden_session"),
+            "{} {cookie}",
+            r.path
+        );
+    }
+    setup.proxy.flush_log().await;
+    let logged = query(
+        &setup,
+        "SELECT path FROM requests WHERE path LIKE '%favicon%'",
+    );
+    assert!(logged.is_empty(), "{logged:?}");
+
+    let base = &setup.url("");
+    let cookies = login_cookies(base, token).await;
+    assert_eq!(cookies.len(), 2, "{cookies:?}");
+    assert!(cookies[0].contains("; Path=/ui;"), "{cookies:?}");
+    assert!(cookies[1].contains("; Path=/admin;"), "{cookies:?}");
+    assert!(
+        cookies.iter().all(|c| c.contains("; Max-Age=")),
+        "{cookies:?}"
+    );
+    let session = cookies[0].split(';').next().unwrap().to_string();
+    let again = login_cookies(base, token).await;
+    assert_ne!(
+        again[0].split(';').next().unwrap(),
+        session,
+        "one session per login"
+    );
+    assert_eq!(overview_with(base, &session).await, 200);
+
+    // Sent anyway with a forwarded request: stripped, the client's other cookies kept.
+    let r = client()
+        .get(format!("{base}/v1/models"))
+        .header("cookie", format!("theirs=1; {session}"))
+        .send()
+        .await
+        .unwrap();
+    r.bytes().await.unwrap();
+    let last = setup.mock.requests().pop().unwrap();
+    assert_eq!(last.path, "/v1/models");
+    assert_eq!(last.header("cookie"), Some("theirs=1"));
+
+    // Another token: the session is not one of its own. The same token: it is.
+    let other = start("127.0.0.1:0", "a-new-t0ken").await;
+    assert_eq!(overview_with(&other.url(""), &session).await, 401);
+    let replica = start("127.0.0.1:0", token).await;
+    assert_eq!(overview_with(&replica.url(""), &session).await, 200);
+}
+
 fn header_of(r: &reqwest::Response, name: &str) -> String {
     r.headers()
         .get(name)

@@ -194,29 +194,10 @@ pub fn foreign_origin(headers: &HeaderMap) -> bool {
     !own
 }
 
-/// The dashboard's session cookie (`crate::proxy::dashboard::login`).
-pub const SESSION_COOKIE: &str = "loopwarden_session";
-
-/// The session cookie's value for `token`: derived from it (the token itself is never
-/// put in a cookie), the same for every login until the token changes.
-pub fn session_cookie(token: &str) -> String {
-    blake3::derive_key("loopwarden 2026 admin session cookie", token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
+/// Whether the request carries a dashboard session of `token` that is still valid
+/// ([`super::session`]).
 fn has_session_cookie(headers: &HeaderMap, token: &str) -> bool {
-    let want = session_cookie(token);
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .any(|(name, value)| {
-            name == SESSION_COOKIE && constant_time_eq(value.as_bytes(), want.as_bytes())
-        })
+    super::session::presented(headers, token, super::session::now_secs())
 }
 
 /// Loopback, an IPv4 client of a listener on `[::]` (`::ffff:127.0.0.1`) included.
