@@ -10,6 +10,7 @@ use axum::response::Response;
 use http::header::{self, HeaderValue};
 use http::StatusCode;
 
+use super::app::App;
 use super::block::{BlockBody, Check};
 use crate::detect::{Decision, EngineState};
 use crate::dialect::{HaltReply, ResponseTurn};
@@ -17,7 +18,6 @@ use crate::intervene::pause::Ticket;
 use crate::intervene::{Applied, Effect, RequestInfo};
 use crate::interventions::ConversationState;
 use crate::policy::Policy;
-use crate::proxy::App;
 
 /// A request held for a human.
 pub struct Held {

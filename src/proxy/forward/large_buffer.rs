@@ -351,7 +351,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_body_written_into_a_kept_mapping_takes_no_page_faults() {
-        use crate::proxy::minor_faults;
+        use crate::proxy::serve::minor_faults;
         let kept = Kept::new();
         let data = sample(2 << 20);
         let write = |kept: &Kept| {

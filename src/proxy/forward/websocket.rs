@@ -42,6 +42,7 @@ use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 use tokio_tungstenite::WebSocketStream;
 
 use super::analysis::Arrival;
+use super::app::{App, Place};
 use super::block::BlockBody;
 use super::body::read_body;
 use super::errors::{self, Refusal};
@@ -56,9 +57,8 @@ use crate::policy::Traffic;
 use crate::proxy::identity;
 use crate::proxy::memory::BodyComparison;
 use crate::proxy::serve::route::{self, Upstream};
-use crate::proxy::serve::{Serving, Watch};
+use crate::proxy::serve::{Cut, Serving, Watch};
 use crate::proxy::upstream::{Found, Link, ResponseChain};
-use crate::proxy::App;
 use crate::request_bytes::RequestBytes;
 use crate::store::{next_request_id, now_ms, Label};
 
@@ -76,11 +76,11 @@ pub struct Upgradable {
     /// Turns `true` when the server stops.
     pub stop: tokio::sync::watch::Receiver<bool>,
     /// The end of the stop's grace: the socket is closed then, its turn in flight or not.
-    pub cut: crate::proxy::Cut,
+    pub cut: Cut,
     /// Held until the socket ends: the server's stop waits for every holder.
     pub open: tokio::sync::mpsc::Sender<()>,
     /// Held until the socket ends: the socket counts as an open connection until then.
-    pub place: Arc<crate::proxy::Place>,
+    pub place: Arc<Place>,
 }
 
 /// The handler of an upgrade: asks the upstream for the same, and on its 101 answers the
@@ -366,7 +366,7 @@ impl Session {
         mut client: Socket,
         mut upstream: Socket,
         mut stop: Option<tokio::sync::watch::Receiver<bool>>,
-        cut: Option<crate::proxy::Cut>,
+        cut: Option<Cut>,
     ) {
         let mut stopping = false;
         let cut = async move {

@@ -23,7 +23,7 @@ use axum::{Extension, Json};
 use http::{header, HeaderMap, Method, StatusCode};
 use serde::Deserialize;
 
-use crate::proxy::App;
+use crate::proxy::forward::App;
 
 /// Why the admin API refused a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,7 +193,7 @@ pub fn foreign_origin(headers: &HeaderMap) -> bool {
     !own
 }
 
-/// The dashboard's session cookie (`crate::proxy::dashboard::login`).
+/// The dashboard's session cookie (its login: `super::dashboard::login`).
 pub const SESSION_COOKIE: &str = "loopwarden_session";
 
 /// The session cookie's value for `token`: derived from it (the token itself is never
@@ -709,7 +709,7 @@ async fn team_stats(app: &App, access: &Access, team: &str) -> Response {
         Ok(precision) => precision,
         Err(e) => return internal(e),
     };
-    let (halted, held) = match super::dashboard::live_counts(app, access).await {
+    let (halted, held) = match live_counts(app, access).await {
         Ok(counts) => counts,
         Err(e) => return internal(e),
     };
@@ -720,6 +720,29 @@ async fn team_stats(app: &App, access: &Access, team: &str) -> Response {
         "pending": held,
     }))
     .into_response()
+}
+
+/// The halted conversations and the requests held on this replica that `access` reaches.
+pub async fn live_counts(
+    app: &App,
+    access: &Access,
+) -> Result<(usize, usize), crate::store::Error> {
+    if access.team().is_none() {
+        return Ok((
+            app.interventions.controls.halted().len(),
+            app.interventions.pending.list().len(),
+        ));
+    }
+    let mut halted = 0;
+    for control in app.interventions.controls.halted() {
+        halted += usize::from(reaches(app, access, &control.conversation_id).await?);
+    }
+    let mut pending = 0;
+    for held in app.interventions.pending.list() {
+        let team = held.team.as_deref();
+        pending += usize::from(held_reaches(app, access, team, &held.conversation_id).await?);
+    }
+    Ok((halted, pending))
 }
 
 #[cfg(test)]
