@@ -168,7 +168,7 @@ fn note_continued(finished: &mut Finished, c: HttpRequest, responses: &Arc<Respo
     finished.chain = c.pending(responses);
 }
 
-/// A Responses request that continues an earlier answer by id (`super::response_chain`):
+/// A Responses request that continues an earlier answer by id (`crate::proxy::upstream::response_chain`):
 /// the continuation, and its whole history (the earlier answer's and its own) read as a
 /// request that sent it all would be, compared with what the conversation sent last (in
 /// place of `earlier`; `None` when it cannot be read). The request's own bytes go as they

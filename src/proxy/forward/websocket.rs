@@ -2,13 +2,13 @@
 //! when `server.websocket = "proxy"`.
 //!
 //! The upgrade goes to the same upstream, path and headers an HTTP request would (on a
-//! connection of its own: [`super::upstream::Client::upgrade`]); once the upstream agrees,
+//! connection of its own: [`crate::proxy::upstream::Client::upgrade`]); once the upstream agrees,
 //! the client gets its 101 and the two sockets are joined frame by frame. A close (or an
 //! error) on either side ends both.
 //!
 //! Each `response.create` frame is read as the HTTP request it stands for: its history is
 //! the connection's own earlier frames and the answers relayed to them, found by
-//! `previous_response_id` ([`super::response_chain`]), so the frame's few new items are
+//! `previous_response_id` ([`crate::proxy::upstream::response_chain`]), so the frame's few new items are
 //! analysed with everything before them, by the same analysis and rulings as HTTP. A
 //! reminder goes at the end of the frame's input; a halt is answered on the socket with the
 //! events of a streamed Responses halt, and the upstream is not asked. A prewarm frame

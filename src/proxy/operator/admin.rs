@@ -692,7 +692,7 @@ pub async fn stats(State(app): State<Arc<App>>, Extension(access): Extension<Acc
         // idle ones are dropped, so this falls back to 0 when agents stop.
         "live_conversations": held.conversations,
         "conversation_bytes": held.conversation_bytes,
-        // Open client connections on each serving thread (see `proxy::spread`).
+        // Open client connections on each serving thread (see `proxy::serve::spread`).
         "connections": app.spread.open(),
         // Connections closed at `server.max_connections` to make room, and refused.
         "connections_at_cap": app.connections.at_cap(),

@@ -731,7 +731,7 @@ impl Drop for ResponseBody {
 
 thread_local! {
     /// The client of a serving thread other than the one that started the proxy
-    /// (`super::start`, which uses `App::client`): a request and its upstream connection stay
+    /// (`crate::proxy::start`, which uses `App::client`): a request and its upstream connection stay
     /// on the request's thread, since a connection is driven by a task of the thread that
     /// opened it.
     static THREAD_CLIENT: std::cell::OnceCell<Client> = const { std::cell::OnceCell::new() };
