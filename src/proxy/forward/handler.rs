@@ -494,7 +494,7 @@ impl Dispatch {
         mut self,
         effect: Effect,
         finished: Box<Finished>,
-        guard: Option<Guard>,
+        guard: Option<Box<Guard>>,
     ) -> Response {
         let body = match effect {
             // A held request is sent only once decided: `Hold` does not reach here.
@@ -576,7 +576,7 @@ impl Dispatch {
         self,
         answered: Answered,
         mut finished: Box<Finished>,
-        guard: Option<Guard>,
+        guard: Option<Box<Guard>>,
     ) -> Response {
         let Answered {
             response: upstream_response,

@@ -39,7 +39,7 @@ pub struct Planned {
     /// Set when the request is held for a human.
     pub held: Option<Box<Held>>,
     /// Set when the response must be checked for a call to block.
-    pub guard: Option<Guard>,
+    pub guard: Option<Box<Guard>>,
 }
 
 /// A request's ruling, carried out. Only called for requests whose history was parsed.
@@ -69,12 +69,16 @@ pub fn plan(
         })
     });
     let forwards = matches!(effect, Effect::Forward | Effect::ForwardModified(_));
-    // The state is copied only for the rare response that may complete a loop.
-    let guard = (forwards && app.interventions.armed(policy, state)).then(|| Guard {
-        policy: policy.clone(),
-        state: state.clone(),
-        request: req.to_owned(),
-        request_id,
+    // The state is copied only for the rare response that may complete a loop; boxed (the
+    // engine's state is most of its 1.2 KB), so that the futures every request moves carry
+    // a pointer, not room for it.
+    let guard = (forwards && app.interventions.armed(policy, state)).then(|| {
+        Box::new(Guard {
+            policy: policy.clone(),
+            state: state.clone(),
+            request: req.to_owned(),
+            request_id,
+        })
     });
     Planned {
         effect,

@@ -550,7 +550,7 @@ impl Session {
             parent,
             input: create.input,
             output: Vec::new(),
-            blocking: guard.map(|guard| Blocking::new(&self.app, guard)),
+            blocking: guard.map(|guard| Blocking::new(&self.app, *guard)),
         });
         vec![Out::Upstream(message)]
     }

@@ -343,7 +343,10 @@ impl Client {
                 },
             }
         }
-        let mut sender = shared.connect(origin).await?;
+        // Rare (no open connection in the pool): boxed, so that the future of every request,
+        // which the handler boxes and so copies whole, does not carry room for a TCP and TLS
+        // connect (several KB).
+        let mut sender = Box::pin(shared.connect(origin)).await?;
         let response = sender.send_request(request).await?;
         Ok(self.answer(response, sender, origin))
     }
