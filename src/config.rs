@@ -41,7 +41,7 @@ pub struct Config {
     /// Named policies, tried in file order (`crate::policy`).
     #[serde(rename = "policy")]
     pub policies: Vec<crate::policy::config::PolicyTable>,
-    /// Who may read `/metrics` (`crate::proxy::scrape`).
+    /// Who may read `/metrics` (`crate::proxy::operator::scrape`).
     pub metrics: MetricsConfig,
     /// The file this was loaded from: what a reload reads again (`crate::reload`).
     #[serde(skip)]
@@ -69,15 +69,15 @@ pub struct ServerConfig {
     /// Largest request body the proxy reads; larger ones get a 413 in the API's error shape.
     pub max_body_bytes: usize,
     /// Serving threads, each with its own event loop and upstream pool; each new connection
-    /// goes to the thread with the fewest open and stays there (`crate::proxy::spread`).
+    /// goes to the thread with the fewest open and stays there (`crate::proxy::serve::spread`).
     /// 0: one per CPU.
     pub threads: usize,
     /// Longest a request head may take to arrive whole, from its first byte (a client that
-    /// sends half a head and stops is disconnected: `crate::proxy::connection`).
+    /// sends half a head and stops is disconnected: `crate::proxy::serve::connection`).
     pub header_timeout_secs: u64,
     /// Once a request head has arrived, its body must bring at least 1 KiB (or its end)
     /// within each period this long; a client that stops or trickles it is answered 408
-    /// and disconnected (`crate::proxy::body::with_idle_timeout`). nginx's
+    /// and disconnected (`crate::proxy::forward::body::with_idle_timeout`). nginx's
     /// `client_body_timeout` is 60 s too.
     pub body_timeout_secs: u64,
     /// A connection carrying no request (before its first, between two) is closed after
@@ -108,7 +108,7 @@ pub struct ServerConfig {
     /// closed (1001) and its place freed (`crate::proxy::websocket`).
     pub websocket_idle_secs: u64,
     /// A PEM file of the listener's certificate chain (leaf first): set with `tls_key`, the
-    /// proxy serves HTTPS instead of plain HTTP (`crate::proxy::listener_tls`, which
+    /// proxy serves HTTPS instead of plain HTTP (`crate::proxy::serve::listener_tls`, which
     /// [`ServerConfig::tls_acceptor`] builds).
     pub tls_cert: String,
     /// The PEM file of that certificate's private key.
@@ -171,7 +171,7 @@ impl ServerConfig {
 #[serde(rename_all = "lowercase")]
 pub enum WebSocketMode {
     /// Proxied: the upstream is asked for the same upgrade, and the two sockets are joined
-    /// with each turn read and ruled on as an HTTP request is (`crate::proxy::websocket`).
+    /// with each turn read and ruled on as an HTTP request is (`crate::proxy::forward::websocket`).
     Proxy,
     /// Answered `426 Upgrade Required` at once: a client with an HTTP transport to fall
     /// back on (Codex) uses it without first retrying the socket.
@@ -276,10 +276,10 @@ impl StoreConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
     /// Bearer token for `/admin/api/` (`LOOPWARDEN_ADMIN_TOKEN`). Empty: loopback clients that
-    /// name this machine in `Host` only (`crate::proxy::admin::check`).
+    /// name this machine in `Host` only (`crate::proxy::operator::admin::check`).
     pub token: String,
     /// Tokens that read and act on one team's conversations only (`[[admin.team_tokens]]`),
-    /// beside the global one (`crate::proxy::admin::Access`).
+    /// beside the global one (`crate::proxy::operator::admin::Access`).
     pub team_tokens: Vec<TeamToken>,
 }
 
@@ -350,7 +350,7 @@ impl AdminConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsConfig {
     /// Bearer token for `/metrics` (`LOOPWARDEN_METRICS_TOKEN`), for a scraper that must not
-    /// hold the admin token. Empty: the admin API's rules (`crate::proxy::admin::check`).
+    /// hold the admin token. Empty: the admin API's rules (`crate::proxy::operator::admin::check`).
     pub token: String,
 }
 

@@ -113,6 +113,40 @@ fn the_image_runs_unprivileged_with_a_health_check_and_a_dependency_layer() {
     );
 }
 
+/// The README's first command (`cargo run --release`) builds in minutes: release has no
+/// whole-program LTO. What is published or measured is built in `dist`, which has it.
+#[test]
+fn release_builds_quickly_and_published_or_measured_binaries_build_dist() {
+    let manifest: toml::Value = toml::from_str(&read("Cargo.toml")).unwrap();
+    let profile = |name: &str| manifest["profile"][name].clone();
+    let release = profile("release");
+    let lto = release
+        .get("lto")
+        .and_then(|l| l.as_str().map(str::to_string));
+    assert!(
+        matches!(release.get("lto"), None | Some(toml::Value::Boolean(false)))
+            || lto.as_deref() == Some("thin"),
+        "release: lto = {:?}",
+        release.get("lto")
+    );
+    assert!(release
+        .get("codegen-units")
+        .is_none_or(|n| n.as_integer() > Some(1)));
+    let dist = profile("dist");
+    assert_eq!(dist["inherits"].as_str(), Some("release"));
+    assert_eq!(dist["lto"].as_str(), Some("fat"));
+    assert_eq!(dist["codegen-units"].as_integer(), Some(1));
+    for script in [
+        "docker/Dockerfile",
+        "scripts/bench.sh",
+        "scripts/build_pgo.sh",
+    ] {
+        let text = read(script);
+        assert!(text.contains("cargo build --profile dist"), "{script}");
+        assert!(!text.contains("cargo build --release"), "{script}");
+    }
+}
+
 #[test]
 fn the_benchmark_and_pgo_scripts_need_nothing_outside_the_repository() {
     for script in [

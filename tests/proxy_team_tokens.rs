@@ -1,4 +1,4 @@
-//! Per-team admin tokens (`[[admin.team_tokens]]`; src/proxy/admin.rs `Access`), over real
+//! Per-team admin tokens (`[[admin.team_tokens]]`; src/proxy/operator/admin.rs `Access`), over real
 //! HTTP with live traffic of two teams: a team's token lists, shows, halts, resumes,
 //! decides and judges its own team's conversations only (another team's are 404, as if
 //! they did not exist), its overview and stats count its own, it reads its own policy,

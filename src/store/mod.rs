@@ -62,7 +62,7 @@ pub struct ConversationSeen {
     pub model: Option<String>,
     pub at_ms: i64,
     /// The request's `proxy_overhead_us`, added to the conversation's running sum (set when
-    /// the request's row is logged: `crate::proxy::record`).
+    /// the request's row is logged: `crate::proxy::forward::record`).
     pub overhead_us: i64,
     /// The team the request named (`/t/{team}`, `x-loopwarden-team`), for the dashboard's
     /// filter.

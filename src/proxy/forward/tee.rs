@@ -40,11 +40,11 @@ pub struct Sinks {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     pub traces: std::sync::Arc<crate::telemetry::Traces>,
     /// The end of a stop's grace period, which tells a cut answer from a client leaving.
-    pub cut: crate::proxy::Cut,
+    pub cut: crate::proxy::serve::Cut,
 }
 
 impl Sinks {
-    pub fn of(app: &crate::proxy::App) -> Sinks {
+    pub fn of(app: &super::app::App) -> Sinks {
         Sinks {
             store: app.store.clone(),
             ledger: app.ledger.clone(),

@@ -2,13 +2,13 @@
 //! when `server.websocket = "proxy"`.
 //!
 //! The upgrade goes to the same upstream, path and headers an HTTP request would (on a
-//! connection of its own: [`super::upstream::Client::upgrade`]); once the upstream agrees,
+//! connection of its own: [`crate::proxy::upstream::Client::upgrade`]); once the upstream agrees,
 //! the client gets its 101 and the two sockets are joined frame by frame. A close (or an
 //! error) on either side ends both.
 //!
 //! Each `response.create` frame is read as the HTTP request it stands for: its history is
 //! the connection's own earlier frames and the answers relayed to them, found by
-//! `previous_response_id` ([`super::response_chain`]), so the frame's few new items are
+//! `previous_response_id` ([`crate::proxy::upstream::response_chain`]), so the frame's few new items are
 //! analysed with everything before them, by the same analysis and rulings as HTTP. A
 //! reminder goes at the end of the frame's input; a halt is answered on the socket with the
 //! events of a streamed Responses halt, and the upstream is not asked. A prewarm frame
@@ -46,6 +46,7 @@ use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 use tokio_tungstenite::WebSocketStream;
 
 use super::analysis::Arrival;
+use super::app::{App, Place};
 use super::block::BlockBody;
 use super::body::read_body;
 use super::errors::{self, Refusal};
@@ -60,9 +61,8 @@ use crate::policy::Traffic;
 use crate::proxy::identity;
 use crate::proxy::memory::BodyComparison;
 use crate::proxy::serve::route::{self, Upstream};
-use crate::proxy::serve::{Serving, Watch};
+use crate::proxy::serve::{Cut, Serving, Watch};
 use crate::proxy::upstream::{Found, Link, ResponseChain};
-use crate::proxy::App;
 use crate::request_bytes::RequestBytes;
 use crate::store::{next_request_id, now_ms, Label};
 
@@ -81,11 +81,11 @@ pub struct Upgradable {
     /// Turns `true` when the server stops.
     pub stop: tokio::sync::watch::Receiver<bool>,
     /// The end of the stop's grace: the socket is closed then, its turn in flight or not.
-    pub cut: crate::proxy::Cut,
+    pub cut: Cut,
     /// Held until the socket ends: the server's stop waits for every holder.
     pub open: tokio::sync::mpsc::Sender<()>,
     /// Held until the socket ends: the socket counts as an open connection until then.
-    pub place: Arc<crate::proxy::Place>,
+    pub place: Arc<Place>,
 }
 
 /// The handler of an upgrade: asks the upstream for the same, and on its 101 answers the
@@ -442,7 +442,7 @@ impl Session {
         mut client: Socket,
         mut upstream: Socket,
         mut stop: Option<tokio::sync::watch::Receiver<bool>>,
-        cut: Option<crate::proxy::Cut>,
+        cut: Option<Cut>,
         idle: Idle,
     ) {
         let mut stopping = false;
@@ -653,7 +653,7 @@ impl Session {
             parent,
             input: create.input,
             output: Vec::new(),
-            blocking: guard.map(|guard| Blocking::new(&self.app, guard)),
+            blocking: guard.map(|guard| Blocking::new(&self.app, *guard)),
         });
         vec![Out::Upstream(message)]
     }

@@ -24,7 +24,7 @@ use axum::{Extension, Json};
 use http::{header, HeaderMap, Method, StatusCode};
 use serde::Deserialize;
 
-use crate::proxy::App;
+use crate::proxy::forward::App;
 
 /// Why the admin API refused a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -703,7 +703,7 @@ pub async fn stats(State(app): State<Arc<App>>, Extension(access): Extension<Acc
         // idle ones are dropped, so this falls back to 0 when agents stop.
         "live_conversations": held.conversations,
         "conversation_bytes": held.conversation_bytes,
-        // Open client connections on each serving thread (see `proxy::spread`).
+        // Open client connections on each serving thread (see `proxy::serve::spread`).
         "connections": app.spread.open(),
         // Connections closed at `server.max_connections` to make room, and refused.
         "connections_at_cap": app.connections.at_cap(),
@@ -720,7 +720,7 @@ async fn team_stats(app: &App, access: &Access, team: &str) -> Response {
         Ok(precision) => precision,
         Err(e) => return internal(e),
     };
-    let (halted, held) = match super::dashboard::live_counts(app, access).await {
+    let (halted, held) = match live_counts(app, access).await {
         Ok(counts) => counts,
         Err(e) => return internal(e),
     };
@@ -731,6 +731,29 @@ async fn team_stats(app: &App, access: &Access, team: &str) -> Response {
         "pending": held,
     }))
     .into_response()
+}
+
+/// The halted conversations and the requests held on this replica that `access` reaches.
+pub async fn live_counts(
+    app: &App,
+    access: &Access,
+) -> Result<(usize, usize), crate::store::Error> {
+    if access.team().is_none() {
+        return Ok((
+            app.interventions.controls.halted().len(),
+            app.interventions.pending.list().len(),
+        ));
+    }
+    let mut halted = 0;
+    for control in app.interventions.controls.halted() {
+        halted += usize::from(reaches(app, access, &control.conversation_id).await?);
+    }
+    let mut pending = 0;
+    for held in app.interventions.pending.list() {
+        let team = held.team.as_deref();
+        pending += usize::from(held_reaches(app, access, team, &held.conversation_id).await?);
+    }
+    Ok((halted, pending))
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::admin::{self, Access, Denied};
 use super::session;
-use crate::proxy::App;
+use crate::proxy::forward::App;
 use crate::store::dashboard::{HaltedRun, Target, Verdict};
 use crate::store::now_ms;
 
@@ -264,7 +264,7 @@ pub async fn overview(
         Ok(all) => all,
         Err(e) => return admin::internal(e),
     };
-    let (halted, pending) = match live_counts(&app, &access).await {
+    let (halted, pending) = match admin::live_counts(&app, &access).await {
         Ok(counts) => counts,
         Err(e) => return admin::internal(e),
     };
@@ -281,30 +281,6 @@ pub async fn overview(
         "precision": precision,
     }))
     .into_response()
-}
-
-/// The halted conversations and the requests held on this replica that `access` reaches.
-pub async fn live_counts(
-    app: &App,
-    access: &Access,
-) -> Result<(usize, usize), crate::store::Error> {
-    if access.team().is_none() {
-        return Ok((
-            app.interventions.controls.halted().len(),
-            app.interventions.pending.list().len(),
-        ));
-    }
-    let mut halted = 0;
-    for control in app.interventions.controls.halted() {
-        halted += usize::from(admin::reaches(app, access, &control.conversation_id).await?);
-    }
-    let mut pending = 0;
-    for held in app.interventions.pending.list() {
-        let team = held.team.as_deref();
-        pending +=
-            usize::from(admin::held_reaches(app, access, team, &held.conversation_id).await?);
-    }
-    Ok((halted, pending))
 }
 
 #[derive(Deserialize)]

@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use http::StatusCode;
 
 use super::{admin, dashboard};
-use crate::proxy::App;
+use crate::proxy::forward::App;
 
 /// Whether `path` is one of the proxy's own, which [`router`] answers. Every other request
 /// is forwarded, and goes straight to `forward::handle` rather than through the router:

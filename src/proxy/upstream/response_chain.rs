@@ -1,6 +1,6 @@
 //! The Responses answers the proxy relayed, by response id, so that a request that names
 //! its history by `previous_response_id` (and sends only the new input items) can be read
-//! whole: Codex's WebSocket frames ([`super::websocket`]), and clients that let the API
+//! whole: Codex's WebSocket frames ([`crate::proxy::forward::websocket`]), and clients that let the API
 //! store responses.
 //!
 //! Each answer is a [`Link`]: the input items its request added, then the output items it

@@ -1,4 +1,4 @@
-//! The one place a webhook is posted: held requests (`super::held`) and alerts
+//! The one place a webhook is posted: held requests (`crate::proxy::forward::held`) and alerts
 //! (`crate::intervene::alerts`). Each URL in its own task with its own timeout, with the
 //! proxy's own HTTP client, so that a slow or failing hook never delays a request or the
 //! other hooks; failures are logged, and told to `done` (counted in `/metrics`).
