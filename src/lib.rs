@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod mock;
 pub mod names;
 pub mod normalize;
+pub mod own_cookie;
 pub mod policies;
 pub mod policy;
 pub mod process_log;

@@ -904,7 +904,7 @@ pub(super) fn upstream_request(
         headers.remove(name);
     }
     // A browser's dashboard session is the proxy's, never the upstream's.
-    crate::proxy::operator::strip_session_cookie(&mut headers);
+    crate::own_cookie::strip(&mut headers);
     let mut request = http::Request::new(Outgoing::new(body));
     *request.method_mut() = method.clone();
     *request.uri_mut() = target;

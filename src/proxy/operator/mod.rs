@@ -8,4 +8,3 @@ mod scrape;
 mod session;
 
 pub use own::{answered_here, router};
-pub use session::strip as strip_session_cookie;

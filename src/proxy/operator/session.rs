@@ -13,16 +13,15 @@
 //! - **Sent to the proxy's own paths only**: two cookies of the same name, `Path=/ui` and
 //!   `Path=/admin` (a cookie has one path), so that a browser sends neither with a request
 //!   for any other path, which would be forwarded to the model's provider. And whatever a
-//!   client sends, [`strip`] takes loopwarden's cookie out of every forwarded request.
+//!   client sends, `crate::own_cookie::strip` takes loopwarden's cookie out of every forwarded request.
 //! - `HttpOnly` (no script reads it), `SameSite=Strict` (no other site's page sends it),
 //!   `Secure` when the proxy is reached over HTTPS.
 
 use std::time::Duration;
 
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{HeaderMap, HeaderValue};
 
-/// The session cookie's name.
-pub const COOKIE: &str = "loopwarden_session";
+use crate::own_cookie::{values, COOKIE};
 
 /// How long a login lasts: a working day.
 pub const LIFETIME: Duration = Duration::from_secs(8 * 3600);
@@ -92,18 +91,6 @@ fn valid(value: &str, token: &str, now: u64) -> bool {
         && super::admin::constant_time_eq(given.as_bytes(), mac(token, nonce, expires).as_bytes())
 }
 
-/// The values of loopwarden's cookie among the `Cookie` headers.
-fn values(headers: &HeaderMap) -> impl Iterator<Item = &str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .filter(|(name, _)| *name == COOKIE)
-        .map(|(_, value)| value)
-}
-
 /// Whether the request carries a session of `token` valid at `now` (Unix seconds).
 pub fn presented(headers: &HeaderMap, token: &str, now: u64) -> bool {
     values(headers).any(|value| valid(value, token, now))
@@ -116,40 +103,10 @@ pub fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Takes loopwarden's cookie out of `headers` (a request about to be forwarded): a
-/// `Cookie` header that holds only it goes, one that holds others too keeps them. Cheap
-/// when there is no `Cookie` header, as on every agent's request.
-pub fn strip(headers: &mut HeaderMap) {
-    if !headers.contains_key(header::COOKIE) || values(headers).next().is_none() {
-        return;
-    }
-    let kept: Vec<HeaderValue> = headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| {
-            let Ok(text) = v.to_str() else {
-                return Some(v.clone());
-            };
-            let others: Vec<&str> = text
-                .split(';')
-                .map(str::trim)
-                .filter(|pair| pair.split_once('=').is_none_or(|(name, _)| name != COOKIE))
-                .filter(|pair| !pair.is_empty())
-                .collect();
-            (!others.is_empty())
-                .then(|| HeaderValue::from_str(&others.join("; ")).ok())
-                .flatten()
-        })
-        .collect();
-    headers.remove(header::COOKIE);
-    for value in kept {
-        headers.append(header::COOKIE, value);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header;
 
     fn with_cookie(cookie: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();
@@ -205,26 +162,5 @@ mod tests {
             .to_str()
             .unwrap()
             .ends_with("; Secure"));
-    }
-
-    #[test]
-    fn only_loopwarden_s_cookie_is_stripped() {
-        let mut headers = with_cookie(&format!("a=1; {COOKIE}=s; b=2"));
-        headers.append(
-            header::COOKIE,
-            HeaderValue::from_static("loopwarden_session=t"),
-        );
-        headers.append(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
-        strip(&mut headers);
-        let left: Vec<&str> = headers
-            .get_all(header::COOKIE)
-            .iter()
-            .map(|v| v.to_str().unwrap())
-            .collect();
-        assert_eq!(left, ["a=1; b=2"]);
-        assert!(headers.contains_key(header::AUTHORIZATION));
-        let mut none = HeaderMap::new();
-        strip(&mut none);
-        assert!(none.is_empty());
     }
 }
