@@ -24,6 +24,7 @@ use axum::{Extension, Json};
 use http::{header, HeaderMap, Method, StatusCode};
 use serde::Deserialize;
 
+use super::session::constant_time_eq;
 use crate::proxy::forward::App;
 
 /// Why the admin API refused a call.
@@ -224,10 +225,6 @@ fn names_this_machine(host: &str, listen: Option<IpAddr>) -> bool {
         None => name.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4),
     };
     ip.is_some_and(|ip| is_loopback(ip) || (Some(ip) == listen && !ip.is_unspecified()))
-}
-
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The access rules ([`access`]), applied once to every `/admin/` route; the handlers find

@@ -164,7 +164,7 @@ pub async fn login(
     let Some(token) = global
         .into_iter()
         .chain(teams)
-        .find(|token| admin::constant_time_eq(given, token.as_bytes()))
+        .find(|token| session::constant_time_eq(given, token.as_bytes()))
     else {
         return login_page(StatusCode::UNAUTHORIZED, "That is not an admin token.");
     };
