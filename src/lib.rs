@@ -33,6 +33,7 @@ pub mod names;
 pub mod normalize;
 pub mod policies;
 pub mod policy;
+pub mod process_log;
 pub mod proxy;
 pub mod reload;
 pub mod replay;

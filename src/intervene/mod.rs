@@ -334,7 +334,7 @@ impl Intervener {
             Err(e) => {
                 // A parse error may quote the body (serde names the value it did not expect).
                 let error = crate::store::Masked::from(e.to_string());
-                tracing::warn!(conversation = %req.conversation, %error, "cannot append the reminder; forwarded untouched");
+                crate::warn_per_request!(conversation = %req.conversation, %error, "cannot append the reminder; forwarded untouched");
                 (Effect::Forward, Applied::FailedOpen)
             }
         }

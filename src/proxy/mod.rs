@@ -104,16 +104,18 @@ impl Running {
         &self.app.store
     }
 
-    /// Stops within `server.shutdown_grace_secs`: stops accepting, answers every held
-    /// request at once (its timeout's verdict), lets the requests and streams in flight
-    /// finish within the grace and cuts what remains near its end ([`LOG_RESERVE_MAX`]),
-    /// then gives the log what is left of it (what it cannot write by then is spilled, or
-    /// counted lost).
+    /// Stops within `server.shutdown_grace_secs`: drains for `server.drain_secs` first
+    /// ([`Running::drain`]), then stops accepting, answers every held request at once (its
+    /// timeout's verdict), lets the requests and streams in flight finish within the grace
+    /// and cuts what remains near its end ([`LOG_RESERVE_MAX`]), then gives the log what is
+    /// left of it (what it cannot write by then is spilled, or counted lost).
     pub async fn shutdown(mut self) -> anyhow::Result<Stopped> {
         let grace = Duration::from_secs(self.app.config.server.shutdown_grace_secs);
         let deadline = std::time::Instant::now() + grace;
+        self.drain().await;
         // The log's last moments are kept for it: what is cut is logged after the cut.
-        let cut_at = deadline - (grace / 4).min(LOG_RESERVE_MAX);
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let cut_at = deadline - (left / 4).min(LOG_RESERVE_MAX);
         let log_before = self.app.store.health();
         let held = self.app.interventions.pending.release_all();
         if held > 0 {
@@ -156,6 +158,25 @@ impl Running {
             tracing::error!("the log writer did not finish by the end of the shutdown grace: the records it still held are lost");
         }
         Ok(Stopped { log })
+    }
+
+    /// The first part of a stop (`server.drain_secs`, at most half the grace): everything
+    /// is still served, new connections included, but `/readyz` answers 503 and each answer
+    /// closes its connection, so that a load balancer polling `/readyz` (a Kubernetes
+    /// readiness probe) takes this replica out, and its clients reconnect elsewhere, before
+    /// the listener closes.
+    async fn drain(&self) {
+        self.app
+            .stopping
+            .store(true, std::sync::atomic::Ordering::Release);
+        let drain_secs = self.app.config.server.drain_secs;
+        if drain_secs > 0 {
+            tracing::info!(
+                drain_secs,
+                "draining: /readyz answers 503 while requests are still served"
+            );
+            tokio::time::sleep(Duration::from_secs(drain_secs)).await;
+        }
     }
 
     /// Waits for every serving thread to finish its connections.
@@ -269,6 +290,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         metrics,
         traces,
         cut: Cut::default(),
+        stopping: std::sync::atomic::AtomicBool::new(false),
         tls,
     });
     spawn_sweeper(Arc::downgrade(&app), idle);
@@ -388,7 +410,7 @@ impl Incoming {
                     Err(e) => {
                         // Out of file descriptors and the like: the connection stays in the
                         // backlog; wait (serving the others meanwhile) rather than spin.
-                        tracing::warn!(error = %e, "accept failed");
+                        crate::warn_per_request!(error = %e, "accept failed");
                         tokio::time::sleep(ACCEPT_BACKOFF).await;
                     }
                 },
@@ -455,7 +477,15 @@ async fn serve(
             hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
                 // Until its response body ends, the connection is not waiting for a request.
                 let serving = serve::Serving::begin(&watching);
-                let served = |response: Response| response.map(|body| serving.until_sent(body));
+                // A request that arrives while the proxy stops gets an answer that closes
+                // the connection ([`close_when_stopping`]).
+                let stopping = shared.stopping.load(std::sync::atomic::Ordering::Acquire);
+                let served = move |mut response: Response| {
+                    if stopping {
+                        close_when_stopping(&mut response);
+                    }
+                    response.map(|body| serving.until_sent(body))
+                };
                 let own = operator::answered_here(request.uri().path());
                 if watching.own_paths_only && !own {
                     let refused = shared.connections.refuse_request();
@@ -521,6 +551,18 @@ async fn serve(
     drop(open);
     let _ = all_closed.recv().await;
     Ok(())
+}
+
+/// An answer given while the proxy stops (draining) closes its connection: the client's
+/// next request opens a new one, which the load balancer sends to another replica. An
+/// upgrade's 101 is left alone (its socket closes when the stop reaches it).
+fn close_when_stopping(response: &mut Response) {
+    if response.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+        response.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
 }
 
 /// One more serving thread: an event loop of its own (a current-thread runtime) serving the
@@ -603,17 +645,10 @@ fn spawn_sweeper(app: std::sync::Weak<App>, idle: Duration) {
 pub fn serve_main(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
     let config = args.load_config()?;
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(colour(
-            std::io::stderr().is_terminal(),
-            std::env::var_os("NO_COLOR"),
-        ))
-        .init();
+    crate::process_log::init(colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR"),
+    ));
     if let Some(files) = serve::raise_open_file_limit() {
         tracing::debug!(files, "open-file limit");
     }

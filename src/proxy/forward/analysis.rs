@@ -36,13 +36,7 @@ use crate::proxy::memory::{
 use crate::proxy::serve::route::Route;
 use crate::request_bytes::RequestBytes;
 use crate::store::redact::summary;
-use crate::throttle::Throttle;
 use crate::transcript::Transcript;
-
-/// The warning for a body that cannot be read: a client can send one with each request,
-/// so it is written once per 10 s at most (every such request has its row with its
-/// `parse_error` all the same).
-static UNPARSED_WARNING: Throttle = Throttle::new(10_000);
 
 /// What the analysis keeps between requests, so that each costs work for its new messages
 /// and steps only.
@@ -437,9 +431,7 @@ fn identify(
 /// well, one line per 10 s at most.
 fn unparsed(path: &str, dialect: Dialect, error: &str) -> crate::store::Masked {
     let reason = summary(error, 200);
-    if let Some(skipped) = UNPARSED_WARNING.admit(crate::store::now_ms()) {
-        tracing::warn!(path, dialect = dialect.as_str(), error = %reason, more_since_last = skipped, "request body not parsed; forwarded untouched (one line per 10 s at most; each is in the log)");
-    }
+    crate::warn_per_request!(path, dialect = dialect.as_str(), error = %reason, "request body not parsed; forwarded untouched (one line per 10 s at most; each is in the log)");
     reason
 }
 

@@ -37,6 +37,10 @@ pub struct App {
     pub traces: Arc<crate::telemetry::Traces>,
     /// The end of a stop's grace period (`crate::proxy::Running::shutdown`).
     pub cut: Cut,
+    /// Set when a stop begins: `/readyz` answers 503 and each answer closes its connection,
+    /// while the listener still serves for `server.drain_secs`
+    /// (`crate::proxy::Running::shutdown`).
+    pub stopping: std::sync::atomic::AtomicBool,
     /// The listener's TLS (`server.tls_cert`); `None`: plain HTTP.
     pub tls: Option<tokio_rustls::TlsAcceptor>,
 }

@@ -545,12 +545,12 @@ impl Dispatch {
                 headers_at: Instant::now(),
             }),
             Ok(Err(e)) => {
-                tracing::warn!(upstream = upstream.as_str(), error = %error_chain(&e), "upstream unreachable");
+                crate::warn_per_request!(upstream = upstream.as_str(), error = %error_chain(&e), "upstream unreachable");
                 let message = e.unreachable_message(upstream);
                 Err((Failure::unreachable(upstream, &message), Some(sent)))
             }
             Err(_) => {
-                tracing::warn!(
+                crate::warn_per_request!(
                     upstream = upstream.as_str(),
                     timeout_secs = timeout.as_secs(),
                     "upstream timed out"
@@ -658,7 +658,7 @@ impl Dispatch {
         {
             Ok(collected) => Ok(collected.to_bytes()),
             Err(e) => {
-                tracing::warn!(error = %e, "upstream answer broke off while checked for a block");
+                crate::warn_per_request!(error = %e, "upstream answer broke off while checked for a block");
                 let outcome = e
                     .downcast_ref::<upstream::BodyError>()
                     .map_or(Outcome::UpstreamBroken, Outcome::of_body_error);
@@ -903,6 +903,8 @@ pub(super) fn upstream_request(
     for name in &unwanted {
         headers.remove(name);
     }
+    // A browser's dashboard session is the proxy's, never the upstream's.
+    crate::proxy::operator::strip_session_cookie(&mut headers);
     let mut request = http::Request::new(Outgoing::new(body));
     *request.method_mut() = method.clone();
     *request.uri_mut() = target;

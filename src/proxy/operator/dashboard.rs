@@ -5,9 +5,9 @@
 //! body, no foreign `Origin`: [`super::admin::check`]).
 //!
 //! Access: the same rules as the admin API. A browser cannot send a bearer token on a
-//! page load, so with a token set, `POST /ui/login` takes it once from a form and sets an
-//! `HttpOnly; SameSite=Strict` cookie that [`super::admin::check`] accepts in its place
-//! ([`super::admin::session_cookie`]). Strict means no other site's page sends it.
+//! page load, so with a token set, `POST /ui/login` takes it once from a form and sets a
+//! session cookie that [`super::admin::check`] accepts in its place: random per login,
+//! expiring, sent to `/ui` and `/admin` only ([`super::session`]).
 
 use std::sync::Arc;
 
@@ -19,6 +19,7 @@ use http::{header, HeaderMap, HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 
 use super::admin::{self, Access, Denied};
+use super::session;
 use crate::proxy::forward::App;
 use crate::store::dashboard::{HaltedRun, Target, Verdict};
 use crate::store::now_ms;
@@ -155,7 +156,7 @@ pub async fn login(
     if admin::foreign_origin(&headers) {
         return admin::refusal(Denied::ForeignOrigin);
     }
-    // The global token or a team's: the cookie is derived from the one given, and
+    // The global token or a team's: the session is signed with the one given, and
     // `admin::access` knows from it which one it stands for.
     let given = form.token.trim().as_bytes();
     let global = (!admin.token.is_empty()).then_some(admin.token.as_str());
@@ -163,20 +164,28 @@ pub async fn login(
     let Some(token) = global
         .into_iter()
         .chain(teams)
-        .find(|token| admin::constant_time_eq(given, token.as_bytes()))
+        .find(|token| session::constant_time_eq(given, token.as_bytes()))
     else {
         return login_page(StatusCode::UNAUTHORIZED, "That is not an admin token.");
     };
-    let cookie = format!(
-        "{}={}; Path=/; HttpOnly; SameSite=Strict",
-        admin::SESSION_COOKIE,
-        admin::session_cookie(token)
-    );
+    let Some(session) = session::new_value(token, session::now_secs()) else {
+        return login_page(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "No session can be made now (the system's random source failed).",
+        );
+    };
     let mut response = see_other(&after_login(&form.view));
-    if let Ok(value) = HeaderValue::from_str(&cookie) {
-        response.headers_mut().insert(header::SET_COOKIE, value);
+    for cookie in session::set_cookies(&session, reached_over_https(&app)) {
+        response.headers_mut().append(header::SET_COOKIE, cookie);
     }
     response
+}
+
+/// Whether browsers reach the proxy over HTTPS (TLS on the listener, or a `public_url`
+/// in front of it that says so): its session cookie is then `Secure`.
+fn reached_over_https(app: &App) -> bool {
+    let server = &app.config.server;
+    !server.tls_cert.is_empty() || server.public_url.starts_with("https://")
 }
 
 #[derive(Deserialize)]

@@ -22,4 +22,18 @@ impl ServeArgs {
         let config = Config::load(self.config.as_deref(), |var| std::env::var(var).ok())?;
         Ok(config.with_flags(self.listen, self.db)?)
     }
+
+    /// The same configuration, for a command that reads it without serving
+    /// (`crate::config::Purpose::ReadOnly`): a secret only serving uses may be unset.
+    pub fn load_config_read_only(self) -> anyhow::Result<crate::config::Loaded> {
+        let loaded = Config::load_for(
+            self.config.as_deref(),
+            |var| std::env::var(var).ok(),
+            crate::config::Purpose::ReadOnly,
+        )?;
+        Ok(crate::config::Loaded {
+            config: loaded.config.with_flags(self.listen, self.db)?,
+            unset: loaded.unset,
+        })
+    }
 }
