@@ -197,6 +197,14 @@ impl Interventions {
         }
     }
 
+    /// Whether the ruling on a request would stop its run whatever the engine decided: the
+    /// run is halted or waits for a human, or its budget is spent. A summary request passes
+    /// such a run only when it is its client's real one (`crate::proxy::forward::plan`).
+    pub fn stops(&self, policy: &Policy, state: &ConversationState, req: &RequestInfo<'_>) -> bool {
+        !matches!(state.standing, Standing::Free { .. })
+            || matches!(self.budget(policy, req), BudgetStatus::Spent { .. })
+    }
+
     /// Where the conversation stands against its policy's budget. Once a human let it go
     /// on after a stop (it has a control), a spent cap reminds but no longer stops it.
     fn budget(&self, policy: &Policy, req: &RequestInfo<'_>) -> BudgetStatus {

@@ -274,11 +274,18 @@ impl Setup {
     }
 
     async fn send_as(&self, c: Client, id: &str, key: &str, task: &str, part: Part) -> Answer {
-        let body = c.body(task, part).to_string();
+        let headers = c.headers(id, key, part);
+        self.post(c.path(), &headers, c.body(task, part)).await
+    }
+
+    /// Posts `body` to `path` with `headers`: what the proxy answered, and what the
+    /// upstream got.
+    async fn post(&self, path: &str, headers: &[(&str, String)], body: Value) -> Answer {
+        let body = body.to_string();
         let before = self.mock.requests().len();
-        let mut request = client().post(self.proxy.url(c.path())).body(body.clone());
-        for (name, value) in c.headers(id, key, part) {
-            request = request.header(name, value);
+        let mut request = client().post(self.proxy.url(path)).body(body.clone());
+        for (name, value) in headers {
+            request = request.header(*name, value);
         }
         request = request.header("content-type", "application/json");
         let resp = request.send().await.unwrap();
@@ -291,11 +298,7 @@ impl Setup {
         };
         let decision = header("x-loopwarden-decision");
         let conversation = header("x-loopwarden-conversation");
-        assert!(
-            resp.status().is_success(),
-            "{c:?} {part:?}: {}",
-            resp.status()
-        );
+        assert!(resp.status().is_success(), "{path}: {}", resp.status());
         resp.bytes().await.unwrap();
         let seen = self.mock.requests();
         let forwarded = seen.len() > before;
@@ -754,4 +757,243 @@ async fn codex_older_compact_endpoint_is_one_run() {
         .rows("SELECT path FROM requests WHERE compaction = 'codex_compact_path'")
         .await;
     assert_eq!(marked.len(), 1, "{marked:?}");
+}
+
+/// Claude Code's summary request of a history `body`: the instruction appended to its last
+/// user message as a text block of its own (after a reminder block, as on a compaction
+/// after the first, when `reminder`), and a `system` message after it, as Claude Code
+/// 2.1.332 sends them.
+fn claude_summary_of(mut body: Value, reminder: bool) -> Value {
+    let messages = body["messages"].as_array_mut().unwrap();
+    let last = messages.last_mut().unwrap();
+    let content = last["content"].as_array_mut().unwrap();
+    if reminder {
+        content.push(json!({"type": "text",
+            "text": "<system-reminder>\nAttribution for git commits: none.\n</system-reminder>"}));
+    }
+    content.push(json!({"type": "text", "text": CLAUDE_SUMMARY}));
+    messages.push(json!({"role": "system",
+        "content": "The following deferred tools are now available via ToolSearch."}));
+    body
+}
+
+/// A test model at $1 per million tokens of each kind: each of the mock's answers (100k
+/// input tokens) costs $0.10.
+fn dollar_a_million() -> Prices {
+    Prices::new(vec![(
+        "claude-opus-5-5".into(),
+        Price {
+            input: 1.0,
+            cached_input: 1.0,
+            cache_write: 1.0,
+            output: 1.0,
+        },
+    )])
+}
+
+/// A policy that only watches Claude Code.
+const SHADOW: &str = r#"
+[[policy]]
+name = "watch"
+mode = "shadow"
+match = { client = "claude-code" }
+"#;
+
+/// The summary requests of a Claude Code run whose dollar budget is spent (the client
+/// compacts when its context is full, whatever the budget), each in a shape Claude Code
+/// sends (the instruction followed by a `system` message; after a reminder block in the
+/// same message): under an enforcing policy and a shadow one, each reaches the upstream
+/// byte for byte, is logged as a compaction and forwarded, while the run's other requests
+/// are halted (or would be).
+#[tokio::test]
+async fn every_summary_request_passes_a_spent_budget_byte_for_byte() {
+    for shadow in [false, true] {
+        let setup = Setup::start(|config| {
+            config.prices = dollar_a_million();
+            config.budget.dollars = 0.25;
+            config.detect.enabled = false;
+            if shadow {
+                let policies: loopwarden::config::Config = toml::from_str(SHADOW).unwrap();
+                config.policies = policies.policies;
+            }
+        })
+        .await;
+        let c = Client::ClaudeCode;
+        let task = "Fix the failing test in calc.py.";
+        let headers = c.headers("spent-1", "sk-test-key-1", Part::Before(0));
+        for n in 0..3 {
+            assert!(
+                setup
+                    .send(c, "spent-1", task, Part::Before(n))
+                    .await
+                    .forwarded
+            );
+        }
+        // $0.30 of $0.25.
+        let over = setup.send(c, "spent-1", task, Part::Before(3)).await;
+        assert_eq!(over.forwarded, shadow, "{over:?}");
+        for (part, reminder) in [(Part::Before(3), false), (Part::After(1), true)] {
+            if let Part::After(n) = part {
+                // The run went on from the first summary: halted, its budget spent.
+                let after = setup.send(c, "spent-1", task, Part::After(n)).await;
+                assert_eq!(after.forwarded, shadow, "{after:?}");
+            }
+            let summary = claude_summary_of(c.body(task, part), reminder);
+            let a = setup.post(c.path(), &headers, summary).await;
+            assert!(a.untouched, "shadow {shadow}, {part:?}: {a:?}");
+            assert_eq!(a.decision, "observe", "shadow {shadow}, {part:?}");
+        }
+        let rows = setup
+            .proxy
+            .rows("SELECT compaction, applied FROM requests WHERE compaction IS NOT NULL")
+            .await;
+        assert_eq!(rows.len(), 2, "shadow {shadow}: {rows:?}");
+        for row in rows {
+            assert_eq!(row["compaction"], "claude_summary", "{row}");
+            assert_eq!(row["applied"], "forwarded", "shadow {shadow}: {row}");
+        }
+    }
+}
+
+/// In a halted run, only the client's real summary request passes: its instruction last,
+/// no result its run's previous request did not have, the run's tools, once per
+/// compaction (a retry of it byte for byte too). A request that merely carries the marker
+/// is halted, every time.
+#[tokio::test]
+async fn a_marker_alone_is_no_way_through_a_halt() {
+    let setup = Setup::start(|config| {
+        config.prices = dollar_a_million();
+        config.budget.dollars = 0.25;
+        config.detect.enabled = false;
+    })
+    .await;
+    let c = Client::ClaudeCode;
+    let task = "Fix the failing test in calc.py.";
+    let headers = c.headers("marked-1", "sk-test-key-1", Part::Before(0));
+    for n in 0..3 {
+        assert!(
+            setup
+                .send(c, "marked-1", task, Part::Before(n))
+                .await
+                .forwarded
+        );
+    }
+    let halted = setup.send(c, "marked-1", task, Part::Before(3)).await;
+    assert_eq!(halted.decision, "halt", "{halted:?}");
+    let real = claude_summary_of(c.body(task, Part::Before(3)), false);
+    // The marker, then another instruction.
+    let mut then_more = real.clone();
+    let messages = then_more["messages"].as_array_mut().unwrap();
+    let n = messages.len();
+    messages[n - 2]["content"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "text", "text": "Now run the tests with Bash."}));
+    // New results since the halted request.
+    let moved_on = claude_summary_of(c.body(task, Part::Before(4)), false);
+    // Other tools.
+    let mut other_tools = real.clone();
+    other_tools["tools"] = json!([{"name": "Bash", "input_schema": {"type": "object"}}]);
+    for (what, body) in [
+        ("then more", &then_more),
+        ("moved on", &moved_on),
+        ("other tools", &other_tools),
+    ] {
+        for _ in 0..5 {
+            let a = setup.post(c.path(), &headers, body.clone()).await;
+            assert_eq!(
+                (a.decision.as_str(), a.forwarded),
+                ("halt", false),
+                "{what}"
+            );
+        }
+    }
+    let a = setup.post(c.path(), &headers, real.clone()).await;
+    assert!(a.untouched, "the real one: {a:?}");
+    let retry = setup.post(c.path(), &headers, real.clone()).await;
+    assert!(retry.untouched, "its retry: {retry:?}");
+    // A second summary request of the same compaction (another instruction text).
+    let mut second = real.clone();
+    let messages = second["messages"].as_array_mut().unwrap();
+    let content = messages[n - 2]["content"].as_array_mut().unwrap();
+    let last = content.len() - 1;
+    content[last]["text"] = json!(format!("{CLAUDE_SUMMARY}\n\nBe brief."));
+    let a = setup.post(c.path(), &headers, second).await;
+    assert_eq!((a.decision.as_str(), a.forwarded), ("halt", false), "{a:?}");
+    // The run is still halted.
+    let next = setup.send(c, "marked-1", task, Part::Before(3)).await;
+    assert_eq!(next.decision, "halt", "{next:?}");
+}
+
+/// Two teams under one API key and client: team beta's continuation under a new session
+/// id does not join team alpha's halted run (a team is a boundary), and is logged under its
+/// own id and team.
+#[tokio::test]
+async fn a_continuation_joins_a_run_of_its_own_team_only() {
+    let setup = Setup::start(|config| {
+        config.detect.enabled = false;
+        config.budget.steps = 3;
+    })
+    .await;
+    let c = Client::ClaudeCode;
+    let task = "Fix the failing test in calc.py.";
+    let in_team = |team: &str, id: &str, part: Part| {
+        let mut headers = c.headers(id, "sk-shared-key", part);
+        headers.push(("x-loopwarden-team", team.to_string()));
+        headers
+    };
+    let mut n = 0;
+    let halted = loop {
+        let a = setup
+            .post(
+                c.path(),
+                &in_team("alpha", "alpha-1", Part::Before(n)),
+                c.body(task, Part::Before(n)),
+            )
+            .await;
+        if a.decision == "halt" {
+            break a;
+        }
+        n += 1;
+        assert!(n < 10, "the step budget halts alpha's run");
+    };
+    assert_eq!(halted.conversation, "alpha-1");
+    let summary = claude_summary_of(c.body(task, Part::Before(n)), false);
+    let a = setup
+        .post(
+            c.path(),
+            &in_team("alpha", "alpha-1", Part::Before(n)),
+            summary,
+        )
+        .await;
+    assert!(a.untouched, "{a:?}");
+    // Beta's continuation, under a new id, of the same key and client, in time.
+    let beta = setup
+        .post(
+            c.path(),
+            &in_team("beta", "beta-2", Part::After(0)),
+            c.body(task, Part::After(0)),
+        )
+        .await;
+    assert_eq!(beta.conversation, "beta-2", "{beta:?}");
+    assert!(beta.forwarded, "not alpha's halt: {beta:?}");
+    // Alpha's own continuation joins alpha's run, halted.
+    let alpha = setup
+        .post(
+            c.path(),
+            &in_team("alpha", "alpha-2", Part::After(0)),
+            c.body(task, Part::After(0)),
+        )
+        .await;
+    assert_eq!(
+        (alpha.conversation.as_str(), alpha.forwarded),
+        ("alpha-1", false),
+        "{alpha:?}"
+    );
+    let rows = setup
+        .proxy
+        .rows("SELECT team FROM conversations WHERE id = 'beta-2'")
+        .await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["team"], "beta");
 }
