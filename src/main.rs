@@ -55,7 +55,7 @@ fn main() -> std::process::ExitCode {
             Ok(code) => return code,
             Err(e) => Err(e),
         },
-        Command::Health(args) => loopwarden::proxy::health::run(args),
+        Command::Health(args) => loopwarden::proxy::serve::check_health(args),
         Command::Replay(args) => loopwarden::replay::run(args),
         Command::Mock(args) => loopwarden::mock::run(args),
         Command::Demo(args) => loopwarden::demo::run(args),

@@ -17,7 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use loopwarden::config::{Config, UpstreamConfig};
-use loopwarden::proxy::route::Upstream;
+use loopwarden::proxy::serve::route::Upstream;
 use loopwarden::proxy::upstream::{self, Outgoing};
 use loopwarden::request_bytes::RequestBytes;
 use proxy_support::{client, eventually, TestProxy, TEST_CERT, TEST_KEY};

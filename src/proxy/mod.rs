@@ -10,32 +10,12 @@
 //! that is `crate::intervene::ruling`. A WebSocket upgrade (Codex's Responses transport)
 //! goes to [`websocket`], which reads each turn on the socket through the same analysis.
 
-pub mod admin;
-pub mod allocator;
-pub mod analysis;
-pub mod block;
-pub mod body;
-pub mod connection;
-pub mod dashboard;
-pub mod errors;
 pub mod forward;
-pub mod health;
-pub mod held;
 pub mod identity;
-pub mod intervention;
-pub mod large_buffer;
-pub mod listener_tls;
 pub mod memory;
-pub mod own;
-pub mod record;
-pub mod response_chain;
-pub mod route;
-pub mod scrape;
-pub mod spread;
-pub mod tee;
+pub mod operator;
+pub mod serve;
 pub mod upstream;
-pub mod webhook;
-pub mod websocket;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -53,7 +33,7 @@ use tower::ServiceExt;
 
 use crate::config::Config;
 use crate::store::{Store, StoreOptions};
-use connection::Admission;
+use serve::{Admission, Spread};
 
 /// Options of `loopwarden serve`.
 #[derive(Debug, Clone, clap::Args)]
@@ -84,9 +64,9 @@ pub struct App {
     /// [`upstream::use_thread_client`]).
     pub client: upstream::Client,
     /// The message cache, each conversation's fold and last request.
-    pub analyser: analysis::Analyser,
+    pub analyser: forward::Analyser,
     /// The Responses answers relayed over HTTP, for requests that continue one by id.
-    pub responses: Arc<response_chain::ResponseChain>,
+    pub responses: Arc<upstream::ResponseChain>,
     /// The policies in force (each with its engine and intervention settings), swapped
     /// whole on a reload.
     pub policies: Arc<crate::reload::Live>,
@@ -96,9 +76,9 @@ pub struct App {
     /// Sticky halts, held requests and the intervention log (`crate::intervene`).
     pub interventions: crate::interventions::Interventions,
     /// Open client connections per serving thread, and where the next one goes.
-    pub spread: spread::Spread,
+    pub spread: Spread,
     /// Every open client connection's state, the limits that reap them, the cap.
-    pub connections: Arc<connection::Connections>,
+    pub connections: Arc<serve::Connections>,
     /// What `/metrics` exposes ([`scrape`]).
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Where the OpenTelemetry spans go (`crate::telemetry`; nowhere unless configured).
@@ -311,7 +291,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let cannot_listen = |e: std::io::Error| anyhow::anyhow!("cannot listen on {listen}: {e}");
     let listener = TcpListener::bind(listen).await.map_err(cannot_listen)?;
     let addr = listener.local_addr()?;
-    let (spread, handed) = spread::Spread::new(threads);
+    let (spread, handed) = Spread::new(threads);
     let idle = Duration::from_secs(config.cache.idle_secs);
     let ledger = crate::budget::Ledger::new(config.prices.clone());
     // Replicas sharing a database share spend through it instead (`crate::replicas`): the
@@ -347,17 +327,15 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         interventions,
         policies,
         client,
-        analyser: analysis::Analyser {
+        analyser: forward::Analyser {
             memory: memory::Memory::new(&config.cache),
         },
-        responses: Arc::new(response_chain::ResponseChain::new(
-            response_chain::HTTP_ANSWERS,
-            response_chain::HTTP_MAX_BYTES,
+        responses: Arc::new(upstream::ResponseChain::new(
+            upstream::HTTP_ANSWERS,
+            upstream::HTTP_MAX_BYTES,
         )),
         store,
-        connections: Arc::new(connection::Connections::new(connection::Limits::of(
-            &config.server,
-        ))),
+        connections: Arc::new(serve::Connections::new(serve::Limits::of(&config.server))),
         config,
         spread,
         metrics,
@@ -369,7 +347,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let replicas = start_replicas(&app).await;
     crate::store::redact::warm_up();
 
-    let router = own::router(app.clone());
+    let router = operator::router(app.clone());
     let (stop, stopped) = oneshot::channel::<()>();
     let server = crate::spawn::task(
         "serve",
@@ -447,7 +425,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// to the others, see [`spread`]); the others receive theirs.
 enum Incoming {
     Listener(TcpListener),
-    Handed(tokio::sync::mpsc::UnboundedReceiver<spread::Handed>),
+    Handed(tokio::sync::mpsc::UnboundedReceiver<serve::Handed>),
 }
 
 impl Incoming {
@@ -535,14 +513,14 @@ async fn serve(
         let router = router.clone();
         let shared = app.clone();
         let (io, watch) = app.connections.open(stream, admission);
-        let io = listener_tls::wrap(app.tls.as_ref(), io);
+        let io = serve::wrap_tls(app.tls.as_ref(), io);
         let watching = watch.clone();
         let place = Arc::new(Place {
             app: app.clone(),
             watch: watch.clone(),
             me,
         });
-        let upgradable = websocket::Upgradable {
+        let upgradable = forward::Upgradable {
             watch,
             stop: stopping.subscribe(),
             cut: app.cut.clone(),
@@ -552,14 +530,14 @@ async fn serve(
         let service =
             hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
                 // Until its response body ends, the connection is not waiting for a request.
-                let serving = connection::Serving::begin(&watching);
+                let serving = serve::Serving::begin(&watching);
                 let served = |response: Response| response.map(|body| serving.until_sent(body));
-                let own = own::answered_here(request.uri().path());
+                let own = operator::answered_here(request.uri().path());
                 if watching.own_paths_only && !own {
                     let refused = shared.connections.refuse_request();
                     return Either::Left(Either::Right(std::future::ready(Ok(served(refused)))));
                 }
-                if route::asks_websocket(request.method(), request.headers()) {
+                if serve::route::asks_websocket(request.method(), request.headers()) {
                     // The socket outlives the 101's body and the connection's own future.
                     request.extensions_mut().insert(upgradable.clone());
                 }
@@ -618,10 +596,10 @@ async fn serve(
 
 /// A client connection's place among the open ones (the cap's count, its serving thread's),
 /// freed when the last holder lets go: its task, or the WebSocket it was upgraded to, which
-/// outlives the task ([`websocket::Upgradable`]).
+/// outlives the task ([`forward::Upgradable`]).
 pub struct Place {
     app: Arc<App>,
-    watch: Arc<connection::Watch>,
+    watch: Arc<serve::Watch>,
     me: usize,
 }
 
@@ -686,7 +664,7 @@ fn alert_sink(
         let body = alert.body(config.format, &public_url);
         let metrics = metrics.clone();
         let event = alert.event.as_str();
-        webhook::post_all(
+        upstream::post_all(
             &upstream::thread_client(&client),
             &config.webhooks,
             &body,
@@ -727,10 +705,10 @@ pub fn serve_main(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
             std::env::var_os("NO_COLOR"),
         ))
         .init();
-    if let Some(files) = connection::raise_open_file_limit() {
+    if let Some(files) = serve::raise_open_file_limit() {
         tracing::debug!(files, "open-file limit");
     }
-    if !allocator::keep_large_blocks() {
+    if !serve::keep_large_blocks() {
         tracing::debug!("allocator settings left to the environment");
     }
     // The main thread is one of the serving threads (see `serve_thread` for why each has a

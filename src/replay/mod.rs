@@ -27,10 +27,10 @@ use crate::detect::{Action, DetectConfig, Engine, StoreFacts};
 use crate::dialect::{Dialect, ResponseTurn};
 use crate::interventions::ConversationState;
 use crate::policy::{Policy, PolicySet};
-use crate::proxy::analysis::{Analyser, Arrival};
+use crate::proxy::forward::{Analyser, Arrival};
 use crate::proxy::identity;
 use crate::proxy::memory::{BodyComparison, Memory};
-use crate::proxy::route::{Route, Upstream};
+use crate::proxy::serve::route::{Route, Upstream};
 use crate::request_bytes::RequestBytes;
 use crate::transcript::{Item, Transcript};
 

@@ -18,22 +18,23 @@ use http_body_util::{BodyExt, Full, Limited};
 
 use super::analysis::{Analysis, Arrival, Logged};
 use super::body::read_body;
+use super::errors;
 use super::errors::Refusal;
-use super::identity;
 use super::intervention::{self, Guard, Held, Planned};
-use super::memory::BodyComparison;
 use super::record::{Capture, Finished, Outcome, ParseStatus};
-use super::response_chain::{HttpRequest, ResponseChain};
-use super::route::{self, Route, Upstream};
 use super::tee::{Pending, TeeBody};
-use super::upstream::Outgoing;
-use super::{errors, upstream, App};
 use crate::config::WebSocketMode;
 use crate::detect::Decision;
 use crate::dialect::{compaction, Dialect, HaltReply, UpstreamFailure};
 use crate::intervene::{Applied, Effect, RequestInfo};
 use crate::policy::select::{user_agent, Client};
 use crate::policy::{Mode, Policy, Traffic};
+use crate::proxy::identity;
+use crate::proxy::memory::BodyComparison;
+use crate::proxy::serve::route::{self, Route, Upstream};
+use crate::proxy::upstream::Outgoing;
+use crate::proxy::upstream::{HttpRequest, ResponseChain};
+use crate::proxy::{upstream, App};
 use crate::request_bytes::RequestBytes;
 use crate::store::{next_request_id, now_ms, ConversationSeen, Label, RequestRow};
 
@@ -163,7 +164,7 @@ fn asks_sse(route: &Route<'_>) -> bool {
 /// next request that continues this one.
 fn note_continued(finished: &mut Finished, c: HttpRequest, responses: &Arc<ResponseChain>) {
     if let Some(id) = &c.missing {
-        let note = super::response_chain::missing(id);
+        let note = upstream::missing(id);
         finished.row.parse_error.get_or_insert(note);
     }
     finished.chain = c.pending(responses);
@@ -186,7 +187,7 @@ async fn continuation<'a>(
     BodyComparison<'a>,
 ) {
     let continued = match dialect {
-        Some(Dialect::OpenAiResponses) => super::response_chain::read_http(&app.responses, body),
+        Some(Dialect::OpenAiResponses) => upstream::read_http(&app.responses, body),
         _ => None,
     };
     let Some(whole) = continued.as_ref().and_then(|c| c.whole.as_ref()) else {

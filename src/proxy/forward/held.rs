@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::upstream;
 use crate::intervene::pause::HeldInfo;
 use crate::intervene::PauseConfig;
+use crate::proxy::upstream;
 
 /// Posts a held request to every webhook ([`super::webhook::post_all`]).
 pub fn notify(client: &upstream::Client, config: &PauseConfig, info: &HeldInfo) {
@@ -32,7 +32,7 @@ pub fn notify(client: &upstream::Client, config: &PauseConfig, info: &HeldInfo) 
 /// Posts a pause event to every webhook of `config`.
 fn post_to_webhooks(client: &upstream::Client, config: &PauseConfig, payload: &serde_json::Value) {
     let timeout = Duration::from_millis(config.webhook_timeout_ms);
-    super::webhook::post_all(
+    upstream::post_all(
         client,
         &config.webhooks,
         payload,

@@ -22,18 +22,18 @@ use std::sync::Arc;
 
 use http::HeaderMap;
 
-use super::identity::{self, Identity};
-use super::memory::{
-    BodyComparison, History, Joined, LastRequest, Memory, NewSteps, Predecessor, Recall, Recalled,
-    Sender, Stamp,
-};
 use super::record::ParseStatus;
-use super::route::Route;
 use crate::detect::{Decision, EngineState};
 use crate::dialect::compaction::{self, Markers};
 use crate::dialect::Dialect;
 use crate::interventions::ConversationState;
 use crate::policy::Policy;
+use crate::proxy::identity::{self, Identity};
+use crate::proxy::memory::{
+    BodyComparison, History, Joined, LastRequest, Memory, NewSteps, Predecessor, Recall, Recalled,
+    Sender, Stamp,
+};
+use crate::proxy::serve::route::Route;
 use crate::request_bytes::RequestBytes;
 use crate::store::redact::summary;
 use crate::throttle::Throttle;

@@ -12,10 +12,10 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use super::memory::NewSteps;
 use crate::budget::{Charge, Ledger, Usage};
 use crate::detect::{Action, Decision};
 use crate::dialect::{Dialect, ResponseTurn};
+use crate::proxy::memory::NewSteps;
 use crate::store::redact::{summary, summary_of};
 use crate::store::{
     ContentRow, ConversationSeen, DecisionRow, Deferred, FindingRow, Masked, Record, RequestRow,
@@ -50,10 +50,10 @@ pub enum Outcome {
 
 impl Outcome {
     /// How a response body that failed ended.
-    pub fn of_body_error(e: &super::upstream::BodyError) -> Outcome {
+    pub fn of_body_error(e: &crate::proxy::upstream::BodyError) -> Outcome {
         match e {
-            super::upstream::BodyError::Broken(_) => Outcome::UpstreamBroken,
-            super::upstream::BodyError::Stalled(_) => Outcome::UpstreamStalled,
+            crate::proxy::upstream::BodyError::Broken(_) => Outcome::UpstreamBroken,
+            crate::proxy::upstream::BodyError::Stalled(_) => Outcome::UpstreamStalled,
         }
     }
 
@@ -124,7 +124,7 @@ pub struct Finished {
     pub response: Option<ResponseTurn>,
     /// A Responses request whose answer the proxy remembers by id, for a later request
     /// that continues it (`super::response_chain`).
-    pub chain: Option<Box<super::response_chain::PendingAnswer>>,
+    pub chain: Option<Box<crate::proxy::upstream::PendingAnswer>>,
 }
 
 /// A response as the tee captures it while it flows.

@@ -53,10 +53,6 @@ impl LargeBuffer {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the first `len` bytes of the mapping were written (`append`), and the
         // mapping lives as long as `self`.

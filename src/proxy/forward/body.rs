@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Limited};
 
 use super::large_buffer::LargeBuffer;
-use super::memory::BodyComparison;
+use crate::proxy::memory::BodyComparison;
 use crate::request_bytes::RequestBytes;
 
 /// Preallocated at most for a body that announces its length: a larger body grows.

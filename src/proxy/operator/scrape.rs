@@ -12,8 +12,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use http::header;
 
-use super::{admin, App};
+use super::admin;
 use crate::metrics::Snapshot;
+use crate::proxy::App;
 
 /// The exposition, or the admin API's refusal.
 pub async fn metrics(

@@ -19,8 +19,8 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use super::record::{Capture, Finished, Outcome};
-use super::upstream::BodyError;
 use crate::budget::Ledger;
+use crate::proxy::upstream::BodyError;
 use crate::store::Store;
 
 /// Responses larger than this are forwarded whole but not decoded for the log.
@@ -40,11 +40,11 @@ pub struct Sinks {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     pub traces: std::sync::Arc<crate::telemetry::Traces>,
     /// The end of a stop's grace period, which tells a cut answer from a client leaving.
-    pub cut: super::Cut,
+    pub cut: crate::proxy::Cut,
 }
 
 impl Sinks {
-    pub fn of(app: &super::App) -> Sinks {
+    pub fn of(app: &crate::proxy::App) -> Sinks {
         Sinks {
             store: app.store.clone(),
             ledger: app.ledger.clone(),

@@ -23,7 +23,7 @@ use axum::{Extension, Json};
 use http::{header, HeaderMap, Method, StatusCode};
 use serde::Deserialize;
 
-use super::App;
+use crate::proxy::App;
 
 /// Why the admin API refused a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::upstream;
+use super::client as upstream;
 
 /// Posts `body` (JSON) to each of `urls`; `done(delivered)` is called once per URL.
 /// `what` names the hook in the process log.

@@ -7,8 +7,8 @@ use axum::body::Body;
 use axum::response::Response;
 use http::{header, HeaderValue, StatusCode};
 
-use super::route::Upstream;
 use crate::dialect::{Dialect, UpstreamFailure};
+use crate::proxy::serve::route::Upstream;
 
 /// The dialect whose error shape an API family uses (both OpenAI APIs share one).
 fn dialect_of(upstream: Upstream) -> Dialect {

@@ -10,7 +10,8 @@ use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use http::StatusCode;
 
-use super::{admin, dashboard, App};
+use super::{admin, dashboard};
+use crate::proxy::App;
 
 /// Whether `path` is one of the proxy's own, which [`router`] answers. Every other request
 /// is forwarded, and goes straight to `forward::handle` rather than through the router:

@@ -36,9 +36,9 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 
-use super::route::Upstream;
 use crate::config::{extra_roots, UpstreamConfig};
 use crate::egress::{Egress, TunnelError, Tunnelling};
+use crate::proxy::serve::route::Upstream;
 use crate::request_bytes::RequestBytes;
 
 /// Idle connections kept per origin and serving thread; one more returned is closed. A

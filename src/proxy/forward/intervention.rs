@@ -11,13 +11,13 @@ use http::header::{self, HeaderValue};
 use http::StatusCode;
 
 use super::block::{BlockBody, Check};
-use super::App;
 use crate::detect::{Decision, EngineState};
 use crate::dialect::{HaltReply, ResponseTurn};
 use crate::intervene::pause::Ticket;
 use crate::intervene::{Applied, Effect, RequestInfo};
 use crate::interventions::ConversationState;
 use crate::policy::Policy;
+use crate::proxy::App;
 
 /// A request held for a human.
 pub struct Held {
@@ -58,7 +58,7 @@ pub fn plan(
     let effect = acted.carried.effect;
     let held = matches!(effect, Effect::Hold).then(|| {
         let (ticket, info) = app.interventions.hold(policy, &acted.decision, req);
-        let client = super::upstream::thread_client(&app.client);
+        let client = crate::proxy::upstream::thread_client(&app.client);
         super::held::notify(&client, &policy.intervene().pause, &info);
         Box::new(Held {
             policy: policy.clone(),

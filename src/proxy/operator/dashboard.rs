@@ -19,15 +19,15 @@ use http::{header, HeaderMap, HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 
 use super::admin::{self, Access, Denied};
-use super::App;
+use crate::proxy::App;
 use crate::store::dashboard::{HaltedRun, Target, Verdict};
 use crate::store::now_ms;
 
-const INDEX_HTML: &str = include_str!("../../ui/index.html");
-const LOGIN_HTML: &str = include_str!("../../ui/login.html");
-const APP_JS: &str = include_str!("../../ui/app.js");
-const APP_CSS: &str = include_str!("../../ui/app.css");
-const LOGIN_JS: &str = include_str!("../../ui/login.js");
+const INDEX_HTML: &str = include_str!("../../../ui/index.html");
+const LOGIN_HTML: &str = include_str!("../../../ui/login.html");
+const APP_JS: &str = include_str!("../../../ui/app.js");
+const APP_CSS: &str = include_str!("../../../ui/app.css");
+const LOGIN_JS: &str = include_str!("../../../ui/login.js");
 
 /// Scripts and styles from this origin only (no inline script: a text that reached the
 /// page from the log cannot run), connections to this origin only, never in a frame.

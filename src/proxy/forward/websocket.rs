@@ -44,21 +44,21 @@ use tokio_tungstenite::WebSocketStream;
 use super::analysis::Arrival;
 use super::block::BlockBody;
 use super::body::read_body;
-use super::connection::{Serving, Watch};
 use super::errors::{self, Refusal};
-use super::forward::{self, error_chain};
-use super::identity;
+use super::handler::{self as forward, error_chain};
 use super::intervention::{self, Guard, Planned};
-use super::memory::BodyComparison;
 use super::record::{Capture, Finished, Outcome};
-use super::response_chain::{Found, Link, ResponseChain};
-use super::route::{self, Upstream};
 use super::tee::Blocked;
-use super::App;
 use crate::dialect::responses_socket::{self as socket, Create, Event};
 use crate::dialect::{Dialect, UpstreamFailure};
 use crate::intervene::{Applied, Effect};
 use crate::policy::Traffic;
+use crate::proxy::identity;
+use crate::proxy::memory::BodyComparison;
+use crate::proxy::serve::route::{self, Upstream};
+use crate::proxy::serve::{Serving, Watch};
+use crate::proxy::upstream::{Found, Link, ResponseChain};
+use crate::proxy::App;
 use crate::request_bytes::RequestBytes;
 use crate::store::{next_request_id, now_ms, Label};
 
@@ -76,11 +76,11 @@ pub struct Upgradable {
     /// Turns `true` when the server stops.
     pub stop: tokio::sync::watch::Receiver<bool>,
     /// The end of the stop's grace: the socket is closed then, its turn in flight or not.
-    pub cut: super::Cut,
+    pub cut: crate::proxy::Cut,
     /// Held until the socket ends: the server's stop waits for every holder.
     pub open: tokio::sync::mpsc::Sender<()>,
     /// Held until the socket ends: the socket counts as an open connection until then.
-    pub place: Arc<super::Place>,
+    pub place: Arc<crate::proxy::Place>,
 }
 
 /// The handler of an upgrade: asks the upstream for the same, and on its 101 answers the
@@ -107,7 +107,7 @@ pub async fn open(app: Arc<App>, request: Request) -> Response {
         let message = "loopwarden: cannot build the upstream URL";
         return errors::upstream_failure(upstream, UpstreamFailure::Unreachable, message);
     };
-    let client = super::upstream::thread_client(&app.client);
+    let client = crate::proxy::upstream::thread_client(&app.client);
     let timeout = Duration::from_secs(app.config.upstream.response_timeout_secs);
     let answer = match tokio::time::timeout(timeout, client.upgrade(upstream, outgoing)).await {
         Ok(Ok(answer)) => answer,
@@ -204,7 +204,7 @@ fn upgrade_request(
     target: Option<http::Uri>,
     client_headers: &http::HeaderMap,
     key: &str,
-) -> Option<http::Request<super::upstream::Outgoing>> {
+) -> Option<http::Request<crate::proxy::upstream::Outgoing>> {
     let mut headers = client_headers.clone();
     for name in [
         header::SEC_WEBSOCKET_KEY,
@@ -366,7 +366,7 @@ impl Session {
         mut client: Socket,
         mut upstream: Socket,
         mut stop: Option<tokio::sync::watch::Receiver<bool>>,
-        cut: Option<super::Cut>,
+        cut: Option<crate::proxy::Cut>,
     ) {
         let mut stopping = false;
         let cut = async move {
@@ -509,7 +509,7 @@ impl Session {
             return vec![Out::Upstream(original)];
         };
         if let Some(id) = missing {
-            let note = super::response_chain::missing(&id);
+            let note = crate::proxy::upstream::missing(&id);
             finished.row.parse_error.get_or_insert(note);
         }
         let Planned {
