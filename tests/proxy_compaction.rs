@@ -997,3 +997,52 @@ async fn a_continuation_joins_a_run_of_its_own_team_only() {
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["team"], "beta");
 }
+
+/// Claude Code's history after a compaction re-attaches the last file read, under its old
+/// id, before the reads the model makes again: that re-attached read is the one needed
+/// re-read, and the very next repeat of the loop nudged before the compaction gets the
+/// next rung.
+#[tokio::test]
+async fn the_ladder_goes_on_right_after_the_re_attached_read() {
+    let setup = Setup::start(|_| {}).await;
+    let c = Client::ClaudeCode;
+    let task = "Fix the failing test in calc.py.";
+    let mut n = 0;
+    loop {
+        let a = setup.send(c, "ladder-1", task, Part::Before(n)).await;
+        if a.decision == "nudge" {
+            break;
+        }
+        n += 1;
+        assert!(n < 10, "nudged at some point");
+    }
+    let summary = setup.send(c, "ladder-1", task, Part::Summary(n)).await;
+    assert!(summary.untouched, "{summary:?}");
+    let headers = c.headers("ladder-1", "sk-test-key-1", Part::After(0));
+    let mut decisions = Vec::new();
+    for reads in 0..3 {
+        let mut body = c.body(task, Part::After(reads));
+        let messages = body["messages"].as_array_mut().unwrap();
+        let id = format!("toolu_a{}", n - 1);
+        messages.splice(
+            1..1,
+            [
+                json!({"role": "system", "content": "Today's date is 2026-12-07."}),
+                json!({"role": "assistant", "content": [{"type": "tool_use", "id": id,
+                    "name": "Read", "input": {"file_path": "/work/calc.py"}}]}),
+                json!({"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": id, "content": CONTENT},
+                    {"type": "text", "text": "<system-reminder>\nAttribution: none.\n</system-reminder>"}]}),
+            ],
+        );
+        decisions.push(setup.post(c.path(), &headers, body).await.decision);
+    }
+    assert_eq!(
+        decisions[0], "observe",
+        "the re-attached read: {decisions:?}"
+    );
+    assert!(
+        ESCALATED.contains(&decisions[1].as_str()),
+        "the next repeat: {decisions:?}"
+    );
+}
