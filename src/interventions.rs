@@ -212,9 +212,14 @@ impl Interventions {
             return BudgetStatus::Within;
         }
         let steps = req.run_steps as u64;
-        let status = self
-            .ledger
-            .status(&req.conversation, steps, &policy.budget, now_ms());
+        let model = req.model.as_deref();
+        let next = crate::budget::NextCall {
+            model,
+            input_tokens: crate::budget::estimate::input_tokens(model, req.body.len()),
+        };
+        let status =
+            self.ledger
+                .status_before(&req.conversation, steps, &policy.budget, now_ms(), next);
         match self.controls.contains(&req.conversation) {
             true => status.lifted(),
             false => status,

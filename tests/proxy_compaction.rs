@@ -1046,3 +1046,33 @@ async fn the_ladder_goes_on_right_after_the_re_attached_read() {
         "the next repeat: {decisions:?}"
     );
 }
+
+/// A dollar cap holds before the call: a request whose input alone (estimated from its
+/// body, 3.5 bytes a token for a Claude model) would take the run past the cap is halted
+/// before it reaches the upstream; one that stays under it goes.
+#[tokio::test]
+async fn a_call_that_would_cross_the_dollar_cap_is_stopped_before_it_is_made() {
+    let setup = Setup::start(|config| {
+        config.prices = dollar_a_million();
+        config.budget.dollars = 0.25;
+        config.detect.enabled = false;
+    })
+    .await;
+    let c = Client::ClaudeCode;
+    let task = "Fix the failing test in calc.py.";
+    // About 60k tokens of input ($0.06), and about 29k ($0.03).
+    for (id, padding, crosses) in [("large-1", 210_000, true), ("medium-1", 100_000, false)] {
+        let headers = c.headers(id, "sk-test-key-1", Part::Before(0));
+        for n in 0..2 {
+            assert!(setup.send(c, id, task, Part::Before(n)).await.forwarded);
+        }
+        // $0.20 spent.
+        let mut body = c.body(task, Part::Before(2));
+        body["system"][0]["text"] = json!(format!("You are Claude Code. {}", "x".repeat(padding)));
+        let a = setup.post(c.path(), &headers, body).await;
+        assert_eq!(a.forwarded, !crosses, "{id}: {a:?}");
+        if crosses {
+            assert_eq!(a.decision, "halt", "{id}: {a:?}");
+        }
+    }
+}
