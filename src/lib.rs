@@ -4,7 +4,7 @@
 //! [`actions`] reads what each tool call does → detection ([`detect`]) folds the facts,
 //! finds loops and decides → [`intervene`] rules on the decision and rewrites or answers →
 //! [`proxy`] forwards and tees the response → [`store`] logs it. The steps from bytes to a
-//! decision are one call, `proxy::analysis::Analyser::analyse`, which the proxy, the
+//! decision are one call, `proxy::forward::analysis::Analyser::analyse`, which the proxy, the
 //! benchmarks and `loopwarden replay` share.
 #![deny(
     clippy::unwrap_used,
@@ -33,6 +33,7 @@ pub mod names;
 pub mod normalize;
 pub mod policies;
 pub mod policy;
+pub mod process_log;
 pub mod proxy;
 pub mod reload;
 pub mod replay;

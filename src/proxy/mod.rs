@@ -1,14 +1,21 @@
-//! The HTTP side: routing, forwarding, the streaming tee, conversation identity, admin API.
+//! The HTTP side, in rooms, each reached through its `mod.rs`; arrows run down this list:
 //!
-//! A request's journey: [`route`] picks the upstream and wire format → [`forward::handle`]
-//! reads the body once ([`body`]) → [`analysis`] reads the conversation and decides (the
-//! dialect, the transcript read after the last request through [`memory`] so that only
-//! new messages cost work, [`identity`], the engine) → [`intervention::plan`] carries out the ruling on it (forward, forward
-//! rewritten, answer, hold) → the bytes go upstream (over [`upstream`]'s pooled
-//! connections) → the answer streams back through [`tee`] → [`record`] logs it to the
-//! [`crate::store`] off the request path. Nothing here decides what happens to a request:
-//! that is `crate::intervene::ruling`. A WebSocket upgrade (Codex's Responses transport)
-//! goes to [`websocket`], which reads each turn on the socket through the same analysis.
+//! - this file: the proxy started and stopped ([`start`], [`Running`]), each serving
+//!   thread's loop, which hands a request to the operator's router or to [`forward`];
+//! - [`operator`]: what the proxy answers itself (admin API, dashboard, `/metrics`);
+//! - [`forward`]: one request's path: the body read once, the analysis of the conversation
+//!   (through [`memory`], so that only new messages cost work), the ruling carried out, the
+//!   bytes sent upstream, the answer streamed back, charged and logged off the path; the
+//!   same for each turn of a Responses WebSocket; and the state every request shares
+//!   ([`forward::App`]);
+//! - [`upstream`]: the pooled client to the model APIs, the Responses answers kept for
+//!   requests that continue one by id, webhooks;
+//! - [`serve`]: client connections and their reaping, TLS, where a request goes
+//!   ([`serve::route`]), the spread over serving threads, the health check;
+//! - [`memory`], [`identity`]: what the proxy remembers of each live conversation, and
+//!   which conversation a request belongs to.
+//!
+//! Nothing here decides what happens to a request: that is `crate::intervene::ruling`.
 
 pub mod forward;
 pub mod identity;
@@ -31,91 +38,12 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
-use crate::config::Config;
+use crate::config::{Config, WebSocketMode};
 use crate::store::{Store, StoreOptions};
-use serve::{Admission, Spread};
+use forward::{App, Place};
+use serve::{Admission, Cut, Spread};
 
-/// Options of `loopwarden serve`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ServeArgs {
-    /// Config file (TOML). Defaults are built in; see config/loopwarden.toml.
-    #[arg(long, env = "LOOPWARDEN_CONFIG")]
-    pub config: Option<std::path::PathBuf>,
-    /// Address to listen on (overrides the config and LOOPWARDEN_LISTEN).
-    #[arg(long)]
-    pub listen: Option<String>,
-    /// Database URL, e.g. sqlite://loopwarden.db (overrides the config and LOOPWARDEN_DB).
-    #[arg(long)]
-    pub db: Option<String>,
-}
-
-impl ServeArgs {
-    /// The configuration these options name: defaults, the file, the environment, the flags.
-    pub fn load_config(self) -> anyhow::Result<Config> {
-        let config = Config::load(self.config.as_deref(), |var| std::env::var(var).ok())?;
-        Ok(config.with_flags(self.listen, self.db)?)
-    }
-}
-
-/// Everything a request handler shares.
-pub struct App {
-    pub config: Config,
-    /// The upstream client of the thread that called [`start`] (the others have their own:
-    /// [`upstream::use_thread_client`]).
-    pub client: upstream::Client,
-    /// The message cache, each conversation's fold and last request.
-    pub analyser: forward::Analyser,
-    /// The Responses answers relayed over HTTP, for requests that continue one by id.
-    pub responses: Arc<upstream::ResponseChain>,
-    /// The policies in force (each with its engine and intervention settings), swapped
-    /// whole on a reload.
-    pub policies: Arc<crate::reload::Live>,
-    pub store: Store,
-    /// Each conversation's spend, charged as answers end (`crate::budget::Ledger`).
-    pub ledger: crate::budget::Ledger,
-    /// Sticky halts, held requests and the intervention log (`crate::intervene`).
-    pub interventions: crate::interventions::Interventions,
-    /// Open client connections per serving thread, and where the next one goes.
-    pub spread: Spread,
-    /// Every open client connection's state, the limits that reap them, the cap.
-    pub connections: Arc<serve::Connections>,
-    /// What `/metrics` exposes ([`scrape`]).
-    pub metrics: Arc<crate::metrics::Metrics>,
-    /// Where the OpenTelemetry spans go (`crate::telemetry`; nowhere unless configured).
-    pub traces: Arc<crate::telemetry::Traces>,
-    /// The end of a stop's grace period ([`Running::shutdown`]).
-    pub cut: Cut,
-    /// The listener's TLS (`server.tls_cert`); `None`: plain HTTP.
-    pub tls: Option<tokio_rustls::TlsAcceptor>,
-}
-
-/// The end of a stop's grace period: the connections, streams and WebSockets still open
-/// then are cut (a response cut so is logged `cut_at_shutdown`). Shared by every serving
-/// thread; it only ever turns on.
-#[derive(Clone)]
-pub struct Cut(Arc<tokio::sync::watch::Sender<bool>>);
-
-impl Cut {
-    fn new() -> Cut {
-        Cut(Arc::new(tokio::sync::watch::Sender::new(false)))
-    }
-
-    /// Cuts what is still open.
-    fn now(&self) {
-        self.0.send_replace(true);
-    }
-
-    /// Whether the grace is over.
-    pub fn is_done(&self) -> bool {
-        *self.0.borrow()
-    }
-
-    /// Resolves once the grace is over.
-    pub async fn done(&self) {
-        let mut cut = self.0.subscribe();
-        let _ = cut.wait_for(|cut| *cut).await;
-    }
-}
+pub use serve::ServeArgs;
 
 /// How a stop went ([`Running::shutdown`]): what the log could not write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,16 +104,18 @@ impl Running {
         &self.app.store
     }
 
-    /// Stops within `server.shutdown_grace_secs`: stops accepting, answers every held
-    /// request at once (its timeout's verdict), lets the requests and streams in flight
-    /// finish within the grace and cuts what remains near its end ([`LOG_RESERVE_MAX`]),
-    /// then gives the log what is left of it (what it cannot write by then is spilled, or
-    /// counted lost).
+    /// Stops within `server.shutdown_grace_secs`: drains for `server.drain_secs` first
+    /// ([`Running::drain`]), then stops accepting, answers every held request at once (its
+    /// timeout's verdict), lets the requests and streams in flight finish within the grace
+    /// and cuts what remains near its end ([`LOG_RESERVE_MAX`]), then gives the log what is
+    /// left of it (what it cannot write by then is spilled, or counted lost).
     pub async fn shutdown(mut self) -> anyhow::Result<Stopped> {
         let grace = Duration::from_secs(self.app.config.server.shutdown_grace_secs);
         let deadline = std::time::Instant::now() + grace;
+        self.drain().await;
         // The log's last moments are kept for it: what is cut is logged after the cut.
-        let cut_at = deadline - (grace / 4).min(LOG_RESERVE_MAX);
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let cut_at = deadline - (left / 4).min(LOG_RESERVE_MAX);
         let log_before = self.app.store.health();
         let held = self.app.interventions.pending.release_all();
         if held > 0 {
@@ -228,6 +158,25 @@ impl Running {
             tracing::error!("the log writer did not finish by the end of the shutdown grace: the records it still held are lost");
         }
         Ok(Stopped { log })
+    }
+
+    /// The first part of a stop (`server.drain_secs`, at most half the grace): everything
+    /// is still served, new connections included, but `/readyz` answers 503 and each answer
+    /// closes its connection, so that a load balancer polling `/readyz` (a Kubernetes
+    /// readiness probe) takes this replica out, and its clients reconnect elsewhere, before
+    /// the listener closes.
+    async fn drain(&self) {
+        self.app
+            .stopping
+            .store(true, std::sync::atomic::Ordering::Release);
+        let drain_secs = self.app.config.server.drain_secs;
+        if drain_secs > 0 {
+            tracing::info!(
+                drain_secs,
+                "draining: /readyz answers 503 while requests are still served"
+            );
+            tokio::time::sleep(Duration::from_secs(drain_secs)).await;
+        }
     }
 
     /// Waits for every serving thread to finish its connections.
@@ -340,7 +289,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         spread,
         metrics,
         traces,
-        cut: Cut::new(),
+        cut: Cut::default(),
+        stopping: std::sync::atomic::AtomicBool::new(false),
         tls,
     });
     spawn_sweeper(Arc::downgrade(&app), idle);
@@ -460,7 +410,7 @@ impl Incoming {
                     Err(e) => {
                         // Out of file descriptors and the like: the connection stays in the
                         // backlog; wait (serving the others meanwhile) rather than spin.
-                        tracing::warn!(error = %e, "accept failed");
+                        crate::warn_per_request!(error = %e, "accept failed");
                         tokio::time::sleep(ACCEPT_BACKOFF).await;
                     }
                 },
@@ -515,11 +465,7 @@ async fn serve(
         let (io, watch) = app.connections.open(stream, admission);
         let io = serve::wrap_tls(app.tls.as_ref(), io);
         let watching = watch.clone();
-        let place = Arc::new(Place {
-            app: app.clone(),
-            watch: watch.clone(),
-            me,
-        });
+        let place = Arc::new(Place::new(app.clone(), watch.clone(), me));
         let upgradable = forward::Upgradable {
             watch,
             stop: stopping.subscribe(),
@@ -531,13 +477,22 @@ async fn serve(
             hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
                 // Until its response body ends, the connection is not waiting for a request.
                 let serving = serve::Serving::begin(&watching);
-                let served = |response: Response| response.map(|body| serving.until_sent(body));
+                // A request that arrives while the proxy stops gets an answer that closes
+                // the connection ([`close_when_stopping`]).
+                let stopping = shared.stopping.load(std::sync::atomic::Ordering::Acquire);
+                let served = move |mut response: Response| {
+                    if stopping {
+                        close_when_stopping(&mut response);
+                    }
+                    response.map(|body| serving.until_sent(body))
+                };
                 let own = operator::answered_here(request.uri().path());
                 if watching.own_paths_only && !own {
                     let refused = shared.connections.refuse_request();
                     return Either::Left(Either::Right(std::future::ready(Ok(served(refused)))));
                 }
-                if serve::route::asks_websocket(request.method(), request.headers()) {
+                let upgrade = serve::route::asks_websocket(request.method(), request.headers());
+                if upgrade {
                     // The socket outlives the 101's body and the connection's own future.
                     request.extensions_mut().insert(upgradable.clone());
                 }
@@ -546,11 +501,15 @@ async fn serve(
                     Either::Left(Either::Left(
                         router.clone().oneshot(request).map(|r| r.map(served)),
                     ))
+                } else if upgrade && shared.config.server.websocket == WebSocketMode::Proxy {
+                    let request = request.map(axum::body::Body::new);
+                    let open = Box::pin(forward::open_websocket(shared.clone(), request));
+                    Either::Right(Either::Right(open.map(|r| Ok(served(r)))))
                 } else {
                     let request = request.map(axum::body::Body::new);
-                    Either::Right(
+                    Either::Right(Either::Left(
                         forward::handle(State(shared.clone()), request).map(|r| Ok(served(r))),
-                    )
+                    ))
                 }
             });
         // With upgrades: Codex's Responses WebSocket ([`websocket`]).
@@ -594,23 +553,15 @@ async fn serve(
     Ok(())
 }
 
-/// A client connection's place among the open ones (the cap's count, its serving thread's),
-/// freed when the last holder lets go: its task, or the WebSocket it was upgraded to, which
-/// outlives the task ([`forward::Upgradable`]).
-pub struct Place {
-    app: Arc<App>,
-    watch: Arc<serve::Watch>,
-    me: usize,
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        self.app.connections.close(&self.watch);
-        // A connection kept for the proxy's own paths at the cap was never counted in the
-        // thread's spread.
-        if !self.watch.own_paths_only {
-            self.app.spread.closed(self.me);
-        }
+/// An answer given while the proxy stops (draining) closes its connection: the client's
+/// next request opens a new one, which the load balancer sends to another replica. An
+/// upgrade's 101 is left alone (its socket closes when the stop reaches it).
+fn close_when_stopping(response: &mut Response) {
+    if response.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+        response.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
     }
 }
 
@@ -694,17 +645,10 @@ fn spawn_sweeper(app: std::sync::Weak<App>, idle: Duration) {
 pub fn serve_main(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
     let config = args.load_config()?;
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(colour(
-            std::io::stderr().is_terminal(),
-            std::env::var_os("NO_COLOR"),
-        ))
-        .init();
+    crate::process_log::init(colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR"),
+    ));
     if let Some(files) = serve::raise_open_file_limit() {
         tracing::debug!(files, "open-file limit");
     }
@@ -807,19 +751,6 @@ impl Signals {
             let _ = tokio::signal::ctrl_c().await;
             Signal::Stop
         }
-    }
-}
-
-/// Page faults taken by the calling thread so far: what the tests of the allocator's
-/// settings and of the large buffers count.
-#[cfg(all(test, target_os = "linux"))]
-#[allow(unsafe_code, reason = "getrusage is a C call")]
-fn minor_faults() -> i64 {
-    // SAFETY: getrusage fills the struct it is given.
-    unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut usage), 0);
-        usage.ru_minflt
     }
 }
 

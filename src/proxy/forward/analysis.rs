@@ -1,10 +1,10 @@
-//! The analysis of one request: the one sequence the proxy ([`super::forward`]) and the
+//! The analysis of one request: the one sequence the proxy ([`super::handler`]) and the
 //! benchmarks (`benches/support`) run, so that what is measured is what serves. In order:
 //!
 //! 1. bytes → dialect: the body's top level is read, resumed after the conversation's last
-//!    request ([`BodyComparison`] found it while the body arrived: [`super::memory`] holds
+//!    request ([`BodyComparison`] found it while the body arrived: [`crate::proxy::memory`] holds
 //!    everything that makes a request cost work for its new messages only);
-//! 2. dialect → transcript: each message parsed once ([`super::memory::MessageCache`]), the last
+//! 2. dialect → transcript: each message parsed once ([`crate::proxy::memory::MessageCache`]), the last
 //!    request's transcript continued with the new ones;
 //! 3. transcript → identity: the one the request states, else its head's hash, else a
 //!    fallback per client and endpoint;
@@ -36,13 +36,7 @@ use crate::proxy::memory::{
 use crate::proxy::serve::route::Route;
 use crate::request_bytes::RequestBytes;
 use crate::store::redact::summary;
-use crate::throttle::Throttle;
 use crate::transcript::Transcript;
-
-/// The warning for a body that cannot be read: a client can send one with each request,
-/// so it is written once per 10 s at most (every such request has its row with its
-/// `parse_error` all the same).
-static UNPARSED_WARNING: Throttle = Throttle::new(10_000);
 
 /// What the analysis keeps between requests, so that each costs work for its new messages
 /// and steps only.
@@ -239,7 +233,7 @@ impl Analyser {
         // A summary request is read as the history it summarizes, without the client's
         // instruction (which would read as a human speaking, to the engine and to a halt).
         // Its standing is what the run's fold must know (an operator's resume); nothing
-        // stops it all the same (`super::forward`).
+        // stops it all the same (`super::handler`).
         let history = compaction
             .summary
             .and_then(|m| compaction::without_instruction(&transcript, m));
@@ -390,7 +384,7 @@ impl<'a> Sent<'a> {
 }
 
 impl Analyser {
-    /// The run a request belongs to across compactions ([`super::memory::lineage`]): its
+    /// The run a request belongs to across compactions ([`crate::proxy::memory::lineage`]): its
     /// markers ([`compaction::recognize`]; the body's last bytes only), and for a request
     /// whose history continues from a summary, its run, whose id it takes; a conversation
     /// joined before goes on under the run's id. `fold`: the conversation's cached fold,
@@ -488,9 +482,7 @@ fn identify(
 /// well, one line per 10 s at most.
 fn unparsed(path: &str, dialect: Dialect, error: &str) -> crate::store::Masked {
     let reason = summary(error, 200);
-    if let Some(skipped) = UNPARSED_WARNING.admit(crate::store::now_ms()) {
-        tracing::warn!(path, dialect = dialect.as_str(), error = %reason, more_since_last = skipped, "request body not parsed; forwarded untouched (one line per 10 s at most; each is in the log)");
-    }
+    crate::warn_per_request!(path, dialect = dialect.as_str(), error = %reason, "request body not parsed; forwarded untouched (one line per 10 s at most; each is in the log)");
     reason
 }
 

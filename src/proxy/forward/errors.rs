@@ -30,7 +30,7 @@ pub fn upstream_failure(upstream: Upstream, failure: UpstreamFailure, message: &
 pub enum Refusal {
     /// `CONNECT`: the proxy is no tunnel.
     Connect,
-    /// A path whose `..` segments climb above the root (`super::route::ClimbsOut`).
+    /// A path whose `..` segments climb above the root (`crate::proxy::serve::route::ClimbsOut`).
     ClimbsOut,
     /// A body larger than `server.max_body_bytes`, announced or as it arrived.
     TooLarge { max: usize },

@@ -17,6 +17,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http_body_util::{BodyExt, Full, Limited};
 
 use super::analysis::{Analysis, Arrival, Logged};
+use super::app::App;
 use super::body::read_body;
 use super::errors;
 use super::errors::Refusal;
@@ -32,9 +33,9 @@ use crate::policy::{Mode, Policy, Traffic};
 use crate::proxy::identity;
 use crate::proxy::memory::BodyComparison;
 use crate::proxy::serve::route::{self, Route, Upstream};
+use crate::proxy::upstream;
 use crate::proxy::upstream::Outgoing;
 use crate::proxy::upstream::{HttpRequest, ResponseChain};
-use crate::proxy::{upstream, App};
 use crate::request_bytes::RequestBytes;
 use crate::store::{next_request_id, now_ms, ConversationSeen, Label, RequestRow};
 
@@ -42,13 +43,10 @@ pub const DECISION_HEADER: &str = "x-loopwarden-decision";
 /// Every answer names the policy its request fell under.
 pub const POLICY_HEADER: &str = "x-loopwarden-policy";
 
-/// The proxy handler: every request for a path that is not the proxy's own ([`super::own`]).
+/// The proxy handler: every request for a path that is not the proxy's own
+/// (`crate::proxy::operator`), but for a WebSocket upgrade that is proxied
+/// (`super::websocket::open`).
 pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
-    if app.config.server.websocket == WebSocketMode::Proxy
-        && route::asks_websocket(request.method(), request.headers())
-    {
-        return Box::pin(super::websocket::open(app, request)).await;
-    }
     let started = Instant::now();
     let started_ms = now_ms();
     let (parts, body) = request.into_parts();
@@ -170,7 +168,7 @@ fn note_continued(finished: &mut Finished, c: HttpRequest, responses: &Arc<Respo
     finished.chain = c.pending(responses);
 }
 
-/// A Responses request that continues an earlier answer by id (`super::response_chain`):
+/// A Responses request that continues an earlier answer by id (`crate::proxy::upstream::response_chain`):
 /// the continuation, and its whole history (the earlier answer's and its own) read as a
 /// request that sent it all would be, compared with what the conversation sent last (in
 /// place of `earlier`; `None` when it cannot be read). The request's own bytes go as they
@@ -509,7 +507,7 @@ impl Dispatch {
         mut self,
         effect: Effect,
         finished: Box<Finished>,
-        guard: Option<Guard>,
+        guard: Option<Box<Guard>>,
     ) -> Response {
         let body = match effect {
             // A held request is sent only once decided: `Hold` does not reach here.
@@ -560,12 +558,12 @@ impl Dispatch {
                 headers_at: Instant::now(),
             }),
             Ok(Err(e)) => {
-                tracing::warn!(upstream = upstream.as_str(), error = %error_chain(&e), "upstream unreachable");
+                crate::warn_per_request!(upstream = upstream.as_str(), error = %error_chain(&e), "upstream unreachable");
                 let message = e.unreachable_message(upstream);
                 Err((Failure::unreachable(upstream, &message), Some(sent)))
             }
             Err(_) => {
-                tracing::warn!(
+                crate::warn_per_request!(
                     upstream = upstream.as_str(),
                     timeout_secs = timeout.as_secs(),
                     "upstream timed out"
@@ -591,7 +589,7 @@ impl Dispatch {
         self,
         answered: Answered,
         mut finished: Box<Finished>,
-        guard: Option<Guard>,
+        guard: Option<Box<Guard>>,
     ) -> Response {
         let Answered {
             response: upstream_response,
@@ -673,7 +671,7 @@ impl Dispatch {
         {
             Ok(collected) => Ok(collected.to_bytes()),
             Err(e) => {
-                tracing::warn!(error = %e, "upstream answer broke off while checked for a block");
+                crate::warn_per_request!(error = %e, "upstream answer broke off while checked for a block");
                 let outcome = e
                     .downcast_ref::<upstream::BodyError>()
                     .map_or(Outcome::UpstreamBroken, Outcome::of_body_error);
@@ -918,6 +916,8 @@ pub(super) fn upstream_request(
     for name in &unwanted {
         headers.remove(name);
     }
+    // A browser's dashboard session is the proxy's, never the upstream's.
+    crate::proxy::operator::strip_session_cookie(&mut headers);
     let mut request = http::Request::new(Outgoing::new(body));
     *request.method_mut() = method.clone();
     *request.uri_mut() = target;

@@ -11,7 +11,7 @@ use crate::intervene::pause::HeldInfo;
 use crate::intervene::PauseConfig;
 use crate::proxy::upstream;
 
-/// Posts a held request to every webhook ([`super::webhook::post_all`]).
+/// Posts a held request to every webhook ([`crate::proxy::upstream::post_all`]).
 pub fn notify(client: &upstream::Client, config: &PauseConfig, info: &HeldInfo) {
     if config.webhooks.is_empty() {
         return;

@@ -10,6 +10,7 @@ use axum::response::Response;
 use http::header::{self, HeaderValue};
 use http::StatusCode;
 
+use super::app::App;
 use super::block::{BlockBody, Check};
 use crate::detect::{Decision, EngineState};
 use crate::dialect::{HaltReply, ResponseTurn};
@@ -17,7 +18,6 @@ use crate::intervene::pause::Ticket;
 use crate::intervene::{Applied, Effect, RequestInfo};
 use crate::interventions::ConversationState;
 use crate::policy::Policy;
-use crate::proxy::App;
 
 /// A request held for a human.
 pub struct Held {
@@ -39,7 +39,7 @@ pub struct Planned {
     /// Set when the request is held for a human.
     pub held: Option<Box<Held>>,
     /// Set when the response must be checked for a call to block.
-    pub guard: Option<Guard>,
+    pub guard: Option<Box<Guard>>,
 }
 
 /// A request's ruling, carried out. Only called for requests whose history was parsed.
@@ -69,12 +69,16 @@ pub fn plan(
         })
     });
     let forwards = matches!(effect, Effect::Forward | Effect::ForwardModified(_));
-    // The state is copied only for the rare response that may complete a loop.
-    let guard = (forwards && app.interventions.armed(policy, state)).then(|| Guard {
-        policy: policy.clone(),
-        state: state.clone(),
-        request: req.to_owned(),
-        request_id,
+    // The state is copied only for the rare response that may complete a loop; boxed (the
+    // engine's state is most of its 1.2 KB), so that the futures every request moves carry
+    // a pointer, not room for it.
+    let guard = (forwards && app.interventions.armed(policy, state)).then(|| {
+        Box::new(Guard {
+            policy: policy.clone(),
+            state: state.clone(),
+            request: req.to_owned(),
+            request_id,
+        })
     });
     Planned {
         effect,

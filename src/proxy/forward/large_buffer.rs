@@ -10,7 +10,7 @@
 //! ~0.1 ms sooner (BENCHMARKS.md, "What was tried").
 //!
 //! Why kept: a fresh mapping is a page fault on first touch of each page (a huge page is
-//! zeroed whole). glibc's heap keeps freed bodies for the same reason (`super::allocator`),
+//! zeroed whole). glibc's heap keeps freed bodies for the same reason (`crate::proxy::serve::allocator`),
 //! but its memory is already on 4 KiB pages, and a hint given after the first touch changes
 //! nothing until the kernel's background scan, much later, merges the pages.
 
@@ -30,7 +30,7 @@ const HUGE_PAGE: usize = 2 << 20;
 
 /// Freed mappings kept for reuse, in bytes of address space (resident only where a body
 /// wrote): past this, a freed mapping is unmapped. As much as glibc keeps per heap
-/// (`super::allocator`).
+/// (`crate::proxy::serve::allocator`).
 const KEPT_MAX: usize = 16 << 20;
 
 /// A buffer that bytes are appended to, then frozen into [`Bytes`].
@@ -351,7 +351,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_body_written_into_a_kept_mapping_takes_no_page_faults() {
-        use crate::proxy::minor_faults;
+        use crate::proxy::serve::minor_faults;
         let kept = Kept::new();
         let data = sample(2 << 20);
         let write = |kept: &Kept| {

@@ -123,7 +123,7 @@ pub struct Finished {
     /// The answer, decoded when its body ended whole ([`Finished::settle`]).
     pub response: Option<ResponseTurn>,
     /// A Responses request whose answer the proxy remembers by id, for a later request
-    /// that continues it (`super::response_chain`).
+    /// that continues it (`crate::proxy::upstream::response_chain`).
     pub chain: Option<Box<crate::proxy::upstream::PendingAnswer>>,
 }
 

@@ -40,11 +40,11 @@ pub struct Sinks {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     pub traces: std::sync::Arc<crate::telemetry::Traces>,
     /// The end of a stop's grace period, which tells a cut answer from a client leaving.
-    pub cut: crate::proxy::Cut,
+    pub cut: crate::proxy::serve::Cut,
 }
 
 impl Sinks {
-    pub fn of(app: &crate::proxy::App) -> Sinks {
+    pub fn of(app: &super::app::App) -> Sinks {
         Sinks {
             store: app.store.clone(),
             ledger: app.ledger.clone(),
@@ -173,7 +173,7 @@ where
                 let outcome = Outcome::of_body_error(e);
                 if let Some(p) = &this.pending {
                     let row = &p.finished.row;
-                    tracing::warn!(conversation = %row.conversation_id, path = %row.path, error = %e, "upstream response cut");
+                    crate::warn_per_request!(conversation = %row.conversation_id, path = %row.path, error = %e, "upstream response cut");
                 }
                 this.finish(outcome);
             }
@@ -201,7 +201,7 @@ impl<B: Body> Drop for TeeBody<B> {
         } else if self.pending.as_ref().is_some_and(|p| p.sinks.cut.is_done()) {
             if let Some(p) = &self.pending {
                 let row = &p.finished.row;
-                tracing::warn!(conversation = %row.conversation_id, path = %row.path, "response cut: the shutdown grace ended before it did");
+                crate::warn_per_request!(conversation = %row.conversation_id, path = %row.path, "response cut: the shutdown grace ended before it did");
             }
             Outcome::CutAtShutdown
         } else {

@@ -2,13 +2,13 @@
 //! when `server.websocket = "proxy"`.
 //!
 //! The upgrade goes to the same upstream, path and headers an HTTP request would (on a
-//! connection of its own: [`super::upstream::Client::upgrade`]); once the upstream agrees,
+//! connection of its own: [`crate::proxy::upstream::Client::upgrade`]); once the upstream agrees,
 //! the client gets its 101 and the two sockets are joined frame by frame. A close (or an
 //! error) on either side ends both.
 //!
 //! Each `response.create` frame is read as the HTTP request it stands for: its history is
 //! the connection's own earlier frames and the answers relayed to them, found by
-//! `previous_response_id` ([`super::response_chain`]), so the frame's few new items are
+//! `previous_response_id` ([`crate::proxy::upstream::response_chain`]), so the frame's few new items are
 //! analysed with everything before them, by the same analysis and rulings as HTTP. A
 //! reminder goes at the end of the frame's input; a halt is answered on the socket with the
 //! events of a streamed Responses halt, and the upstream is not asked. A prewarm frame
@@ -17,7 +17,11 @@
 //! is logged as a request (method `WS`) when its answer ends.
 //!
 //! The socket holds its connection's place ([`Upgradable`]): it counts at the connection
-//! cap while open, and a stopping server closes it (1001) once no answer is on its way.
+//! cap while open. The proxy closes it itself (1001, [`Closing`]) when the server stops and
+//! no answer is on its way; when no frame has gone either way for
+//! `server.websocket_idle_secs` (`upstream.stream_idle_secs` while an answer is on its way);
+//! and at the cap, where a socket with no answer on its way is waiting, as an idle
+//! keep-alive connection is, and may be closed to make room.
 //! Pings are answered by each side's own socket, not relayed.
 
 use std::pin::Pin;
@@ -42,6 +46,7 @@ use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 use tokio_tungstenite::WebSocketStream;
 
 use super::analysis::Arrival;
+use super::app::{App, Place};
 use super::block::BlockBody;
 use super::body::read_body;
 use super::errors::{self, Refusal};
@@ -56,9 +61,8 @@ use crate::policy::Traffic;
 use crate::proxy::identity;
 use crate::proxy::memory::BodyComparison;
 use crate::proxy::serve::route::{self, Upstream};
-use crate::proxy::serve::{Serving, Watch};
+use crate::proxy::serve::{Cut, Serving, Watch};
 use crate::proxy::upstream::{Found, Link, ResponseChain};
-use crate::proxy::App;
 use crate::request_bytes::RequestBytes;
 use crate::store::{next_request_id, now_ms, Label};
 
@@ -68,19 +72,20 @@ const ANSWERS_PER_CONNECTION: usize = 16;
 type Socket = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
 
 /// What a socket keeps of the connection it was upgraded from (a request extension, set
-/// by the server for upgrade requests): the connection serves while the socket is open, and
-/// the server, stopping, tells the socket and waits for it as for any connection.
+/// by the server for upgrade requests): the connection stays open (and counted) while the
+/// socket is, serving while an answer is on its way, and the server, stopping, tells the
+/// socket and waits for it as for any connection.
 #[derive(Clone)]
 pub struct Upgradable {
     pub watch: Arc<Watch>,
     /// Turns `true` when the server stops.
     pub stop: tokio::sync::watch::Receiver<bool>,
     /// The end of the stop's grace: the socket is closed then, its turn in flight or not.
-    pub cut: crate::proxy::Cut,
+    pub cut: Cut,
     /// Held until the socket ends: the server's stop waits for every holder.
     pub open: tokio::sync::mpsc::Sender<()>,
     /// Held until the socket ends: the socket counts as an open connection until then.
-    pub place: Arc<crate::proxy::Place>,
+    pub place: Arc<Place>,
 }
 
 /// The handler of an upgrade: asks the upstream for the same, and on its 101 answers the
@@ -112,7 +117,7 @@ pub async fn open(app: Arc<App>, request: Request) -> Response {
     let answer = match tokio::time::timeout(timeout, client.upgrade(upstream, outgoing)).await {
         Ok(Ok(answer)) => answer,
         Ok(Err(e)) => {
-            tracing::warn!(upstream = upstream.as_str(), error = %error_chain(&e), "upstream unreachable for a WebSocket");
+            crate::warn_per_request!(upstream = upstream.as_str(), error = %error_chain(&e), "upstream unreachable for a WebSocket");
             let message = e.unreachable_message(upstream);
             return errors::upstream_failure(upstream, UpstreamFailure::Unreachable, &message);
         }
@@ -153,16 +158,27 @@ pub async fn open(app: Arc<App>, request: Request) -> Response {
         headers.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
     }
     let upstream_upgrade = hyper::upgrade::on(answer);
+    // From here the connection is the socket's: its reader no longer times it out as an
+    // HTTP connection, and the session keeps the socket's own idle time.
+    let watch = upgradable.as_ref().map(|u| u.watch.clone());
+    if let Some(watch) = &watch {
+        watch.become_socket();
+    }
     let session = Session {
         app: app.clone(),
         parts,
         uri,
         chain: ResponseChain::new(ANSWERS_PER_CONNECTION, app.config.server.max_body_bytes),
         turn: None,
+        watch,
+        serving: None,
+    };
+    let idle = Idle {
+        between_turns: Duration::from_secs(app.config.server.websocket_idle_secs),
+        in_turn: Duration::from_secs(app.config.upstream.stream_idle_secs),
     };
     crate::spawn::task("websocket", async move {
-        // The socket outlives the 101's body: while it is open, the connection serves.
-        let _serving = upgradable.as_ref().map(|u| Serving::begin(&u.watch));
+        // Held while the socket is open: it counts as an open connection until it ends.
         let _held = upgradable
             .as_ref()
             .map(|u| (u.open.clone(), u.place.clone()));
@@ -181,9 +197,63 @@ pub async fn open(app: Arc<App>, request: Request) -> Response {
             WebSocketStream::from_raw_socket(TokioIo::new(client), Role::Server, None).await;
         let upstream =
             WebSocketStream::from_raw_socket(TokioIo::new(upstream), Role::Client, None).await;
-        session.run(client, upstream, stop, cut).await;
+        session.run(client, upstream, stop, cut, idle).await;
     });
     response
+}
+
+/// How long a socket may go without a frame either way before it is closed (1001).
+#[derive(Debug, Clone, Copy)]
+struct Idle {
+    /// No answer on its way: `server.websocket_idle_secs`.
+    between_turns: Duration,
+    /// An answer on its way, the upstream silent: `upstream.stream_idle_secs`, the limit of
+    /// a stalled HTTP stream (a thinking model may say nothing for minutes).
+    in_turn: Duration,
+}
+
+/// Why the proxy closes a socket itself (1001, "going away"); its close frame's reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closing {
+    /// The server is stopping and no answer is on its way.
+    Stopping,
+    /// The stop's grace is over.
+    Stopped,
+    /// No frame either way for [`Idle`]'s limit.
+    Idle,
+    /// The connection cap needed its place, no answer being on its way.
+    Evicted,
+}
+
+impl Closing {
+    fn reason(self) -> &'static str {
+        match self {
+            Closing::Stopping => "loopwarden is stopping",
+            Closing::Stopped => "loopwarden stopped",
+            Closing::Idle => "idle: no frame within server.websocket_idle_secs",
+            Closing::Evicted => "closed to make room at server.max_connections",
+        }
+    }
+}
+
+/// Closes both sockets with 1001 and `why`.
+async fn close_both(client: &mut Socket, upstream: &mut Socket, why: Closing) {
+    let going = || {
+        Some(CloseFrame {
+            code: CloseCode::Away,
+            reason: why.reason().into(),
+        })
+    };
+    let _ = client.close(going()).await;
+    let _ = upstream.close(going()).await;
+}
+
+/// Resolves when the connection cap evicts the socket (never without a watch).
+async fn evicted(watch: Option<&Watch>) {
+    match watch {
+        Some(watch) => watch.evicted().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Resolves when the server stops (never without a `stop`).
@@ -266,6 +336,12 @@ struct Session {
     chain: ResponseChain,
     /// The `response.create` whose answer is streaming.
     turn: Option<InFlight>,
+    /// The connection's watch: the cap evicts the socket through it.
+    watch: Option<Arc<Watch>>,
+    /// Held while an answer is on its way: the connection is serving then, and between
+    /// turns it is waiting, so that at the cap an idle socket makes room as an idle
+    /// keep-alive connection does.
+    serving: Option<Serving>,
 }
 
 /// A `response.create` sent upstream, its answer not yet ended.
@@ -366,7 +442,8 @@ impl Session {
         mut client: Socket,
         mut upstream: Socket,
         mut stop: Option<tokio::sync::watch::Receiver<bool>>,
-        cut: Option<crate::proxy::Cut>,
+        cut: Option<Cut>,
+        idle: Idle,
     ) {
         let mut stopping = false;
         let cut = async move {
@@ -376,31 +453,46 @@ impl Session {
             }
         };
         let mut cut = std::pin::pin!(cut);
+        let watch = self.watch.clone();
+        let mut last_frame = tokio::time::Instant::now();
+        let quiet = tokio::time::sleep_until(last_frame + idle.between_turns);
+        let mut quiet = std::pin::pin!(quiet);
         loop {
+            self.serve_while_answering();
             if stopping && self.turn.is_none() {
-                let going = || {
-                    Some(CloseFrame {
-                        code: CloseCode::Away,
-                        reason: "loopwarden is stopping".into(),
-                    })
-                };
-                let _ = client.close(going()).await;
-                let _ = upstream.close(going()).await;
+                close_both(&mut client, &mut upstream, Closing::Stopping).await;
                 return;
             }
+            let limit = match self.turn {
+                Some(_) => idle.in_turn,
+                None => idle.between_turns,
+            };
+            quiet.as_mut().reset(last_frame + limit);
             tokio::select! {
                 _ = stopped(&mut stop), if !stopping => stopping = true,
                 () = &mut cut => {
-                    let going = || Some(CloseFrame {
-                        code: CloseCode::Away,
-                        reason: "loopwarden stopped".into(),
-                    });
-                    let _ = client.close(going()).await;
-                    let _ = upstream.close(going()).await;
+                    close_both(&mut client, &mut upstream, Closing::Stopped).await;
                     self.end(Outcome::CutAtShutdown);
                     return;
                 }
+                () = &mut quiet => {
+                    tracing::info!(
+                        idle_secs = limit.as_secs(),
+                        answer_on_its_way = self.turn.is_some(),
+                        "WebSocket closed (1001): no frame either way"
+                    );
+                    close_both(&mut client, &mut upstream, Closing::Idle).await;
+                    self.end(Outcome::UpstreamStalled);
+                    return;
+                }
+                () = evicted(watch.as_deref()) => {
+                    tracing::info!("WebSocket closed (1001) to make room at server.max_connections");
+                    close_both(&mut client, &mut upstream, Closing::Evicted).await;
+                    self.end(Outcome::ClientDisconnected);
+                    return;
+                }
                 message = client.next() => {
+                    last_frame = tokio::time::Instant::now();
                     let message = match message {
                         Some(Ok(message)) => message,
                         _ => {
@@ -436,6 +528,7 @@ impl Session {
                     }
                 }
                 message = upstream.next() => {
+                    last_frame = tokio::time::Instant::now();
                     let message = match message {
                         Some(Ok(message)) => message,
                         _ => {
@@ -464,6 +557,16 @@ impl Session {
                     }
                 }
             }
+        }
+    }
+
+    /// Holds the connection serving while an answer is on its way, and lets it wait
+    /// between turns ([`Session::serving`]).
+    fn serve_while_answering(&mut self) {
+        match (&self.turn, &self.serving) {
+            (Some(_), None) => self.serving = self.watch.as_ref().map(Serving::begin),
+            (None, Some(_)) => self.serving = None,
+            _ => {}
         }
     }
 
@@ -550,7 +653,7 @@ impl Session {
             parent,
             input: create.input,
             output: Vec::new(),
-            blocking: guard.map(|guard| Blocking::new(&self.app, guard)),
+            blocking: guard.map(|guard| Blocking::new(&self.app, *guard)),
         });
         vec![Out::Upstream(message)]
     }

@@ -11,7 +11,8 @@
 //! set) reaches everything; a team's token (`[[admin.team_tokens]]`) reaches that team's
 //! conversations only. For a team, a conversation of another team is answered as one that
 //! does not exist (404, so that ids do not leak), the figures are its own, and what is the
-//! whole proxy's (the policies, a reload, the process's health) is refused (403).
+//! whole proxy's (a reload, the process's health) is refused (403); of the policies it
+//! reads its team's own.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use axum::{Extension, Json};
 use http::{header, HeaderMap, Method, StatusCode};
 use serde::Deserialize;
 
-use crate::proxy::App;
+use crate::proxy::forward::App;
 
 /// Why the admin API refused a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,29 +194,10 @@ pub fn foreign_origin(headers: &HeaderMap) -> bool {
     !own
 }
 
-/// The dashboard's session cookie (`crate::proxy::dashboard::login`).
-pub const SESSION_COOKIE: &str = "loopwarden_session";
-
-/// The session cookie's value for `token`: derived from it (the token itself is never
-/// put in a cookie), the same for every login until the token changes.
-pub fn session_cookie(token: &str) -> String {
-    blake3::derive_key("loopwarden 2026 admin session cookie", token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
+/// Whether the request carries a dashboard session of `token` that is still valid
+/// ([`super::session`]).
 fn has_session_cookie(headers: &HeaderMap, token: &str) -> bool {
-    let want = session_cookie(token);
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .any(|(name, value)| {
-            name == SESSION_COOKIE && constant_time_eq(value.as_bytes(), want.as_bytes())
-        })
+    super::session::presented(headers, token, super::session::now_secs())
 }
 
 /// Loopback, an IPv4 client of a listener on `[::]` (`::ffff:127.0.0.1`) included.
@@ -622,23 +604,52 @@ pub fn bad_request(message: &str) -> Response {
         .into_response()
 }
 
+/// `GET /admin/api/access`: whom the caller's credentials stand for, `{"team": "ci"}` for a
+/// team's token and `{"team": null}` for the global one (or a loopback client without
+/// one): the dashboard names the team and draws its views.
+pub async fn access_of(Extension(access): Extension<Access>) -> Response {
+    Json(serde_json::json!({ "team": access.team() })).into_response()
+}
+
 /// `GET /admin/api/policies`: the policies in force in the order they are tried (the
-/// default last), how many requests each matched, and what the last reload came to.
-pub async fn policies(State(app): State<Arc<App>>) -> Response {
+/// default last), how many requests each matched, and what the last reload came to. A
+/// team's token reads its own, read-only: the policies whose `match.team` names its team
+/// (mode, budgets, what they match; the default when none does, its requests' policy),
+/// with `team` set; not the file, the reloads nor the other teams' policies.
+pub async fn policies(
+    State(app): State<Arc<App>>,
+    Extension(access): Extension<Access>,
+) -> Response {
     let set = app.policies.current();
-    let policies: Vec<serde_json::Value> = set
-        .iter()
-        .map(|p| {
-            serde_json::json!({
-                "name": &*p.name,
-                "mode": p.mode.as_str(),
-                "match": &p.selector,
-                "matched": p.matched(),
-                "budget": &p.budget,
-                "log": &p.log,
-            })
+    let describe = |p: &crate::policy::Policy| {
+        serde_json::json!({
+            "name": &*p.name,
+            "mode": p.mode.as_str(),
+            "match": &p.selector,
+            "matched": p.matched(),
+            "budget": &p.budget,
+            "log": &p.log,
         })
-        .collect();
+    };
+    if let Some(team) = access.team() {
+        let mut own: Vec<serde_json::Value> = set
+            .iter()
+            .filter(|p| p.selector.names_team(team))
+            .map(|p| describe(p))
+            .collect();
+        let named = !own.is_empty();
+        if !named {
+            own.extend(set.named(crate::names::DEFAULT_POLICY).map(|p| describe(p)));
+        }
+        return Json(serde_json::json!({
+            "team": team,
+            "policies": own,
+            // False: no policy names the team, its requests fall under the default.
+            "named": named,
+        }))
+        .into_response();
+    }
+    let policies: Vec<serde_json::Value> = set.iter().map(|p| describe(p)).collect();
     Json(serde_json::json!({
         "policies": policies,
         "config": app.config.source.as_ref().map(|p| p.display().to_string()),
@@ -692,7 +703,7 @@ pub async fn stats(State(app): State<Arc<App>>, Extension(access): Extension<Acc
         // idle ones are dropped, so this falls back to 0 when agents stop.
         "live_conversations": held.conversations,
         "conversation_bytes": held.conversation_bytes,
-        // Open client connections on each serving thread (see `proxy::spread`).
+        // Open client connections on each serving thread (see `proxy::serve::spread`).
         "connections": app.spread.open(),
         // Connections closed at `server.max_connections` to make room, and refused.
         "connections_at_cap": app.connections.at_cap(),
@@ -709,7 +720,7 @@ async fn team_stats(app: &App, access: &Access, team: &str) -> Response {
         Ok(precision) => precision,
         Err(e) => return internal(e),
     };
-    let (halted, held) = match super::dashboard::live_counts(app, access).await {
+    let (halted, held) = match live_counts(app, access).await {
         Ok(counts) => counts,
         Err(e) => return internal(e),
     };
@@ -720,6 +731,29 @@ async fn team_stats(app: &App, access: &Access, team: &str) -> Response {
         "pending": held,
     }))
     .into_response()
+}
+
+/// The halted conversations and the requests held on this replica that `access` reaches.
+pub async fn live_counts(
+    app: &App,
+    access: &Access,
+) -> Result<(usize, usize), crate::store::Error> {
+    if access.team().is_none() {
+        return Ok((
+            app.interventions.controls.halted().len(),
+            app.interventions.pending.list().len(),
+        ));
+    }
+    let mut halted = 0;
+    for control in app.interventions.controls.halted() {
+        halted += usize::from(reaches(app, access, &control.conversation_id).await?);
+    }
+    let mut pending = 0;
+    for held in app.interventions.pending.list() {
+        let team = held.team.as_deref();
+        pending += usize::from(held_reaches(app, access, team, &held.conversation_id).await?);
+    }
+    Ok((halted, pending))
 }
 
 #[cfg(test)]

@@ -5,9 +5,9 @@
 //! body, no foreign `Origin`: [`super::admin::check`]).
 //!
 //! Access: the same rules as the admin API. A browser cannot send a bearer token on a
-//! page load, so with a token set, `POST /ui/login` takes it once from a form and sets an
-//! `HttpOnly; SameSite=Strict` cookie that [`super::admin::check`] accepts in its place
-//! ([`super::admin::session_cookie`]). Strict means no other site's page sends it.
+//! page load, so with a token set, `POST /ui/login` takes it once from a form and sets a
+//! session cookie that [`super::admin::check`] accepts in its place: random per login,
+//! expiring, sent to `/ui` and `/admin` only ([`super::session`]).
 
 use std::sync::Arc;
 
@@ -19,7 +19,8 @@ use http::{header, HeaderMap, HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 
 use super::admin::{self, Access, Denied};
-use crate::proxy::App;
+use super::session;
+use crate::proxy::forward::App;
 use crate::store::dashboard::{HaltedRun, Target, Verdict};
 use crate::store::now_ms;
 
@@ -155,7 +156,7 @@ pub async fn login(
     if admin::foreign_origin(&headers) {
         return admin::refusal(Denied::ForeignOrigin);
     }
-    // The global token or a team's: the cookie is derived from the one given, and
+    // The global token or a team's: the session is signed with the one given, and
     // `admin::access` knows from it which one it stands for.
     let given = form.token.trim().as_bytes();
     let global = (!admin.token.is_empty()).then_some(admin.token.as_str());
@@ -167,16 +168,24 @@ pub async fn login(
     else {
         return login_page(StatusCode::UNAUTHORIZED, "That is not an admin token.");
     };
-    let cookie = format!(
-        "{}={}; Path=/; HttpOnly; SameSite=Strict",
-        admin::SESSION_COOKIE,
-        admin::session_cookie(token)
-    );
+    let Some(session) = session::new_value(token, session::now_secs()) else {
+        return login_page(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "No session can be made now (the system's random source failed).",
+        );
+    };
     let mut response = see_other(&after_login(&form.view));
-    if let Ok(value) = HeaderValue::from_str(&cookie) {
-        response.headers_mut().insert(header::SET_COOKIE, value);
+    for cookie in session::set_cookies(&session, reached_over_https(&app)) {
+        response.headers_mut().append(header::SET_COOKIE, cookie);
     }
     response
+}
+
+/// Whether browsers reach the proxy over HTTPS (TLS on the listener, or a `public_url`
+/// in front of it that says so): its session cookie is then `Secure`.
+fn reached_over_https(app: &App) -> bool {
+    let server = &app.config.server;
+    !server.tls_cert.is_empty() || server.public_url.starts_with("https://")
 }
 
 #[derive(Deserialize)]
@@ -255,7 +264,7 @@ pub async fn overview(
         Ok(all) => all,
         Err(e) => return admin::internal(e),
     };
-    let (halted, pending) = match live_counts(&app, &access).await {
+    let (halted, pending) = match admin::live_counts(&app, &access).await {
         Ok(counts) => counts,
         Err(e) => return admin::internal(e),
     };
@@ -272,30 +281,6 @@ pub async fn overview(
         "precision": precision,
     }))
     .into_response()
-}
-
-/// The halted conversations and the requests held on this replica that `access` reaches.
-pub async fn live_counts(
-    app: &App,
-    access: &Access,
-) -> Result<(usize, usize), crate::store::Error> {
-    if access.team().is_none() {
-        return Ok((
-            app.interventions.controls.halted().len(),
-            app.interventions.pending.list().len(),
-        ));
-    }
-    let mut halted = 0;
-    for control in app.interventions.controls.halted() {
-        halted += usize::from(admin::reaches(app, access, &control.conversation_id).await?);
-    }
-    let mut pending = 0;
-    for held in app.interventions.pending.list() {
-        let team = held.team.as_deref();
-        pending +=
-            usize::from(admin::held_reaches(app, access, team, &held.conversation_id).await?);
-    }
-    Ok((halted, pending))
 }
 
 #[derive(Deserialize)]

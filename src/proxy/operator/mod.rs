@@ -5,5 +5,7 @@ mod admin;
 mod dashboard;
 mod own;
 mod scrape;
+mod session;
 
 pub use own::{answered_here, router};
+pub use session::strip as strip_session_cookie;

@@ -1,17 +1,19 @@
 //! The proxy's own paths, answered here and never forwarded: `/` (what this is), `/healthz`,
-//! `/admin` and everything under it (the admin API), `/ui` and everything under it (the
-//! dashboard: [`super::dashboard`]), and `/metrics` ([`super::scrape`]). An agent whose base URL is the
+//! `/readyz`, `/favicon.ico` (asked for by every browser that opens the dashboard), `/admin`
+//! and everything under it (the admin API), `/ui` and everything under it (the dashboard:
+//! [`super::dashboard`]), and `/metrics` ([`super::scrape`]). An agent whose base URL is the
 //! bare proxy never reaches the upstream with these, and they are not logged as requests.
 
 use std::sync::Arc;
 
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use http::StatusCode;
 
 use super::{admin, dashboard};
-use crate::proxy::App;
+use crate::proxy::forward::App;
 
 /// Whether `path` is one of the proxy's own, which [`router`] answers. Every other request
 /// is forwarded, and goes straight to `forward::handle` rather than through the router:
@@ -21,7 +23,7 @@ use crate::proxy::App;
 /// `/administrator`, `/uix`) are the upstream's.
 pub fn answered_here(path: &str) -> bool {
     match path {
-        "/" | "/healthz" | "/admin" | "/metrics" | "/ui" => true,
+        "/" | "/healthz" | "/readyz" | "/favicon.ico" | "/admin" | "/metrics" | "/ui" => true,
         _ => path.starts_with("/admin/") || path.starts_with("/ui/"),
     }
 }
@@ -32,7 +34,6 @@ pub fn answered_here(path: &str) -> bool {
 pub fn router(app: Arc<App>) -> Router {
     // About the whole proxy: a team's token is refused (403).
     let global = Router::new()
-        .route("/admin/api/policies", get(admin::policies))
         .route("/admin/api/policies/reload", post(admin::reload_policies))
         .route_layer(axum::middleware::from_fn(admin::require_global));
     let admin = Router::new()
@@ -51,6 +52,9 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/admin/api/pending", get(admin::pending))
         .route("/admin/api/pending/{id}", post(admin::decide_pending))
         .route("/admin/api/overview", get(dashboard::overview))
+        .route("/admin/api/access", get(admin::access_of))
+        // A team's token reads its own policies there (`admin::policies`).
+        .route("/admin/api/policies", get(admin::policies))
         .route("/admin/api/feedback", post(dashboard::feedback))
         .merge(global)
         // Unknown admin calls go through the access rule too: a caller without access
@@ -81,6 +85,8 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/", get(index))
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/favicon.ico", get(favicon))
         .route("/metrics", get(super::scrape::metrics))
         .merge(admin)
         .merge(pages)
@@ -97,6 +103,7 @@ async fn index() -> Response {
                   agent's OpenAI, Anthropic or Gemini base URL here",
         "health": "/healthz",
         "admin_api": "/admin/api/",
+        "ready": "/readyz",
         "dashboard": "/ui/",
     }))
     .into_response()
@@ -105,6 +112,27 @@ async fn index() -> Response {
 /// `GET /healthz`: answered to anyone.
 async fn healthz() -> &'static str {
     "ok\n"
+}
+
+/// `GET /readyz`, answered to anyone: `200 ready` while the proxy takes new requests,
+/// `503 stopping` from the start of a stop (`server.drain_secs`: it still serves them for
+/// that long, so that a load balancer polling this stops sending them first).
+async fn readyz(State(app): State<Arc<App>>) -> Response {
+    if app.stopping.load(std::sync::atomic::Ordering::Acquire) {
+        (StatusCode::SERVICE_UNAVAILABLE, "stopping\n").into_response()
+    } else {
+        "ready\n".into_response()
+    }
+}
+
+/// `GET /favicon.ico`: no icon (`204`), cached for a day. A browser asks for it with every
+/// page of the dashboard; forwarded, it would reach the model's provider as traffic.
+async fn favicon() -> Response {
+    (
+        StatusCode::NO_CONTENT,
+        [(http::header::CACHE_CONTROL, "max-age=86400")],
+    )
+        .into_response()
 }
 
 /// A path of the proxy's that answers nothing (yet).
@@ -125,6 +153,8 @@ mod tests {
         for own in [
             "/",
             "/healthz",
+            "/readyz",
+            "/favicon.ico",
             "/admin",
             "/admin/",
             "/admin/api/x",

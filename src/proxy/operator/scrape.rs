@@ -14,7 +14,7 @@ use http::header;
 
 use super::admin;
 use crate::metrics::Snapshot;
-use crate::proxy::App;
+use crate::proxy::forward::App;
 
 /// The exposition, or the admin API's refusal.
 pub async fn metrics(

@@ -53,10 +53,23 @@ pub fn keep_large_blocks() -> bool {
     false
 }
 
-#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
+/// Page faults taken by the calling thread so far: what the tests of the allocator's
+/// settings and of the large buffers count.
+#[cfg(all(test, target_os = "linux"))]
+#[allow(unsafe_code, reason = "getrusage is a C call")]
+pub fn minor_faults() -> i64 {
+    // SAFETY: getrusage fills the struct it is given.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut usage), 0);
+        usage.ru_minflt
+    }
+}
+
+#[cfg(test)]
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 mod tests {
     use super::*;
-    use crate::proxy::minor_faults;
 
     /// Five 2 MB bodies in flight at once, written whole, then all freed: the shape of the
     /// 2 MB loads. Returns the page faults it took.

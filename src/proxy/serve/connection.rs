@@ -18,6 +18,11 @@
 //!   that a health check and an operator get through when agents fill every slot; any other
 //!   request on them gets the 503.
 //!
+//! A connection upgraded to a WebSocket ([`Watch::become_socket`]) has no head or idle
+//! deadline here: its session keeps its own idle time, serves while an answer is on its
+//! way and waits between turns, and closes the socket itself (1001) when the cap evicts it
+//! ([`Watch::evicted`]).
+//!
 //! Three parties share a connection's [`Watch`]: its socket ([`Watched`], which sees bytes
 //! arrive and closes the connection when a limit passes), its requests ([`Serving`], held
 //! by each response body until the body is sent) and the accepting thread ([`Connections`],
@@ -155,6 +160,11 @@ pub struct Watch {
     /// Admitted beyond the cap ([`Admission::OwnPathsOnly`]): serves the proxy's own paths
     /// only, and is never evicted (it holds no slot under the cap).
     pub own_paths_only: bool,
+    /// Upgraded to a WebSocket ([`Watch::become_socket`]): the socket's session keeps its
+    /// own idle time and closes it itself (1001) when evicted, so the reader never does.
+    socket: AtomicBool,
+    /// Tells a socket's session that the cap evicted it.
+    evict: tokio::sync::Notify,
     /// The socket's reader: woken to close an evicted connection, and when the connection
     /// starts waiting with no timer set to come (hyper, its read interest already
     /// registered, would not read again before bytes came, and nothing would set one).
@@ -183,10 +193,36 @@ impl Reason {
 }
 
 impl Watch {
+    fn new(id: u64, own_paths_only: bool) -> Watch {
+        Watch {
+            id,
+            serving: AtomicUsize::new(0),
+            waiting_since: AtomicU64::new(now_ms()),
+            head_since: AtomicU64::new(UNSET),
+            timer_at: AtomicU64::new(UNSET),
+            evicted: AtomicBool::new(false),
+            own_paths_only,
+            socket: AtomicBool::new(false),
+            evict: tokio::sync::Notify::new(),
+            waker: AtomicWaker::new(),
+        }
+    }
+
+    /// The connection is now a WebSocket's: no request head or idle deadline applies to it
+    /// any more, and an eviction goes to [`Watch::evicted`].
+    pub fn become_socket(&self) {
+        self.socket.store(true, Ordering::Release);
+    }
+
+    /// Resolves when the cap evicts this connection (a WebSocket's session waits on it).
+    pub async fn evicted(&self) {
+        self.evict.notified().await;
+    }
+
     /// The deadline of a waiting connection (ms, [`now_ms`]'s clock) and what passes at it;
-    /// `None` while it serves a request.
+    /// `None` while it serves a request, or once it is a WebSocket's.
     fn deadline(&self, limits: &Limits) -> Option<(u64, Reason)> {
-        if self.serving.load(Ordering::Acquire) > 0 {
+        if self.serving.load(Ordering::Acquire) > 0 || self.socket.load(Ordering::Acquire) {
             return None;
         }
         let head = self.head_since.load(Ordering::Relaxed);
@@ -319,7 +355,7 @@ impl Watched {
     fn expired(&mut self, cx: &mut Context<'_>) -> Option<Reason> {
         let watch = &self.watch;
         watch.waker.register(cx.waker());
-        if watch.evicted.load(Ordering::Acquire) {
+        if watch.evicted.load(Ordering::Acquire) && !watch.socket.load(Ordering::Acquire) {
             return Some(Reason::Evicted);
         }
         let (deadline, reason) = watch.deadline(&self.limits)?;
@@ -470,16 +506,10 @@ impl Connections {
     /// A connection starts being served: its socket, watched, and its [`Watch`] for its
     /// requests. [`Connections::close`] it when it ends.
     pub fn open(&self, io: TcpStream, admission: Admission) -> (Watched, Arc<Watch>) {
-        let watch = Arc::new(Watch {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            serving: AtomicUsize::new(0),
-            waiting_since: AtomicU64::new(now_ms()),
-            head_since: AtomicU64::new(UNSET),
-            timer_at: AtomicU64::new(UNSET),
-            evicted: AtomicBool::new(false),
-            own_paths_only: admission == Admission::OwnPathsOnly,
-            waker: AtomicWaker::new(),
-        });
+        let watch = Arc::new(Watch::new(
+            self.next_id.fetch_add(1, Ordering::Relaxed),
+            admission == Admission::OwnPathsOnly,
+        ));
         self.lock().insert(watch.id, watch.clone());
         let watched = Watched {
             io,
@@ -523,6 +553,8 @@ impl Connections {
         };
         oldest.evicted.store(true, Ordering::Release);
         oldest.waker.wake();
+        // A WebSocket between turns closes itself, with 1001.
+        oldest.evict.notify_one();
         self.evicted.fetch_add(1, Ordering::Relaxed);
         Admission::Served
     }
@@ -629,16 +661,9 @@ mod tests {
     }
 
     fn watch() -> Arc<Watch> {
-        Arc::new(Watch {
-            id: 0,
-            serving: AtomicUsize::new(0),
-            waiting_since: AtomicU64::new(1_000),
-            head_since: AtomicU64::new(UNSET),
-            timer_at: AtomicU64::new(UNSET),
-            evicted: AtomicBool::new(false),
-            own_paths_only: false,
-            waker: AtomicWaker::new(),
-        })
+        let watch = Watch::new(0, false);
+        watch.waiting_since.store(1_000, Ordering::Relaxed);
+        Arc::new(watch)
     }
 
     #[test]

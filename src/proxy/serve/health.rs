@@ -10,7 +10,7 @@ use std::time::Duration;
 const TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Entry point of `loopwarden health`, which takes `serve`'s options.
-pub fn run(args: crate::proxy::ServeArgs) -> anyhow::Result<()> {
+pub fn run(args: super::options::ServeArgs) -> anyhow::Result<()> {
     let config = args.load_config()?;
     let mut addr = config
         .listen_addr()

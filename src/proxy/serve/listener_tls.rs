@@ -6,7 +6,7 @@
 //! handshake on its first read or write, so that a slow handshake holds up only its own
 //! connection, under the same idle and header limits as a plain one (its bytes arrive
 //! through the same [`Watched`] socket). TLS offers `http/1.1` only by ALPN: the listener
-//! speaks HTTP/1.1 alone, plain or not (`super::serve` says why).
+//! speaks HTTP/1.1 alone, plain or not (the serving loop in `src/proxy/mod.rs` says why).
 
 use std::future::Future;
 use std::io;

@@ -343,7 +343,10 @@ impl Client {
                 },
             }
         }
-        let mut sender = shared.connect(origin).await?;
+        // Rare (no open connection in the pool): boxed, so that the future of every request,
+        // which the handler boxes and so copies whole, does not carry room for a TCP and TLS
+        // connect (several KB).
+        let mut sender = Box::pin(shared.connect(origin)).await?;
         let response = sender.send_request(request).await?;
         Ok(self.answer(response, sender, origin))
     }
@@ -731,7 +734,7 @@ impl Drop for ResponseBody {
 
 thread_local! {
     /// The client of a serving thread other than the one that started the proxy
-    /// (`super::start`, which uses `App::client`): a request and its upstream connection stay
+    /// (`crate::proxy::start`, which uses `App::client`): a request and its upstream connection stay
     /// on the request's thread, since a connection is driven by a task of the thread that
     /// opened it.
     static THREAD_CLIENT: std::cell::OnceCell<Client> = const { std::cell::OnceCell::new() };

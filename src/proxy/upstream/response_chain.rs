@@ -1,6 +1,6 @@
 //! The Responses answers the proxy relayed, by response id, so that a request that names
 //! its history by `previous_response_id` (and sends only the new input items) can be read
-//! whole: Codex's WebSocket frames ([`super::websocket`]), and clients that let the API
+//! whole: Codex's WebSocket frames ([`crate::proxy::forward::websocket`]), and clients that let the API
 //! store responses.
 //!
 //! Each answer is a [`Link`]: the input items its request added, then the output items it
@@ -161,7 +161,7 @@ impl ResponseChain {
 /// Says (in the process log, and as the request's `parse_error`) that a request continues
 /// answer `id`, which the proxy never relayed or forgot: it was read from its own input.
 pub fn missing(id: &str) -> crate::store::Masked {
-    tracing::warn!(previous_response_id = %id, "request continues a response loopwarden never relayed; read from its own input");
+    crate::warn_per_request!(previous_response_id = %id, "request continues a response loopwarden never relayed; read from its own input");
     crate::store::redact::summary(
         &format!("previous_response_id {id} unknown: read from the request's own input"),
         200,

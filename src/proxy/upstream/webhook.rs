@@ -1,4 +1,4 @@
-//! The one place a webhook is posted: held requests (`super::held`) and alerts
+//! The one place a webhook is posted: held requests (`crate::proxy::forward::held`) and alerts
 //! (`crate::intervene::alerts`). Each URL in its own task with its own timeout, with the
 //! proxy's own HTTP client, so that a slow or failing hook never delays a request or the
 //! other hooks; failures are logged, and told to `done` (counted in `/metrics`).
@@ -38,21 +38,21 @@ async fn post(
     what: &'static str,
 ) -> bool {
     let Ok(uri) = url.parse::<http::Uri>() else {
-        tracing::warn!(%url, what, "webhook is not a URL");
+        crate::warn_per_request!(%url, what, "webhook is not a URL");
         return false;
     };
     match tokio::time::timeout(timeout, client.post_json(&uri, body)).await {
         Ok(Ok(status)) if status.is_success() => true,
         Ok(Ok(status)) => {
-            tracing::warn!(%url, what, status = status.as_u16(), "webhook refused");
+            crate::warn_per_request!(%url, what, status = status.as_u16(), "webhook refused");
             false
         }
         Ok(Err(e)) => {
-            tracing::warn!(%url, what, error = %e, "webhook failed");
+            crate::warn_per_request!(%url, what, error = %e, "webhook failed");
             false
         }
         Err(_) => {
-            tracing::warn!(%url, what, "webhook timed out");
+            crate::warn_per_request!(%url, what, "webhook timed out");
             false
         }
     }
