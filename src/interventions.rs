@@ -197,6 +197,14 @@ impl Interventions {
         }
     }
 
+    /// Whether the ruling on a request would stop its run whatever the engine decided: the
+    /// run is halted or waits for a human, or its budget is spent. A summary request passes
+    /// such a run only when it is its client's real one (`crate::proxy::forward::plan`).
+    pub fn stops(&self, policy: &Policy, state: &ConversationState, req: &RequestInfo<'_>) -> bool {
+        !matches!(state.standing, Standing::Free { .. })
+            || matches!(self.budget(policy, req), BudgetStatus::Spent { .. })
+    }
+
     /// Where the conversation stands against its policy's budget. Once a human let it go
     /// on after a stop (it has a control), a spent cap reminds but no longer stops it.
     fn budget(&self, policy: &Policy, req: &RequestInfo<'_>) -> BudgetStatus {
@@ -204,9 +212,14 @@ impl Interventions {
             return BudgetStatus::Within;
         }
         let steps = req.run_steps as u64;
-        let status = self
-            .ledger
-            .status(&req.conversation, steps, &policy.budget, now_ms());
+        let model = req.model.as_deref();
+        let next = crate::budget::NextCall {
+            model,
+            input_tokens: crate::budget::estimate::input_tokens(model, req.body.len()),
+        };
+        let status =
+            self.ledger
+                .status_before(&req.conversation, steps, &policy.budget, now_ms(), next);
         match self.controls.contains(&req.conversation) {
             true => status.lifted(),
             false => status,

@@ -88,6 +88,25 @@ fn a_loop_that_goes_on_after_a_compaction_goes_on_being_escalated() {
     assert_eq!(fresh_state.steps(), 4);
 }
 
+/// The ladder goes on where it stood: after the one re-read the compaction made needed,
+/// the very next repeat of the loop the run was nudged about gets the next rung (a needed
+/// re-read is no progress that would start the loop's count over).
+#[test]
+fn the_first_repeat_after_the_needed_re_read_gets_the_next_rung() {
+    let engine = Engine::default();
+    let (before, fold) = requests(&engine, &transcript("Fix the failing test.", 4), None);
+    let nudged = before.iter().position(|a| *a == Action::Nudge);
+    assert!(nudged.is_some(), "{before:?}");
+    let after = transcript("This session is being continued: read calc.py.", 3);
+    let (carried, _) = requests(&engine, &after, Some(&fold));
+    assert_eq!(
+        carried[1],
+        Action::Observe,
+        "the needed re-read: {carried:?}"
+    );
+    assert!(carried[2] > Action::Nudge, "the next repeat: {carried:?}");
+}
+
 #[test]
 fn the_carried_decision_is_a_function_of_the_carry_and_the_transcript() {
     let engine = Engine::default();

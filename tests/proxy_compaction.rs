@@ -274,11 +274,18 @@ impl Setup {
     }
 
     async fn send_as(&self, c: Client, id: &str, key: &str, task: &str, part: Part) -> Answer {
-        let body = c.body(task, part).to_string();
+        let headers = c.headers(id, key, part);
+        self.post(c.path(), &headers, c.body(task, part)).await
+    }
+
+    /// Posts `body` to `path` with `headers`: what the proxy answered, and what the
+    /// upstream got.
+    async fn post(&self, path: &str, headers: &[(&str, String)], body: Value) -> Answer {
+        let body = body.to_string();
         let before = self.mock.requests().len();
-        let mut request = client().post(self.proxy.url(c.path())).body(body.clone());
-        for (name, value) in c.headers(id, key, part) {
-            request = request.header(name, value);
+        let mut request = client().post(self.proxy.url(path)).body(body.clone());
+        for (name, value) in headers {
+            request = request.header(*name, value);
         }
         request = request.header("content-type", "application/json");
         let resp = request.send().await.unwrap();
@@ -291,11 +298,7 @@ impl Setup {
         };
         let decision = header("x-loopwarden-decision");
         let conversation = header("x-loopwarden-conversation");
-        assert!(
-            resp.status().is_success(),
-            "{c:?} {part:?}: {}",
-            resp.status()
-        );
+        assert!(resp.status().is_success(), "{path}: {}", resp.status());
         resp.bytes().await.unwrap();
         let seen = self.mock.requests();
         let forwarded = seen.len() > before;
@@ -754,4 +757,322 @@ async fn codex_older_compact_endpoint_is_one_run() {
         .rows("SELECT path FROM requests WHERE compaction = 'codex_compact_path'")
         .await;
     assert_eq!(marked.len(), 1, "{marked:?}");
+}
+
+/// Claude Code's summary request of a history `body`: the instruction appended to its last
+/// user message as a text block of its own (after a reminder block, as on a compaction
+/// after the first, when `reminder`), and a `system` message after it, as Claude Code
+/// 2.1.332 sends them.
+fn claude_summary_of(mut body: Value, reminder: bool) -> Value {
+    let messages = body["messages"].as_array_mut().unwrap();
+    let last = messages.last_mut().unwrap();
+    let content = last["content"].as_array_mut().unwrap();
+    if reminder {
+        content.push(json!({"type": "text",
+            "text": "<system-reminder>\nAttribution for git commits: none.\n</system-reminder>"}));
+    }
+    content.push(json!({"type": "text", "text": CLAUDE_SUMMARY}));
+    messages.push(json!({"role": "system",
+        "content": "The following deferred tools are now available via ToolSearch."}));
+    body
+}
+
+/// A test model at $1 per million tokens of each kind: each of the mock's answers (100k
+/// input tokens) costs $0.10.
+fn dollar_a_million() -> Prices {
+    Prices::new(vec![(
+        "claude-opus-5-5".into(),
+        Price {
+            input: 1.0,
+            cached_input: 1.0,
+            cache_write: 1.0,
+            output: 1.0,
+        },
+    )])
+}
+
+/// A policy that only watches Claude Code.
+const SHADOW: &str = r#"
+[[policy]]
+name = "watch"
+mode = "shadow"
+match = { client = "claude-code" }
+"#;
+
+/// The summary requests of a Claude Code run whose dollar budget is spent (the client
+/// compacts when its context is full, whatever the budget), each in a shape Claude Code
+/// sends (the instruction followed by a `system` message; after a reminder block in the
+/// same message): under an enforcing policy and a shadow one, each reaches the upstream
+/// byte for byte, is logged as a compaction and forwarded, while the run's other requests
+/// are halted (or would be).
+#[tokio::test]
+async fn every_summary_request_passes_a_spent_budget_byte_for_byte() {
+    for shadow in [false, true] {
+        let setup = Setup::start(|config| {
+            config.prices = dollar_a_million();
+            config.budget.dollars = 0.25;
+            config.detect.enabled = false;
+            if shadow {
+                let policies: loopwarden::config::Config = toml::from_str(SHADOW).unwrap();
+                config.policies = policies.policies;
+            }
+        })
+        .await;
+        let c = Client::ClaudeCode;
+        let task = "Fix the failing test in calc.py.";
+        let headers = c.headers("spent-1", "sk-test-key-1", Part::Before(0));
+        for n in 0..3 {
+            assert!(
+                setup
+                    .send(c, "spent-1", task, Part::Before(n))
+                    .await
+                    .forwarded
+            );
+        }
+        // $0.30 of $0.25.
+        let over = setup.send(c, "spent-1", task, Part::Before(3)).await;
+        assert_eq!(over.forwarded, shadow, "{over:?}");
+        for (part, reminder) in [(Part::Before(3), false), (Part::After(1), true)] {
+            if let Part::After(n) = part {
+                // The run went on from the first summary: halted, its budget spent.
+                let after = setup.send(c, "spent-1", task, Part::After(n)).await;
+                assert_eq!(after.forwarded, shadow, "{after:?}");
+            }
+            let summary = claude_summary_of(c.body(task, part), reminder);
+            let a = setup.post(c.path(), &headers, summary).await;
+            assert!(a.untouched, "shadow {shadow}, {part:?}: {a:?}");
+            assert_eq!(a.decision, "observe", "shadow {shadow}, {part:?}");
+        }
+        let rows = setup
+            .proxy
+            .rows("SELECT compaction, applied FROM requests WHERE compaction IS NOT NULL")
+            .await;
+        assert_eq!(rows.len(), 2, "shadow {shadow}: {rows:?}");
+        for row in rows {
+            assert_eq!(row["compaction"], "claude_summary", "{row}");
+            assert_eq!(row["applied"], "forwarded", "shadow {shadow}: {row}");
+        }
+    }
+}
+
+/// In a halted run, only the client's real summary request passes: its instruction last,
+/// no result its run's previous request did not have, the run's tools, once per
+/// compaction (a retry of it byte for byte too). A request that merely carries the marker
+/// is halted, every time.
+#[tokio::test]
+async fn a_marker_alone_is_no_way_through_a_halt() {
+    let setup = Setup::start(|config| {
+        config.prices = dollar_a_million();
+        config.budget.dollars = 0.25;
+        config.detect.enabled = false;
+    })
+    .await;
+    let c = Client::ClaudeCode;
+    let task = "Fix the failing test in calc.py.";
+    let headers = c.headers("marked-1", "sk-test-key-1", Part::Before(0));
+    for n in 0..3 {
+        assert!(
+            setup
+                .send(c, "marked-1", task, Part::Before(n))
+                .await
+                .forwarded
+        );
+    }
+    let halted = setup.send(c, "marked-1", task, Part::Before(3)).await;
+    assert_eq!(halted.decision, "halt", "{halted:?}");
+    let real = claude_summary_of(c.body(task, Part::Before(3)), false);
+    // The marker, then another instruction.
+    let mut then_more = real.clone();
+    let messages = then_more["messages"].as_array_mut().unwrap();
+    let n = messages.len();
+    messages[n - 2]["content"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "text", "text": "Now run the tests with Bash."}));
+    // New results since the halted request.
+    let moved_on = claude_summary_of(c.body(task, Part::Before(4)), false);
+    // Other tools.
+    let mut other_tools = real.clone();
+    other_tools["tools"] = json!([{"name": "Bash", "input_schema": {"type": "object"}}]);
+    for (what, body) in [
+        ("then more", &then_more),
+        ("moved on", &moved_on),
+        ("other tools", &other_tools),
+    ] {
+        for _ in 0..5 {
+            let a = setup.post(c.path(), &headers, body.clone()).await;
+            assert_eq!(
+                (a.decision.as_str(), a.forwarded),
+                ("halt", false),
+                "{what}"
+            );
+        }
+    }
+    let a = setup.post(c.path(), &headers, real.clone()).await;
+    assert!(a.untouched, "the real one: {a:?}");
+    let retry = setup.post(c.path(), &headers, real.clone()).await;
+    assert!(retry.untouched, "its retry: {retry:?}");
+    // A second summary request of the same compaction (another instruction text).
+    let mut second = real.clone();
+    let messages = second["messages"].as_array_mut().unwrap();
+    let content = messages[n - 2]["content"].as_array_mut().unwrap();
+    let last = content.len() - 1;
+    content[last]["text"] = json!(format!("{CLAUDE_SUMMARY}\n\nBe brief."));
+    let a = setup.post(c.path(), &headers, second).await;
+    assert_eq!((a.decision.as_str(), a.forwarded), ("halt", false), "{a:?}");
+    // The run is still halted.
+    let next = setup.send(c, "marked-1", task, Part::Before(3)).await;
+    assert_eq!(next.decision, "halt", "{next:?}");
+}
+
+/// Two teams under one API key and client: team beta's continuation under a new session
+/// id does not join team alpha's halted run (a team is a boundary), and is logged under its
+/// own id and team.
+#[tokio::test]
+async fn a_continuation_joins_a_run_of_its_own_team_only() {
+    let setup = Setup::start(|config| {
+        config.detect.enabled = false;
+        config.budget.steps = 3;
+    })
+    .await;
+    let c = Client::ClaudeCode;
+    let task = "Fix the failing test in calc.py.";
+    let in_team = |team: &str, id: &str, part: Part| {
+        let mut headers = c.headers(id, "sk-shared-key", part);
+        headers.push(("x-loopwarden-team", team.to_string()));
+        headers
+    };
+    let mut n = 0;
+    let halted = loop {
+        let a = setup
+            .post(
+                c.path(),
+                &in_team("alpha", "alpha-1", Part::Before(n)),
+                c.body(task, Part::Before(n)),
+            )
+            .await;
+        if a.decision == "halt" {
+            break a;
+        }
+        n += 1;
+        assert!(n < 10, "the step budget halts alpha's run");
+    };
+    assert_eq!(halted.conversation, "alpha-1");
+    let summary = claude_summary_of(c.body(task, Part::Before(n)), false);
+    let a = setup
+        .post(
+            c.path(),
+            &in_team("alpha", "alpha-1", Part::Before(n)),
+            summary,
+        )
+        .await;
+    assert!(a.untouched, "{a:?}");
+    // Beta's continuation, under a new id, of the same key and client, in time.
+    let beta = setup
+        .post(
+            c.path(),
+            &in_team("beta", "beta-2", Part::After(0)),
+            c.body(task, Part::After(0)),
+        )
+        .await;
+    assert_eq!(beta.conversation, "beta-2", "{beta:?}");
+    assert!(beta.forwarded, "not alpha's halt: {beta:?}");
+    // Alpha's own continuation joins alpha's run, halted.
+    let alpha = setup
+        .post(
+            c.path(),
+            &in_team("alpha", "alpha-2", Part::After(0)),
+            c.body(task, Part::After(0)),
+        )
+        .await;
+    assert_eq!(
+        (alpha.conversation.as_str(), alpha.forwarded),
+        ("alpha-1", false),
+        "{alpha:?}"
+    );
+    let rows = setup
+        .proxy
+        .rows("SELECT team FROM conversations WHERE id = 'beta-2'")
+        .await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["team"], "beta");
+}
+
+/// Claude Code's history after a compaction re-attaches the last file read, under its old
+/// id, before the reads the model makes again: that re-attached read is the one needed
+/// re-read, and the very next repeat of the loop nudged before the compaction gets the
+/// next rung.
+#[tokio::test]
+async fn the_ladder_goes_on_right_after_the_re_attached_read() {
+    let setup = Setup::start(|_| {}).await;
+    let c = Client::ClaudeCode;
+    let task = "Fix the failing test in calc.py.";
+    let mut n = 0;
+    loop {
+        let a = setup.send(c, "ladder-1", task, Part::Before(n)).await;
+        if a.decision == "nudge" {
+            break;
+        }
+        n += 1;
+        assert!(n < 10, "nudged at some point");
+    }
+    let summary = setup.send(c, "ladder-1", task, Part::Summary(n)).await;
+    assert!(summary.untouched, "{summary:?}");
+    let headers = c.headers("ladder-1", "sk-test-key-1", Part::After(0));
+    let mut decisions = Vec::new();
+    for reads in 0..3 {
+        let mut body = c.body(task, Part::After(reads));
+        let messages = body["messages"].as_array_mut().unwrap();
+        let id = format!("toolu_a{}", n - 1);
+        messages.splice(
+            1..1,
+            [
+                json!({"role": "system", "content": "Today's date is 2026-12-07."}),
+                json!({"role": "assistant", "content": [{"type": "tool_use", "id": id,
+                    "name": "Read", "input": {"file_path": "/work/calc.py"}}]}),
+                json!({"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": id, "content": CONTENT},
+                    {"type": "text", "text": "<system-reminder>\nAttribution: none.\n</system-reminder>"}]}),
+            ],
+        );
+        decisions.push(setup.post(c.path(), &headers, body).await.decision);
+    }
+    assert_eq!(
+        decisions[0], "observe",
+        "the re-attached read: {decisions:?}"
+    );
+    assert!(
+        ESCALATED.contains(&decisions[1].as_str()),
+        "the next repeat: {decisions:?}"
+    );
+}
+
+/// A dollar cap holds before the call: a request whose input alone (estimated from its
+/// body, 3.5 bytes a token for a Claude model) would take the run past the cap is halted
+/// before it reaches the upstream; one that stays under it goes.
+#[tokio::test]
+async fn a_call_that_would_cross_the_dollar_cap_is_stopped_before_it_is_made() {
+    let setup = Setup::start(|config| {
+        config.prices = dollar_a_million();
+        config.budget.dollars = 0.25;
+        config.detect.enabled = false;
+    })
+    .await;
+    let c = Client::ClaudeCode;
+    let task = "Fix the failing test in calc.py.";
+    // About 60k tokens of input ($0.06), and about 29k ($0.03).
+    for (id, padding, crosses) in [("large-1", 210_000, true), ("medium-1", 100_000, false)] {
+        let headers = c.headers(id, "sk-test-key-1", Part::Before(0));
+        for n in 0..2 {
+            assert!(setup.send(c, id, task, Part::Before(n)).await.forwarded);
+        }
+        // $0.20 spent.
+        let mut body = c.body(task, Part::Before(2));
+        body["system"][0]["text"] = json!(format!("You are Claude Code. {}", "x".repeat(padding)));
+        let a = setup.post(c.path(), &headers, body).await;
+        assert_eq!(a.forwarded, !crosses, "{id}: {a:?}");
+        if crosses {
+            assert_eq!(a.decision, "halt", "{id}: {a:?}");
+        }
+    }
 }

@@ -90,6 +90,15 @@ pub struct Charge<'a> {
     pub now_ms: i64,
 }
 
+/// The call a request is about to make, for [`Ledger::status_before`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NextCall<'a> {
+    /// The request's model (`None`: not priced).
+    pub model: Option<&'a str>,
+    /// Its input tokens, estimated from its body ([`super::estimate::input_tokens`]).
+    pub input_tokens: u64,
+}
+
 /// What an answer cost.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Cost {
@@ -453,8 +462,22 @@ impl Ledger {
         budget: &BudgetConfig,
         now_ms: i64,
     ) -> BudgetStatus {
+        self.status_before(conversation, steps, budget, now_ms, NextCall::default())
+    }
+
+    /// [`Ledger::status`] with the call about to be made counted in: its estimated input
+    /// tokens, and their dollars at its model's input price. A call that would cross a cap
+    /// finds it spent, before it is made.
+    pub fn status_before(
+        &self,
+        conversation: &str,
+        steps: u64,
+        budget: &BudgetConfig,
+        now_ms: i64,
+        next: NextCall<'_>,
+    ) -> BudgetStatus {
         let spend = self.spend(conversation);
-        let used = match &spend {
+        let mut used = match &spend {
             Some(s) => Used {
                 steps,
                 tokens: s.tokens(),
@@ -466,6 +489,16 @@ impl Ledger {
                 ..Used::default()
             },
         };
+        if next.input_tokens > 0 {
+            let price = next.model.and_then(|m| self.priced().price(m));
+            used.tokens += next.input_tokens;
+            used.dollars += price.map_or(0.0, |p| {
+                p.cost(&Usage {
+                    input: next.input_tokens,
+                    ..Usage::default()
+                })
+            });
+        }
         BudgetStatus::of(budget, &used)
     }
 

@@ -5,17 +5,19 @@
 //!
 //! What is spent: [`Usage`] (the tokens of an answer, in the same terms for every API),
 //! [`Prices`] (the `[prices]` table and the built-in list prices), and the [`Ledger`] (each
-//! conversation's spend, and where it stands against its budget: [`Ledger::status`]).
+//! conversation's spend, and where it stands against its budget: [`Ledger::status`]). What
+//! the next call will spend, before it is made: [`estimate`] (its input, from its body).
 //!
 //! The `[budget]` table is the global setting; a policy overrides it (`crate::policy`).
 //! Not to be confused with the `budget` detector (`[detect.budget]`), which shrinks and
 //! grows an adaptive step allowance with the run's progress and takes part in detection.
 
+pub mod estimate;
 mod ledger;
 mod prices;
 mod usage;
 
-pub use ledger::{BudgetStatus, Cap, Charge, Cost, Ledger, PolicySpend, Spend, Used};
+pub use ledger::{BudgetStatus, Cap, Charge, Cost, Ledger, NextCall, PolicySpend, Spend, Used};
 pub use prices::{Price, Prices, BUILT_IN};
 pub use usage::Usage;
 
@@ -30,7 +32,8 @@ pub struct BudgetConfig {
     /// Tokens per conversation: input (cached or not, cache writes too) plus output, as the
     /// responses' usage reports them (`Usage::total`).
     pub tokens: u64,
-    /// US dollars per conversation, from the usage and the price table (`[prices]`).
+    /// US dollars per conversation, from the usage and the price table (`[prices]`);
+    /// checked with the next call's estimated input counted in ([`estimate`]).
     pub dollars: f64,
     /// Seconds from the conversation's first request.
     pub wall_clock_secs: u64,

@@ -635,6 +635,13 @@ impl Engine {
             return;
         }
         let ev = state.facts.fold(step, &self.config);
+        // A step that only brought back what a compaction took from the model is needed
+        // work: nothing to find in it, and nothing the patterns' smoothing should count
+        // as a quiet step (the ladder goes on from the next step where it stood).
+        if ev.recalled && !ev.human_spoke {
+            state.next = Some(Decision::observe());
+            return;
+        }
         let findings: Vec<Finding> = self
             .detectors
             .iter()

@@ -48,6 +48,9 @@ pub struct CallEvent {
     pub check_streak_failing: bool,
     /// This (action, result) pair already occurred in the current unchanged stretch.
     pub stretch_repeat: bool,
+    /// The result is one the run saw before its last compaction and not since: the model
+    /// needed it back. No repeat, and no progress either (the run had it).
+    pub recalled: bool,
     /// Token hashes of the action and its result, for near-duplicate similarity.
     pub tokens: Vec<u64>,
     /// For reads: reads of this (file, region) since the file last changed.
@@ -80,6 +83,9 @@ pub struct StepEvents {
     pub rejected: bool,
     /// Steps in a row, this one included, that issued exactly these calls (raw arguments).
     pub identical_run: u32,
+    /// The step only brought back results the run saw before its last compaction
+    /// ([`CallEvent::recalled`]): needed work, which no detector reads as a repeat.
+    pub recalled: bool,
 }
 
 /// Per-file knowledge.
@@ -216,6 +222,9 @@ pub struct Facts {
     /// Regions of files (`path\0region`) read before the run's last compaction and not
     /// since: the model lost their content, so its next read of each is needed work.
     pub forgotten_reads: HashSet<String>,
+    /// Results the run saw before its last compaction and has not seen since
+    /// ([`CallEvent::recalled`]).
+    pub recalled_results: HashSet<u64>,
 }
 
 /// Bounded windows: enough for every detector's look-back.
@@ -375,15 +384,17 @@ impl Facts {
 
     /// The run's history was compacted: the model's context now holds a summary instead
     /// of the steps. What the run did (files changed, checks run, failures, the step
-    /// count) stays; what the model saw goes: each result it had seen counts as new the
-    /// first time it comes back, and each region of a file it had read may be read once
-    /// more before the read counts as a repeat. Every step so far is one fewer repeat in a
-    /// row: the first step after the summary is no copy of the last before it.
+    /// count, the loop's stretch) stays; what the model saw goes: the first return of each
+    /// result it had seen is needed, neither a repeat nor progress, and each region of a
+    /// file it had read may be read once more before the read counts as a repeat. Every
+    /// step so far is one fewer repeat in a row: the first step after the summary is no
+    /// copy of the last before it.
     pub fn after_compaction(&mut self) {
-        // What the model saw is gone from its context: results and lines it saw before
-        // are news to it once more.
-        self.seen_results.clear();
-        self.seen_lines.clear();
+        // What the model saw is gone from its context, not from the run: the first return
+        // of each result is needed (no repeat), and no news (no progress that would start
+        // the loop's count over: the ladder goes on where it stood).
+        self.recalled_results
+            .extend(self.seen_results.iter().copied());
         for (path, file) in &self.files {
             for (region, reads) in &file.reads {
                 if *reads > 0 {
@@ -410,6 +421,9 @@ impl Facts {
             ev.new_info |= call.new_result;
             ev.calls.push(call);
         }
+        ev.recalled = !ev.changed
+            && ev.calls.iter().any(|c| c.recalled)
+            && ev.calls.iter().all(|c| c.recalled || !c.has_result);
         ev.identical_run = self.note_identical_calls(&ev.calls);
         self.note_replies(step, cfg, &mut ev);
         self.note_stretch(&mut ev);
@@ -439,6 +453,9 @@ impl Facts {
         let r = self.read_result(c.result.as_ref(), &action);
         self.note_open_file(r.raw);
         let (changed, file_returns) = self.note_changes(&action, &r, index);
+        let recalled = r.has_result
+            && !self.recalled_results.is_empty()
+            && self.recalled_results.remove(&r.hash);
         let (content_lines, novel_lines, novel_places) = self.note_lines(&r);
         let new_result = r.has_result
             && !found_nothing(action.kind, &r.text, r.empty, r.is_error)
@@ -468,6 +485,7 @@ impl Facts {
             check_streak,
             check_streak_failing,
             stretch_repeat: false,
+            recalled,
             reads_since_change,
             fail_run,
             file_returns,
@@ -750,6 +768,7 @@ impl Facts {
             check_streak: 0,
             check_streak_failing: false,
             stretch_repeat: false,
+            recalled: false,
             tokens: Vec::new(),
             reads_since_change: 0,
             fail_run: 0,
@@ -768,11 +787,11 @@ impl Facts {
                 start: index,
                 ..Stretch::default()
             };
-        } else {
+        } else if !ev.recalled {
             self.stretch.steps += 1;
         }
         let mut repeated = false;
-        for call in ev.calls.iter_mut().filter(|c| c.has_result) {
+        for call in ev.calls.iter_mut().filter(|c| c.has_result && !c.recalled) {
             let n = self
                 .stretch
                 .pairs
@@ -801,6 +820,8 @@ impl Facts {
             self.failing_keys_since_change.clear();
             self.changed_steps += 1;
             self.stuck_run = 0;
+        } else if ev.recalled {
+            // Needed after a compaction: neither stuck nor progress.
         } else if !ev.new_info {
             self.stuck_steps += 1;
             self.stuck_run += 1;

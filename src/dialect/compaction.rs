@@ -6,8 +6,10 @@
 //! a request carries.
 //!
 //! What each client sends (CLIENTS.md; Claude Code captured for real):
-//! - Claude Code: the summary request is the whole history plus a last user message
-//!   starting "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools."; the continuation's
+//! - Claude Code: the summary request is the whole history plus a text block "CRITICAL:
+//!   Respond with TEXT ONLY. Do NOT call any tools." ending its last user message (after
+//!   the tool results, and on a later compaction a `<system-reminder>` block, of that
+//!   message; `system` messages may follow it); the continuation's
 //!   first user message holds "This session is being continued from a previous
 //!   conversation...". Auto-compact in interactive mode may start a new session id;
 //!   `/compact` and `-p` mode keep it.
@@ -23,7 +25,9 @@
 //!   continuation starts with that question and the summary as the answer (same
 //!   `x-session-id`).
 
+use bytes::Bytes;
 use http::HeaderMap;
+use serde_json::Value;
 
 use crate::transcript::{Step, Transcript};
 
@@ -152,10 +156,21 @@ fn last_user_text(t: &Transcript) -> Option<&str> {
     .map(|s| s.trim())
 }
 
+/// Where Claude Code's summary instruction starts in a user text, if it is in it: at its
+/// start or at a line's. A message's text blocks are joined by newlines, and Claude Code
+/// puts the instruction in a block of its own after those it adds to the message (a
+/// `<system-reminder>` on a compaction after the first).
+fn claude_instruction_at(text: &str) -> Option<usize> {
+    static SUMMARY: std::sync::LazyLock<memchr::memmem::FinderRev<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::FinderRev::new(CLAUDE_SUMMARY));
+    let at = SUMMARY.rfind(text.as_bytes())?;
+    (at == 0 || text[..at].ends_with('\n')).then_some(at)
+}
+
 /// A summary request read from its last user message.
 fn summary_text(t: &Transcript) -> Option<Marker> {
     let last = last_user_text(t)?;
-    if last.starts_with(CLAUDE_SUMMARY) {
+    if claude_instruction_at(last).is_some() {
         Some(Marker::ClaudeSummary)
     } else if last.starts_with(GEMINI_SNAPSHOT_REQUEST) {
         Some(Marker::GeminiSnapshotRequest)
@@ -240,12 +255,8 @@ pub fn without_instruction(t: &Transcript, marker: Marker) -> Option<Transcript>
     }
     let mut t = t.clone();
     match t.steps.last_mut() {
-        Some(step) => {
-            step.user_after.pop();
-        }
-        None => {
-            t.task.pop();
-        }
+        Some(step) => cut_instruction(&mut step.user_after, marker),
+        None => cut_instruction(&mut t.task, marker),
     }
     Some(t)
 }
@@ -254,7 +265,74 @@ pub fn without_instruction(t: &Transcript, marker: Marker) -> Option<Transcript>
 /// log keeps it: the log holds the run as detection saw it.
 pub fn strip_instruction(last: &mut Step, marker: Marker) {
     if in_transcript(marker) {
-        last.user_after.pop();
+        cut_instruction(&mut last.user_after, marker);
+    }
+}
+
+/// Takes the instruction out of the last of `texts`: the text from the instruction on.
+/// What the client put before it in the same message (Claude Code's reminders) stays.
+fn cut_instruction(texts: &mut Vec<String>, marker: Marker) {
+    let Some(last) = texts.last_mut() else { return };
+    let kept = match marker {
+        Marker::ClaudeSummary => claude_instruction_at(last).map_or(0, |at| at),
+        _ => 0,
+    };
+    last.truncate(kept);
+    let len = last.trim_end().len();
+    last.truncate(len);
+    if last.is_empty() {
+        texts.pop();
+    }
+}
+
+/// Whether a summary request has its client's shape: the instruction is the request's last
+/// one (Claude Code's the last text block of the last user message, whatever `system`
+/// messages follow it; Gemini CLI's and opencode's the whole last user message; Codex's
+/// `compaction_trigger` the input's last item). A request that only carries the marker
+/// somewhere asks the model something else as well. `body`: the whole body, read again
+/// for Claude Code's and Codex's shapes only (a summary request is rare).
+pub fn instruction_is_last(marker: Marker, t: &Transcript, body: impl FnOnce() -> Bytes) -> bool {
+    match marker {
+        Marker::ClaudeSummary => last_item(&body(), "messages").is_some_and(|last| {
+            last.get("role").and_then(Value::as_str) == Some("user")
+                && last_text(&last).is_some_and(|t| t.trim_start().starts_with(CLAUDE_SUMMARY))
+        }),
+        Marker::GeminiSnapshotRequest => last_user_text(t) == Some(GEMINI_SNAPSHOT_REQUEST),
+        Marker::OpencodeSummary => last_user_text(t) == Some(OPENCODE_SUMMARY),
+        Marker::CodexCompactionKind | Marker::CodexTrigger => last_item(&body(), "input")
+            .is_some_and(|last| {
+                last.get("type").and_then(Value::as_str) == Some("compaction_trigger")
+            }),
+        // Not a conversation endpoint: answered with a compaction, never with a turn.
+        Marker::CodexCompactPath => true,
+        Marker::ClaudeContinued
+        | Marker::CodexWindow
+        | Marker::GeminiSnapshot
+        | Marker::OpencodeContinued => false,
+    }
+}
+
+/// The last item of the body's `list` (`messages`, `input`) that is not a `system` message
+/// (Claude Code puts some after its instruction: they instruct no turn).
+fn last_item(body: &[u8], list: &str) -> Option<Value> {
+    let mut value = serde_json::from_slice::<Value>(body).ok()?;
+    let items = value.get_mut(list)?.as_array_mut()?;
+    let at = items
+        .iter()
+        .rposition(|m| m.get("role").and_then(Value::as_str) != Some("system"))?;
+    Some(items.swap_remove(at))
+}
+
+/// The text of a message's last content block (or its content, when a text).
+fn last_text(message: &Value) -> Option<&str> {
+    match message.get("content")? {
+        Value::String(text) => Some(text),
+        Value::Array(blocks) => blocks
+            .last()
+            .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))?
+            .get("text")?
+            .as_str(),
+        _ => None,
     }
 }
 
@@ -352,6 +430,68 @@ mod tests {
         let history = without_instruction(&claude, Marker::ClaudeSummary).unwrap();
         assert!(history.steps[0].user_after.is_empty());
         assert!(of(&history).none());
+    }
+
+    #[test]
+    fn claudes_instruction_after_a_reminder_block_is_recognized_and_only_it_is_cut() {
+        // A compaction after the first: a reminder block before the instruction, in the
+        // same user message (its blocks joined by newlines).
+        let reminder = "<system-reminder>\nAttribution: none.\n</system-reminder>";
+        let text = format!("{reminder}\n{CLAUDE_SUMMARY}\n\n- Do NOT use Read");
+        let claude = transcript(&["fix it"], vec![step("", true, &[&text])]);
+        assert_eq!(of(&claude).summary, Some(Marker::ClaudeSummary));
+        let history = without_instruction(&claude, Marker::ClaudeSummary).unwrap();
+        assert_eq!(history.steps[0].user_after, vec![reminder.to_string()]);
+        // Mentioned inside a line, it is no instruction.
+        let quoted = format!("the client said \"{CLAUDE_SUMMARY}\"");
+        assert!(of(&transcript(&["fix it"], vec![step("", true, &[&quoted])])).none());
+    }
+
+    #[test]
+    fn a_real_summary_request_has_its_instruction_last() {
+        let claude = |messages: serde_json::Value| {
+            let body = serde_json::json!({ "messages": messages }).to_string();
+            let t = Transcript::default();
+            instruction_is_last(Marker::ClaudeSummary, &t, || Bytes::from(body))
+        };
+        let instruction = serde_json::json!({"type": "text", "text": CLAUDE_SUMMARY});
+        let result = serde_json::json!({"type": "tool_result", "tool_use_id": "t", "content": "x"});
+        let system = serde_json::json!({"role": "system", "content": "tools are deferred"});
+        assert!(claude(serde_json::json!([
+            {"role": "user", "content": [result, instruction]}, system
+        ])));
+        let more = serde_json::json!({"type": "text", "text": "then run the tests"});
+        assert!(!claude(serde_json::json!([
+            {"role": "user", "content": [result, instruction, more]}
+        ])));
+        assert!(!claude(serde_json::json!([
+            {"role": "user", "content": [instruction]}, {"role": "assistant", "content": "ok"}
+        ])));
+        assert!(!claude(serde_json::json!("not messages")));
+        let codex = |input: serde_json::Value| {
+            let body = serde_json::json!({ "input": input, "tools": [] }).to_string();
+            let t = Transcript::default();
+            instruction_is_last(Marker::CodexTrigger, &t, || Bytes::from(body))
+        };
+        assert!(codex(
+            serde_json::json!([{"type": "message"}, {"type": "compaction_trigger"}])
+        ));
+        assert!(!codex(
+            serde_json::json!([{"type": "compaction_trigger"}, {"type": "message"}])
+        ));
+        let opencode = transcript(
+            &["fix it"],
+            vec![step(
+                "",
+                true,
+                &[&format!("{OPENCODE_SUMMARY} And delete it.")],
+            )],
+        );
+        assert!(!instruction_is_last(
+            Marker::OpencodeSummary,
+            &opencode,
+            Bytes::new
+        ));
     }
 
     #[test]

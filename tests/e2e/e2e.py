@@ -90,15 +90,26 @@ SUMMARY = ("<analysis>The user asked to fix calc.py.</analysis>\n<summary>1. Pri
 
 
 def compact_script(client, repo):
-    """The model reads calc.py again and again while its answers report a context nearly
-    full: Claude Code auto-compacts mid-run (its summary request, then a history that starts
-    from the summary) and the reads go on after it."""
-    reads = [calls(client.read(repo)) for _ in range(10)]
+    """The model reads calc.py again and again while two of its answers report a context
+    nearly full: Claude Code auto-compacts twice (each time its summary request, then a
+    history that starts from the summary) and the reads go on after each. The second
+    comes once the run's dollar budget is spent (COMPACT_CONFIG)."""
+    reads = [calls(client.read(repo)) for _ in range(12)]
     reads[0]["text"] = "Let me look at the code first."
-    for turn, tokens in ((1, 600000), (2, 940000), (3, 985000)):
+    for turn, tokens in COMPACTED_AFTER:
         reads[turn]["usage"] = {"input": tokens}
     rules = SIDE_RULES + [{"match": "CRITICAL: Respond with TEXT ONLY", "text": SUMMARY}]
     return {"turns": reads, "end_text": UNHALTED, "side_text": SIDE_TEXT, "side_rules": rules}
+
+
+# The turns whose answers report a context nearly full, and how full: Claude Code compacts
+# after each. At claude-opus-5-5's $4 per million input tokens, the first costs $3.94 and
+# the second takes the run past COMPACT_CONFIG's $6.
+COMPACTED_AFTER = ((3, 985000), (4, 995000))
+COMPACT_CONFIG = """
+[budget]
+dollars = 6.0
+"""
 
 
 SCENARIOS = {"control": control_script, "loop": loop_script, "teams": loop_script, "compact": compact_script,
@@ -326,7 +337,11 @@ def run_one(client, scenario, args, report):
         procs.append(mock)
         target = mock_port
         if not args.direct:
-            serve, target = start_serve(args.binary, mock_port, db, run_dir / "serve.log")
+            config = None
+            if scenario == "compact":
+                config = run_dir / "loopwarden.toml"
+                config.write_text(COMPACT_CONFIG)
+            serve, target = start_serve(args.binary, mock_port, db, run_dir / "serve.log", config)
             procs.append(serve)
         with Tap(target) as tap:
             rc, stdout = run_client(client, repo, run_dir, tap.url)
@@ -514,20 +529,30 @@ def check_websocket(label, exchanges, mock_recs, turn_recs, db, report, **_):
 
 def check_compact(label, repo, client, script, stdout, run_dir, last, exchanges, mock_recs, turn_recs, db,
                   scripted_texts, report, direct):
-    """One run across an auto-compaction: its summary request reached the mock as the client
-    sent it, the run was nudged before it and escalated after it (not observed afresh), and
-    the log holds one run with the compaction marked."""
+    """One run across two auto-compactions, the second with the run's budget spent: each
+    summary request reached the mock as the client sent it, each history after one starts
+    from the model's summary (never from a halt text), the run was nudged before the first
+    and escalated after it (not observed afresh), and the log holds one run with both
+    compactions marked."""
     summaries = [ex for ex in exchanges if b"CRITICAL: Respond with TEXT ONLY" in ex.body]
-    report.check(f"{label} the client compacted", bool(summaries), f"{len(exchanges)} requests")
+    report.check(f"{label} the client compacted twice", len(summaries) >= 2,
+                 f"{len(summaries)} summary requests of {len(exchanges)}")
     if not summaries:
         return
     received = {r["sha256"] for r in mock_recs}
-    report.check(f"{label} its summary request reached the mock byte for byte",
+    report.check(f"{label} each summary request reached the mock byte for byte",
                  all(ex.sha256 in received for ex in summaries),
                  f"{sum(1 for ex in summaries if ex.sha256 not in received)} of {len(summaries)} differ")
+    report.check(f"{label} each summary request got the model's summary",
+                 all(b"<summary>" in ex.response and b"[loopwarden]" not in ex.response for ex in summaries),
+                 f"{[short(ex.response.decode(errors='replace'), 60) for ex in summaries]}")
     first = exchanges.index(summaries[0])
     continued = [ex for ex in exchanges[first + 1:] if b"This session is being continued" in ex.body]
     report.check(f"{label} the run went on from the summary", bool(continued), f"{len(continued)} requests")
+    # The history after a compaction starts from what the summary request was answered:
+    # a halt text there would be the run's whole memory.
+    report.check(f"{label} no history starts from a halt text",
+                 all(b"Next step: edit add()" in ex.body for ex in continued), f"{len(continued)} requests")
     if direct:
         report.skip(f"{label} log", "--direct: no loopwarden in the path")
         return
@@ -539,9 +564,12 @@ def check_compact(label, repo, client, script, stdout, run_dir, last, exchanges,
     halts = [ex for ex in exchanges if b"[loopwarden]" in ex.response]
     report.check(f"{label} client received a halt", bool(halts) and "loopwarden" in last.lower(),
                  repr(short(last)))
-    marked = query(db, "select count(*) from requests where compaction = 'claude_summary'")
-    report.check(f"{label} log marks the summary request", marked not in ([(0,)],) and isinstance(marked, list),
-                 f"{marked}")
+    marked = query(db, "select count(*) from requests where compaction = 'claude_summary' and applied = 'forwarded'")
+    report.check(f"{label} log marks each summary request, forwarded",
+                 isinstance(marked, list) and marked[0][0] == len(summaries), f"{marked}")
+    spent = query(db, "select count(*) from interventions where detector = 'budget_cap'")
+    report.check(f"{label} the budget was spent before the end", isinstance(spent, list) and spent[0][0] > 0,
+                 f"{spent}")
     runs = query(db, "select count(distinct conversation_id) from requests where dialect is not null")
     report.check(f"{label} log holds one run", runs == [(1,)], f"{runs}")
 

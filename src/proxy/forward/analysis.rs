@@ -31,7 +31,7 @@ use crate::policy::Policy;
 use crate::proxy::identity::{self, Identity};
 use crate::proxy::memory::{
     BodyComparison, History, Joined, LastRequest, Memory, NewSteps, Predecessor, Recall, Recalled,
-    Sender,
+    Sender, Stamp,
 };
 use crate::proxy::serve::route::Route;
 use crate::request_bytes::RequestBytes;
@@ -104,14 +104,27 @@ pub struct Parsed {
     /// Sticky halts and operator resumes that apply to this request.
     pub conversation: ConversationState,
     /// The compaction markers the request carries: a summary request is forwarded as it
-    /// came, whatever the run's standing (a stop there would corrupt the summary the run
-    /// goes on from).
+    /// came (a stop there would corrupt the summary the run goes on from), in a run that is
+    /// stopped too when it is its client's real one ([`Parsed::summary_passes`]).
     pub compaction: Markers,
+    /// A summary request that comes right after a request of its run, repeating its
+    /// history ([`Stamp::admits`]), the first of its compaction (or a retry of it, byte for
+    /// byte): what a real one is, besides its shape.
+    pub repeats_run: bool,
+    /// A summary request's run and sender, to keep the run as compacted once the request
+    /// is forwarded; taken away when the request is stopped (it compacts nothing).
+    pub compacted: Option<Compacted>,
     /// The id the request stated (or its head named), when it is logged under the run it
     /// continues, under another id.
     pub stated_id: Option<String>,
     /// This request, to keep as its conversation's last one.
     last: ThisRequest,
+}
+
+/// A summary request's run, and who sent it ([`super::memory::lineage`]).
+pub struct Compacted {
+    run: String,
+    sender: Sender,
 }
 
 /// A request to keep as its conversation's last one, in its slot, once the transcript is
@@ -121,6 +134,8 @@ struct ThisRequest {
     request: LastRequest,
     /// The identity the transcript's head names, when it was worked out.
     head: Option<Identity>,
+    /// What it shows of the run, kept for the run's next summary request.
+    stamp: Stamp,
 }
 
 /// What the log needs of a parsed request, once the request is done with its transcript.
@@ -168,7 +183,13 @@ impl Analyser {
         };
         let Predecessor {
             recall,
-            recalled: Recalled { last, fold },
+            recalled:
+                Recalled {
+                    last,
+                    fold,
+                    stamp: kept_stamp,
+                    same_body,
+                },
             compared,
         } = found;
         // Its unchanged messages are recognised without hashing, and the scan resumes
@@ -190,6 +211,7 @@ impl Analyser {
             head,
             folded,
             tools,
+            tools_fingerprint,
             request,
             model,
             stream,
@@ -197,12 +219,17 @@ impl Analyser {
         let (head, mut identity) = identify(stated, head, &transcript, fallback, team);
         let model = model.or_else(|| path_model.map(str::to_string));
         let policy = policy(model.as_deref());
-        let sent = Sent::of(route, headers, body);
+        let sent = Sent::of(route, headers, body, team, &policy.name);
         let Followed {
             compaction,
             run,
             stated_id,
         } = self.follow(&mut identity, &sent, &transcript, fold.as_ref());
+        let stamp = Stamp::of(&transcript, tools_fingerprint);
+        // Looked at before this request is kept as the run's summary request.
+        let repeats_run = compaction.summary.is_some()
+            && kept_stamp.is_some_and(|kept| kept.admits(&stamp))
+            && (same_body || !self.memory.lineage.awaiting(&identity.id));
         // A summary request is read as the history it summarizes, without the client's
         // instruction (which would read as a human speaking, to the engine and to a halt).
         // Its standing is what the run's fold must know (an operator's resume); nothing
@@ -223,12 +250,13 @@ impl Analyser {
             tools.as_ref(),
             carry,
         );
-        if compaction.summary.is_some() {
-            // The run's state here is what the conversation that continues it carries.
-            let sender = sender(headers, route.query);
-            let now = crate::store::now_ms();
-            let lineage = &self.memory.lineage;
-            lineage.compacted(&identity.id, state.clone(), sender, now);
+        // The run's state here is what the conversation that continues it carries, once
+        // the request is forwarded ([`Analyser::keep`]).
+        let compacted = compaction.summary.map(|_| Compacted {
+            run: identity.id.clone(),
+            sender: sender(&sent),
+        });
+        if compacted.is_some() {
             // Never acted on: no decision to log either.
             decision = Decision::observe();
         }
@@ -247,11 +275,14 @@ impl Analyser {
                 state,
                 conversation,
                 compaction,
+                repeats_run,
+                compacted,
                 stated_id,
                 last: ThisRequest {
                     recall,
                     request,
                     head,
+                    stamp,
                 },
             }),
             identity,
@@ -268,8 +299,15 @@ impl Analyser {
             state,
             last,
             compaction,
+            compacted,
             ..
         } = parsed;
+        if let Some(Compacted { run, sender }) = compacted {
+            let now = crate::store::now_ms();
+            self.memory
+                .lineage
+                .compacted(&run, state.clone(), sender, now);
+        }
         // The run's steps before the compaction this history continues from, if any: the
         // log numbers the run's steps.
         let carried = state.steps().saturating_sub(transcript.steps.len());
@@ -281,7 +319,13 @@ impl Analyser {
             recall,
             mut request,
             head,
+            stamp,
         } = last;
+        // A request of the run's own (with its tools; not a side request, not a summary
+        // request) is what the next summary request must repeat.
+        if compaction.summary.is_none() && stamp.offers_tools() {
+            recall.stamp(stamp);
+        }
         request.keep_transcript(transcript, head, state.as_ref().map(|s| s.folded()));
         // Only the steps new to the log are copied; the transcript is kept for the
         // conversation's next request.
@@ -316,15 +360,25 @@ struct Sent<'a> {
     query: Option<&'a str>,
     headers: &'a HeaderMap,
     body: &'a RequestBytes,
+    team: Option<&'a str>,
+    policy: &'a str,
 }
 
 impl<'a> Sent<'a> {
-    fn of(route: &'a Route<'_>, headers: &'a HeaderMap, body: &'a RequestBytes) -> Sent<'a> {
+    fn of(
+        route: &'a Route<'_>,
+        headers: &'a HeaderMap,
+        body: &'a RequestBytes,
+        team: Option<&'a str>,
+        policy: &'a str,
+    ) -> Sent<'a> {
         Sent {
             path: route.path,
             query: route.query,
             headers,
             body,
+            team,
+            policy,
         }
     }
 }
@@ -356,7 +410,7 @@ impl Analyser {
                 stated_id,
             };
         }
-        let sender = sender(sent.headers, sent.query);
+        let sender = sender(sent);
         let joined = lineage
             .join(&identity.id, &sender, crate::store::now_ms())
             .or_else(|| self.unseen_summary(identity, fold, &sender));
@@ -403,9 +457,6 @@ fn rename(identity: &mut Identity, run: String) -> Option<String> {
     (run != identity.id).then(|| std::mem::replace(&mut identity.id, run))
 }
 
-/// Who sent a request, as a run's lineage compares it: the API key's fingerprint (never
-/// the key) and the client, as the product token of its `user-agent` (finer than the
-/// policies' client names, which put every unknown client under one).
 /// Who a read request is: the id it states, else the one its transcript's head names (in
 /// its team), else the fallback; with the head's identity, worked out only when no id
 /// was stated (the last request kept it: it is hashed once per conversation head, not
@@ -435,13 +486,18 @@ fn unparsed(path: &str, dialect: Dialect, error: &str) -> crate::store::Masked {
     reason
 }
 
-fn sender(headers: &HeaderMap, query: Option<&str>) -> Sender {
-    let product = crate::policy::select::user_agent(headers)
+/// Who sent a request, as a run's lineage compares it: the API key's fingerprint (never
+/// the key), the client, as the product token of its `user-agent` (finer than the
+/// policies' client names, which put every unknown client under one), its team and policy.
+fn sender(sent: &Sent<'_>) -> Sender {
+    let product = crate::policy::select::user_agent(sent.headers)
         .split(|c: char| c == '/' || c.is_whitespace())
         .next()
         .filter(|p| !p.is_empty());
     Sender {
-        key: crate::policy::key_id::key_of(headers, query).map(crate::policy::key_id::of),
+        key: crate::policy::key_id::key_of(sent.headers, sent.query).map(crate::policy::key_id::of),
         client: product.map(|p| p.chars().take(40).collect()),
+        team: sent.team.filter(|t| !t.is_empty()).map(str::to_string),
+        policy: sent.policy.to_string(),
     }
 }

@@ -26,7 +26,7 @@ use super::record::{Capture, Finished, Outcome, ParseStatus};
 use super::tee::{Pending, TeeBody};
 use crate::config::WebSocketMode;
 use crate::detect::Decision;
-use crate::dialect::{Dialect, HaltReply, UpstreamFailure};
+use crate::dialect::{compaction, Dialect, HaltReply, UpstreamFailure};
 use crate::intervene::{Applied, Effect, RequestInfo};
 use crate::policy::select::{user_agent, Client};
 use crate::policy::{Mode, Policy, Traffic};
@@ -313,20 +313,16 @@ pub(super) fn plan(
     request_id: i64,
     team: Option<&str>,
 ) -> Planned {
-    // Nothing is done to a request that was not read, nor to a summary request: a stop
-    // there would corrupt the summary the run goes on from.
-    let Some(p) = analysis
-        .parsed
-        .as_mut()
-        .filter(|p| p.compaction.summary.is_none())
-    else {
-        return Planned {
-            effect: Effect::Forward,
-            applied: Applied::Forwarded,
-            decision: Decision::observe(),
-            held: None,
-            guard: None,
-        };
+    let untouched = || Planned {
+        effect: Effect::Forward,
+        applied: Applied::Forwarded,
+        decision: Decision::observe(),
+        held: None,
+        guard: None,
+    };
+    // Nothing is done to a request that was not read.
+    let Some(p) = analysis.parsed.as_mut() else {
+        return untouched();
     };
     let user_agent = headers
         .get(header::USER_AGENT)
@@ -345,6 +341,23 @@ pub(super) fn plan(
         transcript: std::borrow::Cow::Borrowed(&p.transcript),
         run_steps: p.state.steps(),
     };
+    // Nor to a summary request (a stop there would corrupt the summary the run goes on
+    // from), unless the run is stopped and the request is not its client's real one: a
+    // marker alone is no way through a halt.
+    if let Some(marker) = p.compaction.summary {
+        let real = || {
+            p.repeats_run
+                && compaction::instruction_is_last(marker, &p.transcript, || body.to_whole())
+        };
+        if !app
+            .interventions
+            .stops(&analysis.policy, &p.conversation, &req)
+            || real()
+        {
+            return untouched();
+        }
+        p.compacted = None;
+    }
     let decision = std::mem::replace(&mut p.decision, Decision::observe());
     let mut planned = intervention::plan(
         app,

@@ -231,6 +231,7 @@ impl MessageCache {
             head,
             folded,
             tools: tools.as_ref().map(|t| t.catalog.clone()),
+            tools_fingerprint: tools.as_ref().map(|t| t.fingerprint),
             request: LastRequest::new(dialect, body, &raw, messages, scanned, tools, preamble),
             model,
             stream,
@@ -256,6 +257,8 @@ pub struct History {
     /// What the request's tool definitions say of its tools, for the engine to read calls
     /// of tools no profile knows.
     pub tools: Option<Arc<ToolCatalog>>,
+    /// A hash of the tool definitions' bytes (`None`: the request offers none).
+    pub tools_fingerprint: Option<u64>,
     /// This request, to keep as its conversation's last one (with the transcript, through
     /// [`LastRequest::keep_transcript`], once the request is done with it).
     pub request: LastRequest,
@@ -384,6 +387,9 @@ pub struct ToolsRead {
     /// The definitions' raw JSON, to tell the next request's apart.
     raw: Arc<str>,
     catalog: Arc<ToolCatalog>,
+    /// A hash of `raw`, made once when it is read: what a run's summary request must offer
+    /// ([`super::Stamp`]).
+    fingerprint: u64,
 }
 
 impl ToolsRead {
@@ -402,6 +408,7 @@ impl ToolsRead {
         // their arguments alone.
         let value: serde_json::Value = serde_json::from_str(raw).ok()?;
         Some(ToolsRead {
+            fingerprint: super::fingerprint(raw.as_bytes()),
             raw: Arc::from(raw),
             catalog: Arc::new(ToolCatalog::from_definitions(&value)),
         })

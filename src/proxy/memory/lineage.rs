@@ -32,13 +32,19 @@ const MAX_RUNS: usize = 2_048;
 const KEEP_MS: i64 = 24 * 3600 * 1000;
 
 /// Who sends a run's requests: what a conversation under a new id must share with the
-/// run's summary request to be joined to it.
+/// run's summary request to be joined to it. A team is a boundary: two teams' runs under
+/// one key and client are never joined (each team's budgets, halts and admin tokens are
+/// its own).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sender {
     /// The API key's fingerprint (`crate::policy::key_id`), never the key.
     pub key: Option<String>,
     /// The client's product name (the `user-agent`'s first token).
     pub client: Option<String>,
+    /// The team the request names (`/t/{team}`, `x-loopwarden-team`).
+    pub team: Option<String>,
+    /// The policy the request falls under.
+    pub policy: String,
 }
 
 /// What a conversation that continues a run carries.
@@ -169,6 +175,12 @@ impl Lineage {
         })
     }
 
+    /// Whether the run's summary request came and no conversation continued from it yet:
+    /// a second summary request then is no new compaction of the run.
+    pub fn awaiting(&self, run: &str) -> bool {
+        self.lock().runs.get(run).is_some_and(|r| r.awaiting)
+    }
+
     /// Forgets runs not used for a day. Called periodically.
     pub fn sweep(&self, now_ms: i64) {
         let mut state = self.lock();
@@ -209,6 +221,8 @@ mod tests {
         Sender {
             key: Some(key.into()),
             client: Some(client.into()),
+            team: None,
+            policy: "default".into(),
         }
     }
 
@@ -227,10 +241,23 @@ mod tests {
             .join("s2", &sender("k2", "claude-cli"), 2_000)
             .is_none());
         assert!(lineage.join("s2", &claude, 1_000 + 121_000).is_none());
+        // Another team, or another policy, under the same key and client: nothing either.
+        let team = Sender {
+            team: Some("beta".into()),
+            ..claude.clone()
+        };
+        assert!(lineage.join("s2", &team, 2_000).is_none());
+        let policy = Sender {
+            policy: "other".into(),
+            ..claude.clone()
+        };
+        assert!(lineage.join("s2", &policy, 2_000).is_none());
+        assert!(lineage.awaiting("s1"));
         // The same sender in time: joined, and the new id is the run's from then on.
         let joined = lineage.join("s2", &claude, 2_000).unwrap();
         assert_eq!((joined.run.as_str(), joined.linked_now), ("s1", true));
         assert_eq!(lineage.run_of("s2").as_deref(), Some("s1"));
+        assert!(!lineage.awaiting("s1"), "continued");
         let again = lineage.join("s2", &claude, 3_000).unwrap();
         assert_eq!((again.run.as_str(), again.linked_now), ("s1", false));
         // Joined once: a third conversation of the same sender starts afresh.

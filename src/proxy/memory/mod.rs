@@ -44,7 +44,7 @@ pub use lineage::{Joined, Lineage, Sender};
 
 use crate::config::CacheConfig;
 use crate::detect::EngineState;
-use crate::transcript::{Head, Step};
+use crate::transcript::{Head, Step, Transcript};
 
 /// Keyed by conversation; foldhash costs a fraction of SipHash on keys this short (still
 /// seeded per process).
@@ -89,6 +89,63 @@ struct Remembered {
     bytes: usize,
     /// Evicted or swept: a request that still holds the slot puts nothing in it.
     forgotten: bool,
+    /// What the conversation's latest request that offered tools showed.
+    stamp: Option<Stamp>,
+}
+
+/// What a request of a run shows of where the run is: the results its history holds and
+/// the tools it offers. A client's real summary request comes right after a request of
+/// its run and repeats its history: no result the run's previous request did not have,
+/// the same tools ([`Stamp::admits`]). A request that only carries the marker has moved
+/// on (new results) or asks with other tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// The last step with a result, and how many results it has (results come after
+    /// their calls, in the last steps: a new one moves this on). `(0, 0)`: none yet.
+    results: (usize, usize),
+    /// A hash of the tool definitions ([`fingerprint`]); `None`: none offered.
+    tools: Option<u64>,
+}
+
+impl Stamp {
+    /// The stamp of a request's transcript `t` and tool definitions' hash. Looks at the
+    /// last steps only, back to the last one with a result.
+    pub fn of(t: &Transcript, tools: Option<u64>) -> Stamp {
+        let results = t
+            .steps
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, step)| {
+                (
+                    i + 1,
+                    step.calls.iter().filter(|c| c.result.is_some()).count(),
+                )
+            })
+            .find(|(_, n)| *n > 0)
+            .unwrap_or((0, 0));
+        Stamp { results, tools }
+    }
+
+    /// The request offered tools: a request of the run's own, not a side request (a title,
+    /// a topic check) of its client's.
+    pub fn offers_tools(&self) -> bool {
+        self.tools.is_some()
+    }
+
+    /// Whether a summary request stamped `summary` repeats the request stamped `self`:
+    /// no new result, the same tools.
+    pub fn admits(&self, summary: &Stamp) -> bool {
+        summary.results <= self.results && summary.tools == self.tools
+    }
+}
+
+/// A hash of bytes, the same in every process (what [`Stamp`] keeps of tool definitions).
+pub fn fingerprint(bytes: &[u8]) -> u64 {
+    let hash = blake3::hash(bytes);
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&hash.as_bytes()[..8]);
+    u64::from_le_bytes(first)
 }
 
 /// A request's handle on its conversation's slot ([`Memory::recall`]).
@@ -105,6 +162,10 @@ pub struct Recalled {
     /// (the request advances it and puts it back: a copy left in the slot would only be
     /// replaced, and copying a fold costs as much as the conversation is long).
     pub fold: Option<Arc<EngineState>>,
+    /// What the conversation's latest request with tools showed.
+    pub stamp: Option<Stamp>,
+    /// The body repeats the last body byte for byte.
+    pub same_body: bool,
 }
 
 /// How much the memory holds, for the admin API's stats.
@@ -317,6 +378,16 @@ impl Recall {
         Recalled {
             last: state.last.as_mut().map(LastRequest::lend),
             fold,
+            stamp: state.stamp,
+            same_body,
+        }
+    }
+
+    /// Keeps `stamp` as what the conversation's latest request with tools showed.
+    pub fn stamp(&self, stamp: Stamp) {
+        let mut state = self.slot.lock();
+        if !state.forgotten {
+            state.stamp = Some(stamp);
         }
     }
 }
