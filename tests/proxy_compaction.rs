@@ -1087,12 +1087,18 @@ const SERVER_SUMMARY: &str =
 /// answer that carried the `compaction` block (the blocks before it dropped, as the API
 /// drops them itself) and `reads` reads since.
 fn anthropic_server_body(task: &str, reads: usize, after: bool) -> Value {
+    anthropic_compacted_body(task, reads, after.then_some(SERVER_SUMMARY))
+}
+
+/// [`anthropic_server_body`] after the compaction whose block holds `summary`, if any.
+fn anthropic_compacted_body(task: &str, reads: usize, summary: Option<&str>) -> Value {
+    let after = summary.is_some();
     let mut body = claude_body(&[task], reads, None, after);
     body["context_management"] = json!({"edits": [{"type": "compact_20260112"}]});
     if after {
         let messages = body["messages"].as_array_mut().unwrap();
         messages[0] = json!({"role": "assistant", "content": [
-            {"type": "compaction", "content": SERVER_SUMMARY},
+            {"type": "compaction", "content": summary},
             {"type": "text", "text": "Going on from the summary."}]});
         messages.insert(1, json!({"role": "user", "content": "Go on."}));
     }
@@ -1200,4 +1206,36 @@ async fn responses_server_side_compaction_is_one_run() {
         "responses_compaction",
     )
     .await;
+}
+
+/// `[budget] steps = 8` over a run the API compacts twice: every model call counts, those
+/// between the two compactions too (each history holds only the calls since the last).
+#[tokio::test]
+async fn a_step_budget_holds_across_two_server_side_compactions() {
+    let setup = Setup::start(|config| {
+        config.budget.steps = 8;
+        config.detect.enabled = false;
+    })
+    .await;
+    let headers = [
+        ("x-claude-code-session-id", "server-2".to_string()),
+        ("x-api-key", "sk-test-key-1".to_string()),
+    ];
+    let task = "Fix the failing test in calc.py.";
+    let second = "Summary: calc.py read eight times; the test still fails.";
+    let mut calls = Vec::new();
+    for summary in [None, Some(SERVER_SUMMARY), Some(second)] {
+        for n in 0..3 {
+            let body = anthropic_compacted_body(task, n, summary);
+            calls.push(setup.post("/v1/messages", &headers, body).await);
+        }
+    }
+    let forwarded: Vec<bool> = calls.iter().map(|a| a.forwarded).collect();
+    assert_eq!(
+        forwarded,
+        [true, true, true, true, true, true, true, true, false],
+        "the 9th call is stopped"
+    );
+    assert_eq!(calls[8].decision, "halt");
+    assert!(calls.iter().all(|a| a.conversation == "server-2"));
 }

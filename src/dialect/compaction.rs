@@ -270,13 +270,21 @@ fn codex_window(headers: &HeaderMap) -> Option<Marker> {
     (n > 0).then_some(Marker::CodexWindow)
 }
 
+/// A compaction the API made, as a history sent back starts from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerCompaction {
+    pub marker: Marker,
+    /// Names the block or item: another one is another compaction of the run.
+    pub fingerprint: u64,
+}
+
 /// A history that starts from a compaction the API made ([`Marker::AnthropicCompaction`],
 /// [`Marker::ResponsesCompaction`]): its `compaction` block or item, with no tool call
 /// before it. A history that kept the calls before the block (the API drops them itself)
 /// still holds the run, and is no continuation. `path`: the request's; `pieces`: the body,
 /// in the pieces it came in (a block cut across two is not seen). One SIMD search over the
 /// body; the bytes around a hit are read only for a hit.
-pub fn server_compaction(path: &str, pieces: [&[u8]; 2]) -> Option<Marker> {
+pub fn server_compaction(path: &str, pieces: [&[u8]; 2]) -> Option<ServerCompaction> {
     let path = path
         .split(['?', '#'])
         .next()
@@ -311,7 +319,14 @@ pub fn server_compaction(path: &str, pieces: [&[u8]; 2]) -> Option<Marker> {
                     .iter()
                     .any(|call| type_values(bytes, call).next().is_some())
             });
-            return (!called).then_some(marker);
+            let object = enclosing_object(piece, at);
+            let hash = blake3::hash(object);
+            let mut first = [0u8; 8];
+            first.copy_from_slice(&hash.as_bytes()[..8]);
+            return (!called).then_some(ServerCompaction {
+                marker,
+                fingerprint: u64::from_le_bytes(first),
+            });
         }
         before.push(piece);
     }
@@ -335,9 +350,16 @@ fn is_type_value(bytes: &[u8], at: usize) -> bool {
 /// compaction item, not the `context_management` entry `{"type": "compaction", ...}` that
 /// asks for compaction. The item holds no nested object (its strings are base64 and ids).
 fn holds_encrypted_content(bytes: &[u8], at: usize) -> bool {
+    memchr::memmem::find(enclosing_object(bytes, at), b"\"encrypted_content\"").is_some()
+}
+
+/// The bytes between the braces nearest the `"compaction"` at `at`: always inside its
+/// block or item (a brace in its text only narrows them), so the same for every request
+/// that sends that block back.
+fn enclosing_object(bytes: &[u8], at: usize) -> &[u8] {
     let start = memchr::memrchr(b'{', &bytes[..at]).unwrap_or(0);
     let end = memchr::memchr(b'}', &bytes[at..]).map_or(bytes.len(), |e| at + e);
-    memchr::memmem::find(&bytes[start..end], b"\"encrypted_content\"").is_some()
+    &bytes[start..end]
 }
 
 /// The transcript of a summary request without the instruction that asks for the summary:
@@ -651,7 +673,7 @@ mod tests {
     fn a_history_starting_from_the_apis_compaction_continues_a_run() {
         let found = |path: &str, body: serde_json::Value| {
             let body = body.to_string();
-            server_compaction(path, [body.as_bytes(), b""])
+            server_compaction(path, [body.as_bytes(), b""]).map(|c| c.marker)
         };
         let block = serde_json::json!({"type": "compaction", "content": "summary"});
         let head = serde_json::json!({"role": "assistant", "content": [block]});

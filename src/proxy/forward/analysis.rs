@@ -401,9 +401,11 @@ impl Analyser {
         let body_end = body.get(end).unwrap_or(body.tail());
         let mut compaction =
             compaction::recognize(sent.path, sent.headers, body_end, Some(transcript));
+        let mut server = None;
         if compaction.continuation.is_none() {
             let pieces = [&body.head()[..], &body.tail()[..]];
-            compaction.continuation = compaction::server_compaction(sent.path, pieces);
+            server = compaction::server_compaction(sent.path, pieces);
+            compaction.continuation = server.map(|c| c.marker);
         }
         let lineage = &self.memory.lineage;
         if compaction.continuation.is_none() {
@@ -416,12 +418,21 @@ impl Analyser {
             };
         }
         let sender = sender(sent);
-        let joined = lineage
-            .join(&identity.id, &sender, crate::store::now_ms())
-            .or_else(|| {
-                let server = compaction.continuation.is_some_and(|m| m.server_side());
-                self.unseen_summary(identity, fold, &sender, server)
-            });
+        let now = crate::store::now_ms();
+        let mut joined = lineage.join(&identity.id, &sender, now);
+        if let (Some(j), Some(c), Some(fold)) = (&joined, server, fold) {
+            // The API compacted the run again: what the run did since its last compaction
+            // is gone from this history, and is in the conversation's last fold.
+            if !j.linked_now && lineage.compacted_again(&j.run, c.fingerprint) {
+                lineage.compacted(&j.run, fold.clone(), sender.clone(), now);
+                joined = lineage.join(&identity.id, &sender, now);
+            }
+        }
+        let joined =
+            joined.or_else(|| self.unseen_summary(identity, fold, &sender, server.is_some()));
+        if let (Some(j), Some(c)) = (&joined, server) {
+            lineage.server_compacted(&j.run, c.fingerprint);
+        }
         let stated_id = joined
             .as_ref()
             .and_then(|j| rename(identity, j.run.clone()));
