@@ -301,4 +301,17 @@ mod tests {
         lineage.sweep(2_500 + KEEP_MS);
         assert!(lineage.is_empty() && lineage.run_of("c").is_none());
     }
+
+    #[test]
+    fn another_compaction_by_the_api_is_told_from_the_one_carried() {
+        let lineage = Lineage::new(120);
+        lineage.compacted("s1", fold(), sender("k1", "claude-cli"), 1_000);
+        // Taken at no compaction of the API's: any block is another one.
+        assert!(lineage.compacted_again("s1", 7));
+        lineage.server_compacted("s1", 7);
+        assert!(!lineage.compacted_again("s1", 7));
+        assert!(lineage.compacted_again("s1", 8));
+        // No run: nothing to compact again.
+        assert!(!lineage.compacted_again("s2", 7));
+    }
 }
