@@ -30,13 +30,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 FILES = ("dev", "dev2", "fresh", "cc", "tb")
 
-# The CI gate, on all files pooled: the harm users feel (lost-fix), a recall floor set just
-# under what the shipped config reaches (85.3% of 116 labelled loops: a change that loses
-# two loops fails) and a ceiling on resolved runs nudged just over it (13.3% of 812: a
-# change that nudges six more of them fails).
+# The CI gate, on all five files pooled: the harm users feel (lost-fix), a recall floor set
+# just under what the shipped config reaches (81.4% of 140 labelled loops: a change that
+# loses two loops fails), a ceiling on resolved runs nudged just over it (15.2% of 887: a
+# change that nudges eight more fails), and a floor on the frontier runs' loops (tb: 62.5%
+# of 24, the obstacle stall's gain; a change that loses one of them fails).
 GATE_LOST_FIX = 0.01
-GATE_RECALL = 0.84
-GATE_RES_NUDGED = 0.14
+GATE_RECALL = 0.80
+GATE_RES_NUDGED = 0.16
+GATE_TB_RECALL = 0.60
 # Targets of the detection issue (per family and by leave-one-agent-out), reported.
 TARGET = {"lost_fix": 0.01, "res_nudged": 0.10, "recall": 0.85, "prec": 0.85, "steps_saved": 0.10}
 
@@ -361,13 +363,17 @@ def main():
             leave_one_agent_out(corpus, a.binary, work, a.markdown, variants)
         if a.gate:
             m = corpus.metrics(per)
+            tb = corpus.metrics(per, corpus.ids_in("tb")) if "tb" in corpus.names else None
             ok = (m["lost_fix"] or 0) <= GATE_LOST_FIX and (m["recall"] or 0) >= GATE_RECALL \
-                and (m["res_nudged"] or 0) <= GATE_RES_NUDGED
+                and (m["res_nudged"] or 0) <= GATE_RES_NUDGED \
+                and (tb is None or (tb["recall"] or 0) >= GATE_TB_RECALL)
             print(f"\ngate ({', '.join(corpus.names)}): lost-fix "
                   f"{100 * (m['lost_fix'] or 0):.1f}% (at most {100 * GATE_LOST_FIX:.0f}%), "
                   f"labelled-loop recall {100 * (m['recall'] or 0):.1f}% (at least "
                   f"{100 * GATE_RECALL:.0f}%), resolved runs nudged "
-                  f"{100 * (m['res_nudged'] or 0):.1f}% (at most {100 * GATE_RES_NUDGED:.0f}%): "
+                  f"{100 * (m['res_nudged'] or 0):.1f}% (at most {100 * GATE_RES_NUDGED:.0f}%)"
+                  + (f", tb recall {100 * (tb['recall'] or 0):.1f}% (at least "
+                     f"{100 * GATE_TB_RECALL:.0f}%)" if tb else "") + ": "
                   + ("passed" if ok else "FAILED"))
             if not ok:
                 sys.exit(1)
