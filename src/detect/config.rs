@@ -169,8 +169,9 @@ pub struct Thresholds {
     pub obstacle_steps: u32,
     /// ...in which obstacles met before came back at least this often.
     pub obstacle_recurrences: u32,
-    /// obstacle stall: steps that met one obstacle with nothing getting past it between
-    /// (0: this rule off).
+    /// obstacle stall: steps that met one obstacle again with nothing getting past it
+    /// between (a meeting whose result is mostly news, the first one always, does not
+    /// count; 0: this rule off).
     pub obstacle_meetings: u32,
     /// obstacle stall: a source file brought to a new state starts every obstacle's count
     /// over (an attempt at it; its result is the next meeting).

@@ -1,7 +1,7 @@
 //! obstacle stall: the run keeps meeting an obstacle it met before (the same error, the same
 //! failing check, the same missing thing) and gets past none, however varied its commands
 //! and however many new lines its results show ([`super::obstacles`]). Two shapes:
-//! - one obstacle met at step after step with no command getting past it between (a check
+//! - one obstacle met again at step after step with no command getting past it between (a check
 //!   that keeps returning the same verdict across edits, a launch that keeps dying on the
 //!   same error whatever its flags);
 //! - a stretch of steps with no progress in which obstacles met before keep coming back.
@@ -33,7 +33,7 @@ impl Detector for ObstacleStall {
                     (0.6 + 0.1 * f64::from(n - t.obstacle_meetings)).min(1.0),
                     vec![step.index],
                     format!(
-                        "the same obstacle, met at {n} steps with nothing getting past it: {}",
+                        "the same obstacle, met again at {n} steps with nothing getting past it: {}",
                         super::short(&call.result_line)
                     ),
                     SUGGESTION,
