@@ -7,7 +7,7 @@
 #   scripts/bench.sh --quick         # 1 round, short windows
 #   ROUNDS=5 LOADS="oa-8k-c1 an-200k-sse-c16" scripts/bench.sh
 #
-# It builds loopwarden in release and the load driver (examples/loadgen.rs), starts the
+# It builds loopwarden in the `dist` profile (whole-program LTO, as published) and the load driver (examples/loadgen.rs), starts the
 # mock upstream and each peer (a direct connection to the mock; nginx, proxying to it
 # without buffering, when installed; loopwarden with detection and logging on, default
 # config, a fresh SQLite log), and for each load drives every peer in turn, round after
@@ -57,13 +57,13 @@ esac
 say() { printf '[%(%H:%M:%S)T] bench: %s\n' -1 "$*" >&2; }
 
 if [ -z "${BIN:-}" ] && [ "${PGO:-0}" = 1 ]; then
-  say "building loopwarden (release, profile-guided: scripts/build_pgo.sh)"
+  say "building loopwarden (dist, profile-guided: scripts/build_pgo.sh)"
   BIN=$("$ROOT/scripts/build_pgo.sh")
 fi
 if [ -z "${BIN:-}" ]; then
-  say "building loopwarden (release)"
-  (cd "$ROOT" && cargo build --release --locked --bin loopwarden)
-  BIN=$(cd "${CARGO_TARGET_DIR:-$ROOT/target}/release" && pwd)/loopwarden
+  say "building loopwarden (dist)"
+  (cd "$ROOT" && cargo build --profile dist --locked --bin loopwarden)
+  BIN=$(cd "${CARGO_TARGET_DIR:-$ROOT/target}/dist" && pwd)/loopwarden
 fi
 [ -x "$BIN" ] || { say "no binary at $BIN"; exit 1; }
 say "building the load driver and writing the request bodies"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# A release build of loopwarden laid out by the profile of a real load (profile-guided
+# A `dist` build of loopwarden laid out by the profile of a real load (profile-guided
 # optimization), for production:
 #
-#   scripts/build_pgo.sh          # prints the binary's path ($PGO_TARGET_DIR/use/release/loopwarden)
+#   scripts/build_pgo.sh          # prints the binary's path ($PGO_TARGET_DIR/use/dist/loopwarden)
 #
 # Why: at low concurrency the proxy's own code runs cold (the agent, the model API and the
 # kernel have run on its CPU since its last request), at about one instruction every two
@@ -11,7 +11,7 @@
 # is what cold code pays for (12–27 % less CPU per 8.8 KB request at c1).
 #
 # Steps:
-#   1. an instrumented release build (-Cprofile-generate) into $PGO_TARGET_DIR/gen;
+#   1. an instrumented dist build (-Cprofile-generate) into $PGO_TARGET_DIR/gen;
 #   2. training: that binary, with its default config (detection and logging on), driven
 #      by the repository's load harness (scripts/harness.sh: examples/loadgen.rs, the
 #      bodies of scripts/bench_payloads.py, loopwarden's own mock upstream) over the
@@ -20,8 +20,8 @@
 #      stops on SIGTERM, which writes its profile;
 #   3. the profile merged with llvm-profdata (rustup's `llvm-tools` component, added if
 #      missing);
-#   4. the release build with -Cprofile-use into $PGO_TARGET_DIR/use.
-# The code is the same as `cargo build --release`'s; only its layout and inlining differ.
+#   4. the dist build with -Cprofile-use into $PGO_TARGET_DIR/use.
+# The code is the same as `cargo build --profile dist`'s; only its layout and inlining differ.
 # The interventions' paths (a nudge, a halt) run code the training does not reach, which
 # PGO treats as cold: they are rare by design, a few per run.
 #
@@ -55,7 +55,7 @@ rm -rf "$PROFILES"
 mkdir -p "$PROFILES"
 say "1/4 instrumented build"
 (cd "$ROOT" && CARGO_TARGET_DIR=$PGO_TARGET_DIR/gen \
-  RUSTFLAGS="-Cprofile-generate=$PROFILES" cargo build --release --locked --bin loopwarden >&2)
+  RUSTFLAGS="-Cprofile-generate=$PROFILES" cargo build --profile dist --locked --bin loopwarden >&2)
 # Build scripts are instrumented too and leave profiles of their own: only the proxy's count.
 rm -f "$PROFILES"/*.profraw
 
@@ -63,7 +63,7 @@ say "2/4 training"
 WORK=$(mktemp -d)
 cleanup() { kill "${LP:-}" "${MOCK_PID:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
-GEN=$PGO_TARGET_DIR/gen/release/loopwarden
+GEN=$PGO_TARGET_DIR/gen/dist/loopwarden
 # The instrumented proxy against the upstream at URL; its profile is written when it stops.
 start_proxy() {
   # shellcheck disable=SC2046
@@ -112,5 +112,5 @@ mv "$PROFILES/merged.profdata" "$PROFILE"
 
 say "4/4 optimized build"
 (cd "$ROOT" && CARGO_TARGET_DIR=$PGO_TARGET_DIR/use \
-  RUSTFLAGS="-Cprofile-use=$PROFILE" cargo build --release --locked --bin loopwarden >&2)
-echo "$PGO_TARGET_DIR/use/release/loopwarden"
+  RUSTFLAGS="-Cprofile-use=$PROFILE" cargo build --profile dist --locked --bin loopwarden >&2)
+echo "$PGO_TARGET_DIR/use/dist/loopwarden"

@@ -2,7 +2,9 @@
 # Instructions per request of the whole proxy (every thread: the request path, the log
 # writer, SQLite), under callgrind: noise-free, so two builds compare on a busy machine.
 #
-#   scripts/callgrind_proxy.sh BIN [BIN ...]      # oa-8k: openai_8k.json, 50 then 550 requests
+#   scripts/callgrind_proxy.sh [BIN ...]          # oa-8k: openai_8k.json, 50 then 550 requests
+#                                                 # (no BIN: target/dist/loopwarden, the
+#                                                 # benchmarks' profile: cargo build --profile dist)
 #   PAYLOAD=anthropic_8k_stream.json API_PATH=/v1/messages N1=20 N2=220 scripts/callgrind_proxy.sh BIN
 #   CONFIG=some.toml scripts/callgrind_proxy.sh BIN    # serve with that config file
 #
@@ -21,6 +23,10 @@ N1=${N1:-50} N2=${N2:-550}
 MOCK_PORT=${MOCK_PORT:-18180} LW_PORT=${LW_PORT:-18190}
 command -v valgrind >/dev/null || { echo "callgrind_proxy: valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
 source "$ROOT/scripts/harness.sh"
+[ $# -gt 0 ] || set -- "${CARGO_TARGET_DIR:-$ROOT/target}/dist/loopwarden"
+for bin in "$@"; do
+  [ -x "$bin" ] || { echo "callgrind_proxy: no binary at $bin (cargo build --profile dist)" >&2; exit 1; }
+done
 mkdir -p "$OUT"
 PAY=$OUT/payloads
 [ -f "$PAY/$PAYLOAD" ] || python3 "$ROOT/scripts/bench_payloads.py" "$PAY" >&2

@@ -41,7 +41,7 @@ pub struct Config {
     /// Named policies, tried in file order (`crate::policy`).
     #[serde(rename = "policy")]
     pub policies: Vec<crate::policy::config::PolicyTable>,
-    /// Who may read `/metrics` (`crate::proxy::scrape`).
+    /// Who may read `/metrics` (`crate::proxy::operator::scrape`).
     pub metrics: MetricsConfig,
     /// The file this was loaded from: what a reload reads again (`crate::reload`).
     #[serde(skip)]
@@ -69,15 +69,15 @@ pub struct ServerConfig {
     /// Largest request body the proxy reads; larger ones get a 413 in the API's error shape.
     pub max_body_bytes: usize,
     /// Serving threads, each with its own event loop and upstream pool; each new connection
-    /// goes to the thread with the fewest open and stays there (`crate::proxy::spread`).
+    /// goes to the thread with the fewest open and stays there (`crate::proxy::serve::spread`).
     /// 0: one per CPU.
     pub threads: usize,
     /// Longest a request head may take to arrive whole, from its first byte (a client that
-    /// sends half a head and stops is disconnected: `crate::proxy::connection`).
+    /// sends half a head and stops is disconnected: `crate::proxy::serve::connection`).
     pub header_timeout_secs: u64,
     /// Once a request head has arrived, its body must bring at least 1 KiB (or its end)
     /// within each period this long; a client that stops or trickles it is answered 408
-    /// and disconnected (`crate::proxy::body::with_idle_timeout`). nginx's
+    /// and disconnected (`crate::proxy::forward::body::with_idle_timeout`). nginx's
     /// `client_body_timeout` is 60 s too.
     pub body_timeout_secs: u64,
     /// A connection carrying no request (before its first, between two) is closed after
@@ -98,8 +98,17 @@ pub struct ServerConfig {
     /// gets what is left (then what it could not write goes to the spill file). Under the
     /// common supervisors' stop timeouts (30 s).
     pub shutdown_grace_secs: u64,
+    /// The first part of a stop's grace during which the proxy still serves everything,
+    /// new connections included, while `/readyz` answers 503 (and each answer closes its
+    /// connection): a load balancer that polls it (a Kubernetes readiness probe) stops
+    /// sending new requests before the listener closes. At most half the grace; 0: the
+    /// listener closes at once.
+    pub drain_secs: u64,
+    /// A WebSocket with no frame either way for this long, and no answer on its way, is
+    /// closed (1001) and its place freed (`crate::proxy::websocket`).
+    pub websocket_idle_secs: u64,
     /// A PEM file of the listener's certificate chain (leaf first): set with `tls_key`, the
-    /// proxy serves HTTPS instead of plain HTTP (`crate::proxy::listener_tls`, which
+    /// proxy serves HTTPS instead of plain HTTP (`crate::proxy::serve::listener_tls`, which
     /// [`ServerConfig::tls_acceptor`] builds).
     pub tls_cert: String,
     /// The PEM file of that certificate's private key.
@@ -162,7 +171,7 @@ impl ServerConfig {
 #[serde(rename_all = "lowercase")]
 pub enum WebSocketMode {
     /// Proxied: the upstream is asked for the same upgrade, and the two sockets are joined
-    /// with each turn read and ruled on as an HTTP request is (`crate::proxy::websocket`).
+    /// with each turn read and ruled on as an HTTP request is (`crate::proxy::forward::websocket`).
     Proxy,
     /// Answered `426 Upgrade Required` at once: a client with an HTTP transport to fall
     /// back on (Codex) uses it without first retrying the socket.
@@ -267,10 +276,10 @@ impl StoreConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
     /// Bearer token for `/admin/api/` (`LOOPWARDEN_ADMIN_TOKEN`). Empty: loopback clients that
-    /// name this machine in `Host` only (`crate::proxy::admin::check`).
+    /// name this machine in `Host` only (`crate::proxy::operator::admin::check`).
     pub token: String,
     /// Tokens that read and act on one team's conversations only (`[[admin.team_tokens]]`),
-    /// beside the global one (`crate::proxy::admin::Access`).
+    /// beside the global one (`crate::proxy::operator::admin::Access`).
     pub team_tokens: Vec<TeamToken>,
 }
 
@@ -341,7 +350,7 @@ impl AdminConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsConfig {
     /// Bearer token for `/metrics` (`LOOPWARDEN_METRICS_TOKEN`), for a scraper that must not
-    /// hold the admin token. Empty: the admin API's rules (`crate::proxy::admin::check`).
+    /// hold the admin token. Empty: the admin API's rules (`crate::proxy::operator::admin::check`).
     pub token: String,
 }
 
@@ -381,6 +390,8 @@ impl Default for Config {
                 max_connections: 0,
                 websocket: WebSocketMode::Proxy,
                 shutdown_grace_secs: 20,
+                drain_secs: 0,
+                websocket_idle_secs: 300,
                 tls_cert: String::new(),
                 tls_key: String::new(),
             },
@@ -473,13 +484,43 @@ const ENV_OVERRIDES: &[(&str, &str)] = &[
     ),
 ];
 
+/// What a command reads the configuration for: `serve` needs all of it; the commands that
+/// read the file `serve` reads without serving (`replay`, `policies`) do not need the
+/// secrets only a server uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    Serve,
+    /// Without serving: a team token whose variable is unset is left out (it opens no door
+    /// here) and named in [`Loaded::unset`] instead of failing the load.
+    ReadOnly,
+}
+
+/// A configuration read without serving ([`Purpose::ReadOnly`]).
+#[derive(Debug)]
+pub struct Loaded {
+    pub config: Config,
+    /// The secrets' variables that are not set: `serve` would refuse to start without
+    /// them (`team "ci": LW_CI_TOKEN is not set`).
+    pub unset: Vec<String>,
+}
+
 impl Config {
     /// Defaults, then `file`, then the environment as seen through `env` (a parameter so
-    /// tests need not touch the process environment).
+    /// tests need not touch the process environment), for `serve`: every secret the file
+    /// names must be set.
     pub fn load(
         file: Option<&Path>,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
+        Config::load_for(file, env, Purpose::Serve).map(|loaded| loaded.config)
+    }
+
+    /// [`Config::load`] for `purpose`.
+    pub fn load_for(
+        file: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+        purpose: Purpose,
+    ) -> Result<Loaded, ConfigError> {
         // Set but empty is unset: the only way to lift a variable a container image sets.
         let env = |var: &str| env(var).filter(|value| !value.is_empty());
         let mut config = match file {
@@ -504,6 +545,17 @@ impl Config {
         for team in &mut config.admin.team_tokens {
             team.token = env(&team.token_env).unwrap_or_default();
         }
+        let mut unset = Vec::new();
+        if purpose == Purpose::ReadOnly {
+            // An entry without a variable's name stays, for validation to say so.
+            config.admin.team_tokens.retain(|t| {
+                let missing = t.token.is_empty() && !t.token_env.trim().is_empty();
+                if missing {
+                    unset.push(format!("team {:?}: {} is not set", t.team, t.token_env));
+                }
+                !missing
+            });
+        }
         config.validate(|key| {
             ENV_OVERRIDES
                 .iter()
@@ -511,7 +563,7 @@ impl Config {
                 .map(|(var, _)| format!(" (from {var})"))
                 .unwrap_or_default()
         })?;
-        Ok(config)
+        Ok(Loaded { config, unset })
     }
 
     fn from_file(path: &Path) -> Result<Config, ConfigError> {
@@ -629,7 +681,11 @@ impl Config {
                 ),
             ));
         }
-        let positive: [(&'static str, u64); 15] = [
+        let positive: [(&'static str, u64); 16] = [
+            (
+                "server.websocket_idle_secs",
+                self.server.websocket_idle_secs,
+            ),
             (
                 "intervene.pause.timeout_secs",
                 self.intervene.pause.timeout_secs,
@@ -668,6 +724,16 @@ impl Config {
             if value == 0 {
                 return Err(invalid(key, "must be greater than 0".into()));
             }
+        }
+        let grace = self.server.shutdown_grace_secs;
+        if self.server.drain_secs.saturating_mul(2) > grace {
+            return Err(invalid(
+                "server.drain_secs",
+                format!(
+                    "must be at most half of server.shutdown_grace_secs ({grace}): the drain \
+                     is part of the grace, and the rest is for the requests in flight and the log"
+                ),
+            ));
         }
         if self.admin.token.chars().any(|c| c.is_whitespace()) {
             return Err(invalid("admin.token", "must not contain whitespace".into()));
@@ -805,6 +871,23 @@ mod tests {
         let e = Config::load(None, env("soon")).unwrap_err().to_string();
         assert!(e.contains("server.shutdown_grace_secs"), "{e}");
         assert!(e.contains("LOOPWARDEN_SHUTDOWN_GRACE_SECS"), "{e}");
+    }
+
+    #[test]
+    fn the_drain_fits_in_half_the_shutdown_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |toml: &str| {
+            let path = dir.path().join("c.toml");
+            std::fs::write(&path, toml).unwrap();
+            Config::load(Some(&path), |_| None)
+        };
+        let config = file("[server]\nshutdown_grace_secs = 30\ndrain_secs = 15\n").unwrap();
+        assert_eq!(config.server.drain_secs, 15);
+        let e = file("[server]\nshutdown_grace_secs = 30\ndrain_secs = 16\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("server.drain_secs"), "{e}");
+        assert!(e.contains("half of server.shutdown_grace_secs (30)"), "{e}");
     }
 
     #[test]

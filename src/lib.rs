@@ -4,7 +4,7 @@
 //! [`actions`] reads what each tool call does → detection ([`detect`]) folds the facts,
 //! finds loops and decides → [`intervene`] rules on the decision and rewrites or answers →
 //! [`proxy`] forwards and tees the response → [`store`] logs it. The steps from bytes to a
-//! decision are one call, `proxy::analysis::Analyser::analyse`, which the proxy, the
+//! decision are one call, `proxy::forward::analysis::Analyser::analyse`, which the proxy, the
 //! benchmarks and `loopwarden replay` share.
 #![deny(
     clippy::unwrap_used,
@@ -31,8 +31,10 @@ pub mod metrics;
 pub mod mock;
 pub mod names;
 pub mod normalize;
+pub mod own_cookie;
 pub mod policies;
 pub mod policy;
+pub mod process_log;
 pub mod proxy;
 pub mod reload;
 pub mod replay;

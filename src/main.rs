@@ -40,8 +40,10 @@ enum Command {
     /// request's team, key, user-agent, model or API, say which policy it falls under.
     Policies(loopwarden::policies::PoliciesArgs),
     /// Run a command (an agent) as one conversation of a running proxy, its base-URL
-    /// variables pointed at it; exit 3 when loopwarden halted the run, else the command's
-    /// own status (125: the run's state could not be read).
+    /// variables pointed at it, after checking the proxy, the token and the team's policy.
+    /// Exit 3: loopwarden halted the run; 4: the proxy saw no request of it; 125: the
+    /// checks failed (the command did not start) or the run's state could not be read;
+    /// else the command's own status, as a shell gives it (126, 127, 128 + signal).
     Run(loopwarden::run::RunArgs),
 }
 
@@ -55,7 +57,7 @@ fn main() -> std::process::ExitCode {
             Ok(code) => return code,
             Err(e) => Err(e),
         },
-        Command::Health(args) => loopwarden::proxy::health::run(args),
+        Command::Health(args) => loopwarden::proxy::serve::check_health(args),
         Command::Replay(args) => loopwarden::replay::run(args),
         Command::Mock(args) => loopwarden::mock::run(args),
         Command::Demo(args) => loopwarden::demo::run(args),

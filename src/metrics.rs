@@ -1,4 +1,4 @@
-//! Prometheus metrics (`GET /metrics`, routed in `crate::proxy::own`).
+//! Prometheus metrics (`GET /metrics`, routed in `crate::proxy::operator::own`).
 //!
 //! What a request adds is counted once, when its log entry is handed over
 //! ([`Metrics::request`], from the same `Finished` the log gets): its API and status, the

@@ -30,8 +30,13 @@ pub struct PoliciesArgs {
 
 /// Entry point of `loopwarden policies`.
 pub fn run(args: PoliciesArgs) -> anyhow::Result<()> {
-    let config = args.serve.clone().load_config()?;
-    let set = config.policy_set()?;
+    // As `serve` reads it, but a secret the check does not use may be unset: said, not
+    // refused.
+    let loaded = args.serve.clone().load_config_read_only()?;
+    for unset in &loaded.unset {
+        eprintln!("warning: {unset}: `serve` will not start without it");
+    }
+    let set = loaded.config.policy_set()?;
     for p in set.iter() {
         let selector = serde_json::to_string(&p.selector)?;
         println!("{:<20} {:<10} match {selector}", p.name, p.mode.as_str());

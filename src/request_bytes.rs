@@ -5,7 +5,7 @@
 //! Keeping those bytes from the earlier body, compared as they arrive rather than copied
 //! into a buffer of the request's own, saves a copy of the history per request: for the
 //! bench's 2 MB body, ~170 µs of its arrival on two busy cores and a 2 MB buffer in flight
-//! (BENCHMARKS.md). `proxy::body` joins them where `proxy::memory::arrival` says: always at
+//! (BENCHMARKS.md). `proxy::forward::body` joins them where `proxy::memory::arrival` says: always at
 //! the start of a history message, so that a message, a top-level member before the history
 //! or one after it lies in one piece and can be read as one slice.
 

@@ -1,8 +1,30 @@
-//! Warnings that a client can cause once per request (a body the proxy cannot read), kept
-//! from flooding the log: at most one line per period, the next line counting the ones
-//! left out. Lock-free, so the request path pays two atomic operations.
+//! Warnings that a client can cause once per request (a body the proxy cannot read, an
+//! unknown `previous_response_id`, an upstream that cannot be reached), kept from flooding
+//! the log: at most one line per period, the next line counting the ones left out
+//! (`more_since_last`). Lock-free, so the request path pays two atomic operations.
+//!
+//! Every such warning goes through [`warn_per_request!`], which gives its call site a
+//! budget of its own: one kind of warning in a flood leaves the others to be seen. Each
+//! request has its row in the log all the same.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+/// The period of a per-request warning: one line per 10 s at most.
+pub const PER_REQUEST_MS: i64 = 10_000;
+
+/// `tracing::warn!` for a warning a request can cause, through a [`Throttle`] of this call
+/// site's own ([`PER_REQUEST_MS`]); the line written carries `more_since_last`, the
+/// occurrences left out before it. Takes `warn!`'s fields and message.
+#[macro_export]
+macro_rules! warn_per_request {
+    ($($fields:tt)+) => {{
+        static THROTTLE: $crate::throttle::Throttle =
+            $crate::throttle::Throttle::new($crate::throttle::PER_REQUEST_MS);
+        if let Some(skipped) = THROTTLE.admit($crate::store::now_ms()) {
+            tracing::warn!(more_since_last = skipped, $($fields)+);
+        }
+    }};
+}
 
 /// One kind of warning's budget of log lines.
 pub struct Throttle {

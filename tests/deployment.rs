@@ -113,6 +113,40 @@ fn the_image_runs_unprivileged_with_a_health_check_and_a_dependency_layer() {
     );
 }
 
+/// The README's first command (`cargo run --release`) builds in minutes: release has no
+/// whole-program LTO. What is published or measured is built in `dist`, which has it.
+#[test]
+fn release_builds_quickly_and_published_or_measured_binaries_build_dist() {
+    let manifest: toml::Value = toml::from_str(&read("Cargo.toml")).unwrap();
+    let profile = |name: &str| manifest["profile"][name].clone();
+    let release = profile("release");
+    let lto = release
+        .get("lto")
+        .and_then(|l| l.as_str().map(str::to_string));
+    assert!(
+        matches!(release.get("lto"), None | Some(toml::Value::Boolean(false)))
+            || lto.as_deref() == Some("thin"),
+        "release: lto = {:?}",
+        release.get("lto")
+    );
+    assert!(release
+        .get("codegen-units")
+        .is_none_or(|n| n.as_integer() > Some(1)));
+    let dist = profile("dist");
+    assert_eq!(dist["inherits"].as_str(), Some("release"));
+    assert_eq!(dist["lto"].as_str(), Some("fat"));
+    assert_eq!(dist["codegen-units"].as_integer(), Some(1));
+    for script in [
+        "docker/Dockerfile",
+        "scripts/bench.sh",
+        "scripts/build_pgo.sh",
+    ] {
+        let text = read(script);
+        assert!(text.contains("cargo build --profile dist"), "{script}");
+        assert!(!text.contains("cargo build --release"), "{script}");
+    }
+}
+
 #[test]
 fn the_benchmark_and_pgo_scripts_need_nothing_outside_the_repository() {
     for script in [
@@ -177,4 +211,84 @@ fn the_compose_replicas_mount_the_config_the_image_reads() {
     let services = compose.find("\nservices:").unwrap();
     assert!((anchor..services).contains(&compose.find(mount).unwrap()));
     assert_eq!(compose.matches("<<: *replica").count(), 2);
+}
+
+/// The value of the first `key: value` line of a YAML text (these manifests hold each key
+/// the test reads once, or first where it matters).
+fn yaml_value<'a>(yaml: &'a str, key: &str) -> &'a str {
+    yaml.lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("{key}:")))
+        .unwrap_or_else(|| panic!("no {key} in the manifest"))
+        .trim()
+}
+
+/// The ConfigMap's `loopwarden.toml`, as the pods read it.
+fn configmap_toml() -> String {
+    let yaml = read("deploy/kubernetes/configmap.yaml");
+    let mut lines = yaml
+        .lines()
+        .skip_while(|l| l.trim() != "loopwarden.toml: |");
+    lines.next().expect("the ConfigMap holds loopwarden.toml");
+    lines
+        .take_while(|l| l.is_empty() || l.starts_with("    "))
+        .map(|l| l.strip_prefix("    ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The Kubernetes manifests (their schema is checked in `.ci/run` by kubernetes-validate)
+/// fit the proxy they run: the ConfigMap is a configuration `serve` accepts; the pod's
+/// termination grace is above the proxy's shutdown grace; the drain outlasts the readiness
+/// probe's notice; the probes ask `/healthz` and `/readyz`; the database URL and the admin
+/// token come from Secrets; the spill file is on a volume of its own.
+#[test]
+fn the_kubernetes_manifests_fit_the_proxy_they_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("loopwarden.toml");
+    std::fs::write(&file, configmap_toml()).unwrap();
+    let config = loopwarden::config::Config::load(Some(&file), |_| None).unwrap();
+    let server = &config.server;
+
+    let deployment = read("deploy/kubernetes/deployment.yaml");
+    let termination: u64 = yaml_value(&deployment, "terminationGracePeriodSeconds")
+        .parse()
+        .unwrap();
+    assert!(
+        termination > server.shutdown_grace_secs,
+        "the kubelet's SIGKILL ({termination} s) must come after the proxy's grace ({} s)",
+        server.shutdown_grace_secs
+    );
+    let readiness = deployment
+        .split("readinessProbe:")
+        .nth(1)
+        .expect("a readiness probe");
+    assert_eq!(yaml_value(readiness, "path"), "/readyz");
+    let period: u64 = yaml_value(readiness, "periodSeconds").parse().unwrap();
+    let failures: u64 = yaml_value(readiness, "failureThreshold").parse().unwrap();
+    assert!(
+        server.drain_secs >= 2 * period * failures,
+        "the drain ({} s) must leave the probe time to see 503 and the Service to drop the pod",
+        server.drain_secs
+    );
+    let liveness = deployment.split("livenessProbe:").nth(1).unwrap();
+    assert_eq!(yaml_value(liveness, "path"), "/healthz");
+    for (variable, secret) in [
+        ("LOOPWARDEN_DB", "loopwarden-postgres"),
+        ("LOOPWARDEN_ADMIN_TOKEN", "loopwarden-admin"),
+    ] {
+        let env = deployment
+            .split(&format!("- name: {variable}"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("{variable} is set"));
+        assert_eq!(yaml_value(env, "name"), secret, "{variable} by reference");
+    }
+    let spill_dir = std::path::Path::new(&config.store.spill)
+        .parent()
+        .expect("store.spill is set")
+        .display()
+        .to_string();
+    assert!(
+        deployment.contains(&format!("mountPath: {spill_dir}\n")),
+        "the spill file's directory {spill_dir} is a volume"
+    );
 }

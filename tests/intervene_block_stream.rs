@@ -8,7 +8,7 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use loopwarden::dialect::{Dialect, StreamEventKind};
 use loopwarden::mock::{MockServer, Script, ToolCall, Turn};
-use loopwarden::proxy::block::BlockBody;
+use loopwarden::proxy::forward::BlockBody;
 use serde_json::{json, Value};
 
 const TEXT: &str = "Running the tests again.";

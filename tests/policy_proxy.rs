@@ -287,6 +287,51 @@ async fn a_team_and_a_client_are_named_one_way_everywhere() {
     assert!(out.contains("falls under: spaced"), "{out}");
 }
 
+/// `loopwarden policies --config` checks the file `serve` runs, `[[admin.team_tokens]]`
+/// included: a token's variable it does not need may be unset (a warning says `serve`
+/// will need it), and a set one is read, not reported unset.
+#[test]
+fn policies_checks_the_served_file_without_its_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("served.toml");
+    std::fs::write(
+        &file,
+        "[admin]\n[[admin.team_tokens]]\nteam = \"ci\"\ntoken_env = \"LW_TEST_POLICIES_CI_TOKEN\"\n\n\
+         [[policy]]\nname = \"ci\"\nmatch = { team = \"ci\" }\n",
+    )
+    .unwrap();
+    let policies = |token: Option<&str>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_loopwarden"));
+        command
+            .args(["policies", "--config"])
+            .arg(&file)
+            .args(["--team", "ci"])
+            .env_remove("LW_TEST_POLICIES_CI_TOKEN");
+        if let Some(token) = token {
+            command.env("LW_TEST_POLICIES_CI_TOKEN", token);
+        }
+        command.output().unwrap()
+    };
+    let unset = policies(None);
+    let (out, err) = (
+        String::from_utf8_lossy(&unset.stdout),
+        String::from_utf8_lossy(&unset.stderr),
+    );
+    assert!(unset.status.success(), "{err}");
+    assert!(out.contains("falls under: ci"), "{out}");
+    assert!(
+        err.contains("warning: team \"ci\": LW_TEST_POLICIES_CI_TOKEN is not set"),
+        "{err}"
+    );
+    let set = policies(Some("ci-token-0123"));
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    assert!(String::from_utf8_lossy(&set.stderr).is_empty());
+}
+
 /// The head of the answer to a request line sent as is (an HTTP client would resolve the
 /// dot segments itself).
 async fn raw_head(base: &str, line: &str) -> String {

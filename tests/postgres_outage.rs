@@ -68,26 +68,20 @@ async fn pending_listing(proxy: &TestProxy) -> (bool, Value) {
 }
 
 #[tokio::test]
+#[ignore = "needs PostgreSQL (LW_TEST_POSTGRES): cargo test -- --include-ignored"]
 async fn postgres_stopped_and_started_under_load_fails_no_request_and_writing_resumes() {
     let mock = MockServer::start(Script::with_turns(vec![Turn::text("Done.")]))
         .await
         .unwrap();
-    let Some(dir) = cluster_dir() else {
-        // With a server given by URL alone there is nothing to stop; CI always has one.
-        assert!(
-            proxy_support::postgres_db().await.is_none(),
-            "LW_TEST_POSTGRES is set but LW_PG_DIR is not: the outage test needs the cluster's directory"
-        );
-        return;
-    };
+    // With a server given by URL alone there is nothing to stop.
+    let dir = cluster_dir().expect(
+        "LW_PG_DIR is unset: the outage test stops the server of scripts/pg_cluster.sh's cluster",
+    );
     // Few records kept for a retry, so that the outage loses some (counted).
-    let Some(proxy) = TestProxy::on_with(Backend::Postgres, &mock.url(), |c| {
+    let proxy = TestProxy::on_with(Backend::Postgres, &mock.url(), |c| {
         c.store.retry_rows = 20;
     })
-    .await
-    else {
-        return;
-    };
+    .await;
     let proxy = Arc::new(proxy);
 
     // The steady load: four clients, one request after another each, until told to stop;

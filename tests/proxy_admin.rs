@@ -40,7 +40,7 @@ async fn a_token_guards_the_admin_api_but_not_healthz() {
 }
 
 /// The proxy answers its own paths itself (`/`, `/healthz`, `/admin` and below, `/metrics`,
-/// `/ui` and below: `proxy::own`); forwarded requests skip its router, so this pins where that
+/// `/ui` and below: `proxy::operator::own`); forwarded requests skip its router, so this pins where that
 /// line runs: paths beside those (a trailing slash, a longer word) still go upstream, as any
 /// path the proxy does not serve.
 #[tokio::test]

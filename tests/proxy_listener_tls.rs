@@ -1,4 +1,4 @@
-//! TLS on the listener (`server.tls_cert`, `server.tls_key`; src/proxy/listener_tls.rs): a
+//! TLS on the listener (`server.tls_cert`, `server.tls_key`; src/proxy/serve/listener_tls.rs): a
 //! real TLS client trusting the test CA gets proxied answers and `/healthz` over HTTPS, on
 //! HTTP/1.1 as the plain listener speaks; a certificate that cannot be used stops the start
 //! with an error naming the key.

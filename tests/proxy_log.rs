@@ -52,9 +52,7 @@ async fn send(
 
 async fn a_conversation_with_a_tool_call_is_logged_in_every_api(backend: Backend) {
     let mock = MockServer::start(test_then_done()).await.unwrap();
-    let Some(proxy) = TestProxy::on(backend, &mock.url()).await else {
-        return;
-    };
+    let proxy = TestProxy::on(backend, &mock.url()).await;
     for (api, stream) in [
         (Api::Chat, false),
         (Api::Responses, true),
@@ -199,9 +197,7 @@ async fn a_conversation_with_a_tool_call_is_logged_in_every_api(backend: Backend
 
 async fn the_new_call_is_logged_from_the_response_before_its_result_arrives(backend: Backend) {
     let mock = MockServer::start(test_then_done()).await.unwrap();
-    let Some(proxy) = TestProxy::on(backend, &mock.url()).await else {
-        return;
-    };
+    let proxy = TestProxy::on(backend, &mock.url()).await;
     for api in ALL_APIS {
         let id = format!("resp-{api:?}");
         let r = send(
@@ -228,9 +224,7 @@ async fn the_new_call_is_logged_from_the_response_before_its_result_arrives(back
 
 async fn conversation_identity_follows_the_documented_order(backend: Backend) {
     let mock = MockServer::start(test_then_done()).await.unwrap();
-    let Some(proxy) = TestProxy::on(backend, &mock.url()).await else {
-        return;
-    };
+    let proxy = TestProxy::on(backend, &mock.url()).await;
     let body = Api::Chat.first_request(TASK, false);
     let id_of = |r: &reqwest::Response| {
         r.headers()["x-loopwarden-conversation"]
@@ -331,9 +325,7 @@ async fn a_body_that_does_not_parse_is_forwarded_untouched_and_logged_as_unparse
     backend: Backend,
 ) {
     let mock = MockServer::start(test_then_done()).await.unwrap();
-    let Some(proxy) = TestProxy::on(backend, &mock.url()).await else {
-        return;
-    };
+    let proxy = TestProxy::on(backend, &mock.url()).await;
     let bodies: [(&str, &[u8]); 3] = [
         (
             "/v1/chat/completions",
@@ -376,4 +368,55 @@ async fn a_body_that_does_not_parse_is_forwarded_untouched_and_logged_as_unparse
         assert_eq!(rows[0]["status"], status, "{path}");
         assert_eq!(rows[0]["decision"], Value::Null, "{path}");
     }
+}
+
+/// A client's text that reaches the process log (here an unknown `previous_response_id`,
+/// sent with every request: a newline that would forge an `ERROR` line, escape sequences
+/// that would clear and colour the terminal) is written escaped, and the warning it causes
+/// is written once per period however many requests cause it.
+#[tokio::test]
+async fn a_client_s_text_in_the_process_log_is_escaped_and_its_warning_rate_limited() {
+    let mock = MockServer::start(Script::with_turns(vec![Turn::text("Done.")]))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("log.db").display());
+    let served = proxy_support::Served::start(
+        &["--db", &db],
+        &[
+            ("LOOPWARDEN_OPENAI_BASE_URL", mock.url()),
+            ("RUST_LOG", "info".into()),
+        ],
+    )
+    .await;
+    let forged =
+        "resp_x\n2026-12-07T16:00:00.000000Z ERROR loopwarden: forged line\u{1b}[2J\u{1b}[31m";
+    for _ in 0..20 {
+        let body = json!({"model": "gpt-test", "stream": false, "previous_response_id": forged,
+            "input": [{"type": "message", "role": "user",
+                       "content": [{"type": "input_text", "text": "go on"}]}]});
+        let r = client()
+            .post(format!("{}/v1/responses", served.url))
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    let stderr = served.stop().await;
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "an escape reached the log: {stderr:?}"
+    );
+    let warned: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("forged line"))
+        .collect();
+    assert_eq!(warned.len(), 1, "one line for 20 requests: {stderr}");
+    assert!(warned[0].contains("never relayed"), "{stderr}");
+    assert!(
+        warned[0].contains("resp_x\\n2026-12-07T16:00:00.000000Z ERROR"),
+        "{stderr}"
+    );
 }

@@ -246,7 +246,7 @@ async fn large_header_sections_pass_up_to_64_kib_and_beyond_it_get_a_clear_431()
 }
 
 /// A long conversation's requests share most of their bytes with the one before, which
-/// the proxy keeps rather than copying (`proxy::body`): every request still reaches the
+/// the proxy keeps rather than copying (`proxy::forward::body`): every request still reaches the
 /// upstream byte for byte and is read as from scratch, whether it adds a turn, edits an
 /// early one, or repeats the last body exactly.
 #[tokio::test]

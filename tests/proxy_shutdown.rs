@@ -322,14 +322,21 @@ async fn until_logged(served: &Served) {
     assert!(logged, "the first request was never logged");
 }
 
-#[tokio::test]
-async fn a_log_that_cannot_be_written_is_spilled_and_written_at_the_next_start() {
+/// A mock that answers every request at once, a temporary directory, and the directory in
+/// it (`db/`) that holds the log.
+async fn mock_and_db_dir() -> (MockServer, tempfile::TempDir, std::path::PathBuf) {
     let mock = MockServer::start(Script::with_turns(vec![Turn::text("Done.")]))
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let db_dir = dir.path().join("db");
     std::fs::create_dir(&db_dir).unwrap();
+    (mock, dir, db_dir)
+}
+
+#[tokio::test]
+async fn a_log_that_cannot_be_written_is_spilled_and_written_at_the_next_start() {
+    let (mock, dir, db_dir) = mock_and_db_dir().await;
     let spill = dir.path().join("spill.jsonl");
 
     let (code, stderr) = stop_with_the_log_gone(dir.path(), &db_dir, Some(&spill), &mock).await;
@@ -395,17 +402,12 @@ async fn pg_ctl(verb: &str, dir: &str) {
 }
 
 #[tokio::test]
+#[ignore = "needs PostgreSQL (LW_TEST_POSTGRES): cargo test -- --include-ignored"]
 async fn postgres_stopped_at_shutdown_is_spilled_and_written_at_the_next_start() {
-    let Some(cluster) = cluster_dir() else {
-        assert!(
-            proxy_support::postgres_db().await.is_none(),
-            "LW_TEST_POSTGRES is set but LW_PG_DIR is not: this test stops the cluster's server"
-        );
-        return;
-    };
-    let Some(db) = proxy_support::postgres_db().await else {
-        return;
-    };
+    let cluster = cluster_dir().expect(
+        "LW_PG_DIR is unset: this test stops the server of scripts/pg_cluster.sh's cluster",
+    );
+    let db = proxy_support::postgres_db().await;
     let mock = MockServer::start(Script::with_turns(vec![Turn::text("Done.")]))
         .await
         .unwrap();
@@ -422,16 +424,37 @@ async fn postgres_stopped_at_shutdown_is_spilled_and_written_at_the_next_start()
     the_spill_is_in_the_log(served, dir.path(), &spill).await;
 }
 
+/// The spill file's default place is beside the database: the directory, removed with the
+/// database, is made again for it, and the next start writes it in.
+#[tokio::test]
+async fn the_default_spill_file_survives_the_database_s_directory_removed() {
+    let (mock, dir, db_dir) = mock_and_db_dir().await;
+    let (code, stderr) = stop_with_the_log_gone(dir.path(), &db_dir, None, &mock).await;
+    assert_eq!(code, Some(75), "spilled: {stderr}");
+    let spill = db_dir.join("log.db.spill.jsonl");
+    let text = std::fs::read_to_string(&spill).unwrap();
+    assert!(text.contains("\"after\""), "{text}");
+    let served = serve_logging(dir.path(), &db_dir, None, &mock).await;
+    let after = timeline(&served.url, "after")
+        .await
+        .expect("the spilled conversation is in the log");
+    assert_eq!(after["requests"].as_array().unwrap().len(), 3, "{after}");
+    assert!(!spill.exists(), "deleted once written");
+    served.stop().await;
+}
+
 #[tokio::test]
 async fn a_spill_that_fails_too_says_how_many_records_were_lost() {
-    let mock = MockServer::start(Script::with_turns(vec![Turn::text("Done.")]))
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let db_dir = dir.path().join("db");
-    std::fs::create_dir(&db_dir).unwrap();
-    // The spill file's default place is beside the database: gone with it.
-    let (code, stderr) = stop_with_the_log_gone(dir.path(), &db_dir, None, &mock).await;
+    let (mock, dir, db_dir) = mock_and_db_dir().await;
+    let spill_dir = dir.path().join("spill");
+    std::fs::create_dir(&spill_dir).unwrap();
+    let served = serve_logging(dir.path(), &db_dir, Some(&spill_dir.join("s.jsonl")), &mock).await;
+    until_logged(&served).await;
+    std::fs::remove_dir_all(&db_dir).unwrap();
+    // The spill file's directory replaced by a regular file: none can be made there.
+    std::fs::remove_dir_all(&spill_dir).unwrap();
+    std::fs::write(&spill_dir, "").unwrap();
+    let (code, stderr) = answer_and_stop(served).await;
     assert_eq!(code, Some(74), "lost: {stderr}");
     let lost = stderr
         .lines()
@@ -447,4 +470,90 @@ async fn a_spill_that_fails_too_says_how_many_records_were_lost() {
         .unwrap_or_else(|| panic!("{lost}"));
     assert!(n >= 6, "{lost}");
     assert!(lost.contains(&format!("{n} records lost")), "{lost}");
+}
+
+/// A fresh connection's `GET` of `path` (no pooled connection: each is a new client, as a
+/// load balancer's probe or a new client would be); its status and `Connection` header, or
+/// `None` when nothing listens.
+async fn fresh_get(url: &str, path: &str) -> Option<(u16, String)> {
+    let r = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap()
+        .get(format!("{url}{path}"))
+        .send()
+        .await
+        .ok()?;
+    let connection = r
+        .headers()
+        .get("connection")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    Some((r.status().as_u16(), connection))
+}
+
+/// From SIGTERM, `/readyz` answers 503 for `server.drain_secs` while the listener still
+/// serves new connections (each answer closing its connection, so that clients reconnect
+/// elsewhere); then the stop goes on as before and the process exits cleanly.
+#[tokio::test]
+async fn a_stop_drains_first_with_readyz_503_while_new_requests_are_served() {
+    let mock = MockServer::start(Script::with_turns(vec![Turn::text("Done.")]))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(
+        dir.path(),
+        "[server]\nshutdown_grace_secs = 8\ndrain_secs = 4\n",
+    );
+    let db = format!("sqlite://{}", dir.path().join("log.db").display());
+    let served = Served::start(
+        &["--config", &config, "--db", &db],
+        &[("LOOPWARDEN_OPENAI_BASE_URL", mock.url())],
+    )
+    .await;
+    let url = served.url.clone();
+    assert_eq!(fresh_get(&url, "/readyz").await, Some((200, String::new())));
+    served.sigterm();
+    let mut draining = false;
+    for _ in 0..200 {
+        if fresh_get(&url, "/readyz")
+            .await
+            .is_some_and(|(s, _)| s == 503)
+        {
+            draining = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(draining, "/readyz never answered 503 after SIGTERM");
+    // Alive, and still serving a new client's request on a new connection.
+    assert_eq!(fresh_get(&url, "/healthz").await.map(|(s, _)| s), Some(200));
+    let r = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("x-loopwarden-conversation", "drained")
+        .body(Api::Chat.first_request("task", false).to_string())
+        .send()
+        .await
+        .expect("a new request is served while draining");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["connection"], "close");
+    r.bytes().await.unwrap();
+    // Then the listener closes, and the stop ends as before.
+    let mut closed = false;
+    for _ in 0..400 {
+        if fresh_get(&url, "/healthz").await.is_none() {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(closed, "the listener never closed");
+    let (code, stderr) = exit_of(served).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("draining"), "{stderr}");
 }

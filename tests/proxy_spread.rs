@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 /// One HTTP/1.1 GET on `stream`, keeping the connection open; the response's body.
 async fn get(stream: &mut TcpStream, path: &str, close: bool) -> String {
     let connection = if close { "close" } else { "keep-alive" };
-    // The admin API answers a loopback Host only (`proxy::admin::check`).
+    // The admin API answers a loopback Host only (`proxy::operator::admin::check`).
     let head =
         format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: {connection}\r\n\r\n");
     stream.write_all(head.as_bytes()).await.unwrap();

@@ -1,8 +1,8 @@
-//! Per-team admin tokens (`[[admin.team_tokens]]`; src/proxy/admin.rs `Access`), over real
+//! Per-team admin tokens (`[[admin.team_tokens]]`; src/proxy/operator/admin.rs `Access`), over real
 //! HTTP with live traffic of two teams: a team's token lists, shows, halts, resumes,
 //! decides and judges its own team's conversations only (another team's are 404, as if
-//! they did not exist), its overview and stats count its own, the calls about the whole
-//! proxy are 403, and the dashboard's login takes it too.
+//! they did not exist), its overview and stats count its own, it reads its own policy,
+//! the calls about the whole proxy are 403, and the dashboard's login takes it too.
 #![allow(
     clippy::disallowed_methods,
     reason = "tests start their servers as they like"
@@ -291,11 +291,26 @@ async fn a_team_token_sees_and_acts_on_its_team_only() {
     )
     .contains(&"ops-loop".to_string()));
 
+    // The policies: a team reads its own, read-only (mode, budget); the global token all.
+    let (status, own) = call(&setup, PAY, "/admin/api/policies", None).await;
+    assert_eq!(status, 200, "{own}");
+    assert_eq!(own["team"], "pay", "{own}");
+    assert_eq!(ids(&own, "policies", "name"), ["pay"], "{own}");
+    assert_eq!(own["policies"][0]["mode"], "enforce", "{own}");
+    assert!(own["policies"][0].get("budget").is_some(), "{own}");
+    assert_eq!(own["config"], Value::Null, "not the file: {own}");
+    let (_, ops) = call(&setup, OPS, "/admin/api/policies", None).await;
+    assert_eq!(
+        ids(&ops, "policies", "name"),
+        ["default"],
+        "no policy names ops: {ops}"
+    );
+    assert_eq!(ops["named"], false, "{ops}");
+    let (_, all) = call(&setup, GLOBAL, "/admin/api/policies", None).await;
+    assert_eq!(ids(&all, "policies", "name"), ["default", "pay"], "{all}");
+
     // The calls about the whole proxy: refused to a team, answered to the global token.
-    for (path, body) in [
-        ("/admin/api/policies", None),
-        ("/admin/api/policies/reload", Some(json!({}))),
-    ] {
+    for (path, body) in [("/admin/api/policies/reload", Some(json!({})))] {
         let (status, refused) = call(&setup, PAY, path, body.clone()).await;
         assert_eq!(status, 403, "{path}: {refused}");
         assert!(
@@ -356,10 +371,12 @@ async fn the_dashboard_login_takes_a_team_token() {
         .json_value()
         .await;
     assert_eq!(ids(&list, "conversations", "id"), ["pay-run"]);
-    assert_eq!(
-        with_cookie("/admin/api/policies").await.unwrap().status(),
-        403
-    );
+    let policies: Value = with_cookie("/admin/api/policies")
+        .await
+        .unwrap()
+        .json_value()
+        .await;
+    assert_eq!(ids(&policies, "policies", "name"), ["pay"], "{policies}");
     assert_eq!(
         with_cookie("/admin/api/conversations/ops-run")
             .await

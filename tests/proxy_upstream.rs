@@ -1,4 +1,4 @@
-//! The upstream client's pool (src/proxy/upstream.rs), against a bare HTTP/1.1 upstream on
+//! The upstream client's pool (src/proxy/upstream/client.rs), against a bare HTTP/1.1 upstream on
 //! loopback that counts its connections and can close them the ways real upstreams do:
 //! connections are reused, never shared while a response is still streaming, never reused
 //! once closed, closed when idle too long, bounded; a request a closed pooled connection
@@ -17,7 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use loopwarden::config::{Config, UpstreamConfig};
-use loopwarden::proxy::route::Upstream;
+use loopwarden::proxy::serve::route::Upstream;
 use loopwarden::proxy::upstream::{self, Outgoing};
 use loopwarden::request_bytes::RequestBytes;
 use proxy_support::{client, eventually, TestProxy, TEST_CERT, TEST_KEY};

@@ -679,21 +679,46 @@ async fn a_stopping_proxy_closes_its_sockets_on_both_sides() {
     );
 }
 
-#[tokio::test]
-async fn an_open_socket_counts_as_a_connection_at_the_cap() {
-    let (upstream, _) = echo_upstream().await;
-    let proxy = TestProxy::start_with(&upstream, |c| c.server.max_connections = 1).await;
-    let mut ws = connect(proxy.running.addr(), "ws-cap").await;
-    ws.send(Message::text("answer me")).await.unwrap();
-    assert!(matches!(ws.next().await, Some(Ok(Message::Text(_)))));
-    // The socket is the one connection, and busy: a new one is refused for the APIs (the
-    // places kept beyond the cap serve only the proxy's own paths, health among them).
-    let refused = raw_request(
-        proxy.running.addr(),
+/// A turn the echo upstream never answers: sent, its answer stays on its way.
+async fn start_unanswered_turn(ws: &mut Client, seen: &Arc<Mutex<Seen>>) {
+    let before = seen.lock().unwrap().messages.len();
+    let frame = json!({"type": "response.create", "model": "gpt-test", "stream": true,
+        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]}]});
+    ws.send(Message::text(frame.to_string())).await.unwrap();
+    assert!(until(|| seen.lock().unwrap().messages.len() > before).await);
+}
+
+/// `GET /v1/models` on a new connection: its status.
+async fn models_status(addr: std::net::SocketAddr) -> u16 {
+    raw_request(
+        addr,
         b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
     )
-    .await;
-    assert_eq!(refused.status, 503, "{}", refused.head);
+    .await
+    .status
+}
+
+/// The next message on `ws` within a bound far above the limits the tests set: the proxy's
+/// close, with its code and reason.
+async fn close_of(ws: &mut Client) -> CloseFrame {
+    let next = tokio::time::timeout(std::time::Duration::from_secs(30), ws.next())
+        .await
+        .expect("the proxy did not close the socket");
+    match next {
+        Some(Ok(Message::Close(Some(frame)))) => frame,
+        other => panic!("not a close: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_socket_with_an_answer_on_its_way_counts_as_a_connection_at_the_cap() {
+    let (upstream, seen) = echo_upstream().await;
+    let proxy = TestProxy::start_with(&upstream, |c| c.server.max_connections = 1).await;
+    let mut ws = connect(proxy.running.addr(), "ws-cap").await;
+    start_unanswered_turn(&mut ws, &seen).await;
+    // The socket is the one connection, and busy: a new one is refused for the APIs (the
+    // places kept beyond the cap serve only the proxy's own paths, health among them).
+    assert_eq!(models_status(proxy.running.addr()).await, 503);
     let health = raw_request(
         proxy.running.addr(),
         b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
@@ -706,18 +731,103 @@ async fn an_open_socket_counts_as_a_connection_at_the_cap() {
     let addr = proxy.running.addr();
     let mut status = 503;
     for _ in 0..100 {
-        let answer = raw_request(
-            addr,
-            b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
-        )
-        .await;
-        status = answer.status;
+        status = models_status(addr).await;
         if status != 503 {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_ne!(status, 503);
+}
+
+/// At the cap a socket with no answer on its way is waiting, as an idle keep-alive
+/// connection is: the new connection is served, and that socket closed (1001) to make
+/// room on both sides, while the busy one stays.
+#[tokio::test]
+async fn at_the_cap_a_silent_socket_makes_room_and_a_busy_one_does_not() {
+    let (upstream, seen) = echo_upstream().await;
+    let proxy = TestProxy::start_with(&upstream, |c| c.server.max_connections = 2).await;
+    let addr = proxy.running.addr();
+    let mut busy = connect(addr, "ws-busy").await;
+    start_unanswered_turn(&mut busy, &seen).await;
+    let mut silent = connect(addr, "ws-silent").await;
+    assert_ne!(
+        models_status(addr).await,
+        503,
+        "the silent socket made room"
+    );
+    let frame = close_of(&mut silent).await;
+    assert_eq!(frame.code, CloseCode::Away);
+    assert_eq!(
+        frame.reason.as_str(),
+        "closed to make room at server.max_connections"
+    );
+    assert!(
+        until(|| seen.lock().unwrap().messages.iter().any(
+            |m| matches!(m, Message::Close(Some(f)) if f.reason.as_str().contains("make room"))
+        ))
+        .await
+    );
+    // The busy socket still relays.
+    busy.send(Message::text("answer me")).await.unwrap();
+    assert!(matches!(busy.next().await, Some(Ok(Message::Text(_)))));
+}
+
+/// Sockets that never speak are closed (1001) once no frame has gone either way for
+/// `server.websocket_idle_secs`, on both sides, and their places are free again: real TCP,
+/// the real binary, and the process log says so.
+#[tokio::test]
+async fn silent_sockets_are_closed_after_the_idle_time_and_free_their_places() {
+    let (upstream, seen) = echo_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("loopwarden.toml");
+    std::fs::write(
+        &config,
+        "[server]\nwebsocket_idle_secs = 1\nmax_connections = 3\n",
+    )
+    .unwrap();
+    let db = format!("sqlite://{}", dir.path().join("log.db").display());
+    let served = proxy_support::Served::start(
+        &["--config", config.to_str().unwrap(), "--db", &db],
+        &[("LOOPWARDEN_OPENAI_BASE_URL", upstream)],
+    )
+    .await;
+    let addr: std::net::SocketAddr = served.url.trim_start_matches("http://").parse().unwrap();
+    let mut sockets = Vec::new();
+    for i in 0..3 {
+        sockets.push(connect(addr, &format!("ws-silent-{i}")).await);
+    }
+    for ws in &mut sockets {
+        let frame = close_of(ws).await;
+        assert_eq!(frame.code, CloseCode::Away);
+        assert_eq!(
+            frame.reason.as_str(),
+            "idle: no frame within server.websocket_idle_secs"
+        );
+    }
+    assert!(
+        until(|| seen
+            .lock()
+            .unwrap()
+            .messages
+            .iter()
+            .filter(|m| matches!(m, Message::Close(Some(f)) if f.code == CloseCode::Away))
+            .count()
+            == 3)
+        .await
+    );
+    // Their places are free: three new sockets fit under the cap.
+    for i in 0..3 {
+        let mut ws = connect(addr, &format!("ws-next-{i}")).await;
+        ws.send(Message::text("answer me")).await.unwrap();
+        assert!(matches!(ws.next().await, Some(Ok(Message::Text(_)))));
+    }
+    let stderr = served.stop().await;
+    let closed = stderr
+        .lines()
+        .filter(|l| l.contains("WebSocket closed (1001): no frame either way"))
+        .count();
+    assert!(closed >= 3, "{stderr}");
 }
 
 #[tokio::test]

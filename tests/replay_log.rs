@@ -75,11 +75,20 @@ fn write(dir: &Path, name: &str, toml: &str) -> std::path::PathBuf {
 }
 
 fn replay(args: &[&std::ffi::OsStr]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_loopwarden"))
-        .arg("replay")
-        .args(args)
-        .output()
-        .unwrap();
+    replay_with(args, &[])
+}
+
+/// [`replay`] with `env` set (`None`: removed).
+fn replay_with(args: &[&std::ffi::OsStr], env: &[(&str, Option<&str>)]) -> (bool, String, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_loopwarden"));
+    command.arg("replay").args(args);
+    for (var, value) in env {
+        match value {
+            Some(value) => command.env(var, value),
+            None => command.env_remove(var),
+        };
+    }
+    let out = command.output().unwrap();
     (
         out.status.success(),
         String::from_utf8(out.stdout).unwrap(),
@@ -314,6 +323,13 @@ name = "ci"
 match = { team = "ci" }
 "#;
 
+/// The team tokens of the file `serve` runs: a secret replay does not need.
+const TEAM_TOKENS: &str = r#"
+[[admin.team_tokens]]
+team = "ci"
+token_env = "LW_TEST_REPLAY_CI_TOKEN"
+"#;
+
 /// Each conversation is replayed under its own policy as each file resolves it: a
 /// candidate that changes only `ci`'s thresholds changes only `ci`'s conversation, and
 /// `--policy` picks conversations by the policy they were logged under.
@@ -335,14 +351,15 @@ async fn each_conversation_is_replayed_under_the_policy_it_was_logged_under() {
     }
     setup.proxy.flush_log().await;
     let dir = setup.dir.path();
-    let current = write(dir, "current.toml", TEAMS);
+    // The files a team serves, with their team tokens: their variables unset here.
+    let current = write(dir, "current.toml", &format!("{TEAM_TOKENS}{TEAMS}"));
     let candidate = write(
         dir,
         "candidate.toml",
-        &format!("{TEAMS}[policy.detect.thresholds]\nfail_loop_runs = 2\n"),
+        &format!("{TEAM_TOKENS}{TEAMS}[policy.detect.thresholds]\nfail_loop_runs = 2\n"),
     );
     let url = format!("sqlite://{}", db(&setup).display());
-    let run = |extra: &[&str]| {
+    let run_with = |extra: &[&str], token: Option<&str>| {
         let mut args: Vec<&std::ffi::OsStr> = vec![
             "--db".as_ref(),
             url.as_ref(),
@@ -352,11 +369,18 @@ async fn each_conversation_is_replayed_under_the_policy_it_was_logged_under() {
             candidate.as_ref(),
         ];
         args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
-        let (ok, out, err) = replay(&args);
+        replay_with(&args, &[("LW_TEST_REPLAY_CI_TOKEN", token)])
+    };
+    let run = |extra: &[&str]| {
+        let (ok, out, err) = run_with(extra, None);
         assert!(ok, "{err}");
         out
     };
     let all = run(&[]);
+    // The variable set: read as `serve` reads it, the same replay.
+    let (ok, with_token, err) = run_with(&[], Some("ci-token-0123"));
+    assert!(ok, "{err}");
+    assert_eq!(with_token, all);
     // Both replayed; only ci's, whose thresholds the candidate changes, changed.
     assert!(all.contains("replayed 2 conversations"), "{all}");
     assert!(all.contains("; 1 changed"), "{all}");
@@ -369,15 +393,23 @@ async fn each_conversation_is_replayed_under_the_policy_it_was_logged_under() {
         "{default_only}"
     );
     assert!(!default_only.contains(" -> "), "{default_only}");
+    // A mistyped policy: said so, with the log's policies.
+    let (ok, out, err) = run_with(&["--policy", "cii"], None);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains(
+            "--policy \"cii\": no request in the log is under that policy (the log's policies: ci, default)"
+        ),
+        "{err}"
+    );
 }
 
 /// The same preview from the PostgreSQL database the replicas share: the store a team
 /// runs in production.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL (LW_TEST_POSTGRES): cargo test -- --include-ignored"]
 async fn a_loop_logged_in_postgresql_is_replayed_from_it() {
-    let Some(pg) = loopwarden::store::test_postgres().await.unwrap() else {
-        return;
-    };
+    let pg = loopwarden::store::test_postgres().await.unwrap();
     let id = "pg-loop";
     let setup = Setup::start(looping_script(DIALECT), |c| {
         c.log.content = true;
@@ -504,10 +536,9 @@ async fn a_shadow_policy_turned_to_enforce_shows_the_runs_it_would_have_halted()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL (LW_TEST_POSTGRES): cargo test -- --include-ignored"]
 async fn a_shadow_policy_turned_to_enforce_shows_the_halts_from_postgresql() {
-    let Some(pg) = loopwarden::store::test_postgres().await.unwrap() else {
-        return;
-    };
+    let pg = loopwarden::store::test_postgres().await.unwrap();
     // The replay is a blocking process run: off the runtime's workers.
     let run = shadow_to_enforce_shows_the_halts(Some(pg));
     run.await;

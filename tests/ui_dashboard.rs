@@ -131,10 +131,9 @@ async fn precision(setup: &Setup, detector: &str) -> Option<(i64, i64, i64)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Chromium and chromedriver: cargo test -- --include-ignored"]
 async fn each_page_shows_live_traffic_and_its_buttons_act_on_the_conversation() {
-    let Some(browser) = Browser::start().await else {
-        return;
-    };
+    let browser = Browser::start().await;
     let setup = Arc::new(start("127.0.0.1:0", "").await);
     let halt_k = first_k(DIALECT, Action::Halt);
     let nudge_k = first_k(DIALECT, Action::Nudge);
@@ -407,10 +406,9 @@ async fn each_page_shows_live_traffic_and_its_buttons_act_on_the_conversation() 
 /// was done), the list shows `would_halt` and not a halt, the decision filter tells the two
 /// apart, and the overview's chart counts it as a series of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Chromium and chromedriver: cargo test -- --include-ignored"]
 async fn a_shadow_run_shows_what_it_would_have_done_and_never_a_halt() {
-    let Some(browser) = Browser::start().await else {
-        return;
-    };
+    let browser = Browser::start().await;
     let setup = start("127.0.0.1:0", "").await;
     let halt_k = first_k(DIALECT, Action::Halt);
     for k in 1..=halt_k {
@@ -459,6 +457,11 @@ async fn a_shadow_run_shows_what_it_would_have_done_and_never_a_halt() {
     browser.wait_for(".intervention", "would_halt").await;
     assert!(browser.find_all(".intervention .tag.halt").await.is_empty());
     assert!(browser.find_all("#halted").await.is_empty());
+    // Its standing says the mode: not a bare "not halted".
+    browser
+        .wait_for("#shadow-standing", "shadow: would have halted")
+        .await;
+    assert!(browser.find_all("#running").await.is_empty());
 
     browser.goto(&ui).await;
     browser.wait_for("#chart rect.bar", "").await;
@@ -493,10 +496,9 @@ async fn a_shadow_run_shows_what_it_would_have_done_and_never_a_halt() {
 /// An alert's link, followed in a browser that has no session yet: the login form (wearing
 /// the dashboard's styles), then the halted run's timeline, not the overview.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Chromium and chromedriver: cargo test -- --include-ignored"]
 async fn an_alert_s_link_opens_the_run_s_timeline_through_the_login() {
-    let Some(browser) = Browser::start().await else {
-        return;
-    };
+    let browser = Browser::start().await;
     let (hook, mut alerts) = intervene_support::receiver().await;
     let token = "t0ken-for-the-alert-link";
     let setup = start_with("127.0.0.1:0", token, |c| {
@@ -590,9 +592,10 @@ fn network_address() -> Option<IpAddr> {
 
 /// Listening on every address: a client reaching it through the network address is not
 /// loopback. Without a token it gets nothing; with one, the pages send it to the login
-/// form, whose cookie then opens them, in a real browser too.
+/// form, whose cookie then opens them (in a browser:
+/// [`the_browser_logs_in_once_and_lands_on_the_view_it_asked_for`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_off_this_machine_needs_the_token_and_the_browser_logs_in_once() {
+async fn a_client_off_this_machine_needs_the_token_and_logs_in_once() {
     let Some(ip) = network_address() else {
         eprintln!("note: no network address besides loopback; test skipped");
         return;
@@ -700,11 +703,18 @@ async fn a_client_off_this_machine_needs_the_token_and_the_browser_logs_in_once(
         .await
         .unwrap();
     assert_eq!(plain.status().as_u16(), 415);
+    let _ = client;
+}
 
-    // The same in a browser: the login form once, then the pages.
-    let Some(browser) = Browser::start().await else {
-        return;
-    };
+/// With a token, the browser gets the login form once, then the view it asked for and
+/// the other pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Chromium and chromedriver: cargo test -- --include-ignored"]
+async fn the_browser_logs_in_once_and_lands_on_the_view_it_asked_for() {
+    let browser = Browser::start().await;
+    let token = "t0ken-for-the-dashboard";
+    let guarded = start("127.0.0.1:0", token).await;
+    let base = guarded.proxy.url();
     browser.goto(&format!("{base}/ui/#/policies")).await;
     let field = browser.wait_for("#token", "").await;
     browser.screenshot("login").await;
@@ -714,19 +724,26 @@ async fn a_client_off_this_machine_needs_the_token_and_the_browser_logs_in_once(
     browser.wait_for("tr.policy[data-name=ci]", "ci").await;
     browser.goto(&format!("{base}/ui/")).await;
     browser.wait_for("#requests .value", "").await;
-    let _ = client;
 }
 
-/// A team's token in the browser (`[[admin.team_tokens]]`): the login takes it, the
-/// overview and the list show that team's runs only, the Halt button acts on its own run,
-/// and another team's timeline is not there.
+/// A team's token in the browser (`[[admin.team_tokens]]`): the login page names team
+/// tokens and takes one; the header names the team; the overview and the list show that
+/// team's runs only; the Halt button acts on its own run; another team's timeline is not
+/// there, said in words, and the next page does not carry the error; its policy page shows
+/// its own policy read-only (mode, budget), with no refusal; a spent budget's alerts carry
+/// no right / wrong buttons.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Chromium and chromedriver: cargo test -- --include-ignored"]
 async fn a_team_token_logs_in_and_sees_its_team_only() {
-    let Some(browser) = Browser::start().await else {
-        return;
-    };
+    let browser = Browser::start().await;
     let global = "gl0bal-t0ken";
+    let capped: Config = toml::from_str(
+        "[[policy]]\nname = \"ci\"\nmatch = { team = \"ci\" }\n[policy.budget]\nsteps = 3\n\n\
+         [[policy]]\nname = \"trial\"\nmode = \"shadow\"\nmatch = { team = \"trial\" }\n",
+    )
+    .unwrap();
     let setup = start_with("127.0.0.1:0", global, |c| {
+        c.policies = capped.policies;
         c.admin.team_tokens = vec![TeamToken {
             team: "ci".into(),
             token_env: "LW_CI_ADMIN".into(),
@@ -736,22 +753,28 @@ async fn a_team_token_logs_in_and_sees_its_team_only() {
     .await;
     send(&setup, "ci", "ci-run", 1).await;
     send(&setup, "dev", "dev-run", 1).await;
+    // Team ci's other run goes past its budget of 3 steps.
+    for k in 1..=4 {
+        send(&setup, "ci", "ci-capped", k).await;
+    }
     setup.proxy.flush_log().await;
 
     browser.goto(&setup.url("/ui/#/conversations")).await;
+    browser.wait_for("main.login", "your team's token").await;
     let field = browser.wait_for("#token", "").await;
     browser.type_into(&field, "ci-t0ken").await;
     browser.click(&browser.wait_for("#login", "").await).await;
     browser
         .wait_until(
-            "document.querySelectorAll('tr.conversation').length === 1 \
-             && document.querySelector('tr.conversation').dataset.id === 'ci-run'",
+            "document.querySelectorAll('tr.conversation').length === 2 \
+             && [...document.querySelectorAll('tr.conversation')].every(r => r.dataset.id.startsWith('ci-'))",
         )
         .await;
+    browser.wait_for("#scope", "team ci").await;
     browser.screenshot("team-conversations").await;
     browser.goto(&setup.url("/ui/#/")).await;
     browser.wait_for("h1", "Overview: team ci").await;
-    browser.wait_for("#conversations .value", "1").await;
+    browser.wait_for("#conversations .value", "2").await;
     assert!(
         browser.find_all("#live").await.is_empty(),
         "memory is every team's"
@@ -773,11 +796,176 @@ async fn a_team_token_logs_in_and_sees_its_team_only() {
     let timeline: Value = serde_json::from_slice(&timeline).unwrap();
     assert_eq!(timeline["halted"], true);
 
+    // The spent budget: its alerts say what they are, with nothing to judge.
+    browser
+        .goto(&setup.url("/ui/#/conversation/ci-capped"))
+        .await;
+    browser.wait_for(".budget-cap", "budget cap").await;
+    let judged = browser
+        .eval(
+            "[...document.querySelectorAll('.finding, .intervention')]\
+             .filter(n => n.innerText.includes('budget_cap') && n.querySelector('button.right')).length",
+        )
+        .await;
+    assert_eq!(judged, 0, "no right / wrong on a budget cap");
+
+    // Another team's run: not there, in words; the error does not follow to the next page.
     browser.goto(&setup.url("/ui/#/conversation/dev-run")).await;
-    browser.wait_for("#status", "404").await;
+    browser
+        .wait_for(
+            "#status",
+            "no such conversation (team ci's login sees its own runs only)",
+        )
+        .await;
     assert!(!browser.body_text().await.contains("not halted"));
+    assert!(!browser
+        .text(&browser.wait_for("#status", "").await)
+        .await
+        .contains("404"));
+    browser.screenshot("team-not-its-run").await;
+
+    // Its own policy, read-only, and no refusal on the way.
     browser.goto(&setup.url("/ui/#/policies")).await;
-    browser.wait_for("#status", "403").await;
+    browser.wait_for("h1", "Team ci's policy").await;
+    let row = browser
+        .wait_for("#team-policies tr.policy[data-name=ci]", "enforce")
+        .await;
+    assert!(browser.text(&row).await.contains("3 steps per run"));
+    assert_eq!(browser.find_all("tr.policy").await.len(), 1, "its own only");
+    browser
+        .wait_until("document.getElementById('status').innerText === ''")
+        .await;
+    assert!(!browser.body_text().await.contains("403"));
+    // An error that comes back late from the page before (its answer was on its way when
+    // the view changed) is cleared by this page's next draw, not left standing on it.
+    browser
+        .eval("status('no such conversation (from the page before)', true)")
+        .await;
+    browser.wait_for("#status", "from the page before").await;
+    browser
+        .wait_until("document.getElementById('status').innerText === ''")
+        .await;
+    browser
+        .wait_for("header nav a[data-view=policies]", "Policy")
+        .await;
+    browser.screenshot("team-policy").await;
+}
+
+/// `POST /ui/login` with `token` on `base`, no redirect followed: its `Set-Cookie` values.
+async fn login_cookies(base: &str, token: &str) -> Vec<String> {
+    let r = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("{base}/ui/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 303);
+    r.headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect()
+}
+
+/// The status of `GET /admin/api/overview` on `base` with `cookie`.
+async fn overview_with(base: &str, cookie: &str) -> u16 {
+    client()
+        .get(format!("{base}/admin/api/overview"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// The dashboard's session stays the proxy's. In a browser logged in to the dashboard, the
+/// requests it makes for any other path of the proxy (a path of the upstream's, the
+/// favicon) carry no session: the cookie's paths are `/ui` and `/admin`. The favicon is
+/// answered here, neither forwarded nor logged. A session cookie sent anyway is taken out
+/// before forwarding. Each login makes a new session, which expires, and which a proxy with
+/// another token refuses (one with the same token, a replica, accepts it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_cookie_never_reaches_the_upstream() {
+    let browser = Browser::start().await;
+    let token = "t0ken-kept-at-home";
+    let setup = start("127.0.0.1:0", token).await;
+    send(&setup, "ci", "ci-run", 1).await;
+    browser.goto(&setup.url("/ui/#/conversations")).await;
+    let field = browser.wait_for("#token", "").await;
+    browser.type_into(&field, token).await;
+    browser.click(&browser.wait_for("#login", "").await).await;
+    browser.wait_for("tr.conversation", "ci-run").await;
+    browser.goto(&setup.url("/ui/#/policies")).await;
+    browser.wait_for("tr.policy[data-name=ci]", "ci").await;
+    // Paths that are not the proxy's own, in the same browser.
+    browser.goto(&setup.url("/favicon.ico")).await;
+    browser.goto(&setup.url("/v1/models")).await;
+    browser
+        .wait_until("document.body.innerText.length > 0")
+        .await;
+
+    let upstream = setup.mock.requests();
+    assert!(
+        upstream.iter().any(|r| r.path == "/v1/models"),
+        "the upstream's path was forwarded"
+    );
+    assert!(upstream.iter().all(|r| r.path != "/favicon.ico"));
+    for r in &upstream {
+        let cookie = r.header("cookie").unwrap_or("");
+        assert!(
+            !cookie.contains("loopwarden_session"),
+            "{} {cookie}",
+            r.path
+        );
+    }
+    setup.proxy.flush_log().await;
+    let logged = query(
+        &setup,
+        "SELECT path FROM requests WHERE path LIKE '%favicon%'",
+    );
+    assert!(logged.is_empty(), "{logged:?}");
+
+    let base = &setup.url("");
+    let cookies = login_cookies(base, token).await;
+    assert_eq!(cookies.len(), 2, "{cookies:?}");
+    assert!(cookies[0].contains("; Path=/ui;"), "{cookies:?}");
+    assert!(cookies[1].contains("; Path=/admin;"), "{cookies:?}");
+    assert!(
+        cookies.iter().all(|c| c.contains("; Max-Age=")),
+        "{cookies:?}"
+    );
+    let session = cookies[0].split(';').next().unwrap().to_string();
+    let again = login_cookies(base, token).await;
+    assert_ne!(
+        again[0].split(';').next().unwrap(),
+        session,
+        "one session per login"
+    );
+    assert_eq!(overview_with(base, &session).await, 200);
+
+    // Sent anyway with a forwarded request: stripped, the client's other cookies kept.
+    let r = client()
+        .get(format!("{base}/v1/models"))
+        .header("cookie", format!("theirs=1; {session}"))
+        .send()
+        .await
+        .unwrap();
+    r.bytes().await.unwrap();
+    let last = setup.mock.requests().pop().unwrap();
+    assert_eq!(last.path, "/v1/models");
+    assert_eq!(last.header("cookie"), Some("theirs=1"));
+
+    // Another token: the session is not one of its own. The same token: it is.
+    let other = start("127.0.0.1:0", "a-new-t0ken").await;
+    assert_eq!(overview_with(&other.url(""), &session).await, 401);
+    let replica = start("127.0.0.1:0", token).await;
+    assert_eq!(overview_with(&replica.url(""), &session).await, 200);
 }
 
 fn header_of(r: &reqwest::Response, name: &str) -> String {

@@ -4,9 +4,9 @@
 //! through it. The dashboard's writes (a held request's decision, resume, feedback, halt)
 //! must pass the admin API's origin check behind the proxy.
 //!
-//! Needs nginx (Debian's `nginx`), Chromium and PostgreSQL (`LW_TEST_POSTGRES`); without
-//! one of them the test prints a note and skips, unless `LW_REQUIRE_BROWSER=1` (CI), where a
-//! missing nginx or browser fails it.
+//! Needs nginx (Debian's `nginx`), Chromium and PostgreSQL (`LW_TEST_POSTGRES`): the test
+//! is `#[ignore]`d, run by `cargo test -- --include-ignored` (`.ci/run`, which installs
+//! them), where a missing one fails it.
 #![allow(
     clippy::disallowed_methods,
     reason = "tests start their servers as they like"
@@ -54,21 +54,14 @@ struct Nginx {
 }
 
 impl Nginx {
-    /// `None` (with a note) when nginx is not installed and the browser tests are not
-    /// required.
-    fn start(replicas: [std::net::SocketAddr; 2]) -> Option<Nginx> {
+    /// nginx in front of `replicas`; fails the test when nginx is not installed.
+    fn start(replicas: [std::net::SocketAddr; 2]) -> Nginx {
         let Some(binary) = ["/usr/sbin/nginx", "/usr/bin/nginx"]
             .into_iter()
             .map(PathBuf::from)
             .find(|p| p.is_file())
         else {
-            let required = std::env::var("LW_REQUIRE_BROWSER").is_ok_and(|v| v == "1");
-            assert!(
-                !required,
-                "LW_REQUIRE_BROWSER=1 but nginx is missing (apt-get install -y nginx)"
-            );
-            eprintln!("note: nginx not installed; test skipped");
-            return None;
+            panic!("this test needs nginx (apt-get install -y nginx)");
         };
         let dir = tempfile::tempdir().unwrap();
         // The workers may run as another user (nginx started by root): they write their
@@ -109,11 +102,11 @@ impl Nginx {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        Some(Nginx {
+        Nginx {
             master,
             port,
             _dir: dir,
-        })
+        }
     }
 
     fn url(&self, path: &str) -> String {
@@ -193,19 +186,14 @@ async fn until_halted(nginx: &Nginx, id: &str, halted: bool) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Chromium, chromedriver, nginx and PostgreSQL: cargo test -- --include-ignored"]
 async fn the_dashboard_s_buttons_act_through_the_shipped_nginx_config_on_two_replicas() {
-    let Some(browser) = Browser::start().await else {
-        return;
-    };
-    let Some(db) = loopwarden::store::test_postgres().await.unwrap() else {
-        return;
-    };
+    let browser = Browser::start().await;
+    let db = loopwarden::store::test_postgres().await.unwrap();
     let mock = MockServer::start(looping_script(DIALECT)).await.unwrap();
     let a = replica(&mock, &db).await;
     let b = replica(&mock, &db).await;
-    let Some(nginx) = Nginx::start([a.addr(), b.addr()]) else {
-        return;
-    };
+    let nginx = Nginx::start([a.addr(), b.addr()]);
     nginx.ready().await;
     let front = nginx.url("");
 

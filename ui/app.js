@@ -7,6 +7,11 @@
 const POLL_MS = 3000;
 let timer = null;
 let ticker = null;
+// Bumped by each change of view: an answer that comes back for a view no longer shown
+// writes nothing (no error of the last page on this one).
+let generation = 0;
+// Whom the session stands for (`/admin/api/access`): `team` is set for a team's token.
+let me = { team: null };
 
 // --- small helpers ---------------------------------------------------------------------
 
@@ -36,8 +41,21 @@ function svg(tag, attrs, ...children) {
 async function getJson(path) {
   const r = await fetch(path, { credentials: "same-origin", headers: { accept: "application/json" } });
   if (r.status === 401) { location.href = "/ui/login"; throw new Error("not logged in"); }
-  if (!r.ok) throw new Error(path + ": " + r.status);
+  if (!r.ok) {
+    const answer = await r.json().catch(() => ({}));
+    throw new Error(refusal(r.status, answer.error));
+  }
   return r.json();
+}
+
+// A failed call in words, from the admin API's own error: never a bare status code.
+function refusal(code, error) {
+  if (code === 403) return "Not open to this login" + (error ? ": " + error : "");
+  if (code === 404) {
+    const what = error || "not found";
+    return me.team ? `${what} (team ${me.team}'s login sees its own runs only)` : what;
+  }
+  return error || `the proxy could not answer (HTTP ${code})`;
 }
 
 async function postJson(path, body) {
@@ -52,7 +70,15 @@ async function postJson(path, body) {
   return { ok: r.ok, answer };
 }
 
-function status(text) { document.getElementById("status").textContent = text; }
+function status(text, isError) {
+  const node = document.getElementById("status");
+  node.textContent = text;
+  node.classList.toggle("error", Boolean(isError));
+}
+// Clears an error the view showed, once it draws again; a button's "done" stays.
+function clearError() {
+  if (document.getElementById("status").classList.contains("error")) status("");
+}
 function when(ms) { return ms ? new Date(ms).toLocaleString() : ""; }
 function ago(ms) {
   const s = Math.max(0, Math.round((Date.now() - ms) / 1000));
@@ -77,9 +103,13 @@ function show(...nodes) {
   view.replaceChildren(...nodes);
 }
 
-// Polls `draw` every few seconds while its view is shown.
+// Polls `draw` every few seconds while its view is shown; its errors are shown while it
+// is, and cleared when it draws again.
 function poll(draw) {
-  const run = () => draw().catch(e => status(String(e.message || e)));
+  const mine = generation;
+  const run = () => draw().then(
+    () => { if (mine === generation) clearError(); },
+    e => { if (mine === generation) status(String(e.message || e), true); });
   run();
   timer = setInterval(run, POLL_MS);
 }
@@ -213,7 +243,14 @@ async function conversations(params) {
 
 // --- one conversation ------------------------------------------------------------------
 
+// A spent budget's alerts (`intervene::ruling::BUDGET_DETECTOR`): a cap the policy set,
+// not a detector's judgement, so there is no right or wrong to say of them.
+const BUDGET_CAP = "budget_cap";
+
 function feedbackButtons(kind, alert, redraw) {
+  if (alert.detector === BUDGET_CAP) {
+    return el("span", { class: "verdict budget-cap" }, "a budget cap: the policy's limit, nothing to judge");
+  }
   const give = verdict => async () => {
     const body = { verdict, note: "" };
     body[kind + "_id"] = alert.id;
@@ -237,8 +274,7 @@ async function conversation(id) {
     const act = what => async () => { await postJson(`/admin/api/conversations/${encodeURIComponent(id)}/${what}`, what === "halt" ? { reason: "halted from the dashboard" } : {}); draw(); };
     const spend = t.spend;
     const head = el("div", {},
-      el("h1", {}, "Conversation ", el("span", { class: "mono", id: "conversation-id" }, id), " ",
-        t.halted ? el("span", { class: "tag halted", id: "halted" }, "halted") : el("span", { class: "tag", id: "running" }, "not halted")),
+      el("h1", {}, "Conversation ", el("span", { class: "mono", id: "conversation-id" }, id), " ", standing(t)),
       el("p", {}, `${c.client || "unknown client"} · ${c.model || ""} · ${c.requests} requests · first seen ${when(c.first_seen_ms)} · `,
         spend ? `spent ${dollars(spend.dollars)}, ${tokensOf(spend)} tokens` : "no spend recorded"),
       el("p", {},
@@ -300,6 +336,26 @@ async function conversation(id) {
   poll(draw);
 }
 
+// What a shadow policy would have done, said as such: nothing was done.
+const WOULD_HAVE = {
+  would_halt: "would have halted", would_hold: "would have held it for a human",
+  would_nudge: "would have nudged", would_replan: "would have asked for a new plan",
+  would_roll_back: "would have rolled back",
+};
+
+// A run's standing: halted, or under a shadow policy what its last request would have
+// met, or not halted.
+function standing(t) {
+  if (t.halted) return el("span", { class: "tag halted", id: "halted" }, "halted");
+  const last = t.requests.reduce((a, r) => (a && a.started_ms > r.started_ms ? a : r), null);
+  if (last && last.applied && shadow(last.applied)) {
+    return el("span", { class: "tag " + last.applied, id: "shadow-standing",
+      title: `policy ${last.policy || ""} is in shadow mode: it changes nothing and logs what it would have done` },
+      "shadow: " + (WOULD_HAVE[last.applied] || last.applied) + " (nothing was done)");
+  }
+  return el("span", { class: "tag", id: "running" }, "not halted");
+}
+
 // --- pending approvals -----------------------------------------------------------------
 
 async function pending() {
@@ -343,11 +399,41 @@ function timeLeft(deadline, then) {
 
 // --- policies --------------------------------------------------------------------------
 
+// What each mode does, in a sentence.
+const MODES = {
+  enforce: "reminds the agent of a loop, then stops the run",
+  "nudge-only": "reminds the agent, never stops the run",
+  shadow: "changes nothing: logs what it would have done",
+};
+
+function budgetText(b) {
+  const parts = [];
+  if (b.steps) parts.push(`${b.steps} steps`);
+  if (b.tokens) parts.push(`${b.tokens} tokens`);
+  if (b.dollars) parts.push(dollars(b.dollars));
+  if (b.wall_clock_secs) parts.push(`${Math.round(b.wall_clock_secs / 60)} min`);
+  return parts.length ? parts.join(", ") + " per run" : "no cap";
+}
+
+// A team's login: its own policy, read-only (the file and its reloads are the
+// operators').
+function teamPolicies(p) {
+  const title = el("h1", {}, `Team ${p.team}'s policy`);
+  const note = el("p", { class: "muted", id: "team-policy-note" }, p.named
+    ? `The policy team ${p.team}'s requests fall under. Read-only: the proxy's operators change it.`
+    : `No policy names team ${p.team}: its requests fall under the default policy. Read-only: the proxy's operators change it.`);
+  const rows = p.policies.map(x => el("tr", { class: "policy", "data-name": x.name },
+    cell(x.name), el("td", {}, tag(x.mode), " ", el("span", { class: "muted" }, MODES[x.mode] || "")),
+    el("td", { class: "budget" }, budgetText(x.budget)), el("td", { class: "mono" }, JSON.stringify(x.match))));
+  return [title, note, table(["Policy", "Mode", "Budget", "Match"], rows, { id: "team-policies" })];
+}
+
 async function policies() {
   const body = el("div", {});
-  show(el("h1", {}, "Policies in force"), body);
+  show(body);
   poll(async () => {
     const p = await getJson("/admin/api/policies");
+    if (p.team) return body.replaceChildren(...teamPolicies(p));
     const r = p.last_reload;
     const reload = r
       ? el("p", { id: "last-reload" }, `Last reload (${r.trigger}, ${when(r.at_ms)}): `, tag(r.outcome),
@@ -355,6 +441,7 @@ async function policies() {
         r.needs_restart && r.needs_restart.length ? " needs a restart: " + r.needs_restart.join(", ") : "")
       : el("p", { id: "last-reload", class: "muted" }, "No reload since start.");
     body.replaceChildren(
+      el("h1", {}, "Policies in force"),
       el("p", { class: "muted" }, p.config ? "From " + p.config + ", tried in this order." : "Built-in settings (no config file)."),
       table(["Policy", "Mode", "Match", { label: "Requests matched", num: 1 }, "Budget"], p.policies.map(x => el("tr", { class: "policy", "data-name": x.name },
         cell(x.name), el("td", {}, tag(x.mode)), el("td", { class: "mono" }, JSON.stringify(x.match)),
@@ -368,6 +455,7 @@ async function policies() {
 function route() {
   clearInterval(timer);
   clearInterval(ticker);
+  generation += 1;
   status("");
   const hash = location.hash.replace(/^#/, "") || "/";
   const [path, query] = hash.split("?");
@@ -389,5 +477,21 @@ async function pendingBadge() {
   } catch (_) { /* shown by the view */ }
 }
 
+// Whom the login stands for: a team's is named in the header, and its views are its
+// team's (every view is open to it; the Policies view shows its own policy).
+async function whoAmI() {
+  try {
+    me = await getJson("/admin/api/access");
+  } catch (_) { return; }
+  document.getElementById("scope").textContent = me.team ? "team " + me.team : "";
+  const policies = document.querySelector("header nav a[data-view=policies]");
+  if (policies) policies.textContent = me.team ? "Policy" : "Policies";
+}
+
 window.addEventListener("hashchange", route);
-document.addEventListener("DOMContentLoaded", () => { route(); pendingBadge(); setInterval(pendingBadge, POLL_MS); });
+document.addEventListener("DOMContentLoaded", async () => {
+  await whoAmI();
+  route();
+  pendingBadge();
+  setInterval(pendingBadge, POLL_MS);
+});

@@ -18,9 +18,9 @@ use loopwarden::detect::Decision;
 use loopwarden::dialect::Dialect;
 use loopwarden::interventions::ConversationState;
 use loopwarden::policy::Policy;
-use loopwarden::proxy::analysis::{Analyser, Arrival};
+use loopwarden::proxy::forward::{Analyser, Arrival};
 use loopwarden::proxy::memory::{BodyComparison, Memory};
-use loopwarden::proxy::{identity, route};
+use loopwarden::proxy::{identity, serve::route};
 use loopwarden::request_bytes::RequestBytes;
 
 /// Which wire format to render.

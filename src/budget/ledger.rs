@@ -1,7 +1,7 @@
 //! What each conversation has spent so far, for its budget ([`Ledger::status`]) and the
 //! admin API.
 //!
-//! The proxy charges an answer when its body ends (`crate::proxy::tee`), before the client
+//! The proxy charges an answer when its body ends (`crate::proxy::forward::tee`), before the client
 //! can have it whole, so the conversation's next request sees it. Conversations idle for
 //! [`Ledger::REMEMBER_MS`] are forgotten ([`Ledger::sweep`]); at start the ledger is filled
 //! from the log's last [`Ledger::REMEMBER_MS`] ([`Ledger::restore`]), so a restart does not

@@ -2,7 +2,7 @@
 //! markers. A long run outgrows its model's context; the client then asks the model for a
 //! summary of the history (the *summary request*) and goes on with a history that starts
 //! from that summary (a *continuation*), sometimes under a new conversation id. The proxy
-//! follows the run across it (`crate::proxy::lineage`); this module only says which marker
+//! follows the run across it (`crate::proxy::memory::lineage`); this module only says which marker
 //! a request carries.
 //!
 //! What each client sends (CLIENTS.md; Claude Code captured for real):

@@ -2,7 +2,7 @@
 //! it already looks (a halted agent's exit status reads as success to most harnesses).
 //!
 //! What is alerted on is decided here ([`AlertEvent::of`]) from the ruling as logged, and
-//! what is sent ([`Alert::body`]); the proxy posts it (`crate::proxy::webhook`), off the
+//! what is sent ([`Alert::body`]); the proxy posts it (`crate::proxy::upstream::webhook`), off the
 //! request path. Settings: `[intervene.alerts]`, per policy like every `[intervene]` key.
 
 use serde::{Deserialize, Serialize};

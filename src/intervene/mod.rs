@@ -7,7 +7,7 @@
 //! upstream, or hold the request for a human ([`pause`]). On the way back, a response
 //! whose tool call would complete a loop the policy halts on is blocked (the engine's
 //! `decide_response`, `crate::interventions::Interventions::check_response`; the HTTP side is
-//! `crate::proxy::block`). Nothing here speaks HTTP or SQL.
+//! `crate::proxy::forward::block`). Nothing here speaks HTTP or SQL.
 //! [`controls`] keeps halted conversations halted until a human speaks or an operator
 //! resumes them, across restarts; `crate::interventions` holds that state and logs every
 //! intervention, per policy.
@@ -334,7 +334,7 @@ impl Intervener {
             Err(e) => {
                 // A parse error may quote the body (serde names the value it did not expect).
                 let error = crate::store::Masked::from(e.to_string());
-                tracing::warn!(conversation = %req.conversation, %error, "cannot append the reminder; forwarded untouched");
+                crate::warn_per_request!(conversation = %req.conversation, %error, "cannot append the reminder; forwarded untouched");
                 (Effect::Forward, Applied::FailedOpen)
             }
         }

@@ -3,7 +3,7 @@
 //! `POST /admin/api/pending/{id}` (`continue`, `nudge` or `halt`); when nobody decides in
 //! time, the configured default applies. A held streaming request receives SSE comments
 //! (`: keep-alive`) meanwhile, so neither the client nor anything in between times out
-//! (the webhooks and the comments are the proxy's: `crate::proxy::held`).
+//! (the webhooks and the comments are the proxy's: `crate::proxy::forward::held`).
 //!
 //! Held requests live in memory. When the proxy stops, each is answered at once as its
 //! timeout would answer it ([`Pending::release_all`], [`DecidedBy::Shutdown`]): nobody

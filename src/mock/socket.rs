@@ -25,7 +25,7 @@ use tokio_tungstenite::WebSocketStream;
 use super::server::{answer_as, lock, paced, record, CapturedRequest, Shared};
 use super::wire::{self, Api, Reply};
 use crate::dialect::responses_socket::{self as socket, Event};
-use crate::proxy::response_chain::{Found, ResponseChain};
+use crate::proxy::upstream::{Found, ResponseChain};
 
 type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
 type Socket = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
@@ -39,7 +39,7 @@ pub(super) fn asks_websocket(req: &Request<Incoming>) -> bool {
         .path()
         .trim_end_matches('/')
         .ends_with("/responses")
-        && crate::proxy::route::asks_websocket(req.method(), req.headers())
+        && crate::proxy::serve::route::asks_websocket(req.method(), req.headers())
 }
 
 /// Agrees to the upgrade (101) and serves the socket in a task of its own.

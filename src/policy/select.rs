@@ -231,16 +231,19 @@ impl Selector {
     /// Whether a request falls under it. An empty selector matches nothing.
     pub fn matches(&self, traffic: &Traffic<'_>) -> bool {
         !self.is_empty()
-            && (self.team.is_empty()
-                || traffic
-                    .team
-                    .as_deref()
-                    .is_some_and(|team| self.team.iter().any(|p| glob::matches_any_case(p, team))))
+            && (self.team.is_empty() || traffic.team.as_deref().is_some_and(|t| self.names_team(t)))
             && any(&self.key_id, traffic.key_id.as_deref())
             && any(&self.client, Some(traffic.client.as_str()))
             && any(&self.user_agent, Some(traffic.user_agent))
             && any(&self.model, traffic.model)
             && any(&self.api, traffic.api.map(Dialect::as_str))
+    }
+
+    /// Whether one of its `team` patterns holds for `team` (as [`team_name`] writes it):
+    /// the policies a team's admin token sees as its own, and what `loopwarden run --team`
+    /// looks for before it starts the command.
+    pub fn names_team(&self, team: &str) -> bool {
+        self.team.iter().any(|p| glob::matches_any_case(p, team))
     }
 
     /// Whether a logged conversation falls under it; `None` when it matches on what the

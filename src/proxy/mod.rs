@@ -1,41 +1,28 @@
-//! The HTTP side: routing, forwarding, the streaming tee, conversation identity, admin API.
+//! The HTTP side, in rooms, each reached through its `mod.rs`; arrows run down this list:
 //!
-//! A request's journey: [`route`] picks the upstream and wire format → [`forward::handle`]
-//! reads the body once ([`body`]) → [`analysis`] reads the conversation and decides (the
-//! dialect, the transcript read after the last request through [`memory`] so that only
-//! new messages cost work, [`identity`], the engine) → [`intervention::plan`] carries out the ruling on it (forward, forward
-//! rewritten, answer, hold) → the bytes go upstream (over [`upstream`]'s pooled
-//! connections) → the answer streams back through [`tee`] → [`record`] logs it to the
-//! [`crate::store`] off the request path. Nothing here decides what happens to a request:
-//! that is `crate::intervene::ruling`. A WebSocket upgrade (Codex's Responses transport)
-//! goes to [`websocket`], which reads each turn on the socket through the same analysis.
+//! - this file: the proxy started and stopped ([`start`], [`Running`]), each serving
+//!   thread's loop, which hands a request to the operator's router or to [`forward`];
+//! - [`operator`]: what the proxy answers itself (admin API, dashboard, `/metrics`);
+//! - [`forward`]: one request's path: the body read once, the analysis of the conversation
+//!   (through [`memory`], so that only new messages cost work), the ruling carried out, the
+//!   bytes sent upstream, the answer streamed back, charged and logged off the path; the
+//!   same for each turn of a Responses WebSocket; and the state every request shares
+//!   ([`forward::App`]);
+//! - [`upstream`]: the pooled client to the model APIs, the Responses answers kept for
+//!   requests that continue one by id, webhooks;
+//! - [`serve`]: client connections and their reaping, TLS, where a request goes
+//!   ([`serve::route`]), the spread over serving threads, the health check;
+//! - [`memory`], [`identity`]: what the proxy remembers of each live conversation, and
+//!   which conversation a request belongs to.
+//!
+//! Nothing here decides what happens to a request: that is `crate::intervene::ruling`.
 
-pub mod admin;
-pub mod allocator;
-pub mod analysis;
-pub mod block;
-pub mod body;
-pub mod connection;
-pub mod dashboard;
-pub mod errors;
 pub mod forward;
-pub mod health;
-pub mod held;
 pub mod identity;
-pub mod intervention;
-pub mod large_buffer;
-pub mod listener_tls;
 pub mod memory;
-pub mod own;
-pub mod record;
-pub mod response_chain;
-pub mod route;
-pub mod scrape;
-pub mod spread;
-pub mod tee;
+pub mod operator;
+pub mod serve;
 pub mod upstream;
-pub mod webhook;
-pub mod websocket;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -51,91 +38,12 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
-use crate::config::Config;
+use crate::config::{Config, WebSocketMode};
 use crate::store::{Store, StoreOptions};
-use connection::Admission;
+use forward::{App, Place};
+use serve::{Admission, Cut, Spread};
 
-/// Options of `loopwarden serve`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ServeArgs {
-    /// Config file (TOML). Defaults are built in; see config/loopwarden.toml.
-    #[arg(long, env = "LOOPWARDEN_CONFIG")]
-    pub config: Option<std::path::PathBuf>,
-    /// Address to listen on (overrides the config and LOOPWARDEN_LISTEN).
-    #[arg(long)]
-    pub listen: Option<String>,
-    /// Database URL, e.g. sqlite://loopwarden.db (overrides the config and LOOPWARDEN_DB).
-    #[arg(long)]
-    pub db: Option<String>,
-}
-
-impl ServeArgs {
-    /// The configuration these options name: defaults, the file, the environment, the flags.
-    pub fn load_config(self) -> anyhow::Result<Config> {
-        let config = Config::load(self.config.as_deref(), |var| std::env::var(var).ok())?;
-        Ok(config.with_flags(self.listen, self.db)?)
-    }
-}
-
-/// Everything a request handler shares.
-pub struct App {
-    pub config: Config,
-    /// The upstream client of the thread that called [`start`] (the others have their own:
-    /// [`upstream::use_thread_client`]).
-    pub client: upstream::Client,
-    /// The message cache, each conversation's fold and last request.
-    pub analyser: analysis::Analyser,
-    /// The Responses answers relayed over HTTP, for requests that continue one by id.
-    pub responses: Arc<response_chain::ResponseChain>,
-    /// The policies in force (each with its engine and intervention settings), swapped
-    /// whole on a reload.
-    pub policies: Arc<crate::reload::Live>,
-    pub store: Store,
-    /// Each conversation's spend, charged as answers end (`crate::budget::Ledger`).
-    pub ledger: crate::budget::Ledger,
-    /// Sticky halts, held requests and the intervention log (`crate::intervene`).
-    pub interventions: crate::interventions::Interventions,
-    /// Open client connections per serving thread, and where the next one goes.
-    pub spread: spread::Spread,
-    /// Every open client connection's state, the limits that reap them, the cap.
-    pub connections: Arc<connection::Connections>,
-    /// What `/metrics` exposes ([`scrape`]).
-    pub metrics: Arc<crate::metrics::Metrics>,
-    /// Where the OpenTelemetry spans go (`crate::telemetry`; nowhere unless configured).
-    pub traces: Arc<crate::telemetry::Traces>,
-    /// The end of a stop's grace period ([`Running::shutdown`]).
-    pub cut: Cut,
-    /// The listener's TLS (`server.tls_cert`); `None`: plain HTTP.
-    pub tls: Option<tokio_rustls::TlsAcceptor>,
-}
-
-/// The end of a stop's grace period: the connections, streams and WebSockets still open
-/// then are cut (a response cut so is logged `cut_at_shutdown`). Shared by every serving
-/// thread; it only ever turns on.
-#[derive(Clone)]
-pub struct Cut(Arc<tokio::sync::watch::Sender<bool>>);
-
-impl Cut {
-    fn new() -> Cut {
-        Cut(Arc::new(tokio::sync::watch::Sender::new(false)))
-    }
-
-    /// Cuts what is still open.
-    fn now(&self) {
-        self.0.send_replace(true);
-    }
-
-    /// Whether the grace is over.
-    pub fn is_done(&self) -> bool {
-        *self.0.borrow()
-    }
-
-    /// Resolves once the grace is over.
-    pub async fn done(&self) {
-        let mut cut = self.0.subscribe();
-        let _ = cut.wait_for(|cut| *cut).await;
-    }
-}
+pub use serve::ServeArgs;
 
 /// How a stop went ([`Running::shutdown`]): what the log could not write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,16 +104,18 @@ impl Running {
         &self.app.store
     }
 
-    /// Stops within `server.shutdown_grace_secs`: stops accepting, answers every held
-    /// request at once (its timeout's verdict), lets the requests and streams in flight
-    /// finish within the grace and cuts what remains near its end ([`LOG_RESERVE_MAX`]),
-    /// then gives the log what is left of it (what it cannot write by then is spilled, or
-    /// counted lost).
+    /// Stops within `server.shutdown_grace_secs`: drains for `server.drain_secs` first
+    /// ([`Running::drain`]), then stops accepting, answers every held request at once (its
+    /// timeout's verdict), lets the requests and streams in flight finish within the grace
+    /// and cuts what remains near its end ([`LOG_RESERVE_MAX`]), then gives the log what is
+    /// left of it (what it cannot write by then is spilled, or counted lost).
     pub async fn shutdown(mut self) -> anyhow::Result<Stopped> {
         let grace = Duration::from_secs(self.app.config.server.shutdown_grace_secs);
         let deadline = std::time::Instant::now() + grace;
+        self.drain().await;
         // The log's last moments are kept for it: what is cut is logged after the cut.
-        let cut_at = deadline - (grace / 4).min(LOG_RESERVE_MAX);
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let cut_at = deadline - (left / 4).min(LOG_RESERVE_MAX);
         let log_before = self.app.store.health();
         let held = self.app.interventions.pending.release_all();
         if held > 0 {
@@ -248,6 +158,25 @@ impl Running {
             tracing::error!("the log writer did not finish by the end of the shutdown grace: the records it still held are lost");
         }
         Ok(Stopped { log })
+    }
+
+    /// The first part of a stop (`server.drain_secs`, at most half the grace): everything
+    /// is still served, new connections included, but `/readyz` answers 503 and each answer
+    /// closes its connection, so that a load balancer polling `/readyz` (a Kubernetes
+    /// readiness probe) takes this replica out, and its clients reconnect elsewhere, before
+    /// the listener closes.
+    async fn drain(&self) {
+        self.app
+            .stopping
+            .store(true, std::sync::atomic::Ordering::Release);
+        let drain_secs = self.app.config.server.drain_secs;
+        if drain_secs > 0 {
+            tracing::info!(
+                drain_secs,
+                "draining: /readyz answers 503 while requests are still served"
+            );
+            tokio::time::sleep(Duration::from_secs(drain_secs)).await;
+        }
     }
 
     /// Waits for every serving thread to finish its connections.
@@ -311,7 +240,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let cannot_listen = |e: std::io::Error| anyhow::anyhow!("cannot listen on {listen}: {e}");
     let listener = TcpListener::bind(listen).await.map_err(cannot_listen)?;
     let addr = listener.local_addr()?;
-    let (spread, handed) = spread::Spread::new(threads);
+    let (spread, handed) = Spread::new(threads);
     let idle = Duration::from_secs(config.cache.idle_secs);
     let ledger = crate::budget::Ledger::new(config.prices.clone());
     // Replicas sharing a database share spend through it instead (`crate::replicas`): the
@@ -347,29 +276,28 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         interventions,
         policies,
         client,
-        analyser: analysis::Analyser {
+        analyser: forward::Analyser {
             memory: memory::Memory::new(&config.cache),
         },
-        responses: Arc::new(response_chain::ResponseChain::new(
-            response_chain::HTTP_ANSWERS,
-            response_chain::HTTP_MAX_BYTES,
+        responses: Arc::new(upstream::ResponseChain::new(
+            upstream::HTTP_ANSWERS,
+            upstream::HTTP_MAX_BYTES,
         )),
         store,
-        connections: Arc::new(connection::Connections::new(connection::Limits::of(
-            &config.server,
-        ))),
+        connections: Arc::new(serve::Connections::new(serve::Limits::of(&config.server))),
         config,
         spread,
         metrics,
         traces,
-        cut: Cut::new(),
+        cut: Cut::default(),
+        stopping: std::sync::atomic::AtomicBool::new(false),
         tls,
     });
     spawn_sweeper(Arc::downgrade(&app), idle);
     let replicas = start_replicas(&app).await;
     crate::store::redact::warm_up();
 
-    let router = own::router(app.clone());
+    let router = operator::router(app.clone());
     let (stop, stopped) = oneshot::channel::<()>();
     let server = crate::spawn::task(
         "serve",
@@ -447,7 +375,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// to the others, see [`spread`]); the others receive theirs.
 enum Incoming {
     Listener(TcpListener),
-    Handed(tokio::sync::mpsc::UnboundedReceiver<spread::Handed>),
+    Handed(tokio::sync::mpsc::UnboundedReceiver<serve::Handed>),
 }
 
 impl Incoming {
@@ -482,7 +410,7 @@ impl Incoming {
                     Err(e) => {
                         // Out of file descriptors and the like: the connection stays in the
                         // backlog; wait (serving the others meanwhile) rather than spin.
-                        tracing::warn!(error = %e, "accept failed");
+                        crate::warn_per_request!(error = %e, "accept failed");
                         tokio::time::sleep(ACCEPT_BACKOFF).await;
                     }
                 },
@@ -535,14 +463,10 @@ async fn serve(
         let router = router.clone();
         let shared = app.clone();
         let (io, watch) = app.connections.open(stream, admission);
-        let io = listener_tls::wrap(app.tls.as_ref(), io);
+        let io = serve::wrap_tls(app.tls.as_ref(), io);
         let watching = watch.clone();
-        let place = Arc::new(Place {
-            app: app.clone(),
-            watch: watch.clone(),
-            me,
-        });
-        let upgradable = websocket::Upgradable {
+        let place = Arc::new(Place::new(app.clone(), watch.clone(), me));
+        let upgradable = forward::Upgradable {
             watch,
             stop: stopping.subscribe(),
             cut: app.cut.clone(),
@@ -552,14 +476,23 @@ async fn serve(
         let service =
             hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
                 // Until its response body ends, the connection is not waiting for a request.
-                let serving = connection::Serving::begin(&watching);
-                let served = |response: Response| response.map(|body| serving.until_sent(body));
-                let own = own::answered_here(request.uri().path());
+                let serving = serve::Serving::begin(&watching);
+                // A request that arrives while the proxy stops gets an answer that closes
+                // the connection ([`close_when_stopping`]).
+                let stopping = shared.stopping.load(std::sync::atomic::Ordering::Acquire);
+                let served = move |mut response: Response| {
+                    if stopping {
+                        close_when_stopping(&mut response);
+                    }
+                    response.map(|body| serving.until_sent(body))
+                };
+                let own = operator::answered_here(request.uri().path());
                 if watching.own_paths_only && !own {
                     let refused = shared.connections.refuse_request();
                     return Either::Left(Either::Right(std::future::ready(Ok(served(refused)))));
                 }
-                if route::asks_websocket(request.method(), request.headers()) {
+                let upgrade = serve::route::asks_websocket(request.method(), request.headers());
+                if upgrade {
                     // The socket outlives the 101's body and the connection's own future.
                     request.extensions_mut().insert(upgradable.clone());
                 }
@@ -568,11 +501,15 @@ async fn serve(
                     Either::Left(Either::Left(
                         router.clone().oneshot(request).map(|r| r.map(served)),
                     ))
+                } else if upgrade && shared.config.server.websocket == WebSocketMode::Proxy {
+                    let request = request.map(axum::body::Body::new);
+                    let open = Box::pin(forward::open_websocket(shared.clone(), request));
+                    Either::Right(Either::Right(open.map(|r| Ok(served(r)))))
                 } else {
                     let request = request.map(axum::body::Body::new);
-                    Either::Right(
+                    Either::Right(Either::Left(
                         forward::handle(State(shared.clone()), request).map(|r| Ok(served(r))),
-                    )
+                    ))
                 }
             });
         // With upgrades: Codex's Responses WebSocket ([`websocket`]).
@@ -616,23 +553,15 @@ async fn serve(
     Ok(())
 }
 
-/// A client connection's place among the open ones (the cap's count, its serving thread's),
-/// freed when the last holder lets go: its task, or the WebSocket it was upgraded to, which
-/// outlives the task ([`websocket::Upgradable`]).
-pub struct Place {
-    app: Arc<App>,
-    watch: Arc<connection::Watch>,
-    me: usize,
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        self.app.connections.close(&self.watch);
-        // A connection kept for the proxy's own paths at the cap was never counted in the
-        // thread's spread.
-        if !self.watch.own_paths_only {
-            self.app.spread.closed(self.me);
-        }
+/// An answer given while the proxy stops (draining) closes its connection: the client's
+/// next request opens a new one, which the load balancer sends to another replica. An
+/// upgrade's 101 is left alone (its socket closes when the stop reaches it).
+fn close_when_stopping(response: &mut Response) {
+    if response.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+        response.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
     }
 }
 
@@ -686,7 +615,7 @@ fn alert_sink(
         let body = alert.body(config.format, &public_url);
         let metrics = metrics.clone();
         let event = alert.event.as_str();
-        webhook::post_all(
+        upstream::post_all(
             &upstream::thread_client(&client),
             &config.webhooks,
             &body,
@@ -716,21 +645,14 @@ fn spawn_sweeper(app: std::sync::Weak<App>, idle: Duration) {
 pub fn serve_main(args: ServeArgs) -> anyhow::Result<std::process::ExitCode> {
     let config = args.load_config()?;
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(colour(
-            std::io::stderr().is_terminal(),
-            std::env::var_os("NO_COLOR"),
-        ))
-        .init();
-    if let Some(files) = connection::raise_open_file_limit() {
+    crate::process_log::init(colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR"),
+    ));
+    if let Some(files) = serve::raise_open_file_limit() {
         tracing::debug!(files, "open-file limit");
     }
-    if !allocator::keep_large_blocks() {
+    if !serve::keep_large_blocks() {
         tracing::debug!("allocator settings left to the environment");
     }
     // The main thread is one of the serving threads (see `serve_thread` for why each has a
@@ -829,19 +751,6 @@ impl Signals {
             let _ = tokio::signal::ctrl_c().await;
             Signal::Stop
         }
-    }
-}
-
-/// Page faults taken by the calling thread so far: what the tests of the allocator's
-/// settings and of the large buffers count.
-#[cfg(all(test, target_os = "linux"))]
-#[allow(unsafe_code, reason = "getrusage is a C call")]
-fn minor_faults() -> i64 {
-    // SAFETY: getrusage fills the struct it is given.
-    unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut usage), 0);
-        usage.ru_minflt
     }
 }
 

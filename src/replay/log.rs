@@ -201,6 +201,20 @@ pub fn replay(
     out: &mut impl Write,
 ) -> anyhow::Result<Summary> {
     let log = Log::open(db)?;
+    if let Some(policy) = &selection.policy {
+        let logged = log.policies()?;
+        if !logged.contains(policy) {
+            anyhow::bail!(
+                "--policy {policy:?}: no request in the log is under that policy (the log's \
+                 policies: {})",
+                if logged.is_empty() {
+                    "none".to_string()
+                } else {
+                    logged.join(", ")
+                }
+            );
+        }
+    }
     let mut summary = Summary::default();
     for id in log.conversations(selection)? {
         let policy = log.policy_of(&id)?;
@@ -301,6 +315,14 @@ impl Log {
         match self {
             Log::Sqlite(log) => log.conversations(s),
             Log::Postgres(log) => log.conversations(s),
+        }
+    }
+
+    /// The policies the log's requests name, sorted.
+    fn policies(&self) -> anyhow::Result<Vec<String>> {
+        match self {
+            Log::Sqlite(log) => log.policies(),
+            Log::Postgres(log) => log.policies(),
         }
     }
 
@@ -455,6 +477,17 @@ impl SqliteLog {
         Ok(ids.collect::<Result<_, _>>()?)
     }
 
+    fn policies(&self) -> anyhow::Result<Vec<String>> {
+        if !self.has_policy {
+            anyhow::bail!("this log does not record policies: --policy cannot select from it");
+        }
+        let mut stmt = self.conn.prepare(
+            "SELECT DISTINCT policy FROM requests WHERE policy IS NOT NULL ORDER BY policy",
+        )?;
+        let names = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        Ok(names.collect::<Result<_, _>>()?)
+    }
+
     /// The policy of a conversation's last request, where the log records one.
     fn policy_of(&self, id: &str) -> anyhow::Result<Option<String>> {
         if !self.has_policy {
@@ -585,6 +618,13 @@ impl PostgresLog {
         .bind(s.until_ms)
         .bind(&s.conversation)
         .bind(&s.policy);
+        Ok(self.runtime.block_on(query.fetch_all(&self.pool))?)
+    }
+
+    fn policies(&self) -> anyhow::Result<Vec<String>> {
+        let query = sqlx::query_scalar(
+            "SELECT DISTINCT policy FROM requests WHERE policy IS NOT NULL ORDER BY policy",
+        );
         Ok(self.runtime.block_on(query.fetch_all(&self.pool))?)
     }
 

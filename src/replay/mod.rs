@@ -27,10 +27,10 @@ use crate::detect::{Action, DetectConfig, Engine, StoreFacts};
 use crate::dialect::{Dialect, ResponseTurn};
 use crate::interventions::ConversationState;
 use crate::policy::{Policy, PolicySet};
-use crate::proxy::analysis::{Analyser, Arrival};
+use crate::proxy::forward::{Analyser, Arrival};
 use crate::proxy::identity;
 use crate::proxy::memory::{BodyComparison, Memory};
-use crate::proxy::route::{Route, Upstream};
+use crate::proxy::serve::route::{Route, Upstream};
 use crate::request_bytes::RequestBytes;
 use crate::transcript::{Item, Transcript};
 
@@ -140,13 +140,25 @@ impl RunResult {
     }
 }
 
-/// Reads the `[detect]` table of a config file, loaded and checked as `serve` loads it
-/// (without the environment): a misspelt key or detector name is an error here too, not a
-/// table silently ignored while a candidate is tried.
+/// Reads the `[detect]` table of a config file, loaded and checked as `serve` loads it:
+/// a misspelt key or detector name is an error here too, not a table silently ignored
+/// while a candidate is tried.
 pub fn load_config(path: &std::path::Path) -> anyhow::Result<DetectConfig> {
-    let config = crate::config::Config::load(Some(path), |_| None)
-        .with_context(|| format!("reading [detect] of {}", path.display()))?;
+    let config =
+        read_config(path).with_context(|| format!("reading [detect] of {}", path.display()))?;
     Ok(config.detect)
+}
+
+/// A config file as `serve` reads it (the environment included), less the secrets only a
+/// server needs (`crate::config::Purpose::ReadOnly`): the file a team runs is the file it
+/// replays.
+fn read_config(path: &std::path::Path) -> anyhow::Result<crate::config::Config> {
+    let loaded = crate::config::Config::load_for(
+        Some(path),
+        |var| std::env::var(var).ok(),
+        crate::config::Purpose::ReadOnly,
+    )?;
+    Ok(loaded.config)
 }
 
 /// The analysis a replay runs its requests through: the proxy's, with its caches, under
@@ -566,8 +578,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
 fn run_log(args: &ReplayArgs, db: &str) -> anyhow::Result<()> {
     let policies = |path: Option<&std::path::Path>| -> anyhow::Result<PolicySet> {
         let config = match path {
-            Some(p) => crate::config::Config::load(Some(p), |_| None)
-                .with_context(|| format!("reading {}", p.display()))?,
+            Some(p) => read_config(p).with_context(|| format!("reading {}", p.display()))?,
             None => crate::config::Config::default(),
         };
         Ok(config.policy_set()?)

@@ -486,7 +486,7 @@ impl<'a> Object<'a> {
     /// be `before`'s while the body arrived: those are not compared again.
     ///
     /// A body in two pieces is read only if its head is `before`'s first bytes up to the
-    /// start of one of the elements both share (as `proxy::body` splits it): the scan
+    /// start of one of the elements both share (as `proxy::forward::body` splits it): the scan
     /// resumes in its tail.
     pub fn parse_after(
         body: &'a RequestBytes,

@@ -1,4 +1,4 @@
-//! What the dashboard (`/ui`, `crate::proxy::dashboard`) reads from the log beyond the admin
+//! What the dashboard (`/ui`, `crate::proxy::operator::dashboard`) reads from the log beyond the admin
 //! API's views ([`super::query`]): the conversation list with its filters, each alert with
 //! the human verdict on it, interventions over time, the halts whose savings the overview
 //! estimates, and each detector's precision from the verdicts. The SQL is the backend's

@@ -17,9 +17,16 @@ use std::path::{Path, PathBuf};
 
 use super::Record;
 
-/// Appends `records` to the spill file at `path` (created if missing), one JSON line each,
-/// and syncs it.
+/// Appends `records` to the spill file at `path` (created if missing, with its directory),
+/// one JSON line each, and syncs it.
+///
+/// The directory is made again when it is gone: the default place is beside a SQLite
+/// database, and a database whose directory was removed is one of the cases a spill is
+/// for. The next start finds the file where the configuration says it is.
 pub(super) fn append(path: &Path, records: &[Record]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

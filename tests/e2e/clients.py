@@ -90,6 +90,9 @@ class Client:
     side_requests = 0
     # Speaks its model API over a WebSocket (Codex), not request by request.
     websocket = False
+    # Takes its base URL from the variables `loopwarden run` sets (Codex: from `run`'s
+    # `-c` overrides), so that it runs under `run` unchanged.
+    base_url_from_env = True
 
     def installed(self) -> bool:
         raise NotImplementedError
@@ -278,6 +281,7 @@ class Opencode(Client):
     home = CACHE / "opencode"
     binary = home / "node_modules/opencode-linux-x64/bin/opencode"
     side_requests = 1  # the title request
+    base_url_from_env = False  # opencode.json's options.baseURL
 
     def installed(self):
         return self.binary.exists()

@@ -12,6 +12,9 @@ Scenarios, per client:
   teams    the loop twice through one loopwarden with two policies: under /t/ci (enforce)
            the client is halted; under /t/dev (shadow) it runs to the script's end untouched,
            and the log tells the two apart.
+  ci       the loop under `loopwarden run --team ci` (the client's base URL only what `run`
+           gives it; Codex's from `run`'s `-c` overrides): `run` exits 3, the halt is logged
+           under the run's id and no request under another id.
 
 Usage: tests/e2e/run.sh [--clients claude,codex,...] [--scenarios control,loop] [--direct]
 Prints one line per check and ends with `N passed, N failed`.
@@ -98,7 +101,8 @@ def compact_script(client, repo):
     return {"turns": reads, "end_text": UNHALTED, "side_text": SIDE_TEXT, "side_rules": rules}
 
 
-SCENARIOS = {"control": control_script, "loop": loop_script, "teams": loop_script, "compact": compact_script}
+SCENARIOS = {"control": control_script, "loop": loop_script, "teams": loop_script, "compact": compact_script,
+             "ci": loop_script}
 
 # The policies of the `teams` scenario: one team enforced, one in shadow.
 TEAMS_CONFIG = '''
@@ -213,10 +217,13 @@ def client_env(home, repo, extra):
     return env
 
 
-def run_client(client, repo, run_dir, base_url):
+def run_client(client, repo, run_dir, base_url, wrap=()):
+    """Runs the client (its argv after `wrap`, e.g. `loopwarden run ... --`): its exit
+    status and standard output."""
     home = run_dir / "home"
     home.mkdir(parents=True, exist_ok=True)
     argv, extra = client.command(repo, home, base_url, run_dir)
+    argv = list(wrap) + argv
     out, err = run_dir / "client.out", run_dir / "client.err"
     with open(out, "wb") as o, open(err, "wb") as e:
         p = subprocess.Popen(argv, cwd=repo, env=client_env(home, repo, extra), stdout=o, stderr=e,
@@ -296,6 +303,8 @@ def query(db, sql):
 def run_one(client, scenario, args, report):
     if scenario == "teams":
         return run_teams(client, args, report)
+    if scenario == "ci":
+        return run_ci(client, args, report)
     label = f"{client.name}/{scenario}"
     if scenario == "compact" and client.name != "claude":
         report.skip(label, "the mock's nearly full context makes only Claude Code compact")
@@ -616,6 +625,61 @@ def run_teams(client, args, report):
     policies = query(db, "select distinct policy from requests order by policy")
     report.check(f"{label} log: every request names its team's policy",
                  policies == [("ci",), ("dev",)], f"{policies}")
+
+
+def run_ci(client, args, report):
+    """The looping script under `loopwarden run --team ci`: the client's base URL is only
+    what `run` gives it (its variables; Codex's `-c` overrides, its own provider's base URL
+    being the bare proxy), and `run`'s exit status says the run was halted."""
+    label = f"{client.name}/ci"
+    run_dir = Path(args.out) / client.name / "ci"
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    run_dir.mkdir(parents=True)
+    if args.direct:
+        report.skip(label, "--direct: no loopwarden in the path")
+        return
+    if not client.base_url_from_env:
+        report.skip(label, "its base URL is in its own config, which `loopwarden run` does not set")
+        return
+    repo = Path(args.out) / "repos" / f"{client.name}-ci"
+    C.make_repo(repo)
+    script = loop_script(client, repo)
+    script_path = run_dir / "script.json"
+    script_path.write_text(json.dumps(script, indent=1))
+    config = run_dir / "loopwarden.toml"
+    config.write_text(TEAMS_CONFIG)
+    capture, db = run_dir / "mock.jsonl", run_dir / "loopwarden.db"
+    run_id = f"e2e-ci-{client.name}"
+    procs = []
+    try:
+        mock, mock_port = start_mock(args.binary, script_path, capture, run_dir / "mock.log")
+        procs.append(mock)
+        serve, port = start_serve(args.binary, mock_port, db, run_dir / "serve.log", config)
+        procs.append(serve)
+        with Tap(port) as tap:
+            wrap = [args.binary, "run", "--proxy", tap.url, "--team", "ci", "--id", run_id, "--"]
+            # The client's own base URL setting is the bare proxy: `run` must do the rest.
+            rc, stdout = run_client(client, repo, run_dir, tap.url, wrap)
+            exchanges = list(tap.exchanges)
+    except RuntimeError as e:
+        report.check(f"{label} setup", False, str(e))
+        return
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    last = client.last_message(stdout, run_dir)
+    print(f"---- {label}: exit {rc}, {len(exchanges)} client requests, last message: {short(last)!r}  "
+          f"({run_dir})", flush=True)
+    report.check(f"{label} loopwarden run exit status 3 (halted)", rc == 3,
+                 f"got {rc}; {short((run_dir / 'client.err').read_text(errors='replace')[-300:], 300)}")
+    report.check(f"{label} the client got the halt", "loopwarden" in last.lower(), repr(short(last)))
+    halts = query(db, f"select count(*) from interventions where conversation_id = '{run_id}' "
+                      "and applied = 'halted'")
+    report.check(f"{label} log: the halt is under the run's id", halts == [(1,)] or (
+        isinstance(halts, list) and halts and halts[0][0] >= 1), f"{halts}")
+    others = query(db, "select distinct conversation_id, policy from requests where dialect is not null")
+    report.check(f"{label} log: every model request is the run's, under team ci's policy",
+                 others == [(run_id, "ci")], f"{others}")
 
 
 # ------------------------------------------------------------------------------ main

@@ -248,7 +248,7 @@ impl Setup {
     }
 
     pub async fn admin(&self, path: &str, body: Option<Value>) -> (u16, Value) {
-        // Admin writes are JSON (`proxy::admin::check`), an empty body included.
+        // Admin writes are JSON (`proxy::operator::admin::check`), an empty body included.
         let post = || {
             client()
                 .post(self.url(path))

@@ -8,7 +8,7 @@
 //! the request says which it is (its stated id, from the headers, before any byte of the
 //! body; or its first two messages, usually in the first frames), and each frame is
 //! compared as it arrives ([`SharedPrefix`]), while the client is still sending.
-//! `proxy::body` reads the frames and asks here what they repeat.
+//! `proxy::forward::body` reads the frames and asks here what they repeat.
 
 use super::history::Compared;
 use super::{Memory, Recall, Recalled};
