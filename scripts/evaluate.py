@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Detection on the recorded runs: figures, leave-one-agent-out, renamed tools, the CI gate.
 
-Replays the recorded runs of ../shared/data/trajectories (`dev`, `dev2`, `fresh`, `cc`: six
-agent families, named by each run's `agent` field) through `loopwarden replay` and scores
+Replays the recorded runs of ../shared/data/trajectories (`dev`, `dev2`, `fresh`, `cc`, `tb`:
+seven agent families, named by each run's `agent` field) through `loopwarden replay` and scores
 the decisions with the reference scorer (../shared/eval/score.py), the files pooled,
 overall, per file and per agent family (EVALUATION.md says what each figure means).
 
@@ -15,7 +15,7 @@ overall, per file and per agent family (EVALUATION.md says what each figure mean
 
 Leave-one-agent-out: every variant of GRID (the shipped config and a few global settings
 around it, never a setting per agent) is replayed once; for each family, the variant is
-chosen on the other five families' runs alone, and that family's runs are scored with it.
+chosen on the other six families' runs alone, and that family's runs are scored with it.
 Pooled, those are the figures to expect on an agent nobody tuned for.
 """
 
@@ -28,15 +28,17 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
-FILES = ("dev", "dev2", "fresh", "cc")
+FILES = ("dev", "dev2", "fresh", "cc", "tb")
 
-# The CI gate, on all files pooled: the harm users feel (lost-fix), a recall floor set just
-# under what the shipped config reaches (85.3% of 116 labelled loops: a change that loses
-# two loops fails) and a ceiling on resolved runs nudged just over it (13.3% of 812: a
-# change that nudges six more of them fails).
+# The CI gate, on all five files pooled: the harm users feel (lost-fix), a recall floor set
+# just under what the shipped config reaches (81.4% of 140 labelled loops: a change that
+# loses two loops fails), a ceiling on resolved runs nudged just over it (15.2% of 887: a
+# change that nudges eight more fails), and a floor on the frontier runs' loops (tb: 62.5%
+# of 24, the obstacle stall's gain; a change that loses one of them fails).
 GATE_LOST_FIX = 0.01
-GATE_RECALL = 0.84
-GATE_RES_NUDGED = 0.14
+GATE_RECALL = 0.80
+GATE_RES_NUDGED = 0.16
+GATE_TB_RECALL = 0.60
 # Targets of the detection issue (per family and by leave-one-agent-out), reported.
 TARGET = {"lost_fix": 0.01, "res_nudged": 0.10, "recall": 0.85, "prec": 0.85, "steps_saved": 0.10}
 
@@ -52,6 +54,12 @@ GRID = {
     "fail_loop4": "[detect.thresholds]\nfail_loop_runs = 4\n",
     "near_dup07": "[detect.thresholds]\nnear_dup_similarity = 0.7\n",
     "new_output_counts": "[detect.thresholds]\nstagnation_new_output_holds = false\n",
+    "obstacle_nudge": "[detect.patterns.obstacle_stall]\nresponse = \"nudge\"\n",
+    "obstacle_off": "[detect.patterns.obstacle_stall]\nresponse = \"off\"\n",
+    "meetings5": "[detect.thresholds]\nobstacle_meetings = 5\n",
+    "stretch_off": "[detect.thresholds]\nobstacle_steps = 0\n",
+    "resend_nudge": "[detect.patterns.resend]\nresponse = \"nudge\"\n",
+    "no_obstacle_stop": "[detect.escalation]\nstop_on_obstacle = false\n",
 }
 
 
@@ -168,12 +176,13 @@ def choice_key(m):
     return (False, 0, -(m["lost_fix"] or 0), -(m["res_nudged"] or 0), m["recall"] or 0)
 
 
-def leave_one_agent_out(corpus, binary, workdir, markdown):
-    pers = {name: corpus.decide(binary, text, workdir, name) for name, text in GRID.items()}
+def leave_one_agent_out(corpus, binary, workdir, markdown, variants=None):
+    grid = {n: t for n, t in GRID.items() if variants is None or n in variants}
+    pers = {name: corpus.decide(binary, text, workdir, name) for name, text in grid.items()}
     chosen, pooled = {}, {}
     for agent in corpus.agents:
         others = corpus.ids_of([a for a in corpus.agents if a != agent])
-        best = max(GRID, key=lambda n: choice_key(corpus.metrics(pers[n], others)))
+        best = max(grid, key=lambda n: choice_key(corpus.metrics(pers[n], others)))
         chosen[agent] = best
         for rid in corpus.ids_of([agent]):
             if rid in pers[best]:
@@ -317,9 +326,10 @@ def main():
     ap.add_argument("--binary", default=os.path.join(target_dir, "eval", "loopwarden"))
     ap.add_argument("--data", default=os.path.join(SHARED, "data", "trajectories"))
     ap.add_argument("--files", default=",".join(FILES),
-                    help="comma-separated files of --data to replay (default: all four)")
+                    help="comma-separated files of --data to replay (default: all five)")
     ap.add_argument("--config", help="a config file layered on the defaults (to try a setting)")
     ap.add_argument("--loao", action="store_true", help="leave-one-agent-out over GRID")
+    ap.add_argument("--variants", help="comma-separated names of GRID to choose among (default: all)")
     ap.add_argument("--renamed", action="store_true", help="also replay with tools renamed")
     ap.add_argument("--cases", action="store_true", help="list the harm and the misses")
     ap.add_argument("--gate", action="store_true", help="fail below the CI gate")
@@ -349,16 +359,21 @@ def main():
             same = sum(1 for r in corpus.runs if per.get(r) == rper.get(r))
             print(f"runs with the same decisions: {same} of {len(corpus.runs)}")
         if a.loao:
-            leave_one_agent_out(corpus, a.binary, work, a.markdown)
+            variants = set(a.variants.split(",")) if a.variants else None
+            leave_one_agent_out(corpus, a.binary, work, a.markdown, variants)
         if a.gate:
             m = corpus.metrics(per)
+            tb = corpus.metrics(per, corpus.ids_in("tb")) if "tb" in corpus.names else None
             ok = (m["lost_fix"] or 0) <= GATE_LOST_FIX and (m["recall"] or 0) >= GATE_RECALL \
-                and (m["res_nudged"] or 0) <= GATE_RES_NUDGED
+                and (m["res_nudged"] or 0) <= GATE_RES_NUDGED \
+                and (tb is None or (tb["recall"] or 0) >= GATE_TB_RECALL)
             print(f"\ngate ({', '.join(corpus.names)}): lost-fix "
                   f"{100 * (m['lost_fix'] or 0):.1f}% (at most {100 * GATE_LOST_FIX:.0f}%), "
                   f"labelled-loop recall {100 * (m['recall'] or 0):.1f}% (at least "
                   f"{100 * GATE_RECALL:.0f}%), resolved runs nudged "
-                  f"{100 * (m['res_nudged'] or 0):.1f}% (at most {100 * GATE_RES_NUDGED:.0f}%): "
+                  f"{100 * (m['res_nudged'] or 0):.1f}% (at most {100 * GATE_RES_NUDGED:.0f}%)"
+                  + (f", tb recall {100 * (tb['recall'] or 0):.1f}% (at least "
+                     f"{100 * GATE_TB_RECALL:.0f}%)" if tb else "") + ": "
                   + ("passed" if ok else "FAILED"))
             if not ok:
                 sys.exit(1)

@@ -669,8 +669,7 @@ impl Config {
         })?;
         // A misspelt table would otherwise be ignored, and its pattern keep responding as
         // built in.
-        self.detect
-            .check_patterns()
+        crate::detect::registry::check_patterns(&self.detect)
             .map_err(|problem| invalid("detect.patterns", problem))?;
         if !self.store.db.starts_with("sqlite:") && !crate::store::postgres::is_url(&self.store.db)
         {

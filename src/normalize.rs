@@ -283,9 +283,12 @@ static NOT_FAILURE: LazyLock<Regex> =
 /// Whether a result's text reports a failure even though its exit code may be 0 (a repro
 /// script printing "Test failed: ...", a test runner's summary).
 pub fn shows_failure(normalized: &str) -> bool {
-    normalized
-        .lines()
-        .any(|l| FAILURE_WORD.is_match(l) && !NOT_FAILURE.is_match(l))
+    normalized.lines().any(is_failure_line)
+}
+
+/// Whether one line of a result reports a failure.
+pub fn is_failure_line(line: &str) -> bool {
+    FAILURE_WORD.is_match(line) && !NOT_FAILURE.is_match(line)
 }
 
 /// The one line of a normalized result a human should see in a summary: the first line that
@@ -298,9 +301,7 @@ pub fn headline(normalized: &str) -> &str {
         .map(str::trim)
         .filter(|l| !l.is_empty() && !is_label(l));
     let first = lines.clone().next().unwrap_or("");
-    lines
-        .find(|l| FAILURE_WORD.is_match(l) && !NOT_FAILURE.is_match(l))
-        .unwrap_or(first)
+    lines.find(|l| is_failure_line(l)).unwrap_or(first)
 }
 
 /// Normalizes a result: masked text, its hash and its outcome.

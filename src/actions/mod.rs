@@ -626,6 +626,7 @@ fn split_shell(cmd: &str) -> Vec<Simple> {
             '>' => s.redirect(),
             '&' | '|' | ';' | '\n' => s.separator(c),
             '(' | ')' | '{' | '}' if !s.in_word => s.i += 1,
+            '#' if !s.in_word => s.comment(),
             _ => {
                 s.in_word = true;
                 s.word.push(c);
@@ -725,6 +726,15 @@ impl ShellSplitter {
             self.word.push(c);
         }
         self.i += 2;
+    }
+
+    /// Skips a comment, up to the end of its line (the newline stays: it ends the command
+    /// and opens the heredoc bodies of its line). Two calls that differ only in a comment
+    /// are the same command.
+    fn comment(&mut self) {
+        while self.i < self.chars.len() && self.chars[self.i] != '\n' {
+            self.i += 1;
+        }
     }
 
     /// Reads `<<` or `<<-`: the next word is a heredoc delimiter. A here-string `<<<` is
@@ -1430,6 +1440,23 @@ mod tests {
         assert!(shell(r"find . -name '*.pyc' -exec rm {} \;").mutating);
         assert!(shell(r"find . -name '*.py' -exec sed -i 's/a/b/' {} +").mutating);
         assert!(shell("find . -name '*.orig' -delete").mutating);
+    }
+
+    #[test]
+    fn commands_that_differ_only_in_a_comment_or_whitespace_are_one_command() {
+        let plain = shell("ps aux | grep server && curl -s localhost:8080/health");
+        let commented =
+            shell("# check again\nps  aux | grep server &&  curl -s localhost:8080/health # retry");
+        assert_eq!(plain.key, commented.key);
+        assert_eq!(plain.kind, commented.kind);
+        // A `#` inside a word or quotes is no comment.
+        assert_ne!(shell("echo a#b").key, shell("echo a").key);
+        assert_ne!(shell("echo '# x'").key, shell("echo").key);
+        // The heredoc after a commented line is still read.
+        let w = shell("cat > app.py <<'EOF' # write it\nprint(1)  # one\nEOF");
+        assert_eq!(w.kind, ActionKind::Write);
+        assert_eq!(w.changes.len(), 1);
+        assert_eq!(w.changes[0].path(), "app.py");
     }
 
     #[test]

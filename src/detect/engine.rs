@@ -84,11 +84,16 @@ pub struct EngineState {
     last_intervention: Option<usize>,
     /// The pattern that led the last intervention since a human last spoke.
     last_lead: Option<&'static str>,
+    /// The request of the first intervention since a human last spoke: a run that stood on
+    /// one obstacle from there on may be stopped ([`may_stop`]).
+    first_intervention: Option<usize>,
     /// The decision for the next request (request number `facts.steps`).
     next: Option<Decision>,
     /// Action keys of the loop a halting pattern reported, until the world changes.
     loop_keys: Vec<u64>,
     loop_detector: Option<&'static str>,
+    /// That pattern is a run standing on an obstacle ([`Finding::standstill`]).
+    loop_standstill: bool,
     /// A chain over the fingerprints of every folded step: what a transcript must hash to,
     /// over its first steps, to be continued from this fold without the caller's word.
     chain: u64,
@@ -227,6 +232,7 @@ impl EngineState {
             self.level = Level::Quiet;
             self.last_intervention = None;
             self.last_lead = None;
+            self.first_intervention = None;
             self.loop_keys.clear();
             self.loop_detector = None;
         }
@@ -245,6 +251,7 @@ impl EngineState {
             _ => self.level.max(Level::Nudged),
         };
         self.last_intervention = Some(request);
+        self.first_intervention.get_or_insert(request);
         self.last_lead = Some(lead);
         if let Some(p) = self.patterns.get_mut(lead) {
             p.last_led = Some(request);
@@ -700,11 +707,19 @@ impl Engine {
             // Remember the loop's calls so the response side can block its next repeat.
             st.loop_keys = lead.action_keys.clone();
             st.loop_detector = Some(lead_name);
+            st.loop_standstill = lead.standstill;
         }
         let Some(action) = self.next_rung(st, lead_name, &pol, score, request) else {
             return observe(findings);
         };
-        if action.stops() && !may_stop(&st.facts, self.config.escalation.stop_after_quiet) {
+        if action.stops()
+            && !may_stop(
+                &st.facts,
+                &self.config,
+                st.first_intervention,
+                lead.standstill,
+            )
+        {
             // Still changing its code, or only fumbling the scaffold's format before it has
             // any fix: the stop waits (the pattern's next occasion asks again).
             return observe(findings);
@@ -862,7 +877,12 @@ impl Engine {
             .is_some_and(|p| p.ema > self.config.escalation.escalate_ema);
         if pol.response != Response::Halt
             || !chronic
-            || !may_stop(&state.facts, self.config.escalation.stop_after_quiet)
+            || !may_stop(
+                &state.facts,
+                &self.config,
+                state.first_intervention,
+                state.loop_standstill,
+            )
         {
             return Decision::observe();
         }
@@ -908,13 +928,29 @@ fn reaches(score: f64, threshold: f64) -> bool {
 ///   code holds no verified fix: the scaffold already tells the model what is wrong, and a
 ///   stop there keeps nothing. Once a check has passed on the changed code, a run that
 ///   keeps failing to call a tool is a fine place for a stop that keeps the tree.
-fn may_stop(facts: &Facts, quiet: usize) -> bool {
+///
+/// Except a run that has stood on one obstacle since its first intervention (`since`, a
+/// request index: the steps from there on): the last step met again an obstacle that stood
+/// before the intervention, no command got past an obstacle since, and nothing changed the
+/// world since. What it learned meanwhile did not get it past, and with no change since the
+/// reminder there is no fix under way to lose (`escalation.stop_on_obstacle`). A pattern that is itself such a stand
+/// (`standstill`) stops only there.
+fn may_stop(facts: &Facts, config: &DetectConfig, since: Option<usize>, standstill: bool) -> bool {
     let Some(last) = facts.history.last() else {
         return true;
     };
     let index = facts.steps - 1;
+    let quiet = config.escalation.stop_after_quiet;
     let quiet_since_source = facts.last_new_source.is_none_or(|at| index >= at + quiet);
-    quiet_since_source && !last.new_info && (!last.rejected || facts.fix_verified)
+    let working = !quiet_since_source || last.new_info || (last.rejected && !facts.fix_verified);
+    if !working && !standstill {
+        return true;
+    }
+    config.escalation.stop_on_obstacle
+        && since.is_some_and(|since| {
+            facts.obstacles.stood_since(since, index)
+                && facts.last_change.is_none_or(|at| at < since)
+        })
 }
 
 /// A decision that only reports `findings`.

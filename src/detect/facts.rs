@@ -13,6 +13,7 @@ use crate::normalize::{self, hash64};
 use crate::transcript::{CallWithResult, Step, ToolResult};
 
 use super::config::DetectConfig;
+use super::obstacles::{self, Meeting, MeetingKind, Obstacles, Progress};
 
 /// The facts' sets and maps, keyed mostly by 64-bit digests this module computed: foldhash
 /// mixes one in a few instructions, where std's default (SipHash) runs a few rounds per
@@ -64,6 +65,12 @@ pub struct CallEvent {
     pub verifier_score: Option<f64>,
     /// The raw call hash (name + canonical arguments).
     pub raw_hash: u64,
+    /// The obstacle the result showed, if any ([`obstacles`]).
+    pub obstacle: Meeting,
+    /// Times this call (its action key) has returned this very result with no change to
+    /// the world in between, this one included: a re-sent command, a poll of something
+    /// that no longer moves, a job restarted after the same timeout.
+    pub resent: u32,
 }
 
 /// What the newest step did, as detectors see it.
@@ -86,6 +93,8 @@ pub struct StepEvents {
     /// The step only brought back results the run saw before its last compaction
     /// ([`CallEvent::recalled`]): needed work, which no detector reads as a repeat.
     pub recalled: bool,
+    /// How the step stands against the run's obstacles.
+    pub progress: Progress,
 }
 
 /// Per-file knowledge.
@@ -147,6 +156,8 @@ pub struct StepDigest {
     pub new_info: bool,
     /// A turn without a call that the scaffold rejected.
     pub rejected: bool,
+    /// How the step stood against the run's obstacles.
+    pub progress: Progress,
     pub text_hash: u64,
     pub text_len: u32,
 }
@@ -225,6 +236,11 @@ pub struct Facts {
     /// Results the run saw before its last compaction and has not seen since
     /// ([`CallEvent::recalled`]).
     pub recalled_results: HashSet<u64>,
+    /// The obstacles the run met, and the stall standing on them.
+    pub obstacles: Obstacles,
+    /// Per (action key, result): the change counter when the call last returned it, and
+    /// how many times in a row (with no change between) it has.
+    pub resends: HashMap<(u64, u64), (u64, u32)>,
 }
 
 /// Bounded windows: enough for every detector's look-back.
@@ -424,6 +440,13 @@ impl Facts {
         ev.recalled = !ev.changed
             && ev.calls.iter().any(|c| c.recalled)
             && ev.calls.iter().all(|c| c.recalled || !c.has_result);
+        let meetings: Vec<(Meeting, &str)> = ev
+            .calls
+            .iter()
+            .filter(|c| c.obstacle.obstacle != 0 || c.obstacle.cleared)
+            .map(|c| (c.obstacle, c.result_line.as_str()))
+            .collect();
+        ev.progress = self.obstacles.judge(index, &meetings, ev.new_info);
         ev.identical_run = self.note_identical_calls(&ev.calls);
         self.note_replies(step, cfg, &mut ev);
         self.note_stretch(&mut ev);
@@ -457,10 +480,18 @@ impl Facts {
             && !self.recalled_results.is_empty()
             && self.recalled_results.remove(&r.hash);
         let (content_lines, novel_lines, novel_places) = self.note_lines(&r);
+        let nothing = r.has_result && found_nothing(action.kind, &r.text, r.empty, r.is_error);
         let new_result = r.has_result
-            && !found_nothing(action.kind, &r.text, r.empty, r.is_error)
+            && !nothing
             && self.seen_results.insert(r.hash)
             && (content_lines == 0 || novel_lines > 0);
+        let news = novel_lines > novel_places && 2 * (novel_lines - novel_places) > content_lines;
+        let how = MeetingKind {
+            reset_on_source: cfg.thresholds.obstacle_source_resets,
+            news,
+        };
+        let obstacle = self.note_obstacle(&action, &r, nothing, how);
+        let resent = self.note_resend(action.key_hash, &r);
         // A check's output that shows more than moved places is news about the code.
         let holds =
             new_result && novel_lines > novel_places && cfg.thresholds.stagnation_new_output_holds;
@@ -491,8 +522,50 @@ impl Facts {
             file_returns,
             verifier_score,
             raw_hash,
+            obstacle,
+            resent,
             action,
         }
+    }
+
+    /// Reads the obstacle a call's result shows and meets it ([`Obstacles::meet`]): a
+    /// check is one command whatever its spelling (its check key), any other call is its
+    /// action key.
+    fn note_obstacle(
+        &mut self,
+        action: &ToolAction,
+        r: &ResultReading,
+        nothing: bool,
+        how: MeetingKind,
+    ) -> Meeting {
+        if !r.has_result {
+            return Meeting::default();
+        }
+        // A command's (or an unknown tool's) output may report a failure with exit code 0;
+        // an edit's result shows the file it changed, whose content may say anything.
+        let reports = matches!(action.kind, ActionKind::Exec | ActionKind::Other);
+        let failing = r.is_error || (reports && !r.empty && normalize::shows_failure(&r.text));
+        let obstacle = obstacles::obstacle_of(action.kind, nothing, failing, &r.text);
+        let command = action
+            .check
+            .as_deref()
+            .map_or(action.key_hash, |k| hash64(k.as_bytes()));
+        self.obstacles.meet(command, obstacle, self.steps, how)
+    }
+
+    /// Counts the times in a row this call returned this result with the world unchanged
+    /// in between (0 for a call with no result yet).
+    fn note_resend(&mut self, key: u64, r: &ResultReading) -> u32 {
+        if !r.has_result {
+            return 0;
+        }
+        let changes = self.changes;
+        let entry = self.resends.entry((key, r.hash)).or_insert((changes, 0));
+        if entry.0 != changes {
+            *entry = (changes, 0);
+        }
+        entry.1 += 1;
+        entry.1
     }
 
     /// Reads a call's result (none yet: no result, empty, no error), counting it in the
@@ -775,6 +848,8 @@ impl Facts {
             file_returns: 0,
             verifier_score: None,
             raw_hash: 0,
+            obstacle: Meeting::default(),
+            resent: 0,
         }
     }
 
@@ -854,6 +929,7 @@ impl Facts {
             changed: ev.changed,
             new_info: ev.new_info,
             rejected: ev.rejected,
+            progress: ev.progress,
             text_hash,
             text_len: text_norm.len().min(u32::MAX as usize) as u32,
         });
@@ -969,6 +1045,7 @@ impl Facts {
         }
         if new_state && !is_scratch(ch.path()) {
             self.last_new_source = Some(index);
+            self.obstacles.attempts += 1;
             self.fix_verified = false;
         }
         (changed, if f.returns > before { f.returns } else { 0 })

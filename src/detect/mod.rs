@@ -12,6 +12,7 @@
 pub mod config;
 pub mod engine;
 pub mod facts;
+pub mod obstacles;
 pub mod registry;
 
 mod budget;
@@ -23,10 +24,12 @@ mod error_rate;
 mod fail_loop;
 mod goal_drift;
 mod near_duplicate;
+mod obstacle_stall;
 mod output_stagnation;
 mod read_loop;
 mod repeat;
 mod repeated_text;
+mod resend;
 mod self_diagnosed;
 mod size_oscillation;
 mod stagnation;
@@ -85,6 +88,11 @@ pub struct Finding {
     /// A spent hard budget: may halt without an earlier nudge.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hard: bool,
+    /// The pattern is a run standing on an obstacle: a stop it leads waits until the run
+    /// has stood on it since its first intervention, with no change since (the engine's
+    /// `may_stop`), whatever else the run did.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub standstill: bool,
     /// Action keys (see `actions::ToolAction::key_hash`) of the calls that make up the
     /// pattern, so the response side can recognize the call that would repeat it.
     #[serde(skip)]
@@ -106,8 +114,15 @@ impl Finding {
             summary,
             suggestion: suggestion.to_string(),
             hard: false,
+            standstill: false,
             action_keys: Vec::new(),
         }
+    }
+
+    /// Marks the finding as a run standing on an obstacle ([`Finding::standstill`]).
+    pub fn on_standstill(mut self) -> Finding {
+        self.standstill = true;
+        self
     }
 
     pub fn with_keys(mut self, keys: Vec<u64>) -> Finding {

@@ -1,9 +1,11 @@
-//! The one place detectors are registered, with each pattern's built-in policy.
-//! To add a detector: implement [`Detector`] in its own file and list it here (or pass
-//! it to `Engine::with_detectors`).
+//! The one place detectors are registered. To add a detector: implement [`Detector`] in
+//! its own file, list it here (or pass it to `Engine::with_detectors`) and give it a
+//! built-in policy (`config::default_policy`).
+//!
+//! Settings never reach back here: `config` names patterns by their names only, so the
+//! detectors (which read the settings) and the list of them point one way.
 
-use super::config::{PatternPolicy, Response};
-use super::Action;
+use super::config::DetectConfig;
 use super::Detector;
 
 /// All built-in detectors, in reporting order.
@@ -13,8 +15,10 @@ pub fn builtin() -> Vec<Box<dyn Detector>> {
         Box::new(super::fail_loop::FailLoop),
         Box::new(super::repeat::Repeat),
         Box::new(super::cycles::Cycles),
+        Box::new(super::resend::Resend),
         Box::new(super::edit_revert::EditRevert),
         Box::new(super::dead_end::DeadEnd),
+        Box::new(super::obstacle_stall::ObstacleStall),
         Box::new(super::error_pileup::ErrorPileup),
         Box::new(super::read_loop::ReadLoop),
         Box::new(super::near_duplicate::NearDuplicate),
@@ -29,22 +33,15 @@ pub fn builtin() -> Vec<Box<dyn Detector>> {
     ]
 }
 
-/// The shipped policy of each pattern: outcome-based signals may halt; the noisier
-/// ones (counted on the recorded runs) warn or nudge only. read-loop warns: re-reading
-/// a file while editing others is what good runs do (it nudged 11 of 151 successful
-/// mini-swe-agent runs on the dev set and caught no labelled loop first).
-pub fn default_policy(detector: &str) -> PatternPolicy {
-    match detector {
-        "stagnation" | "fail_loop" | "repeat" | "cycles" | "dead_end" | "error_pileup"
-        | "budget" => PatternPolicy::new(Response::Halt, 1.0),
-        "edit_revert" => PatternPolicy {
-            response: Response::Halt,
-            weight: 1.0,
-            first_action: Action::Rollback,
-        },
-        "near_duplicate" | "output_stagnation" | "verifier_drift" => {
-            PatternPolicy::new(Response::Nudge, 1.0)
-        }
-        _ => PatternPolicy::new(Response::Warn, 0.5),
+/// Every `[detect.patterns.<name>]` names a registered detector; the error lists them.
+pub fn check_patterns(cfg: &DetectConfig) -> Result<(), String> {
+    let known = builtin();
+    let known: Vec<&str> = known.iter().map(|d| d.name()).collect();
+    match cfg.patterns.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(unknown) => Err(format!(
+            "no detector is named {unknown:?}; the detectors: {}",
+            known.join(", ")
+        )),
+        None => Ok(()),
     }
 }

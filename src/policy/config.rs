@@ -217,7 +217,7 @@ fn resolve(
         mode = t.mode.unwrap_or(mode);
     }
     let detect: DetectConfig = read("detect", detect).map_err(fail)?;
-    detect.check_patterns().map_err(fail)?;
+    crate::detect::registry::check_patterns(&detect).map_err(fail)?;
     let intervene: InterveneConfig = read("intervene", intervene).map_err(fail)?;
     intervene
         .validate()

@@ -382,7 +382,7 @@ pub fn explain_line(
         for c in &ev.calls {
             writeln!(
                 out,
-                "{:>3} {:?} {} | check={:?} streak={} fail_run={} reads={} err={} new={} lines={}/{} changed={} rep={} | {}",
+                "{:>3} {:?} {} | check={:?} streak={} fail_run={} reads={} err={} new={} lines={}/{} changed={} rep={} resent={} obstacle={} | {}",
                 ev.index,
                 c.action.kind,
                 crate::detect::short(&c.action.key),
@@ -396,12 +396,14 @@ pub fn explain_line(
                 c.content_lines,
                 c.changed,
                 c.stretch_repeat,
+                c.resent,
+                obstacle_note(&c.obstacle),
                 crate::detect::short(&c.result_line),
             )?;
         }
         writeln!(
             out,
-            "    . step {}: changed={} new={} rejected={} quiet={} last_new_source={:?} fix_verified={}",
+            "    . step {}: changed={} new={} rejected={} quiet={} last_new_source={:?} fix_verified={} progress={} stall={}/{}",
             ev.index,
             ev.changed,
             ev.new_info,
@@ -409,6 +411,9 @@ pub fn explain_line(
             facts.stretch.steps,
             facts.last_new_source,
             facts.fix_verified,
+            ev.progress.as_str(),
+            facts.obstacles.stall_steps,
+            facts.obstacles.stall_recurrences,
         )?;
         engine.fold(&mut state, step, &StoreFacts::default());
         let d = state.decision();
@@ -430,6 +435,17 @@ pub fn explain_line(
         }
     }
     Ok(())
+}
+
+/// A call's meeting with an obstacle, for `--explain`: `-` (none), `met#N/S` (the N-th call
+/// to meet it, and the S-th step to meet it since anything got past it), `cleared` (its
+/// command got past the obstacle its last run met).
+fn obstacle_note(m: &crate::detect::obstacles::Meeting) -> String {
+    match (m.obstacle, m.cleared) {
+        (_, true) => "cleared".to_string(),
+        (0, false) => "-".to_string(),
+        (_, false) => format!("met#{}/{}", m.times, m.standing),
+    }
 }
 
 /// Harm and savings figures over a group of runs.
