@@ -1076,3 +1076,166 @@ async fn a_call_that_would_cross_the_dollar_cap_is_stopped_before_it_is_made() {
         }
     }
 }
+
+/// What Anthropic's server-side compaction answered (`context_management` with the
+/// `compact_20260112` edit): a `compaction` block whose content is the summary.
+const SERVER_SUMMARY: &str =
+    "Summary: fixing the failing test in calc.py; read calc.py five times, no edit yet.";
+
+/// A request of a plain Anthropic API client with `context_management` compaction on:
+/// before the compaction, the task and `reads` reads; after it, the history sent from the
+/// answer that carried the `compaction` block (the blocks before it dropped, as the API
+/// drops them itself) and `reads` reads since.
+fn anthropic_server_body(task: &str, reads: usize, after: bool) -> Value {
+    anthropic_compacted_body(task, reads, after.then_some(SERVER_SUMMARY))
+}
+
+/// [`anthropic_server_body`] after the compaction whose block holds `summary`, if any.
+fn anthropic_compacted_body(task: &str, reads: usize, summary: Option<&str>) -> Value {
+    let after = summary.is_some();
+    let mut body = claude_body(&[task], reads, None, after);
+    body["context_management"] = json!({"edits": [{"type": "compact_20260112"}]});
+    if after {
+        let messages = body["messages"].as_array_mut().unwrap();
+        messages[0] = json!({"role": "assistant", "content": [
+            {"type": "compaction", "content": summary},
+            {"type": "text", "text": "Going on from the summary."}]});
+        messages.insert(1, json!({"role": "user", "content": "Go on."}));
+    }
+    body
+}
+
+/// A request of a plain OpenAI Responses client (no id header: its identity is its head's
+/// hash) with `context_management` compaction on: after the compaction, its input is the
+/// window the API compacted (the messages, then a `compaction` item for the calls) and
+/// `reads` reads since.
+fn responses_server_body(task: &str, reads: usize, after: bool) -> Value {
+    let mut body = codex_body(task, reads, false, after);
+    body["context_management"] = json!([{"type": "compaction", "compact_threshold": 200000}]);
+    body
+}
+
+/// A run that loops, nudged, then compacted by the API (no summary request): the history
+/// that starts from the compaction block or item is the same run, under the same id, its
+/// escalation going on past the nudge; forwarded as it came while observed; each such
+/// request logged as continuing from the compaction; the block never read as a tool call.
+async fn a_server_side_compaction_is_one_run(
+    path: &str,
+    headers: &[(&str, String)],
+    body: fn(&str, usize, bool) -> Value,
+    marker: &str,
+) {
+    let setup = Setup::start(|_| {}).await;
+    let task = "Fix the failing test in calc.py.";
+    let mut before = Vec::new();
+    for n in 0..=4 {
+        before.push(setup.post(path, headers, body(task, n, false)).await);
+    }
+    let decisions: Vec<&str> = before.iter().map(|a| a.decision.as_str()).collect();
+    assert!(decisions.contains(&"nudge"), "{marker}: {decisions:?}");
+    let run = before[0].conversation.clone();
+    let mut after = Vec::new();
+    for n in 0..=4 {
+        after.push(setup.post(path, headers, body(task, n, true)).await);
+    }
+    let decisions: Vec<&str> = after.iter().map(|a| a.decision.as_str()).collect();
+    assert!(
+        after[..2]
+            .iter()
+            .all(|a| a.untouched && a.decision == "observe"),
+        "{marker}: forwarded as it came: {decisions:?}"
+    );
+    assert!(
+        decisions[2..].iter().any(|d| ESCALATED.contains(d)),
+        "{marker}: escalated past the nudge: {decisions:?}"
+    );
+    assert!(
+        after.iter().all(|a| a.conversation == run),
+        "{marker}: one run: {run} vs {:?}",
+        after.iter().map(|a| &a.conversation).collect::<Vec<_>>()
+    );
+    let rows = setup
+        .proxy
+        .rows(&format!(
+            "SELECT compaction FROM requests WHERE conversation_id = '{run}' ORDER BY started_ms, id"
+        ))
+        .await;
+    let logged: Vec<&Value> = rows.iter().map(|r| &r["compaction"]).collect();
+    assert_eq!(logged.len(), 10, "{logged:?}");
+    assert!(logged[..5].iter().all(|c| c.is_null()), "{logged:?}");
+    assert!(logged[5..].iter().all(|c| *c == marker), "{logged:?}");
+    let names = setup
+        .proxy
+        .rows(&format!(
+            "SELECT DISTINCT name FROM tool_calls WHERE conversation_id = '{run}'"
+        ))
+        .await;
+    assert_eq!(names.len(), 1, "only the reads are tool calls: {names:?}");
+}
+
+#[tokio::test]
+async fn anthropic_server_side_compaction_is_one_run() {
+    let headers = [
+        (
+            "user-agent",
+            "claude-cli/2.1.332 (external, sdk-cli)".to_string(),
+        ),
+        ("x-claude-code-session-id", "server-1".to_string()),
+        ("x-api-key", "sk-test-key-1".to_string()),
+        ("anthropic-beta", "compact-2026-01-12".to_string()),
+    ];
+    a_server_side_compaction_is_one_run(
+        "/v1/messages",
+        &headers,
+        anthropic_server_body,
+        "anthropic_compaction",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn responses_server_side_compaction_is_one_run() {
+    let headers = [
+        ("user-agent", "OpenAI/Python 2.31.0".to_string()),
+        ("authorization", "Bearer sk-test-key-1".to_string()),
+    ];
+    a_server_side_compaction_is_one_run(
+        "/v1/responses",
+        &headers,
+        responses_server_body,
+        "responses_compaction",
+    )
+    .await;
+}
+
+/// `[budget] steps = 8` over a run the API compacts twice: every model call counts, those
+/// between the two compactions too (each history holds only the calls since the last).
+#[tokio::test]
+async fn a_step_budget_holds_across_two_server_side_compactions() {
+    let setup = Setup::start(|config| {
+        config.budget.steps = 8;
+        config.detect.enabled = false;
+    })
+    .await;
+    let headers = [
+        ("x-claude-code-session-id", "server-2".to_string()),
+        ("x-api-key", "sk-test-key-1".to_string()),
+    ];
+    let task = "Fix the failing test in calc.py.";
+    let second = "Summary: calc.py read eight times; the test still fails.";
+    let mut calls = Vec::new();
+    for summary in [None, Some(SERVER_SUMMARY), Some(second)] {
+        for n in 0..3 {
+            let body = anthropic_compacted_body(task, n, summary);
+            calls.push(setup.post("/v1/messages", &headers, body).await);
+        }
+    }
+    let forwarded: Vec<bool> = calls.iter().map(|a| a.forwarded).collect();
+    assert_eq!(
+        forwarded,
+        [true, true, true, true, true, true, true, true, false],
+        "the 9th call is stopped"
+    );
+    assert_eq!(calls[8].decision, "halt");
+    assert!(calls.iter().all(|a| a.conversation == "server-2"));
+}

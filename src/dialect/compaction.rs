@@ -24,6 +24,15 @@
 //! - opencode: the summary request's last user message is "What did we do so far?"; the
 //!   continuation starts with that question and the summary as the answer (same
 //!   `x-session-id`).
+//!
+//! Server-side compaction has no summary request: the API compacts within a turn and
+//! answers with what stands for the history from then on, which the client sends back in
+//! place of it. Anthropic's `context_management` answers with a `compaction` content
+//! block (`{"type": "compaction", "content": "<summary>"}`, in the assistant's message);
+//! OpenAI Responses (`context_management`, or `POST /responses/compact`) with a
+//! `compaction` input item (`{"type": "compaction", "encrypted_content": "..."}`). A
+//! history that starts from one (no tool call before it: the calls it stands for are gone)
+//! continues its run.
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -55,6 +64,10 @@ pub enum Marker {
     OpencodeSummary,
     /// opencode's history starting with "What did we do so far?".
     OpencodeContinued,
+    /// Anthropic's server-side compaction: the history starts from a `compaction` block.
+    AnthropicCompaction,
+    /// OpenAI Responses' server-side compaction: the input starts from a `compaction` item.
+    ResponsesCompaction,
 }
 
 /// What a marker says of its request.
@@ -78,7 +91,9 @@ impl Marker {
             Marker::ClaudeContinued
             | Marker::CodexWindow
             | Marker::GeminiSnapshot
-            | Marker::OpencodeContinued => Role::Continuation,
+            | Marker::OpencodeContinued
+            | Marker::AnthropicCompaction
+            | Marker::ResponsesCompaction => Role::Continuation,
         }
     }
 
@@ -95,7 +110,17 @@ impl Marker {
             Marker::GeminiSnapshot => "gemini_snapshot",
             Marker::OpencodeSummary => "opencode_summary",
             Marker::OpencodeContinued => "opencode_continued",
+            Marker::AnthropicCompaction => "anthropic_compaction",
+            Marker::ResponsesCompaction => "responses_compaction",
         }
+    }
+
+    /// The API compacted the history, not the client: no summary request came before.
+    pub fn server_side(self) -> bool {
+        matches!(
+            self,
+            Marker::AnthropicCompaction | Marker::ResponsesCompaction
+        )
     }
 }
 
@@ -245,6 +270,98 @@ fn codex_window(headers: &HeaderMap) -> Option<Marker> {
     (n > 0).then_some(Marker::CodexWindow)
 }
 
+/// A compaction the API made, as a history sent back starts from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerCompaction {
+    pub marker: Marker,
+    /// Names the block or item: another one is another compaction of the run.
+    pub fingerprint: u64,
+}
+
+/// A history that starts from a compaction the API made ([`Marker::AnthropicCompaction`],
+/// [`Marker::ResponsesCompaction`]): its `compaction` block or item, with no tool call
+/// before it. A history that kept the calls before the block (the API drops them itself)
+/// still holds the run, and is no continuation. `path`: the request's; `pieces`: the body,
+/// in the pieces it came in (a block cut across two is not seen). One SIMD search over the
+/// body; the bytes around a hit are read only for a hit.
+pub fn server_compaction(path: &str, pieces: [&[u8]; 2]) -> Option<ServerCompaction> {
+    let path = path
+        .split(['?', '#'])
+        .next()
+        .unwrap_or("")
+        .trim_end_matches('/');
+    const ANTHROPIC_CALLS: &[&[u8]] = &[b"\"tool_use\""];
+    const RESPONSES_CALLS: &[&[u8]] = &[
+        b"\"function_call\"",
+        b"\"custom_tool_call\"",
+        b"\"local_shell_call\"",
+    ];
+    let (marker, calls) = if path.ends_with("/messages") {
+        (Marker::AnthropicCompaction, ANTHROPIC_CALLS)
+    } else if path.ends_with("/responses") {
+        (Marker::ResponsesCompaction, RESPONSES_CALLS)
+    } else {
+        return None;
+    };
+    static COMPACTION: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"compaction\""));
+    let mut before: Vec<&[u8]> = Vec::with_capacity(2);
+    for piece in pieces {
+        for at in COMPACTION.find_iter(piece) {
+            let is_item = is_type_value(piece, at)
+                && (marker == Marker::AnthropicCompaction || holds_encrypted_content(piece, at));
+            if !is_item {
+                continue;
+            }
+            before.push(&piece[..at]);
+            let called = before.iter().any(|bytes| {
+                calls
+                    .iter()
+                    .any(|call| type_values(bytes, call).next().is_some())
+            });
+            let object = enclosing_object(piece, at);
+            let hash = blake3::hash(object);
+            let mut first = [0u8; 8];
+            first.copy_from_slice(&hash.as_bytes()[..8]);
+            return (!called).then_some(ServerCompaction {
+                marker,
+                fingerprint: u64::from_le_bytes(first),
+            });
+        }
+        before.push(piece);
+    }
+    None
+}
+
+/// Where `value` (a JSON string, quotes included) stands as the value of a `"type"` key.
+fn type_values<'a>(bytes: &'a [u8], value: &'a [u8]) -> impl Iterator<Item = usize> + 'a {
+    memchr::memmem::find_iter(bytes, value).filter(move |&at| is_type_value(bytes, at))
+}
+
+/// Whether the JSON string at `at` is the value of a `"type"` key: `"type"`, a colon and
+/// white space before it. Inside a JSON string the quotes would be escaped: never a hit.
+fn is_type_value(bytes: &[u8], at: usize) -> bool {
+    let key = bytes[..at].trim_ascii_end();
+    key.strip_suffix(b":")
+        .is_some_and(|key| key.trim_ascii_end().ends_with(b"\"type\""))
+}
+
+/// Whether the object around the `"compaction"` at `at` has an `encrypted_content`: a
+/// compaction item, not the `context_management` entry `{"type": "compaction", ...}` that
+/// asks for compaction. The item holds no nested object (its strings are base64 and ids).
+fn holds_encrypted_content(bytes: &[u8], at: usize) -> bool {
+    memchr::memmem::find(enclosing_object(bytes, at), b"\"encrypted_content\"").is_some()
+}
+
+/// The bytes between the braces nearest the `"compaction"` at `at`: always inside its
+/// block or item (a brace in its text only narrows them), so the same for every request
+/// that sends that block back.
+fn enclosing_object(bytes: &[u8], at: usize) -> &[u8] {
+    let start = memchr::memrchr(b'{', &bytes[..at]).unwrap_or(0);
+    let end = memchr::memchr(b'}', &bytes[at..]).map_or(bytes.len(), |e| at + e);
+    &bytes[start..end]
+}
+
 /// The transcript of a summary request without the instruction that asks for the summary:
 /// the run's history as it stood, which is what the run carries on with. The instruction
 /// is the client's, not a human's: folded, it would read as a human speaking and start the
@@ -308,7 +425,9 @@ pub fn instruction_is_last(marker: Marker, t: &Transcript, body: impl FnOnce() -
         Marker::ClaudeContinued
         | Marker::CodexWindow
         | Marker::GeminiSnapshot
-        | Marker::OpencodeContinued => false,
+        | Marker::OpencodeContinued
+        | Marker::AnthropicCompaction
+        | Marker::ResponsesCompaction => false,
     }
 }
 
@@ -547,6 +666,71 @@ mod tests {
         assert_eq!(
             recognize("/v1/responses", &later, b"{}", None).continuation,
             Some(Marker::CodexWindow)
+        );
+    }
+
+    #[test]
+    fn a_history_starting_from_the_apis_compaction_continues_a_run() {
+        let found = |path: &str, body: serde_json::Value| {
+            let body = body.to_string();
+            server_compaction(path, [body.as_bytes(), b""]).map(|c| c.marker)
+        };
+        let block = serde_json::json!({"type": "compaction", "content": "summary"});
+        let head = serde_json::json!({"role": "assistant", "content": [block]});
+        let read = serde_json::json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t", "name": "Read", "input": {}}]});
+        let edits = serde_json::json!({"edits": [{"type": "compact_20260112"}]});
+        assert_eq!(
+            found(
+                "/v1/messages?beta=true",
+                serde_json::json!({
+                "context_management": edits, "messages": [head, {"role": "user", "content": "go on"}]})
+            ),
+            Some(Marker::AnthropicCompaction)
+        );
+        // The calls before it kept: the history still holds the run.
+        assert_eq!(
+            found(
+                "/v1/messages",
+                serde_json::json!({"messages": [read, head]})
+            ),
+            None
+        );
+        // Only mentioned in a text, or asked for: no compaction.
+        let text = serde_json::json!({"role": "user", "content": r#"{"type": "compaction"}"#});
+        assert_eq!(
+            found("/v1/messages", serde_json::json!({"messages": [text]})),
+            None
+        );
+        let asked = serde_json::json!([{"type": "compaction", "compact_threshold": 1000}]);
+        let user = serde_json::json!({"type": "message", "role": "user", "content": "fix it"});
+        let item = serde_json::json!({"type": "compaction", "encrypted_content": "gAAA"});
+        assert_eq!(
+            found(
+                "/v1/responses",
+                serde_json::json!({"context_management": asked, "input": [user]})
+            ),
+            None
+        );
+        assert_eq!(
+            found(
+                "/v1/responses",
+                serde_json::json!({"context_management": asked, "input": [user, item]})
+            ),
+            Some(Marker::ResponsesCompaction)
+        );
+        let call = serde_json::json!({"type": "function_call", "call_id": "c", "name": "x", "arguments": "{}"});
+        assert_eq!(
+            found("/v1/responses", serde_json::json!({"input": [call, item]})),
+            None
+        );
+        // Another API's path: not looked for.
+        assert_eq!(
+            found(
+                "/v1/chat/completions",
+                serde_json::json!({"messages": [head]})
+            ),
+            None
         );
     }
 }

@@ -399,7 +399,14 @@ impl Analyser {
         let body = sent.body;
         let end = body.len().saturating_sub(512)..body.len();
         let body_end = body.get(end).unwrap_or(body.tail());
-        let compaction = compaction::recognize(sent.path, sent.headers, body_end, Some(transcript));
+        let mut compaction =
+            compaction::recognize(sent.path, sent.headers, body_end, Some(transcript));
+        let mut server = None;
+        if compaction.continuation.is_none() {
+            let pieces = [&body.head()[..], &body.tail()[..]];
+            server = compaction::server_compaction(sent.path, pieces);
+            compaction.continuation = server.map(|c| c.marker);
+        }
         let lineage = &self.memory.lineage;
         if compaction.continuation.is_none() {
             let run = lineage.run_of(&identity.id);
@@ -411,9 +418,21 @@ impl Analyser {
             };
         }
         let sender = sender(sent);
-        let joined = lineage
-            .join(&identity.id, &sender, crate::store::now_ms())
-            .or_else(|| self.unseen_summary(identity, fold, &sender));
+        let now = crate::store::now_ms();
+        let mut joined = lineage.join(&identity.id, &sender, now);
+        if let (Some(j), Some(c), Some(fold)) = (&joined, server, fold) {
+            // The API compacted the run again: what the run did since its last compaction
+            // is gone from this history, and is in the conversation's last fold.
+            if !j.linked_now && lineage.compacted_again(&j.run, c.fingerprint) {
+                lineage.compacted(&j.run, fold.clone(), sender.clone(), now);
+                joined = lineage.join(&identity.id, &sender, now);
+            }
+        }
+        let joined =
+            joined.or_else(|| self.unseen_summary(identity, fold, &sender, server.is_some()));
+        if let (Some(j), Some(c)) = (&joined, server) {
+            lineage.server_compacted(&j.run, c.fingerprint);
+        }
         let stated_id = joined
             .as_ref()
             .and_then(|j| rename(identity, j.run.clone()));
@@ -433,17 +452,21 @@ impl Analyser {
     /// conversation's last request is the run's state before its compaction, and is kept
     /// as the run's from now on.
     /// A fold that continues a run already (its run was forgotten since) is not taken: its
-    /// own steps would be carried twice.
+    /// own steps would be carried twice. `server`: the API compacted the history
+    /// ([`compaction::Marker::server_side`]); the head it keeps names the conversation as
+    /// before, so a head's hash is as good as a stated id.
     fn unseen_summary(
         &self,
         identity: &Identity,
         fold: Option<&Arc<EngineState>>,
         sender: &Sender,
+        server: bool,
     ) -> Option<Joined> {
-        let stated = matches!(
-            identity.source,
-            identity::IdSource::Header(_) | identity::IdSource::Path
-        );
+        let stated = server
+            || matches!(
+                identity.source,
+                identity::IdSource::Header(_) | identity::IdSource::Path
+            );
         let fold = fold.filter(|f| stated && !f.is_carried())?.clone();
         let lineage = &self.memory.lineage;
         let now = crate::store::now_ms();

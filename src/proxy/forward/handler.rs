@@ -759,7 +759,14 @@ pub(super) fn new_record(
         parsed,
     } = analysis;
     let (compaction, stated_id) = match &parsed {
-        Some(p) => (p.compaction.summary, p.stated_id.clone()),
+        // A history the API compacted is logged as continuing from that compaction: no
+        // summary request of the client's marks it.
+        Some(p) => (
+            p.compaction
+                .summary
+                .or(p.compaction.continuation.filter(|m| m.server_side())),
+            p.stated_id.clone(),
+        ),
         // A summary request the proxy does not read (Codex's `POST /responses/compact`)
         // is forwarded as it came, and logged as what it is.
         None => {

@@ -81,6 +81,9 @@ struct Run {
     compacted_ms: i64,
     /// The summary came and no conversation continued from it yet.
     awaiting: bool,
+    /// The API's compaction the carry was taken at, when the API compacted
+    /// ([`crate::dialect::compaction::ServerCompaction::fingerprint`]).
+    server: Option<u64>,
     last_ms: i64,
 }
 
@@ -121,6 +124,7 @@ impl Lineage {
                 sender,
                 compacted_ms: now_ms,
                 awaiting: true,
+                server: None,
                 last_ms: now_ms,
             },
         );
@@ -179,6 +183,22 @@ impl Lineage {
     /// a second summary request then is no new compaction of the run.
     pub fn awaiting(&self, run: &str) -> bool {
         self.lock().runs.get(run).is_some_and(|r| r.awaiting)
+    }
+
+    /// Whether `fingerprint` names another compaction by the API than the one the run's
+    /// carry was taken at (or the run has none): the run compacted again since.
+    pub fn compacted_again(&self, run: &str, fingerprint: u64) -> bool {
+        self.lock()
+            .runs
+            .get(run)
+            .is_some_and(|r| r.server != Some(fingerprint))
+    }
+
+    /// Notes that the run's carry was taken at the API's compaction `fingerprint`.
+    pub fn server_compacted(&self, run: &str, fingerprint: u64) {
+        if let Some(r) = self.lock().runs.get_mut(run) {
+            r.server = Some(fingerprint);
+        }
     }
 
     /// Forgets runs not used for a day. Called periodically.
@@ -280,5 +300,18 @@ mod tests {
         assert_eq!(lineage.join("c", &claude, 2_500).unwrap().run, "b");
         lineage.sweep(2_500 + KEEP_MS);
         assert!(lineage.is_empty() && lineage.run_of("c").is_none());
+    }
+
+    #[test]
+    fn another_compaction_by_the_api_is_told_from_the_one_carried() {
+        let lineage = Lineage::new(120);
+        lineage.compacted("s1", fold(), sender("k1", "claude-cli"), 1_000);
+        // Taken at no compaction of the API's: any block is another one.
+        assert!(lineage.compacted_again("s1", 7));
+        lineage.server_compacted("s1", 7);
+        assert!(!lineage.compacted_again("s1", 7));
+        assert!(lineage.compacted_again("s1", 8));
+        // No run: nothing to compact again.
+        assert!(!lineage.compacted_again("s2", 7));
     }
 }
