@@ -51,10 +51,11 @@ pub fn strip(headers: &mut HeaderMap) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn with_cookie(cookie: &str) -> HeaderMap {
+    /// Headers holding one `Cookie` header of `cookie`.
+    pub(crate) fn with_cookie(cookie: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();
         headers.insert(header::COOKIE, HeaderValue::from_str(cookie).unwrap());
         headers

@@ -111,13 +111,7 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::header;
-
-    fn with_cookie(cookie: &str) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        headers.insert(header::COOKIE, HeaderValue::from_str(cookie).unwrap());
-        headers
-    }
+    use crate::own_cookie::tests::with_cookie;
 
     #[test]
     fn a_session_is_random_per_login_expires_and_dies_with_its_token() {
