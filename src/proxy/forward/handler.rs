@@ -5,7 +5,6 @@
 //! Everything the log needs travels with the response body ([`super::tee::Pending`]) and is
 //! handed to the log ([`super::record`]) when the body ends; nothing on this path waits for it.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -119,7 +118,8 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     // Responses are decoded for the log only when the request itself was read.
     let capture_dialect = analysis.parsed.as_ref().map(|p| p.dialect);
     let applied = planned.applied;
-    let mut finished = new_record(&app, &parts, &route, &body, analysis, applied, started_ms);
+    let team = traffic.team.as_deref();
+    let mut finished = new_record(&app, &parts, &route, &body, analysis, applied, started_ms, team);
     // The id the intervention log already used for this request.
     finished.row.id = request_id;
     finished.row.body_read_us = Some(body_read.as_micros() as i64);
@@ -296,7 +296,7 @@ fn refuse(
     Stamp {
         conversation: None,
         decision: None,
-        policy: HeaderValue::from_str(&policy.name).ok(),
+        policy: policy.header.clone(),
     }
     .apply(&mut response);
     response
@@ -421,25 +421,37 @@ impl Stamp {
             conversation: HeaderValue::from_str(&row.conversation_id).ok(),
             // What was done to the request: under a shadow policy nothing (`observe`),
             // whatever it would have done (which the log keeps as `would_*`).
-            decision: row.decision.as_deref().and_then(|d| match policy.mode {
+            decision: row.decision.as_ref().and_then(|d| match policy.mode {
                 Mode::Shadow => Some(HeaderValue::from_static("observe")),
-                _ => HeaderValue::from_str(d).ok(),
+                _ => label_value(d),
             }),
-            policy: HeaderValue::from_str(&policy.name).ok(),
+            policy: policy.header.clone(),
         }
     }
 
     fn apply(&self, response: &mut Response) {
+        // Names checked at compile time (`from_static` is const), not on every answer.
+        static CONVERSATION: HeaderName = HeaderName::from_static(identity::HEADER);
+        static DECISION: HeaderName = HeaderName::from_static(DECISION_HEADER);
+        static POLICY: HeaderName = HeaderName::from_static(POLICY_HEADER);
         let headers = response.headers_mut();
         if let Some(v) = &self.conversation {
-            headers.insert(HeaderName::from_static(identity::HEADER), v.clone());
+            headers.insert(CONVERSATION.clone(), v.clone());
         }
         if let Some(v) = &self.decision {
-            headers.insert(HeaderName::from_static(DECISION_HEADER), v.clone());
+            headers.insert(DECISION.clone(), v.clone());
         }
         if let Some(v) = &self.policy {
-            headers.insert(HeaderName::from_static(POLICY_HEADER), v.clone());
+            headers.insert(POLICY.clone(), v.clone());
         }
+    }
+}
+
+/// A label as a header value: a static name (the decisions' vocabulary) without a copy.
+fn label_value(label: &Label) -> Option<HeaderValue> {
+    match label.as_static() {
+        Some(name) => HeaderValue::from_maybe_shared(Bytes::from_static(name.as_bytes())).ok(),
+        None => HeaderValue::from_str(label).ok(),
     }
 }
 
@@ -738,7 +750,9 @@ pub(super) fn analyse(
     )
 }
 
-/// The log entry of a request, before its response is known.
+/// The log entry of a request, before its response is known. `team`: the one the request
+/// names (`crate::policy::select::team_of`, read once for its policy).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn new_record(
     app: &App,
     parts: &http::request::Parts,
@@ -747,6 +761,7 @@ pub(super) fn new_record(
     analysis: Analysis,
     applied: Applied,
     started_ms: i64,
+    team: Option<&str>,
 ) -> Box<Finished> {
     let Analysis {
         policy,
@@ -808,7 +823,7 @@ pub(super) fn new_record(
         at_ms: started_ms,
         // Known once the response has ended: `super::record`.
         overhead_us: 0,
-        team: crate::policy::select::team_of(&parts.headers, route.team).map(Cow::into_owned),
+        team: team.map(str::to_string),
     });
     Box::new(Finished {
         row,
@@ -860,7 +875,7 @@ pub(super) fn request_row(
         cached_input_tokens: None,
         cache_write_tokens: None,
         cost_usd: None,
-        policy: Some(Label::from(policy.name.to_string())),
+        policy: Some(Label::from(policy.name.clone())),
         compaction: None,
         stated_id: None,
     }
