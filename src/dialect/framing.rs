@@ -33,6 +33,9 @@ pub(crate) struct SseFramer {
     line_start: usize,
     /// The previous byte was a CR, so an LF right after it ends nothing new.
     after_cr: bool,
+    /// Frames are made without a copy of their bytes (`raw` empty): for a reader of the
+    /// whole answer ([`Framer::bare`]), which wants their fields only.
+    bare: bool,
 }
 
 impl SseFramer {
@@ -80,7 +83,7 @@ impl SseFramer {
                             self.line_start = end;
                             self.after_cr = false;
                         }
-                        out.push(parse_sse_event(&self.buf[event_start..end]));
+                        out.push(parse_sse_event(&self.buf[event_start..end], self.bare));
                         event_start = end;
                     }
                 }
@@ -99,9 +102,12 @@ impl SseFramer {
     /// Passes on whatever is left (an event the stream ended without closing).
     pub fn flush(&mut self, out: &mut Vec<Frame>) {
         if !self.buf.is_empty() {
-            out.push(parse_sse_event(&self.buf));
+            out.push(parse_sse_event(&self.buf, self.bare));
         }
-        *self = SseFramer::default();
+        *self = SseFramer {
+            bare: self.bare,
+            ..SseFramer::default()
+        };
     }
 }
 
@@ -118,8 +124,8 @@ fn text_of(bytes: &[u8]) -> Cow<'_, str> {
 /// Reads the fields of one SSE event (`raw` ends with its blank line, or is a tail). Lines
 /// end at LF or CR (a CRLF leaves an empty line between, which reads as nothing); each is
 /// `field: value` or a bare field. Only the values are decoded as text (invalid UTF-8
-/// replaced), and only the ones read.
-fn parse_sse_event(raw: &[u8]) -> Frame {
+/// replaced), and only the ones read. `bare`: the frame keeps no copy of `raw`.
+fn parse_sse_event(raw: &[u8], bare: bool) -> Frame {
     let mut event = String::new();
     let mut data = String::new();
     let mut has_data = false;
@@ -149,7 +155,7 @@ fn parse_sse_event(raw: &[u8]) -> Frame {
         }
     }
     Frame {
-        raw: raw.to_vec(),
+        raw: if bare { Vec::new() } else { raw.to_vec() },
         event,
         data,
     }
@@ -248,8 +254,8 @@ impl JsonArrayFramer {
 pub(crate) enum Framer {
     Sse(SseFramer),
     JsonArray(JsonArrayFramer),
-    /// Gemini, before the first significant byte.
-    Sniffing(Vec<u8>),
+    /// Gemini, before the first significant byte (`bare`: as [`Framer::bare`] made it).
+    Sniffing { pending: Vec<u8>, bare: bool },
 }
 
 impl Framer {
@@ -258,7 +264,24 @@ impl Framer {
     }
 
     pub fn sniffing() -> Framer {
-        Framer::Sniffing(Vec::new())
+        Framer::Sniffing {
+            pending: Vec::new(),
+            bare: false,
+        }
+    }
+
+    /// The same framing, for a reader that wants the events' fields only: SSE frames come
+    /// without a copy of their bytes (`raw` empty). A JSON array's keep theirs (Gemini
+    /// reads its closing bracket there).
+    pub fn bare(self) -> Framer {
+        match self {
+            Framer::Sse(f) => Framer::Sse(SseFramer { bare: true, ..f }),
+            Framer::Sniffing { pending, .. } => Framer::Sniffing {
+                pending,
+                bare: true,
+            },
+            json_array @ Framer::JsonArray(_) => json_array,
+        }
     }
 
     pub fn is_json_array(&self) -> bool {
@@ -266,7 +289,7 @@ impl Framer {
     }
 
     pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<Frame>) {
-        if let Framer::Sniffing(pending) = self {
+        if let Framer::Sniffing { pending, bare } = self {
             let Some(first) = chunk.iter().find(|b| !b.is_ascii_whitespace()) else {
                 pending.extend_from_slice(chunk);
                 return;
@@ -276,14 +299,17 @@ impl Framer {
             *self = if *first == b'[' {
                 Framer::JsonArray(JsonArrayFramer::default())
             } else {
-                Framer::Sse(SseFramer::default())
+                Framer::Sse(SseFramer {
+                    bare: *bare,
+                    ..SseFramer::default()
+                })
             };
             return self.feed(&head, out);
         }
         match self {
             Framer::Sse(f) => f.feed(chunk, out),
             Framer::JsonArray(f) => f.feed(chunk, out),
-            Framer::Sniffing(_) => {}
+            Framer::Sniffing { .. } => {}
         }
     }
 
@@ -291,7 +317,7 @@ impl Framer {
         match self {
             Framer::Sse(f) => f.flush(out),
             Framer::JsonArray(f) => f.flush(out),
-            Framer::Sniffing(pending) => {
+            Framer::Sniffing { pending, .. } => {
                 if !pending.is_empty() {
                     out.push(Frame {
                         raw: std::mem::take(pending),
