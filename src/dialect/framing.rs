@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 
 /// One event of a stream.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Frame {
     /// The exact bytes of the event, separators included.
     pub raw: Vec<u8>,
@@ -36,6 +36,9 @@ pub(crate) struct SseFramer {
     /// Frames are made without a copy of their bytes (`raw` empty): for a reader of the
     /// whole answer ([`Framer::bare`]), which wants their fields only.
     bare: bool,
+    /// Frames read and handed back ([`Framer::recycle`], bare only): their strings are
+    /// filled again for the next events, not allocated for each.
+    spare: Vec<Frame>,
 }
 
 impl SseFramer {
@@ -83,7 +86,9 @@ impl SseFramer {
                             self.line_start = end;
                             self.after_cr = false;
                         }
-                        out.push(parse_sse_event(&self.buf[event_start..end], self.bare));
+                        let frame = self.spare.pop().unwrap_or_default();
+                        let event = &self.buf[event_start..end];
+                        out.push(parse_sse_event(event, self.bare, frame));
                         event_start = end;
                     }
                 }
@@ -102,7 +107,7 @@ impl SseFramer {
     /// Passes on whatever is left (an event the stream ended without closing).
     pub fn flush(&mut self, out: &mut Vec<Frame>) {
         if !self.buf.is_empty() {
-            out.push(parse_sse_event(&self.buf, self.bare));
+            out.push(parse_sse_event(&self.buf, self.bare, Frame::default()));
         }
         *self = SseFramer {
             bare: self.bare,
@@ -124,10 +129,17 @@ fn text_of(bytes: &[u8]) -> Cow<'_, str> {
 /// Reads the fields of one SSE event (`raw` ends with its blank line, or is a tail). Lines
 /// end at LF or CR (a CRLF leaves an empty line between, which reads as nothing); each is
 /// `field: value` or a bare field. Only the values are decoded as text (invalid UTF-8
-/// replaced), and only the ones read. `bare`: the frame keeps no copy of `raw`.
-fn parse_sse_event(raw: &[u8], bare: bool) -> Frame {
-    let mut event = String::new();
-    let mut data = String::new();
+/// replaced), and only the ones read. `bare`: the frame keeps no copy of `raw`. `frame`: a
+/// frame to fill (its strings' room is reused), what it held is dropped.
+fn parse_sse_event(raw: &[u8], bare: bool, frame: Frame) -> Frame {
+    let Frame {
+        raw: mut bytes,
+        mut event,
+        mut data,
+    } = frame;
+    bytes.clear();
+    event.clear();
+    data.clear();
     let mut has_data = false;
     let mut start = 0;
     let ends = memchr::memchr2_iter(b'\n', b'\r', raw).chain(std::iter::once(raw.len()));
@@ -149,13 +161,19 @@ fn parse_sse_event(raw: &[u8], bare: bool) -> Frame {
                 data.push_str(&text_of(value));
                 has_data = true;
             }
-            b"event" => event = text_of(value).into_owned(),
+            b"event" => {
+                event.clear();
+                event.push_str(&text_of(value));
+            }
             // comments (`: keep-alive`), id, retry: nothing we read
             _ => {}
         }
     }
+    if !bare {
+        bytes.extend_from_slice(raw);
+    }
     Frame {
-        raw: if bare { Vec::new() } else { raw.to_vec() },
+        raw: bytes,
         event,
         data,
     }
@@ -267,6 +285,15 @@ impl Framer {
         Framer::Sniffing {
             pending: Vec::new(),
             bare: false,
+        }
+    }
+
+    /// Takes back frames that were read, emptying `frames`: a bare SSE framer fills them
+    /// again for the next events.
+    pub fn recycle(&mut self, frames: &mut Vec<Frame>) {
+        match self {
+            Framer::Sse(f) if f.bare => f.spare.append(frames),
+            _ => frames.clear(),
         }
     }
 

@@ -149,11 +149,13 @@ impl StreamDecoder {
             .collect()
     }
 
-    /// [`StreamDecoder::decode`] for the turn alone: the frames are read, no event made.
+    /// [`StreamDecoder::decode`] for the turn alone: the frames are read, no event made,
+    /// and handed back to the framer.
     fn read(&mut self, frames: &mut Vec<Frame>) {
-        for frame in frames.drain(..) {
-            self.on_frame(&frame);
+        for frame in frames.iter() {
+            self.on_frame(frame);
         }
+        self.framer.recycle(frames);
     }
 
     /// What `frame` means to the answer's API; the state it changes is the turn's.
