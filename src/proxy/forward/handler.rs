@@ -608,23 +608,22 @@ impl Dispatch {
             sent,
             headers_at,
         } = answered;
-        let (up_parts, up_body) = upstream_response.into_parts();
+        let (mut up_parts, up_body) = upstream_response.into_parts();
+        let event_stream = is_event_stream(&up_parts.headers);
+        // Decode only answers the dialect can read: successful and not content-encoded.
+        let readable = up_parts.status.is_success()
+            && !up_parts.headers.contains_key(header::CONTENT_ENCODING);
         let mut response = Response::new(Body::empty());
         *response.status_mut() = up_parts.status;
-        copy_end_to_end_headers(&up_parts.headers, response.headers_mut());
+        *response.headers_mut() = end_to_end_headers(&mut up_parts.headers);
         self.stamp.apply(&mut response);
 
-        let event_stream = is_event_stream(&up_parts.headers);
         finished.row.status = up_parts.status.as_u16() as i64;
         finished.row.stream |= event_stream;
         finished.row.upstream_latency_us = Some((headers_at - sent).as_micros() as i64);
-        // Decode only answers the dialect can read: successful and not content-encoded.
         let capture = self
             .capture_dialect
-            .filter(|_| {
-                up_parts.status.is_success()
-                    && !up_parts.headers.contains_key(header::CONTENT_ENCODING)
-            })
+            .filter(|_| readable)
             .map(|dialect| Capture {
                 dialect,
                 event_stream,
@@ -947,6 +946,22 @@ pub(super) fn upstream_request(
     Some(request)
 }
 
+/// The headers of an answer to pass on: the upstream's own map, taken whole when it holds
+/// nothing to drop (no copy of each header), else its end-to-end headers copied in order.
+/// Room is left for the stamp's three.
+fn end_to_end_headers(from: &mut HeaderMap) -> HeaderMap {
+    let drops_some = from.contains_key(header::CONNECTION) || from.keys().any(is_hop_by_hop);
+    if !drops_some {
+        let mut kept = std::mem::take(from);
+        // Room only: a map that cannot grow takes the stamps as it can.
+        let _ = kept.try_reserve(3);
+        return kept;
+    }
+    let mut to = HeaderMap::try_with_capacity(from.len() + 3).unwrap_or_default();
+    copy_end_to_end_headers(from, &mut to);
+    to
+}
+
 pub(super) fn copy_end_to_end_headers(from: &HeaderMap, to: &mut HeaderMap) {
     let dropped = connection_listed(from);
     for (name, value) in from {
@@ -1005,6 +1020,45 @@ pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_keeps_its_end_to_end_headers_in_order_taken_or_copied() {
+        let pairs = |map: &HeaderMap| -> Vec<(String, String)> {
+            map.iter()
+                .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string()))
+                .collect()
+        };
+        let map = |list: &[(&'static str, &'static str)]| {
+            let mut m = HeaderMap::new();
+            for (n, v) in list {
+                m.append(*n, HeaderValue::from_static(v));
+            }
+            m
+        };
+        // Nothing to drop: the map itself, as it was.
+        let plain = [
+            ("date", "x"),
+            ("x-b", "1"),
+            ("content-type", "text/event-stream"),
+            ("x-b", "2"),
+            ("server", "s"),
+        ];
+        let mut from = map(&plain);
+        assert_eq!(pairs(&end_to_end_headers(&mut from)), pairs(&map(&plain)));
+        // Hop-by-hop headers and those `Connection` names: dropped, the rest in order.
+        let mut from = map(&[
+            ("connection", "keep-alive, x-hop"),
+            ("x-a", "1"),
+            ("keep-alive", "timeout=5"),
+            ("x-hop", "h"),
+            ("transfer-encoding", "chunked"),
+            ("x-c", "3"),
+        ]);
+        assert_eq!(
+            pairs(&end_to_end_headers(&mut from)),
+            pairs(&map(&[("x-a", "1"), ("x-c", "3")]))
+        );
+    }
 
     #[test]
     fn a_method_is_logged_by_its_name_whether_known_or_not() {
