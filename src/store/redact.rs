@@ -323,11 +323,15 @@ fn mask(text: &str) -> Cow<'_, str> {
 fn candidates(text: &str) -> u32 {
     let mut bits = 0u32;
     match ANCHORS.as_ref() {
-        Some((automaton, owners)) => {
+        // A plain search first (its prefilter skips through the text): most texts hold no
+        // anchor, and the overlapping search, which steps the automaton through every byte,
+        // finds none where it finds none.
+        Some((automaton, owners)) if automaton.is_match(text) => {
             for m in automaton.find_overlapping_iter(text) {
                 bits |= 1 << owners[m.pattern().as_usize()];
             }
         }
+        Some(_) => {}
         None => bits = u32::MAX,
     }
     if LONG_RUNS.as_ref().is_none_or(|set| set.is_match(text)) {
