@@ -56,7 +56,10 @@ fn decode_all_ways(dialect: Dialect, name: &str) -> (Vec<StreamEvent>, ResponseT
         assert_eq!(split.0, whole.0, "{name} in chunks of {sizes:?}");
         assert_eq!(split.1, whole.1, "{name} in chunks of {sizes:?}");
         let turn = dialect.stream_turn(chunks_of(&stream, sizes));
-        assert_eq!(turn, whole.1, "{name} read for its turn, in chunks of {sizes:?}");
+        assert_eq!(
+            turn, whole.1,
+            "{name} read for its turn, in chunks of {sizes:?}"
+        );
     }
     let joined: Vec<u8> = whole.0.iter().flat_map(|e| e.raw.iter().copied()).collect();
     assert_eq!(joined, stream, "{name}: events keep the stream's bytes");

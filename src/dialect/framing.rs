@@ -273,7 +273,10 @@ pub(crate) enum Framer {
     Sse(SseFramer),
     JsonArray(JsonArrayFramer),
     /// Gemini, before the first significant byte (`bare`: as [`Framer::bare`] made it).
-    Sniffing { pending: Vec<u8>, bare: bool },
+    Sniffing {
+        pending: Vec<u8>,
+        bare: bool,
+    },
 }
 
 impl Framer {

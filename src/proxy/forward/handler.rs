@@ -119,7 +119,9 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let capture_dialect = analysis.parsed.as_ref().map(|p| p.dialect);
     let applied = planned.applied;
     let team = traffic.team.as_deref();
-    let mut finished = new_record(&app, &parts, &route, &body, analysis, applied, started_ms, team);
+    let mut finished = new_record(
+        &app, &parts, &route, &body, analysis, applied, started_ms, team,
+    );
     // The id the intervention log already used for this request.
     finished.row.id = request_id;
     finished.row.body_read_us = Some(body_read.as_micros() as i64);
