@@ -7,6 +7,7 @@
 #                                                 # benchmarks' profile: cargo build --profile dist)
 #   PAYLOAD=anthropic_8k_stream.json API_PATH=/v1/messages N1=20 N2=220 scripts/callgrind_proxy.sh BIN
 #   CONFIG=some.toml scripts/callgrind_proxy.sh BIN    # serve with that config file
+#   ROUNDS=5 scripts/callgrind_proxy.sh BIN_A BIN_B    # 5 interleaved rounds: the median, and each
 #
 # Each binary serves a fresh SQLite log in front of its own `loopwarden mock`; a client sends
 # the same body N1 times, then (in a second run) N2 times, over one kept-alive connection.
@@ -14,12 +15,14 @@
 # excluded. Prints one line per binary. The callgrind.out files stay in $CALLGRIND_OUT
 # (default /tmp/loopwarden-callgrind-proxy) for callgrind_annotate. Note that callgrind counts
 # each byte a `rep movsb` copies as an instruction: a large memcpy weighs more here than in time.
+# A run moves by up to 3-4 % with the log writer's batches (how many requests each takes
+# depends on timing): compare medians of a few rounds (ROUNDS), the builds taking turns.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${CALLGRIND_OUT:-/tmp/loopwarden-callgrind-proxy}
 PAYLOAD=${PAYLOAD:-openai_8k.json}
 API_PATH=${API_PATH:-/v1/chat/completions}
-N1=${N1:-50} N2=${N2:-550}
+N1=${N1:-50} N2=${N2:-550} ROUNDS=${ROUNDS:-1}
 MOCK_PORT=${MOCK_PORT:-18180} LW_PORT=${LW_PORT:-18190}
 command -v valgrind >/dev/null || { echo "callgrind_proxy: valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
 source "$ROOT/scripts/harness.sh"
@@ -58,10 +61,22 @@ PY
   awk '/^(summary|totals):/ {print $2; exit}' "$dir/callgrind.out"
 }
 
+declare -A runs
+for _ in $(seq "$ROUNDS"); do
+  for bin in "$@"; do
+    tag=$(echo "$bin" | tr '/' '_')
+    first=$(run "$bin" "$N1" "$OUT/$tag-$N1")
+    second=$(run "$bin" "$N2" "$OUT/$tag-$N2")
+    runs[$bin]+="$(( (second - first) / (N2 - N1) )) "
+  done
+done
 printf '%-50s %12s\n' "binary ($PAYLOAD)" instructions/request
 for bin in "$@"; do
-  tag=$(echo "$bin" | tr '/' '_')
-  first=$(run "$bin" "$N1" "$OUT/$tag-$N1")
-  second=$(run "$bin" "$N2" "$OUT/$tag-$N2")
-  printf '%-50s %12d\n' "$bin" $(( (second - first) / (N2 - N1) ))
+  sorted=$(tr ' ' '\n' <<<"${runs[$bin]}" | sed '/^$/d' | sort -n)
+  median=$(sed -n "$(( (ROUNDS + 1) / 2 ))p" <<<"$sorted")
+  if [ "$ROUNDS" -gt 1 ]; then
+    printf '%-50s %12d   (runs: %s)\n' "$bin" "$median" "$(echo ${runs[$bin]})"
+  else
+    printf '%-50s %12d\n' "$bin" "$median"
+  fi
 done

@@ -16,23 +16,29 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
+use prometheus_client::encoding::{
+    EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder, MetricEncoder,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::store::RequestRow;
+use crate::store::{Label, RequestRow};
 
 /// The content type of the exposition (OpenMetrics text, which Prometheus reads).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// A request, by the API it spoke (`requests.dialect`, `other` for the rest) and the status
 /// it was answered with.
+///
+/// The label sets a request adds to hold the row's own [`Label`]s (static names, or the
+/// policy's shared name): a set is made for each look-up, several per request, and so
+/// costs no allocation.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
-    api: String,
+    api: Label,
     status: u16,
 }
 
@@ -40,9 +46,9 @@ struct RequestLabels {
 /// done about it, under which policy.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecisionLabels {
-    action: String,
-    applied: String,
-    policy: String,
+    action: &'static str,
+    applied: Label,
+    policy: Label,
 }
 
 /// An `interventions` row.
@@ -57,13 +63,13 @@ struct InterventionLabels {
 /// Tokens by how they are billed (`crate::budget::Usage`'s four counts).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TokenLabels {
-    policy: String,
+    policy: Label,
     kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PolicyLabel {
-    policy: String,
+    policy: Label,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -105,11 +111,11 @@ impl Metrics {
     /// Counts a finished request (called as its log entry is handed over, so that the
     /// counters say what the log says). `decision`: the action of the `decisions` row it
     /// logs, if any.
-    pub fn request(&self, row: &RequestRow, decision: Option<&str>) {
-        let api = row.dialect.as_deref().unwrap_or("other");
+    pub fn request(&self, row: &RequestRow, decision: Option<&'static str>) {
+        let api = row.dialect.clone().unwrap_or_else(|| Label::from("other"));
         self.requests
             .get_or_create(&RequestLabels {
-                api: api.to_string(),
+                api,
                 status: u16::try_from(row.status).unwrap_or(0),
             })
             .inc();
@@ -122,14 +128,14 @@ impl Metrics {
         }
         let policy = row
             .policy
-            .as_deref()
-            .unwrap_or(crate::names::DEFAULT_POLICY);
+            .clone()
+            .unwrap_or_else(|| Label::from(crate::names::DEFAULT_POLICY));
         if let Some(action) = decision {
             self.decisions
                 .get_or_create(&DecisionLabels {
-                    action: action.to_string(),
-                    applied: row.applied.to_string(),
-                    policy: policy.to_string(),
+                    action,
+                    applied: row.applied.clone(),
+                    policy: policy.clone(),
                 })
                 .inc();
         }
@@ -143,7 +149,7 @@ impl Metrics {
             if let Some(n) = n.filter(|&n| n > 0) {
                 self.tokens
                     .get_or_create(&TokenLabels {
-                        policy: policy.to_string(),
+                        policy: policy.clone(),
                         kind,
                     })
                     .inc_by(n as u64);
@@ -151,9 +157,7 @@ impl Metrics {
         }
         if let Some(dollars) = row.cost_usd.filter(|d| *d > 0.0) {
             self.cost
-                .get_or_create(&PolicyLabel {
-                    policy: policy.to_string(),
-                })
+                .get_or_create(&PolicyLabel { policy })
                 .inc_by(dollars);
         }
     }
@@ -278,6 +282,12 @@ impl Metrics {
             "Config reloads, by outcome (applied, rejected)",
             reloads,
         );
+    }
+}
+
+impl EncodeLabelValue for Label {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        self.as_str().encode(encoder)
     }
 }
 

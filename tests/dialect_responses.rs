@@ -1,5 +1,6 @@
 //! Answers: non-streaming bodies and streams decoded as they arrive, fed whole, byte by
-//! byte and in random splits; events keep the exact bytes; garbage never panics.
+//! byte and in random splits, and read for their turn alone (the same turn); events keep
+//! the exact bytes; garbage never panics.
 
 use loopwarden::dialect::{Dialect, ResponseTurn, StreamEvent, StreamEventKind};
 use proptest::prelude::*;
@@ -30,6 +31,18 @@ fn decode(dialect: Dialect, stream: &[u8], sizes: &[usize]) -> (Vec<StreamEvent>
     (events, turn)
 }
 
+/// `stream` cut in the given chunk sizes (cycled).
+fn chunks_of<'s>(stream: &'s [u8], sizes: &[usize]) -> Vec<&'s [u8]> {
+    let mut chunks = Vec::new();
+    let mut rest = stream;
+    while !rest.is_empty() {
+        let n = sizes[chunks.len() % sizes.len()].clamp(1, rest.len());
+        chunks.push(&rest[..n]);
+        rest = &rest[n..];
+    }
+    chunks
+}
+
 fn kinds(events: &[StreamEvent]) -> Vec<StreamEventKind> {
     events.iter().map(|e| e.kind).collect()
 }
@@ -42,6 +55,11 @@ fn decode_all_ways(dialect: Dialect, name: &str) -> (Vec<StreamEvent>, ResponseT
         let split = decode(dialect, &stream, sizes);
         assert_eq!(split.0, whole.0, "{name} in chunks of {sizes:?}");
         assert_eq!(split.1, whole.1, "{name} in chunks of {sizes:?}");
+        let turn = dialect.stream_turn(chunks_of(&stream, sizes));
+        assert_eq!(
+            turn, whole.1,
+            "{name} read for its turn, in chunks of {sizes:?}"
+        );
     }
     let joined: Vec<u8> = whole.0.iter().flat_map(|e| e.raw.iter().copied()).collect();
     assert_eq!(joined, stream, "{name}: events keep the stream's bytes");
@@ -280,7 +298,8 @@ proptest! {
         which in 0usize..4,
     ) {
         let dialect = [Dialect::OpenAiChat, Dialect::OpenAiResponses, Dialect::Anthropic, Dialect::Gemini][which];
-        let (events, _) = decode(dialect, &data, &[split]);
+        let (events, turn) = decode(dialect, &data, &[split]);
+        prop_assert_eq!(dialect.stream_turn(chunks_of(&data, &[split])), turn);
         let joined: Vec<u8> = events.iter().flat_map(|e| e.raw.iter().copied()).collect();
         prop_assert_eq!(joined, data);
         let d = dialect.stream_decoder();
@@ -305,7 +324,8 @@ proptest! {
     ) {
         let dialect = [Dialect::OpenAiChat, Dialect::OpenAiResponses, Dialect::Anthropic, Dialect::Gemini][which];
         let stream = lines.join("\n");
-        let (events, _) = decode(dialect, stream.as_bytes(), &[5]);
+        let (events, turn) = decode(dialect, stream.as_bytes(), &[5]);
+        prop_assert_eq!(dialect.stream_turn(chunks_of(stream.as_bytes(), &[5])), turn);
         let joined: Vec<u8> = events.iter().flat_map(|e| e.raw.iter().copied()).collect();
         prop_assert_eq!(joined, stream.as_bytes());
     }

@@ -337,10 +337,14 @@ impl Ledger {
         if price.is_none() && c.usage.is_some() {
             self.report_unpriced(c.model.unwrap_or(""));
         }
+        let cost = Cost {
+            dollars,
+            priced: price.is_some(),
+        };
         let mut map = self.lock();
-        let spend = map
-            .entry(c.conversation.to_string())
-            .or_insert_with(|| Spend {
+        // Looked up by the borrowed id first: only a conversation's first answer copies it.
+        if !map.contains_key(c.conversation) {
+            let first = Spend {
                 policy: Arc::from(c.policy),
                 requests: 0,
                 unreported: 0,
@@ -350,7 +354,12 @@ impl Ledger {
                 dollars: 0.0,
                 first_ms: c.started_ms,
                 last_ms: c.now_ms,
-            });
+            };
+            map.insert(c.conversation.to_string(), first);
+        }
+        let Some(spend) = map.get_mut(c.conversation) else {
+            return cost; // inserted above, under the lock
+        };
         if *spend.policy != *c.policy {
             spend.policy = Arc::from(c.policy);
         }
@@ -366,10 +375,7 @@ impl Ledger {
         spend.dollars += dollars;
         spend.first_ms = spend.first_ms.min(c.started_ms);
         spend.last_ms = spend.last_ms.max(c.now_ms);
-        Cost {
-            dollars,
-            priced: price.is_some(),
-        }
+        cost
     }
 
     /// Says once per model, in the process log, that its answers cost 0.
@@ -380,7 +386,8 @@ impl Ledger {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         // Bounded: a client naming a new model on every request must not grow it forever.
-        if seen.len() < 1024 && seen.insert(model.to_string()) {
+        // Looked up before it is copied: an unpriced model is reported by every answer.
+        if seen.len() < 1024 && !seen.contains(model) && seen.insert(model.to_string()) {
             tracing::warn!(
                 model,
                 priced = false,

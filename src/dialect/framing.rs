@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 
 /// One event of a stream.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Frame {
     /// The exact bytes of the event, separators included.
     pub raw: Vec<u8>,
@@ -33,6 +33,12 @@ pub(crate) struct SseFramer {
     line_start: usize,
     /// The previous byte was a CR, so an LF right after it ends nothing new.
     after_cr: bool,
+    /// Frames are made without a copy of their bytes (`raw` empty): for a reader of the
+    /// whole answer ([`Framer::bare`]), which wants their fields only.
+    bare: bool,
+    /// Frames read and handed back ([`Framer::recycle`], bare only): their strings are
+    /// filled again for the next events, not allocated for each.
+    spare: Vec<Frame>,
 }
 
 impl SseFramer {
@@ -80,7 +86,9 @@ impl SseFramer {
                             self.line_start = end;
                             self.after_cr = false;
                         }
-                        out.push(parse_sse_event(&self.buf[event_start..end]));
+                        let frame = self.spare.pop().unwrap_or_default();
+                        let event = &self.buf[event_start..end];
+                        out.push(parse_sse_event(event, self.bare, frame));
                         event_start = end;
                     }
                 }
@@ -99,9 +107,12 @@ impl SseFramer {
     /// Passes on whatever is left (an event the stream ended without closing).
     pub fn flush(&mut self, out: &mut Vec<Frame>) {
         if !self.buf.is_empty() {
-            out.push(parse_sse_event(&self.buf));
+            out.push(parse_sse_event(&self.buf, self.bare, Frame::default()));
         }
-        *self = SseFramer::default();
+        *self = SseFramer {
+            bare: self.bare,
+            ..SseFramer::default()
+        };
     }
 }
 
@@ -118,10 +129,17 @@ fn text_of(bytes: &[u8]) -> Cow<'_, str> {
 /// Reads the fields of one SSE event (`raw` ends with its blank line, or is a tail). Lines
 /// end at LF or CR (a CRLF leaves an empty line between, which reads as nothing); each is
 /// `field: value` or a bare field. Only the values are decoded as text (invalid UTF-8
-/// replaced), and only the ones read.
-fn parse_sse_event(raw: &[u8]) -> Frame {
-    let mut event = String::new();
-    let mut data = String::new();
+/// replaced), and only the ones read. `bare`: the frame keeps no copy of `raw`. `frame`: a
+/// frame to fill (its strings' room is reused), what it held is dropped.
+fn parse_sse_event(raw: &[u8], bare: bool, frame: Frame) -> Frame {
+    let Frame {
+        raw: mut bytes,
+        mut event,
+        mut data,
+    } = frame;
+    bytes.clear();
+    event.clear();
+    data.clear();
     let mut has_data = false;
     let mut start = 0;
     let ends = memchr::memchr2_iter(b'\n', b'\r', raw).chain(std::iter::once(raw.len()));
@@ -143,13 +161,19 @@ fn parse_sse_event(raw: &[u8]) -> Frame {
                 data.push_str(&text_of(value));
                 has_data = true;
             }
-            b"event" => event = text_of(value).into_owned(),
+            b"event" => {
+                event.clear();
+                event.push_str(&text_of(value));
+            }
             // comments (`: keep-alive`), id, retry: nothing we read
             _ => {}
         }
     }
+    if !bare {
+        bytes.extend_from_slice(raw);
+    }
     Frame {
-        raw: raw.to_vec(),
+        raw: bytes,
         event,
         data,
     }
@@ -248,8 +272,11 @@ impl JsonArrayFramer {
 pub(crate) enum Framer {
     Sse(SseFramer),
     JsonArray(JsonArrayFramer),
-    /// Gemini, before the first significant byte.
-    Sniffing(Vec<u8>),
+    /// Gemini, before the first significant byte (`bare`: as [`Framer::bare`] made it).
+    Sniffing {
+        pending: Vec<u8>,
+        bare: bool,
+    },
 }
 
 impl Framer {
@@ -258,7 +285,33 @@ impl Framer {
     }
 
     pub fn sniffing() -> Framer {
-        Framer::Sniffing(Vec::new())
+        Framer::Sniffing {
+            pending: Vec::new(),
+            bare: false,
+        }
+    }
+
+    /// Takes back frames that were read, emptying `frames`: a bare SSE framer fills them
+    /// again for the next events.
+    pub fn recycle(&mut self, frames: &mut Vec<Frame>) {
+        match self {
+            Framer::Sse(f) if f.bare => f.spare.append(frames),
+            _ => frames.clear(),
+        }
+    }
+
+    /// The same framing, for a reader that wants the events' fields only: SSE frames come
+    /// without a copy of their bytes (`raw` empty). A JSON array's keep theirs (Gemini
+    /// reads its closing bracket there).
+    pub fn bare(self) -> Framer {
+        match self {
+            Framer::Sse(f) => Framer::Sse(SseFramer { bare: true, ..f }),
+            Framer::Sniffing { pending, .. } => Framer::Sniffing {
+                pending,
+                bare: true,
+            },
+            json_array @ Framer::JsonArray(_) => json_array,
+        }
     }
 
     pub fn is_json_array(&self) -> bool {
@@ -266,7 +319,7 @@ impl Framer {
     }
 
     pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<Frame>) {
-        if let Framer::Sniffing(pending) = self {
+        if let Framer::Sniffing { pending, bare } = self {
             let Some(first) = chunk.iter().find(|b| !b.is_ascii_whitespace()) else {
                 pending.extend_from_slice(chunk);
                 return;
@@ -276,14 +329,17 @@ impl Framer {
             *self = if *first == b'[' {
                 Framer::JsonArray(JsonArrayFramer::default())
             } else {
-                Framer::Sse(SseFramer::default())
+                Framer::Sse(SseFramer {
+                    bare: *bare,
+                    ..SseFramer::default()
+                })
             };
             return self.feed(&head, out);
         }
         match self {
             Framer::Sse(f) => f.feed(chunk, out),
             Framer::JsonArray(f) => f.feed(chunk, out),
-            Framer::Sniffing(_) => {}
+            Framer::Sniffing { .. } => {}
         }
     }
 
@@ -291,7 +347,7 @@ impl Framer {
         match self {
             Framer::Sse(f) => f.flush(out),
             Framer::JsonArray(f) => f.flush(out),
-            Framer::Sniffing(pending) => {
+            Framer::Sniffing { pending, .. } => {
                 if !pending.is_empty() {
                     out.push(Frame {
                         raw: std::mem::take(pending),

@@ -97,6 +97,23 @@ impl Dialect {
             frames: Vec::new(),
         }
     }
+
+    /// The turn of a whole streamed answer, read from its chunks as they arrived: what
+    /// [`StreamDecoder::feed`] on each and [`StreamDecoder::finish`] give, for a reader that
+    /// wants the turn only (the log, the ledger). No event is made, and no frame keeps a
+    /// copy of its bytes.
+    pub fn stream_turn<'c>(self, chunks: impl IntoIterator<Item = &'c [u8]>) -> ResponseTurn {
+        let mut decoder = self.stream_decoder();
+        decoder.framer = decoder.framer.bare();
+        let mut frames = Vec::new();
+        for chunk in chunks {
+            decoder.framer.feed(chunk, &mut frames);
+            decoder.read(&mut frames);
+        }
+        decoder.framer.flush(&mut frames);
+        decoder.read(&mut frames);
+        decoder.turn()
+    }
 }
 
 impl StreamDecoder {
@@ -119,16 +136,10 @@ impl StreamDecoder {
     }
 
     fn decode(&mut self, frames: &mut Vec<Frame>) -> Vec<StreamEvent> {
-        let json_array = self.framer.is_json_array();
         frames
             .drain(..)
             .map(|frame| {
-                let (kind, calls) = match &mut self.wire {
-                    Wire::Chat(s) => s.on_frame(&frame),
-                    Wire::Responses(s) => s.on_frame(&frame),
-                    Wire::Anthropic(s) => s.on_frame(&frame),
-                    Wire::Gemini(s) => s.on_frame(&frame, json_array),
-                };
+                let (kind, calls) = self.on_frame(&frame);
                 StreamEvent {
                     kind,
                     raw: frame.raw,
@@ -138,10 +149,34 @@ impl StreamDecoder {
             .collect()
     }
 
+    /// [`StreamDecoder::decode`] for the turn alone: the frames are read, no event made,
+    /// and handed back to the framer.
+    fn read(&mut self, frames: &mut Vec<Frame>) {
+        for frame in frames.iter() {
+            self.on_frame(frame);
+        }
+        self.framer.recycle(frames);
+    }
+
+    /// What `frame` means to the answer's API; the state it changes is the turn's.
+    fn on_frame(&mut self, frame: &Frame) -> (StreamEventKind, Vec<ToolCall>) {
+        let json_array = self.framer.is_json_array();
+        match &mut self.wire {
+            Wire::Chat(s) => s.on_frame(frame),
+            Wire::Responses(s) => s.on_frame(frame),
+            Wire::Anthropic(s) => s.on_frame(frame),
+            Wire::Gemini(s) => s.on_frame(frame, json_array),
+        }
+    }
+
     /// The answer as received so far (call after the stream ended for the whole turn):
     /// text, calls with their arguments reassembled, usage and stop reason.
     pub fn finish(&mut self) -> ResponseTurn {
         self.flush();
+        self.turn()
+    }
+
+    fn turn(&self) -> ResponseTurn {
         match &self.wire {
             Wire::Chat(s) => s.turn(),
             Wire::Responses(s) => s.turn(),

@@ -31,6 +31,9 @@ pub use select::{Client, Logged, Selector, Traffic};
 #[derive(Debug)]
 pub struct Policy {
     pub name: Arc<str>,
+    /// The name as every answer under the policy carries it (`x-loopwarden-policy`), made
+    /// once; `None` when the name cannot be a header value.
+    pub header: Option<http::HeaderValue>,
     pub mode: Mode,
     pub selector: Selector,
     /// Detection under this policy's `[detect]` settings.
@@ -60,6 +63,7 @@ impl Policy {
 
     fn new(r: config::Resolved) -> Policy {
         Policy {
+            header: http::HeaderValue::from_str(&r.name).ok(),
             name: r.name.into(),
             mode: r.mode,
             selector: r.selector,

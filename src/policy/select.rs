@@ -159,7 +159,11 @@ pub fn team_of<'a>(
 ) -> Option<Cow<'a, str>> {
     let raw = match team_prefix {
         Some(segment) => percent_encoding::percent_decode_str(segment).decode_utf8_lossy(),
-        None => Cow::Borrowed(headers.get(TEAM_HEADER)?.to_str().ok()?.trim()),
+        None => {
+            // Named once: a name given as text is parsed on each look-up.
+            const TEAM: http::HeaderName = http::HeaderName::from_static(TEAM_HEADER);
+            Cow::Borrowed(headers.get(TEAM)?.to_str().ok()?.trim())
+        }
     };
     Some(team_name(raw))
 }

@@ -41,7 +41,9 @@ impl<'a> Batch<'a> {
         let mut sightings: Map<&str, usize> = Map::default();
         let mut calls: Map<(&str, i64, i64), usize> = Map::default();
         // Where each replaced row's last copy is (index into `requests` or `others`).
-        let mut replaced: Map<Key<'a>, usize> = Map::default();
+        // About one key per request: sized once rather than grown as the batch is read.
+        let mut replaced: Map<Key<'a>, usize> =
+            Map::with_capacity_and_hasher(records.len() / 2, Default::default());
         for record in records {
             match record {
                 Record::Conversation(seen) => match sightings.get(seen.id.as_str()) {

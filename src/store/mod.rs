@@ -27,7 +27,6 @@ mod spill;
 mod sqlite;
 mod writer;
 
-use std::borrow::Cow;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,16 +69,56 @@ pub struct ConversationSeen {
 }
 
 /// The text of a column with a fixed vocabulary (a request's method, upstream, dialect,
-/// parse, decision, applied, outcome). The proxy names them with `&'static str`s, which a
-/// row carries without allocating (every request logs seven of them); a row read back from
-/// the log owns its text.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(transparent)]
-pub struct Label(Cow<'static, str>);
+/// parse, decision, applied, outcome) or a name the configuration gives once (a policy's).
+/// The proxy names them with `&'static str`s or shares the configuration's `Arc<str>`,
+/// which a row carries without allocating (every request logs eight of them); a row read
+/// back from the log owns its text.
+#[derive(Debug, Clone)]
+pub struct Label(LabelText);
+
+#[derive(Debug, Clone)]
+enum LabelText {
+    Static(&'static str),
+    Shared(Arc<str>),
+    Owned(String),
+}
 
 impl Label {
     pub fn as_str(&self) -> &str {
-        &self.0
+        match &self.0 {
+            LabelText::Static(text) => text,
+            LabelText::Shared(text) => text,
+            LabelText::Owned(text) => text,
+        }
+    }
+
+    /// The text, when it is a static name.
+    pub fn as_static(&self) -> Option<&'static str> {
+        match self.0 {
+            LabelText::Static(text) => Some(text),
+            LabelText::Shared(_) | LabelText::Owned(_) => None,
+        }
+    }
+}
+
+/// Labels are equal when their texts are, however each holds its text.
+impl PartialEq for Label {
+    fn eq(&self, other: &Label) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Label {}
+
+impl std::hash::Hash for Label {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl Serialize for Label {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 
@@ -91,20 +130,26 @@ impl<'de> Deserialize<'de> for Label {
 
 impl From<&'static str> for Label {
     fn from(name: &'static str) -> Label {
-        Label(Cow::Borrowed(name))
+        Label(LabelText::Static(name))
+    }
+}
+
+impl From<Arc<str>> for Label {
+    fn from(name: Arc<str>) -> Label {
+        Label(LabelText::Shared(name))
     }
 }
 
 impl From<String> for Label {
     fn from(text: String) -> Label {
-        Label(Cow::Owned(text))
+        Label(LabelText::Owned(text))
     }
 }
 
 impl std::ops::Deref for Label {
     type Target = str;
     fn deref(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 

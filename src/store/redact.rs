@@ -323,11 +323,14 @@ fn mask(text: &str) -> Cow<'_, str> {
 fn candidates(text: &str) -> u32 {
     let mut bits = 0u32;
     match ANCHORS.as_ref() {
-        Some((automaton, owners)) => {
+        // A plain search first: most texts hold no anchor, and where it finds none the
+        // overlapping search (dearer to set up and to step) would find none either.
+        Some((automaton, owners)) if automaton.is_match(text) => {
             for m in automaton.find_overlapping_iter(text) {
                 bits |= 1 << owners[m.pattern().as_usize()];
             }
         }
+        Some(_) => {}
         None => bits = u32::MAX,
     }
     if LONG_RUNS.as_ref().is_none_or(|set| set.is_match(text)) {

@@ -167,7 +167,9 @@ impl Analyser {
             earlier,
         } = arrival;
         let fallback = || identity::fallback(headers, route.path).in_team(team);
-        let path_model = Dialect::model_from_path(route.path);
+        // Worked out only when wanted: a body that names its model (every API's but
+        // Gemini's) never needs it.
+        let path_model = || Dialect::model_from_path(route.path);
         let stream = route.dialect.is_some_and(|(_, stream_path)| stream_path);
         let unread = |policy, stated: Option<Identity>, dialect, parse, error| {
             let identity = stated.unwrap_or_else(fallback);
@@ -175,7 +177,7 @@ impl Analyser {
         };
         let (Some((dialect, stream_path)), Some(found)) = (route.dialect, earlier.finish(body))
         else {
-            let policy = policy(path_model);
+            let policy = policy(path_model());
             let mut not_conversation =
                 unread(policy, stated, None, ParseStatus::NotConversation, None);
             not_conversation.stream = false;
@@ -201,7 +203,7 @@ impl Analyser {
             Err(e) => {
                 // Forwarded untouched all the same; the log says why it was not read.
                 let reason = unparsed(route.path, dialect, &e.to_string());
-                let policy = policy(path_model);
+                let policy = policy(path_model());
                 let dialect = Some(dialect);
                 return unread(policy, stated, dialect, ParseStatus::Unparsed, Some(reason));
             }
@@ -217,7 +219,7 @@ impl Analyser {
             stream,
         } = history;
         let (head, mut identity) = identify(stated, head, &transcript, fallback, team);
-        let model = model.or_else(|| path_model.map(str::to_string));
+        let model = model.or_else(|| path_model().map(str::to_string));
         let policy = policy(model.as_deref());
         let sent = Sent::of(route, headers, body, team, &policy.name);
         let Followed {

@@ -5,7 +5,6 @@
 //! Everything the log needs travels with the response body ([`super::tee::Pending`]) and is
 //! handed to the log ([`super::record`]) when the body ends; nothing on this path waits for it.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -119,7 +118,10 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     // Responses are decoded for the log only when the request itself was read.
     let capture_dialect = analysis.parsed.as_ref().map(|p| p.dialect);
     let applied = planned.applied;
-    let mut finished = new_record(&app, &parts, &route, &body, analysis, applied, started_ms);
+    let team = traffic.team.as_deref();
+    let mut finished = new_record(
+        &app, &parts, &route, &body, analysis, applied, started_ms, team,
+    );
     // The id the intervention log already used for this request.
     finished.row.id = request_id;
     finished.row.body_read_us = Some(body_read.as_micros() as i64);
@@ -296,7 +298,7 @@ fn refuse(
     Stamp {
         conversation: None,
         decision: None,
-        policy: HeaderValue::from_str(&policy.name).ok(),
+        policy: policy.header.clone(),
     }
     .apply(&mut response);
     response
@@ -421,25 +423,37 @@ impl Stamp {
             conversation: HeaderValue::from_str(&row.conversation_id).ok(),
             // What was done to the request: under a shadow policy nothing (`observe`),
             // whatever it would have done (which the log keeps as `would_*`).
-            decision: row.decision.as_deref().and_then(|d| match policy.mode {
+            decision: row.decision.as_ref().and_then(|d| match policy.mode {
                 Mode::Shadow => Some(HeaderValue::from_static("observe")),
-                _ => HeaderValue::from_str(d).ok(),
+                _ => label_value(d),
             }),
-            policy: HeaderValue::from_str(&policy.name).ok(),
+            policy: policy.header.clone(),
         }
     }
 
     fn apply(&self, response: &mut Response) {
+        // Names checked at compile time (`from_static` is const), not on every answer.
+        static CONVERSATION: HeaderName = HeaderName::from_static(identity::HEADER);
+        static DECISION: HeaderName = HeaderName::from_static(DECISION_HEADER);
+        static POLICY: HeaderName = HeaderName::from_static(POLICY_HEADER);
         let headers = response.headers_mut();
         if let Some(v) = &self.conversation {
-            headers.insert(HeaderName::from_static(identity::HEADER), v.clone());
+            headers.insert(CONVERSATION.clone(), v.clone());
         }
         if let Some(v) = &self.decision {
-            headers.insert(HeaderName::from_static(DECISION_HEADER), v.clone());
+            headers.insert(DECISION.clone(), v.clone());
         }
         if let Some(v) = &self.policy {
-            headers.insert(HeaderName::from_static(POLICY_HEADER), v.clone());
+            headers.insert(POLICY.clone(), v.clone());
         }
+    }
+}
+
+/// A label as a header value: a static name (the decisions' vocabulary) without a copy.
+fn label_value(label: &Label) -> Option<HeaderValue> {
+    match label.as_static() {
+        Some(name) => HeaderValue::from_maybe_shared(Bytes::from_static(name.as_bytes())).ok(),
+        None => HeaderValue::from_str(label).ok(),
     }
 }
 
@@ -596,23 +610,22 @@ impl Dispatch {
             sent,
             headers_at,
         } = answered;
-        let (up_parts, up_body) = upstream_response.into_parts();
+        let (mut up_parts, up_body) = upstream_response.into_parts();
+        let event_stream = is_event_stream(&up_parts.headers);
+        // Decode only answers the dialect can read: successful and not content-encoded.
+        let readable = up_parts.status.is_success()
+            && !up_parts.headers.contains_key(header::CONTENT_ENCODING);
         let mut response = Response::new(Body::empty());
         *response.status_mut() = up_parts.status;
-        copy_end_to_end_headers(&up_parts.headers, response.headers_mut());
+        *response.headers_mut() = end_to_end_headers(&mut up_parts.headers);
         self.stamp.apply(&mut response);
 
-        let event_stream = is_event_stream(&up_parts.headers);
         finished.row.status = up_parts.status.as_u16() as i64;
         finished.row.stream |= event_stream;
         finished.row.upstream_latency_us = Some((headers_at - sent).as_micros() as i64);
-        // Decode only answers the dialect can read: successful and not content-encoded.
         let capture = self
             .capture_dialect
-            .filter(|_| {
-                up_parts.status.is_success()
-                    && !up_parts.headers.contains_key(header::CONTENT_ENCODING)
-            })
+            .filter(|_| readable)
             .map(|dialect| Capture {
                 dialect,
                 event_stream,
@@ -738,7 +751,9 @@ pub(super) fn analyse(
     )
 }
 
-/// The log entry of a request, before its response is known.
+/// The log entry of a request, before its response is known. `team`: the one the request
+/// names (`crate::policy::select::team_of`, read once for its policy).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn new_record(
     app: &App,
     parts: &http::request::Parts,
@@ -747,6 +762,7 @@ pub(super) fn new_record(
     analysis: Analysis,
     applied: Applied,
     started_ms: i64,
+    team: Option<&str>,
 ) -> Box<Finished> {
     let Analysis {
         policy,
@@ -808,7 +824,7 @@ pub(super) fn new_record(
         at_ms: started_ms,
         // Known once the response has ended: `super::record`.
         overhead_us: 0,
-        team: crate::policy::select::team_of(&parts.headers, route.team).map(Cow::into_owned),
+        team: team.map(str::to_string),
     });
     Box::new(Finished {
         row,
@@ -860,7 +876,7 @@ pub(super) fn request_row(
         cached_input_tokens: None,
         cache_write_tokens: None,
         cost_usd: None,
-        policy: Some(Label::from(policy.name.to_string())),
+        policy: Some(Label::from(policy.name.clone())),
         compaction: None,
         stated_id: None,
     }
@@ -932,6 +948,22 @@ pub(super) fn upstream_request(
     Some(request)
 }
 
+/// The headers of an answer to pass on: the upstream's own map, taken whole when it holds
+/// nothing to drop (no copy of each header), else its end-to-end headers copied in order.
+/// Room is left for the stamp's three.
+fn end_to_end_headers(from: &mut HeaderMap) -> HeaderMap {
+    let drops_some = from.contains_key(header::CONNECTION) || from.keys().any(is_hop_by_hop);
+    if !drops_some {
+        let mut kept = std::mem::take(from);
+        // Room only: a map that cannot grow takes the stamps as it can.
+        let _ = kept.try_reserve(3);
+        return kept;
+    }
+    let mut to = HeaderMap::try_with_capacity(from.len() + 3).unwrap_or_default();
+    copy_end_to_end_headers(from, &mut to);
+    to
+}
+
 pub(super) fn copy_end_to_end_headers(from: &HeaderMap, to: &mut HeaderMap) {
     let dropped = connection_listed(from);
     for (name, value) in from {
@@ -990,6 +1022,45 @@ pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_keeps_its_end_to_end_headers_in_order_taken_or_copied() {
+        let pairs = |map: &HeaderMap| -> Vec<(String, String)> {
+            map.iter()
+                .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string()))
+                .collect()
+        };
+        let map = |list: &[(&'static str, &'static str)]| {
+            let mut m = HeaderMap::new();
+            for (n, v) in list {
+                m.append(*n, HeaderValue::from_static(v));
+            }
+            m
+        };
+        // Nothing to drop: the map itself, as it was.
+        let plain = [
+            ("date", "x"),
+            ("x-b", "1"),
+            ("content-type", "text/event-stream"),
+            ("x-b", "2"),
+            ("server", "s"),
+        ];
+        let mut from = map(&plain);
+        assert_eq!(pairs(&end_to_end_headers(&mut from)), pairs(&map(&plain)));
+        // Hop-by-hop headers and those `Connection` names: dropped, the rest in order.
+        let mut from = map(&[
+            ("connection", "keep-alive, x-hop"),
+            ("x-a", "1"),
+            ("keep-alive", "timeout=5"),
+            ("x-hop", "h"),
+            ("transfer-encoding", "chunked"),
+            ("x-c", "3"),
+        ]);
+        assert_eq!(
+            pairs(&end_to_end_headers(&mut from)),
+            pairs(&map(&[("x-a", "1"), ("x-c", "3")]))
+        );
+    }
 
     #[test]
     fn a_method_is_logged_by_its_name_whether_known_or_not() {

@@ -141,11 +141,8 @@ impl Capture {
     /// chunk by chunk, a JSON answer is parsed whole. `None`: the dialect cannot read it.
     pub fn decode(self) -> Option<ResponseTurn> {
         if self.event_stream {
-            let mut decoder = self.dialect.stream_decoder();
-            for chunk in &self.chunks {
-                decoder.feed(chunk);
-            }
-            return Some(decoder.finish());
+            let chunks = self.chunks.iter().map(|chunk| &chunk[..]);
+            return Some(self.dialect.stream_turn(chunks));
         }
         match self.chunks.as_slice() {
             [one] => self.dialect.parse_response(one),

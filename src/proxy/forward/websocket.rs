@@ -722,6 +722,7 @@ impl Session {
             analysis,
             planned.applied,
             started_ms,
+            traffic.team.as_deref(),
         );
         finished.row.id = request_id;
         finished.row.method = Label::from("WS");

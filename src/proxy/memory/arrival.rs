@@ -184,5 +184,32 @@ fn head_key_of(dialect: Dialect, first_messages: &[&[u8]]) -> String {
         h.update(m);
         h.update(b"\0");
     }
-    format!("#head-{:032x}", h.digest128())
+    hex_key("#head-", h.digest128())
+}
+
+/// `prefix` and `n` in 32 lowercase hex digits, as `format!("{prefix}{n:032x}")` writes it
+/// without the formatting machinery (a tenth of its instructions, once per request).
+fn hex_key(prefix: &str, n: u128) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 32];
+    for (i, digit) in digits.iter_mut().enumerate() {
+        *digit = DIGITS[(n >> ((31 - i) * 4)) as usize & 0xf];
+    }
+    let mut key = String::with_capacity(prefix.len() + 32);
+    key.push_str(prefix);
+    // ASCII digits: always UTF-8.
+    key.push_str(std::str::from_utf8(&digits).unwrap_or_default());
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hex_key;
+
+    #[test]
+    fn a_hex_key_is_what_format_writes() {
+        for n in [0, 1, 0xabc, u128::MAX, u128::MAX / 3, 1 << 127] {
+            assert_eq!(hex_key("#head-", n), format!("#head-{n:032x}"));
+        }
+    }
 }

@@ -59,10 +59,16 @@ impl ClientIo {
     }
 }
 
-/// Runs `$body` on the connected stream (plain or TLS) once the handshake is done.
+/// Runs `$body` on the connected stream (plain or TLS) once the handshake is done. A plain
+/// socket (the default) goes straight to it: every read and write of every connection
+/// comes this way.
 macro_rules! connected {
     ($self:ident, $cx:ident, |$io:ident| $body:expr) => {{
         let this = &mut *$self;
+        if let ClientIo::Plain($io) = this {
+            let $io = Pin::new($io);
+            return $body;
+        }
         if let Err(e) = std::task::ready!(this.handshake($cx)) {
             return Poll::Ready(Err(e));
         }

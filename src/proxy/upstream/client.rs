@@ -580,6 +580,10 @@ struct Stall {
     limit: Duration,
     waiting_since: Option<tokio::time::Instant>,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The task the timer wakes (it was last polled with this waker): while the timer has
+    /// not elapsed, that task is woken by it without polling it again, which a stream
+    /// would do at every wait between its events.
+    waker: Option<std::task::Waker>,
     /// Once fired, the body stays stalled.
     fired: bool,
 }
@@ -590,6 +594,7 @@ impl Stall {
             limit,
             waiting_since: None,
             timer: None,
+            waker: None,
             fired: false,
         }
     }
@@ -612,6 +617,13 @@ impl Stall {
         let timer = self
             .timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        let armed = self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+        if armed && !timer.is_elapsed() {
+            return false;
+        }
+        if !armed {
+            self.waker = Some(cx.waker().clone());
+        }
         while timer.as_mut().poll(cx).is_ready() {
             if timer.deadline() >= deadline {
                 self.fired = true;

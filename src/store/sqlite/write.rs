@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use rusqlite::types::{ToSqlOutput, Value, ValueRef};
 use rusqlite::{params, Connection, OpenFlags, Statement, ToSql};
 
 use super::Database;
@@ -250,12 +251,23 @@ impl ChunkedRow for FindingRow {
     }
 }
 
+/// Binds a row's values from parameter `first` on. A NULL is left unbound: every parameter
+/// of a chunked insert is NULL when its rows are bound ([`write_chunked`] clears the
+/// bindings after every use), and a request row's empty columns (a third of them) then
+/// cost nothing.
 fn bind_all<const N: usize>(
     stmt: &mut Statement<'_>,
     first: usize,
     values: [&dyn ToSql; N],
 ) -> rusqlite::Result<()> {
     for (i, value) in values.into_iter().enumerate() {
+        let value = value.to_sql()?;
+        if matches!(
+            value,
+            ToSqlOutput::Borrowed(ValueRef::Null) | ToSqlOutput::Owned(Value::Null)
+        ) {
+            continue;
+        }
         stmt.raw_bind_parameter(first + i, value)?;
     }
     Ok(())
@@ -277,11 +289,13 @@ fn write_chunked<R: ChunkedRow>(
         let k = rest.len().ilog2().min(CHUNKS as u32 - 1) as usize;
         let (chunk, tail) = rest.split_at(1 << k);
         let stmt = statements.chunk::<R>(k)?;
-        for (i, r) in chunk.iter().enumerate() {
-            r.bind(stmt, i * R::COLUMNS + 1)?;
-        }
-        let done = stmt.raw_execute();
-        // Bound strings are copies that would stay allocated until the next batch.
+        let done = chunk
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, r)| r.bind(stmt, i * R::COLUMNS + 1))
+            .and_then(|()| stmt.raw_execute());
+        // Whatever came of it: bound strings are copies that would stay allocated until the
+        // next batch, and the next rows are bound over NULLs ([`bind_all`]).
         stmt.clear_bindings();
         done?;
         rest = tail;
