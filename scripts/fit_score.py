@@ -54,6 +54,7 @@ STOP_GRID = [round(0.05 * i, 2) for i in range(8, 20)] + [0.97, 0.99, 2.0]
 MAX_LOST_FIX = 0.01
 MAX_FALSE_HALT = 0.01
 MAX_RES_NUDGED = 0.10
+BALANCE = False
 
 
 def load_scorer():
@@ -136,18 +137,19 @@ def leaf(t, x):
     return t["value"][node]
 
 
-def fit(xs, ys, names, form):
+def fit(xs, ys, ws, names, form):
     """Fits on the labelled steps; returns the exported Model."""
     import numpy as np
 
-    X, y = np.array(xs), np.array(ys)
+    X, y, w = np.array(xs), np.array(ys), np.array(ws) * len(ws) / sum(ws)
     if form == "logistic":
         from sklearn.linear_model import LogisticRegression
         from sklearn.preprocessing import StandardScaler
 
         sc = StandardScaler().fit(X)
         sd = np.where(sc.scale_ > 0, sc.scale_, 1.0)
-        lr = LogisticRegression(C=1.0, max_iter=5000).fit((X - sc.mean_) / sd, y)
+        lr = LogisticRegression(C=1.0, max_iter=5000).fit((X - sc.mean_) / sd, y,
+                                                          sample_weight=w)
         w = lr.coef_[0] / sd
         b = float(lr.intercept_[0] - np.sum(lr.coef_[0] * sc.mean_ / sd))
         return Model(names, {"kind": "logistic", "intercept": b,
@@ -156,7 +158,7 @@ def fit(xs, ys, names, form):
 
     gb = GradientBoostingClassifier(n_estimators=150, max_depth=3, learning_rate=0.1,
                                     min_samples_leaf=20, subsample=0.8, random_state=0)
-    gb.fit(X, y)
+    gb.fit(X, y, sample_weight=w)
     prior = float(gb._raw_predict_init(X[:1])[0][0])
     trees = []
     for est in gb.estimators_[:, 0]:
@@ -199,6 +201,8 @@ def decide(steps, ps, n, a, b, waits):
         level, last = (2 if action == "halt" else 1), req
         if req < n:
             out.append((req, action))
+        if action == "halt":
+            break  # the proxy holds a halted run (a human's word resumes it, not a replay)
     return out
 
 
@@ -224,13 +228,17 @@ class Corpus:
         return [r for r, v in self.runs.items() if v["agent"] in agents and r in self.steps]
 
     def training(self, ids):
-        xs, ys = [], []
+        """Features and labels of the labelled runs' steps, and each step's weight: 1, or
+        with BALANCE each run's steps weigh 1 in all (a long loop counts as much as a
+        short one)."""
+        xs, ys, ws = [], [], []
         for r in ids:
             if r in self.raw_labels:
                 steps = self.steps[r]
                 xs += [s[5] for s in steps]
                 ys += step_labels(steps, self.raw_labels[r])
-        return xs, ys
+                ws += [1.0 / max(1, len(steps)) if BALANCE else 1.0] * len(steps)
+        return xs, ys, ws
 
     def per(self, decisions):
         return self.score.effective(decisions, self.runs)[0]
@@ -274,7 +282,7 @@ def choose(corpus, ps, ids):
 def export(model, a, b, waits, path):
     with open(path, "w") as f:
         json.dump({"meaning": MEANING, "features": model.names, "form": model.form,
-                   "nudge_at": a, "stop_at": b, "stop_waits": waits}, f, indent=1)
+                   "nudge_at": a, "stop_at": b, "stop_waits": waits}, f, separators=(",", ":"))
         f.write("\n")
 
 
@@ -319,8 +327,14 @@ def main():
                     help="replay each family with its held-out model and compare")
     ap.add_argument("--write", action="store_true",
                     help="write the model fitted on all families into src/detect")
+    ap.add_argument("--max-res-nudged", type=float, default=0.10,
+                    help="the bound on resolved runs nudged a choice of thresholds holds")
+    ap.add_argument("--balance", action="store_true",
+                    help="weigh each labelled run's steps 1 in all")
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
+    global MAX_RES_NUDGED, BALANCE
+    MAX_RES_NUDGED, BALANCE = a.max_res_nudged, a.balance
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import evaluate  # noqa: E402  (its tables)
 
@@ -328,7 +342,7 @@ def main():
     corpus = Corpus(score, a.data, a.cache, a.binary)
     work = os.path.join(a.cache, "models-" + a.form)
     os.makedirs(work, exist_ok=True)
-    xs, ys = corpus.training(corpus.ids(corpus.agents))
+    xs, ys, ws = corpus.training(corpus.ids(corpus.agents))
     print(f"{len(xs)} labelled steps, {sum(ys)} inside a loop; form {a.form}")
 
     held, pairs, chosen, mismatched = [], [], {}, 0
@@ -380,7 +394,7 @@ def main():
 
     if a.write:
         ids = corpus.ids(corpus.agents)
-        model = fit(xs, ys, corpus.names, a.form)
+        model = fit(xs, ys, ws, corpus.names, a.form)
         nudge_at, stop_at, waits = choose(corpus, probabilities(corpus, model, ids), ids)
         export(model, nudge_at, stop_at, waits, MODEL)
         # A handful of steps spread over the probabilities, and what the script computed.

@@ -221,6 +221,12 @@ impl EngineState {
         self.facts.tools = (!tools.is_empty()).then_some(tools);
     }
 
+    /// The highest smoothed firing rate of any pattern (its EMA): how chronic the most
+    /// persistent pattern is. A feature of the calibrated score.
+    pub fn chronic(&self) -> f64 {
+        self.patterns.values().map(|p| p.ema).fold(0.0, f64::max)
+    }
+
     /// The folded facts (for inspection and custom detectors' tests).
     pub fn facts(&self) -> &Facts {
         &self.facts
@@ -779,7 +785,8 @@ impl Engine {
         model: &ScoreModel,
         request: usize,
     ) -> Decision {
-        let p = model.probability(&score::features(&st.facts, ev, &findings, &self.config));
+        let x = score::features(&st.facts, ev, &findings, st.chronic(), &self.config);
+        let p = model.probability(&x);
         let esc = &self.config.escalation;
         let waited = |gap: usize| st.last_intervention.is_none_or(|at| request >= at + gap);
         let action = if st.level >= Level::Nudged

@@ -47,7 +47,7 @@ const DETECTORS: [&str; 17] = [
 ];
 
 /// The features a step has, in this order ([`features`]); the detectors' findings follow.
-const FACTS: [&str; 23] = [
+const FACTS: [&str; 25] = [
     "steps",
     "since_source",
     "since_change",
@@ -71,6 +71,8 @@ const FACTS: [&str; 23] = [
     "fail_run",
     "check_streak",
     "drift",
+    "active",
+    "chronic",
 ];
 
 /// How many features a step has.
@@ -91,12 +93,15 @@ fn since(index: usize, at: Option<usize>) -> f64 {
 }
 
 /// The features of the step just folded into `facts` (`ev`), with the findings the
-/// detectors reported on it. Every value is a count, a capped distance, a flag or a
-/// confidence read from what the fold keeps: O(1) per step beyond the step's own calls.
+/// detectors reported on it and `chronic`, the highest of the patterns' smoothed firing
+/// rates (the engine's EMA per pattern, this step included). Every value is a count, a
+/// capped distance, a flag or a confidence read from what the fold keeps: O(1) per step
+/// beyond the step's own calls.
 pub fn features(
     facts: &Facts,
     ev: &StepEvents,
     findings: &[Finding],
+    chronic: f64,
     config: &DetectConfig,
 ) -> [f64; N_FEATURES] {
     let index = ev.index;
@@ -106,13 +111,14 @@ pub fn features(
         f64::from(ev.calls.iter().map(f).max().unwrap_or(0)).min(CAP)
     };
     let novel: u32 = ev.calls.iter().map(|c| c.novel_lines).sum();
-    let drift: f64 = findings
+    let acting: Vec<f64> = findings
         .iter()
         .filter_map(|f| {
             let pol = config.policy(&f.detector);
             (pol.response >= Response::Nudge).then_some(pol.weight * f.confidence)
         })
-        .sum();
+        .collect();
+    let drift = acting.iter().fold(0.0, |sum, w| sum + w);
     let facts_part = [
         (facts.steps as f64).ln_1p(),
         since(index, facts.last_new_source),
@@ -137,6 +143,8 @@ pub fn features(
         max_call(|c| c.fail_run),
         max_call(|c| c.check_streak),
         drift,
+        acting.len() as f64,
+        chronic,
     ];
     let mut out = [0.0; N_FEATURES];
     out[..FACTS.len()].copy_from_slice(&facts_part);

@@ -471,7 +471,7 @@ fn score_note(
     ev: &crate::detect::StepEvents,
     findings: &[crate::detect::Finding],
 ) -> String {
-    let x = score::features(state.facts(), ev, findings, &engine.config);
+    let x = score::features(state.facts(), ev, findings, state.chronic(), &engine.config);
     let p = engine
         .score_model()
         .map_or("-".to_string(), |m| m.probability(&x).to_string());
