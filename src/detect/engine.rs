@@ -439,7 +439,9 @@ impl Engine {
             .then(|| match ScoreModel::shipped() {
                 Ok(m) => Some(Arc::new(m)),
                 Err(e) => {
-                    tracing::error!("the shipped score model does not load ({e}): the ladder decides");
+                    tracing::error!(
+                        "the shipped score model does not load ({e}): the ladder decides"
+                    );
                     None
                 }
             })

@@ -254,9 +254,14 @@ impl ScoreModel {
             Form::Trees { trees, .. } => {
                 for t in trees {
                     let len = t.left.len();
-                    let fine = [t.feature.len(), t.threshold.len(), t.right.len(), t.value.len()]
-                        .iter()
-                        .all(|l| *l == len)
+                    let fine = [
+                        t.feature.len(),
+                        t.threshold.len(),
+                        t.right.len(),
+                        t.value.len(),
+                    ]
+                    .iter()
+                    .all(|l| *l == len)
                         && t.feature.iter().all(|f| *f < n as i64);
                     anyhow::ensure!(fine && len > 0, "a tree with inconsistent arrays");
                 }

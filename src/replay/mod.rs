@@ -589,8 +589,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
     };
     let replayer = match &args.score_model {
         Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .with_context(|| format!("reading {}", p.display()))?;
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             let model = ScoreModel::from_json(&text)
                 .with_context(|| format!("reading the score model {}", p.display()))?;
             Replayer::with_score_model(config, model)
