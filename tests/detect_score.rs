@@ -167,3 +167,86 @@ fn decider_score_in_the_config_loads_the_shipped_model_and_the_ladder_needs_none
     assert!(Engine::new(cfg).score_model().is_some());
     assert!(Engine::default().score_model().is_none());
 }
+
+/// `loopwarden replay --score-model`: a file of runs decided with a model from a file (what
+/// leave-one-family-out replays), `--explain` printing each step's probability under it
+/// and its features, and a model the proxy cannot read refused with the reason.
+#[test]
+fn replay_decides_with_a_model_file_and_explains_its_inputs() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let mut messages = vec![json!({"role": "user", "content": "Fix the failing test"})];
+    for i in 0..14 {
+        messages.push(json!({"role": "assistant", "content": "", "tool_calls": [
+            {"id": format!("c{i}"), "type": "function", "function": {"name": "bash",
+             "arguments": json!({"command": "pytest test_calc.py"}).to_string()}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": format!("c{i}"),
+            "content": "<returncode>1</returncode>\n<output>\nFAILED test_add\n</output>"}));
+    }
+    let runs = dir.path().join("runs.jsonl");
+    let run = json!({"id": "loop-1", "agent": "x", "resolved": false, "messages": messages});
+    std::fs::write(&runs, format!("{run}\n")).expect("written");
+    let write_model = |name: &str, feature: &str| {
+        let path = dir.path().join(name);
+        let text = json!({"meaning": "test", "features": [feature],
+            "form": {"kind": "logistic", "intercept": -3.0, "weights": [1.0]},
+            "nudge_at": 0.5, "stop_at": 0.9, "stop_waits": true});
+        std::fs::write(&path, text.to_string()).expect("written");
+        path
+    };
+    let replay = |model: &std::path::Path, explain: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_loopwarden"));
+        cmd.arg("replay").arg(&runs).arg("--score-model").arg(model);
+        if explain {
+            cmd.args(["--explain", "*"]);
+        }
+        cmd.output().expect("runs")
+    };
+
+    let good = write_model("quiet.json", "quiet");
+    let out = replay(&good, true);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let actions: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON")["action"].to_string())
+        .collect();
+    assert_eq!(
+        actions.first().map(String::as_str),
+        Some("\"nudge\""),
+        "{actions:?}"
+    );
+    assert_eq!(
+        actions.last().map(String::as_str),
+        Some("\"halt\""),
+        "{actions:?}"
+    );
+    let explained = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        explained.contains("## score features: steps,since_source,"),
+        "{explained}"
+    );
+    let probabilities: Vec<f64> = explained
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("score p="))
+        .map(|rest| {
+            rest.split(' ')
+                .next()
+                .unwrap_or("")
+                .parse()
+                .expect("a probability")
+        })
+        .collect();
+    assert_eq!(probabilities.len(), 14, "one per step");
+    assert!(
+        probabilities.windows(2).any(|w| w[1] > w[0]),
+        "it rises as the stretch grows"
+    );
+
+    let bad = write_model("bad.json", "no_such_feature");
+    let out = replay(&bad, false);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no_such_feature"));
+}
