@@ -20,6 +20,18 @@ pub enum Response {
     Halt,
 }
 
+/// What turns the findings into a decision: the hand-set ladder (each pattern's confidence
+/// against the nudge and halt scores, with its smoothing, cooldown and rungs), or the
+/// calibrated score fitted on the labelled runs ([`super::score`]): one probability per step
+/// against two thresholds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decider {
+    #[default]
+    Ladder,
+    Score,
+}
+
 /// The policy of one pattern (detector).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -271,6 +283,8 @@ pub struct VerifierConfig {
 pub struct DetectConfig {
     /// Master switch: off = every request is observed and nothing is computed.
     pub enabled: bool,
+    /// The ladder (shipped) or the calibrated score.
+    pub decider: Decider,
     pub escalation: EscalationConfig,
     pub thresholds: Thresholds,
     pub budget: BudgetConfig,
@@ -290,6 +304,7 @@ impl Default for DetectConfig {
     fn default() -> Self {
         DetectConfig {
             enabled: true,
+            decider: Decider::Ladder,
             escalation: EscalationConfig::default(),
             thresholds: Thresholds::default(),
             budget: BudgetConfig::default(),

@@ -16,8 +16,9 @@ use crate::dialect::ResponseTurn;
 use crate::transcript::{Step, Transcript};
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::config::{DetectConfig, PatternPolicy, Response};
+use super::config::{Decider, DetectConfig, PatternPolicy, Response};
 use super::facts::{Facts, StepEvents};
+use super::score::{self, ScoreModel};
 use super::{registry, verifier, Action, Decision, Detector, Finding};
 
 /// Facts from the store that a transcript cannot hold. Request indexes count like steps:
@@ -220,6 +221,12 @@ impl EngineState {
         self.facts.tools = (!tools.is_empty()).then_some(tools);
     }
 
+    /// The highest smoothed firing rate of any pattern (its EMA): how chronic the most
+    /// persistent pattern is. A feature of the calibrated score.
+    pub fn chronic(&self) -> f64 {
+        self.patterns.values().map(|p| p.ema).fold(0.0, f64::max)
+    }
+
     /// The folded facts (for inspection and custom detectors' tests).
     pub fn facts(&self) -> &Facts {
         &self.facts
@@ -393,6 +400,8 @@ fn task_fingerprint(goal: &str) -> u64 {
 pub struct Engine {
     pub config: DetectConfig,
     detectors: Arc<Vec<Box<dyn Detector>>>,
+    /// The calibrated score, when `decider = "score"` ([`score`]).
+    score: Option<Arc<ScoreModel>>,
     /// This engine's number, new for each engine made: a fold records the engine that made
     /// it, and another engine (another policy's settings, or the same policy reloaded)
     /// starts over rather than continue a fold its settings did not make.
@@ -424,11 +433,39 @@ impl Engine {
 
     /// An engine with a custom detector set (the built-ins plus a user's own, say).
     pub fn with_detectors(config: DetectConfig, detectors: Vec<Box<dyn Detector>>) -> Engine {
+        // The shipped model is checked by the tests; were it ever unreadable, the ladder
+        // decides (and says so) rather than nothing.
+        let score = (config.decider == Decider::Score)
+            .then(|| match ScoreModel::shipped() {
+                Ok(m) => Some(Arc::new(m)),
+                Err(e) => {
+                    tracing::error!(
+                        "the shipped score model does not load ({e}): the ladder decides"
+                    );
+                    None
+                }
+            })
+            .flatten();
         Engine {
             config,
             detectors: Arc::new(detectors),
+            score,
             serial: ENGINES.fetch_add(1, Ordering::Relaxed) + 1,
         }
+    }
+
+    /// This engine deciding with `model` instead of the shipped score (`loopwarden replay
+    /// --score-model`: a model fitted without the runs replayed, to score them held out).
+    pub fn with_score_model(mut self, model: ScoreModel) -> Engine {
+        self.config.decider = Decider::Score;
+        self.score = Some(Arc::new(model));
+        self.serial = ENGINES.fetch_add(1, Ordering::Relaxed) + 1;
+        self
+    }
+
+    /// The score model this engine decides with, if it decides by the score.
+    pub fn score_model(&self) -> Option<&ScoreModel> {
+        self.score.as_deref()
     }
 
     /// Names of the registered detectors.
@@ -693,6 +730,9 @@ impl Engine {
                 findings,
             };
         }
+        if let Some(model) = self.score.as_deref() {
+            return self.score_decision(st, ev, findings, model, request);
+        }
         if ev.rejected && st.facts.fix_verified {
             // A turn the scaffold rejected (no tool call, a format error) in a run whose
             // code holds a fix a check has passed: the scaffold already answers the turn,
@@ -729,6 +769,63 @@ impl Engine {
             action,
             reason: lead.summary.clone(),
             detector: lead.detector.clone(),
+            findings,
+        }
+    }
+
+    /// The calibrated score's decision for `request` ([`score`]): a reminder when the
+    /// step's probability reaches the nudge threshold (a first one, or another after the
+    /// cooldown), a halt when it reaches the stop threshold after an earlier reminder and
+    /// the escalation gap (and, if the model says so, not while the run works forward:
+    /// [`working_forward`]).
+    /// The lead shown is the weightiest finding, if any.
+    fn score_decision(
+        &self,
+        st: &mut EngineState,
+        ev: &StepEvents,
+        findings: Vec<Finding>,
+        model: &ScoreModel,
+        request: usize,
+    ) -> Decision {
+        let x = score::features(&st.facts, ev, &findings, st.chronic(), &self.config);
+        let p = model.probability(&x);
+        let esc = &self.config.escalation;
+        let waited = |gap: usize| st.last_intervention.is_none_or(|at| request >= at + gap);
+        let action = if st.level >= Level::Nudged
+            && p >= model.stop_at
+            && waited(esc.escalation_gap)
+            && !(model.stop_waits && working_forward(&st.facts, &self.config))
+        {
+            Action::Halt
+        } else if p >= model.nudge_at && waited(esc.cooldown) {
+            if st.level == Level::Quiet {
+                Action::Nudge
+            } else {
+                Action::Replan
+            }
+        } else {
+            return observe(findings);
+        };
+        let lead = findings.iter().max_by(|a, b| {
+            a.confidence
+                .partial_cmp(&b.confidence)
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        let (detector, reason) = match lead {
+            Some(f) => (f.detector.clone(), f.summary.clone()),
+            None => (
+                SCORE_DETECTOR.to_string(),
+                format!(
+                    "no progress against the task for {} steps",
+                    st.facts.stretch.steps.max(st.facts.obstacles.stall_steps)
+                ),
+            ),
+        };
+        st.note_intervention(action, SCORE_DETECTOR, request);
+        Decision {
+            action,
+            reason,
+            detector,
             findings,
         }
     }
@@ -911,6 +1008,9 @@ impl Engine {
     }
 }
 
+/// The name a score decision goes by when no finding leads it.
+pub const SCORE_DETECTOR: &str = "score";
+
 /// Whether a drift score reaches a threshold. Confidences are sums of tenths
 /// (0.7 + 0.1 = 0.7999999999999999 in binary): without the tolerance a threshold of 0.8
 /// would silently mean "above 0.8".
@@ -936,14 +1036,11 @@ fn reaches(score: f64, threshold: f64) -> bool {
 /// reminder there is no fix under way to lose (`escalation.stop_on_obstacle`). A pattern that is itself such a stand
 /// (`standstill`) stops only there.
 fn may_stop(facts: &Facts, config: &DetectConfig, since: Option<usize>, standstill: bool) -> bool {
-    let Some(last) = facts.history.last() else {
+    if facts.history.is_empty() {
         return true;
-    };
+    }
     let index = facts.steps - 1;
-    let quiet = config.escalation.stop_after_quiet;
-    let quiet_since_source = facts.last_new_source.is_none_or(|at| index >= at + quiet);
-    let working = !quiet_since_source || last.new_info || (last.rejected && !facts.fix_verified);
-    if !working && !standstill {
+    if !working_forward(facts, config) && !standstill {
         return true;
     }
     config.escalation.stop_on_obstacle
@@ -951,6 +1048,19 @@ fn may_stop(facts: &Facts, config: &DetectConfig, since: Option<usize>, standsti
             facts.obstacles.stood_since(since, index)
                 && facts.last_change.is_none_or(|at| at < since)
         })
+}
+
+/// Whether the run shows, at its last folded step, a sign of working forward that holds a
+/// stop ([`may_stop`]'s list): a source file brought to a new state within the last
+/// `stop_after_quiet` steps, a result never seen, or a rejected turn before any verified fix.
+pub fn working_forward(facts: &Facts, config: &DetectConfig) -> bool {
+    let Some(last) = facts.history.last() else {
+        return false;
+    };
+    let index = facts.steps - 1;
+    let quiet = config.escalation.stop_after_quiet;
+    let quiet_since_source = facts.last_new_source.is_none_or(|at| index >= at + quiet);
+    !quiet_since_source || last.new_info || (last.rejected && !facts.fix_verified)
 }
 
 /// A decision that only reports `findings`.

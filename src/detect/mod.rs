@@ -14,6 +14,7 @@ pub mod engine;
 pub mod facts;
 pub mod obstacles;
 pub mod registry;
+pub mod score;
 
 mod budget;
 mod cycles;
@@ -37,7 +38,7 @@ mod verifier;
 
 use serde::{Deserialize, Serialize};
 
-pub use config::{DetectConfig, PatternPolicy, Response};
+pub use config::{Decider, DetectConfig, PatternPolicy, Response};
 pub use engine::{Engine, EngineState, Folded, StoreFacts};
 pub use facts::{Facts, StepEvents};
 

@@ -23,7 +23,9 @@ use serde_json::value::RawValue;
 
 use crate::actions::ToolCatalog;
 use crate::config::CacheConfig;
-use crate::detect::{Action, DetectConfig, Engine, StoreFacts};
+use crate::detect::engine::working_forward;
+use crate::detect::score::{self, ScoreModel};
+use crate::detect::{Action, DetectConfig, Engine, Response, StoreFacts};
 use crate::dialect::{Dialect, ResponseTurn};
 use crate::interventions::ConversationState;
 use crate::policy::{Policy, PolicySet};
@@ -69,6 +71,11 @@ pub struct ReplayArgs {
     /// Also print harm and savings figures (needs `resolved` labels in the input).
     #[arg(long)]
     pub summary: bool,
+    /// Decide with this calibrated score model (JSON, as `scripts/fit_score.py` writes it)
+    /// instead of the config's decider: how leave-one-family-out scores a family with a
+    /// model fitted without it.
+    #[arg(long, conflicts_with = "db")]
+    pub score_model: Option<std::path::PathBuf>,
     /// Print, for the run with this id (`*`: every run), what the engine saw at each step
     /// (to stderr).
     #[arg(long)]
@@ -178,6 +185,16 @@ impl Replayer {
                 }),
             },
             policy: std::sync::Arc::new(Policy::detecting(detect)),
+        }
+    }
+
+    /// A replayer that decides with `model` ([`Engine::with_score_model`]).
+    pub fn with_score_model(detect: DetectConfig, model: ScoreModel) -> Replayer {
+        let mut policy = Policy::detecting(detect);
+        policy.engine = policy.engine.clone().with_score_model(model);
+        Replayer {
+            policy: std::sync::Arc::new(policy),
+            ..Replayer::new(DetectConfig::default())
         }
     }
 
@@ -370,6 +387,11 @@ pub fn explain_line(
         return Ok(());
     }
     writeln!(out, "# {}", run.id)?;
+    writeln!(
+        out,
+        "## score features: {}",
+        score::feature_names().collect::<Vec<_>>().join(",")
+    )?;
     let mut items: Vec<Item> = Vec::new();
     for raw in &run.messages {
         items.extend(Dialect::OpenAiChat.parse_message(raw.get()));
@@ -417,6 +439,7 @@ pub fn explain_line(
         )?;
         engine.fold(&mut state, step, &StoreFacts::default());
         let d = state.decision();
+        writeln!(out, "{}", score_note(engine, &state, &ev, &d.findings))?;
         for f in &d.findings {
             writeln!(
                 out,
@@ -435,6 +458,35 @@ pub fn explain_line(
         }
     }
     Ok(())
+}
+
+/// A step's calibrated-score inputs, for `--explain` (what `scripts/fit_score.py` fits
+/// on): the probability under the engine's model (`-` without one), whether the run works
+/// forward (`engine::working_forward`: a score stop may wait), whether a human spoke, the
+/// step only recalled what a compaction took (no decision), a finding spent a hard budget,
+/// and the features in `## score features` order (shortest round-trip decimals).
+fn score_note(
+    engine: &Engine,
+    state: &crate::detect::EngineState,
+    ev: &crate::detect::StepEvents,
+    findings: &[crate::detect::Finding],
+) -> String {
+    let x = score::features(state.facts(), ev, findings, state.chronic(), &engine.config);
+    let p = engine
+        .score_model()
+        .map_or("-".to_string(), |m| m.probability(&x).to_string());
+    let hard = findings
+        .iter()
+        .any(|f| f.hard && engine.config.policy(&f.detector).response >= Response::Ask);
+    let values: Vec<String> = x.iter().map(|v| v.to_string()).collect();
+    format!(
+        "    score p={p} working={} human={} recalled={} hard={} x={}",
+        u8::from(working_forward(state.facts(), &engine.config)),
+        u8::from(ev.human_spoke),
+        u8::from(ev.recalled),
+        u8::from(hard),
+        values.join(",")
+    )
 }
 
 /// A call's meeting with an obstacle, for `--explain`: `-` (none), `met#N/S` (the N-th call
@@ -535,7 +587,16 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
     let Some(path) = &args.file else {
         anyhow::bail!("replay needs a JSONL file or --db");
     };
-    let replayer = Replayer::new(config);
+    let replayer = match &args.score_model {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let model = ScoreModel::from_json(&text)
+                .with_context(|| format!("reading the score model {}", p.display()))?;
+            Replayer::with_score_model(config, model)
+        }
+        None => Replayer::new(config),
+    };
     let engine = replayer.engine();
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let reader = std::io::BufReader::new(file);
