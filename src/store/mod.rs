@@ -22,6 +22,7 @@ pub mod postgres;
 pub mod query;
 mod read;
 pub mod redact;
+pub mod runs;
 mod shared;
 mod spill;
 mod sqlite;
@@ -278,6 +279,8 @@ pub enum Record {
     Decision(Box<DecisionRow>),
     Intervention(Box<InterventionRow>),
     Content(Box<ContentRow>),
+    /// What a run needs to go on in another process ([`runs`]).
+    Run(Box<runs::RunRecord>),
 }
 
 /// Counters of the log's health, shown by the admin API.
@@ -753,7 +756,13 @@ mod tests {
         deferred_entries_are_written_and_one_that_fails_loses_only_itself,
         controls_are_stored_unless_a_newer_one_is,
         the_dashboard_reads_the_same_on_both_backends,
+        runs_are_read_back_as_written,
     );
+
+    async fn runs_are_read_back_as_written(kind: Kind) {
+        let store = open(kind, 64, StoreOptions::BATCH_WINDOW).await;
+        super::runs::tests::runs_are_read_back_as_written(&store).await;
+    }
 
     /// Runs a query (an expression of `sqlx::query*`) on the store's database, whichever it
     /// is: the expression is typed once per backend. Test SQL uses `$n` parameters, which
