@@ -407,22 +407,26 @@ async fn a_continuation_joins_its_run_across_replicas_restarted_behind_nginx() {
     }
 }
 
-/// A Codex thread keeps its id across its compaction; its requests alternate between two
-/// replicas, so the one that serves the continuation saw the thread before its summary
-/// request, which went to the other: its history rewritten under a known id, it looks
-/// the run up in the store, and carries the run's state rather than its own older fold.
+/// A Codex thread keeps its id across its compaction. The replica that serves its
+/// continuation saw the thread's first request only; the other saw the rest and the summary
+/// request. A continuation (its window id says so) under an id the first does not know as
+/// a run: it looks the run up in the store, and carries the run's state rather than its own
+/// fold of the first request, which would start the loop's count over.
 #[tokio::test]
 #[ignore = "needs PostgreSQL (LW_TEST_POSTGRES): cargo test -- --include-ignored"]
 async fn a_thread_that_keeps_its_id_goes_on_from_the_other_replica_s_summary() {
     let db = proxy_support::postgres_db().await;
     let mock = mock().await;
     let [a, b] = replicas(&db, &mock.url()).await;
-    let bases = [a.running.url(), b.running.url()];
-    let run = before_the_compaction(&bases, Agent::Codex, "thread-1").await;
+    // `a` sees the thread's first request only, `b` the rest and its summary request.
+    let (a_url, b_url) = (a.running.url(), b.running.url());
+    let before = [&a_url, &b_url, &b_url, &b_url, &b_url, &b_url].map(String::clone);
+    let run = before_the_compaction(&before, Agent::Codex, "thread-1").await;
     assert_eq!(run, "thread-1");
-    // The summary request went to `b` (the 6th); its run reaches the store by the time the
-    // client has the summary and sends the continuation to `a`.
+    // Its run reaches the store by the time the client has the summary and sends the
+    // continuation, to `a` first.
     b.running.flush_log().await;
+    let bases = [a_url, b_url];
     the_continuation_goes_on(&bases, &bases, Agent::Codex, "thread-1", &run).await;
 }
 

@@ -148,25 +148,30 @@ pub struct Logged {
 
 impl Analyser {
     /// Before a request is read: when its conversation is new to this process (`earlier`
-    /// found no last request of it), or its body rewrites the history under an id the
-    /// lineage does not know (the summary request of a run that keeps its id may have gone
-    /// to another replica), what the store keeps of the run it may continue is brought
-    /// into memory ([`crate::proxy::memory::Lineage::recall_stored`]): another replica, or
-    /// this process before a restart, may have seen the run. `stated`: the id the request
-    /// states. The request's policy is not known yet: the runs of every policy are brought
-    /// in, and the lineage compares the policy when it joins.
+    /// found no last request of it), or it may continue a run from a summary under an id
+    /// the lineage does not know (its headers say so, as Codex's window id does, or its
+    /// body rewrites the history: the summary request of a run that keeps its id may have
+    /// gone to another replica), what the store keeps of the run it may continue is
+    /// brought into memory ([`crate::proxy::memory::Lineage::recall_stored`]): another
+    /// replica, or this process before a restart, may have seen the run. `stated`: the id
+    /// the request states. The request's policy is not known yet: the runs of every
+    /// policy are brought in, and the lineage compares the policy when it joins.
     pub async fn recall_stored(
         &self,
         earlier: &BodyComparison<'_>,
         stated: Option<&str>,
+        route: &Route<'_>,
         headers: &HeaderMap,
-        query: Option<&str>,
         team: Option<&str>,
     ) {
         let lineage = &self.memory.lineage;
-        let rewritten = || earlier.rewrites_history() && stated.is_some_and(|id| !lineage.knows(id));
-        if earlier.is_new() || rewritten() {
-            let sender = Sender::of(headers, query, team, "");
+        let continues = || {
+            let said = compaction::recognize(route.path, headers, &[], None).continuation;
+            (said.is_some() || earlier.rewrites_history())
+                && stated.is_some_and(|id| !lineage.knows(id))
+        };
+        if earlier.is_new() || continues() {
+            let sender = Sender::of(headers, route.query, team, "");
             lineage.recall_stored(stated, &sender).await;
         }
     }

@@ -85,9 +85,8 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let (continued, whole, earlier) = continuation(&app, dialect, &body, stated_id, earlier).await;
     // A conversation new to this process may continue a run another process saw.
     let team = traffic.team.as_deref();
-    let headers = &parts.headers;
     (app.analyser)
-        .recall_stored(&earlier, stated_id, headers, route.query, team)
+        .recall_stored(&earlier, stated_id, &route, &parts.headers, team)
         .await;
     let analysed = whole.as_ref().unwrap_or(&body);
     let arrival = Arrival {
