@@ -189,7 +189,10 @@ fn a_fold_read_back_from_the_store_carries_the_run_as_the_fold_does() {
     let (in_process, state) = requests(&engine, &after, Some(&fold));
     let (from_store, read_state) = requests(&engine, &after, Some(&read));
     assert_eq!(from_store, in_process);
-    assert!(from_store[2..].iter().any(|a| *a > Action::Nudge), "{from_store:?}");
+    assert!(
+        from_store[2..].iter().any(|a| *a > Action::Nudge),
+        "{from_store:?}"
+    );
     assert_eq!(read_state.steps(), state.steps());
     // Bytes that are no fold read as none.
     assert!(EngineState::from_stored(b"not a fold").is_none());

@@ -66,7 +66,10 @@ impl Agent {
     fn headers(self, session: &str, part: Part) -> Vec<(&'static str, String)> {
         match self {
             Agent::ClaudeCode => vec![
-                ("user-agent", "claude-cli/2.1.332 (external, sdk-cli)".into()),
+                (
+                    "user-agent",
+                    "claude-cli/2.1.332 (external, sdk-cli)".into(),
+                ),
                 ("x-claude-code-session-id", session.into()),
                 ("x-api-key", "sk-test-key-1".into()),
             ],
@@ -77,7 +80,10 @@ impl Agent {
                     Part::After(_) => (1, "turn"),
                 };
                 vec![
-                    ("user-agent", "codex_exec/0.171.0 (Debian 12.0.0; x86_64)".into()),
+                    (
+                        "user-agent",
+                        "codex_exec/0.171.0 (Debian 12.0.0; x86_64)".into(),
+                    ),
                     ("authorization", "Bearer sk-test-key-1".into()),
                     ("thread-id", session.into()),
                     ("x-codex-window-id", format!("{session}:{window}")),
@@ -140,8 +146,10 @@ fn codex_body(part: Part) -> Value {
     let tag = if after { "b" } else { "a" };
     for i in 0..reads {
         let id = format!("call_{tag}{i}");
-        input.push(json!({"type": "function_call", "call_id": id, "name": "exec_command",
-            "arguments": json!({"cmd": "cat calc.py"}).to_string()}));
+        input.push(
+            json!({"type": "function_call", "call_id": id, "name": "exec_command",
+            "arguments": json!({"cmd": "cat calc.py"}).to_string()}),
+        );
         input.push(json!({"type": "function_call_output", "call_id": id,
             "output": format!("Process exited with code 0\nOutput:\n{CONTENT}")}));
     }
@@ -256,7 +264,10 @@ async fn the_continuation_goes_on(
     let mut decisions = Vec::new();
     for n in 0..12 {
         let a = send(base(n), agent, session, Part::After(n)).await;
-        assert_eq!(a.conversation, run, "request {n} is the run's: {decisions:?}");
+        assert_eq!(
+            a.conversation, run,
+            "request {n} is the run's: {decisions:?}"
+        );
         decisions.push(a.decision);
         if decisions.last().is_some_and(|d| d == "halt") {
             break;
@@ -267,14 +278,21 @@ async fn the_continuation_goes_on(
         ESCALATED.contains(&decisions[2].as_str()),
         "the next repeat gets the next rung: {decisions:?}"
     );
-    assert_eq!(decisions.last().map(String::as_str), Some("halt"), "{decisions:?}");
+    assert_eq!(
+        decisions.last().map(String::as_str),
+        Some("halt"),
+        "{decisions:?}"
+    );
     // Halted for good: the next request, a fresh one of the same history, too.
     for replica in replicas {
         until_halted(replica, run).await;
     }
     let n = decisions.len();
     let again = send(base(n), agent, session, Part::After(n)).await;
-    assert_eq!((again.decision.as_str(), again.conversation.as_str()), ("halt", run));
+    assert_eq!(
+        (again.decision.as_str(), again.conversation.as_str()),
+        ("halt", run)
+    );
     n + 1
 }
 
@@ -335,7 +353,10 @@ async fn a_continuation_after_a_restart_joins_its_run_on_sqlite() {
     // and each forwarded request of the continuation (not the halted ones).
     let spend = admin_spend(&proxy.running.url(), &run).await;
     let forwarded = mock.requests().len() as f64;
-    assert!((spend - 0.1 * forwarded).abs() < 1e-6, "{spend} for {forwarded}");
+    assert!(
+        (spend - 0.1 * forwarded).abs() < 1e-6,
+        "{spend} for {forwarded}"
+    );
     assert!(forwarded > 6.0);
 }
 
@@ -403,7 +424,10 @@ async fn a_continuation_joins_its_run_across_replicas_restarted_behind_nginx() {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert!((spend - 0.1 * forwarded as f64).abs() < 1e-6, "{spend} for {forwarded}");
+        assert!(
+            (spend - 0.1 * forwarded as f64).abs() < 1e-6,
+            "{spend} for {forwarded}"
+        );
     }
 }
 
@@ -445,7 +469,10 @@ fn chain_script() -> Script {
     Script {
         turns: vec![Turn {
             text: None,
-            tool_calls: vec![ToolCall::function("shell", json!({"command": ["cat", "calc.py"]}))],
+            tool_calls: vec![ToolCall::function(
+                "shell",
+                json!({"command": ["cat", "calc.py"]}),
+            )],
             ..Turn::default()
         }],
         after_end: AfterEnd::RepeatLast,
@@ -466,7 +493,9 @@ async fn chain(proxies: &[&TestProxy], turns: usize) -> (Vec<String>, Vec<Value>
         let proxy = proxies[i % proxies.len()];
         let input = match &previous {
             None => json!([{"role": "user", "content": [{"type": "input_text", "text": TASK}]}]),
-            Some((_, call)) => json!([{"type": "function_call_output", "call_id": call, "output": CONTENT}]),
+            Some((_, call)) => {
+                json!([{"type": "function_call_output", "call_id": call, "output": CONTENT}])
+            }
         };
         let mut body = json!({"model": "gpt-test", "stream": false, "store": true, "input": input,
             "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}]});
@@ -522,5 +551,8 @@ async fn a_stored_response_chain_is_read_whole_on_alternating_replicas() {
     let one = TestProxy::start(&mock.url()).await;
     let (alone, _) = chain(&[&one], 8).await;
     assert!(alone.iter().any(|d| d != "observe"), "{alone:?}");
-    assert_eq!(alternating, alone, "read with its history on either replica");
+    assert_eq!(
+        alternating, alone,
+        "read with its history on either replica"
+    );
 }

@@ -64,7 +64,18 @@ struct PatternState {
 }
 
 /// Where escalation stands since the last time a human spoke.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 enum Level {
     #[default]
     Quiet,
@@ -456,11 +467,16 @@ mod stored_names {
     pub mod one {
         use super::*;
 
-        pub fn serialize<S: Serializer>(name: &Option<&'static str>, s: S) -> Result<S::Ok, S::Error> {
+        pub fn serialize<S: Serializer>(
+            name: &Option<&'static str>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
             name.serialize(s)
         }
 
-        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'static str>, D::Error> {
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<&'static str>, D::Error> {
             Ok(Option::<String>::deserialize(d)?.and_then(|name| known(&name)))
         }
     }

@@ -106,8 +106,7 @@ pub(super) const UPSERT_LINK: &str = "INSERT INTO run_links (conversation_id, ru
 pub(super) const CONTINUED: &str = "UPDATE runs SET awaiting = false,
       last_ms = CASE WHEN last_ms < $2 THEN $2 ELSE last_ms END
     WHERE id = $1";
-pub(super) const SERVER_COMPACTED: &str =
-    "UPDATE runs SET server_compaction = $2 WHERE id = $1";
+pub(super) const SERVER_COMPACTED: &str = "UPDATE runs SET server_compaction = $2 WHERE id = $1";
 pub(super) const UPSERT_ANSWER: &str = "INSERT INTO stored_responses
       (id, parent_id, items, made_here, stored_ms)
     VALUES ($1, $2, $3, $4, $5)
@@ -209,7 +208,10 @@ impl Store {
              SELECT id, parent_id, items, made_here, stored_ms FROM chain ORDER BY depth";
         on_pool!(
             self,
-            sqlx::query_as(SQL).bind(id).bind(kept_since).bind(CHAIN_MAX),
+            sqlx::query_as(SQL)
+                .bind(id)
+                .bind(kept_since)
+                .bind(CHAIN_MAX),
             fetch_all
         )
         .map_err(Error::from)
@@ -239,7 +241,12 @@ pub(super) mod tests {
         store.log_run(RunRecord::Compacted(run("r1", "k1", true, now)));
         store.log_run(RunRecord::Compacted(run("r2", "k2", true, now)));
         // Past the day: expired, and not read.
-        store.log_run(RunRecord::Compacted(run("old", "k1", true, now - KEEP_MS - 1)));
+        store.log_run(RunRecord::Compacted(run(
+            "old",
+            "k1",
+            true,
+            now - KEEP_MS - 1,
+        )));
         store.log_run(RunRecord::ServerCompacted {
             run: "r2".into(),
             fingerprint: -7,
@@ -260,7 +267,10 @@ pub(super) mod tests {
             team: None,
         };
         // A new conversation of k1's: r1 awaits it; not r2 (another key), nor "old".
-        let found = store.stored_lineage(Some("s2"), k1, now - 1000).await.unwrap();
+        let found = store
+            .stored_lineage(Some("s2"), k1, now - 1000)
+            .await
+            .unwrap();
         assert_eq!(found.link, None);
         assert_eq!(found.runs, vec![run("r1", "k1", true, now)]);
         // Continued: linked, and no longer awaiting.
@@ -274,7 +284,10 @@ pub(super) mod tests {
             key_id: Some("k9"),
             ..k1
         };
-        let found = store.stored_lineage(Some("s2"), other, now - 1000).await.unwrap();
+        let found = store
+            .stored_lineage(Some("s2"), other, now - 1000)
+            .await
+            .unwrap();
         assert_eq!(found.link.as_ref().map(|l| l.run_id.as_str()), Some("r1"));
         let r1 = RunRow {
             awaiting: false,
@@ -282,7 +295,10 @@ pub(super) mod tests {
             ..run("r1", "k1", true, now)
         };
         assert_eq!(found.runs, vec![r1]);
-        let none = store.stored_lineage(Some("s3"), k1, now - 1000).await.unwrap();
+        let none = store
+            .stored_lineage(Some("s3"), k1, now - 1000)
+            .await
+            .unwrap();
         assert_eq!(none, StoredLineage::default());
         // A run's own id finds it, with what the API's compaction noted.
         let own = store.stored_lineage(Some("r2"), other, now).await.unwrap();

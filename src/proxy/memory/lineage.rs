@@ -70,7 +70,12 @@ impl Sender {
     /// Who sent a request, from its headers and query (the API key's fingerprint, never the
     /// key; the client, as the product token of its `user-agent`, finer than the policies'
     /// client names, which put every unknown client under one), its team and policy.
-    pub fn of(headers: &HeaderMap, query: Option<&str>, team: Option<&str>, policy: &str) -> Sender {
+    pub fn of(
+        headers: &HeaderMap,
+        query: Option<&str>,
+        team: Option<&str>,
+        policy: &str,
+    ) -> Sender {
         let product = crate::policy::select::user_agent(headers)
             .split(|c: char| c == '/' || c.is_whitespace())
             .next()
@@ -318,7 +323,11 @@ impl Lineage {
             if known.is_some_and(|at| at > row.compacted_ms) {
                 continue;
             }
-            if let Some(run) = state.runs.get_mut(&row.id).filter(|_| known == Some(row.compacted_ms)) {
+            if let Some(run) = state
+                .runs
+                .get_mut(&row.id)
+                .filter(|_| known == Some(row.compacted_ms))
+            {
                 // The same compaction: another process may have continued it since.
                 run.awaiting &= row.awaiting;
                 continue;
@@ -328,7 +337,9 @@ impl Lineage {
                 Some(run) => {
                     state.runs.insert(id, run);
                 }
-                None => tracing::warn!(run = %id, "a stored run's state is unreadable: not taken in"),
+                None => {
+                    tracing::warn!(run = %id, "a stored run's state is unreadable: not taken in")
+                }
             }
         }
         if state.runs.len() > MAX_RUNS {

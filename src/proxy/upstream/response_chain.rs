@@ -146,7 +146,9 @@ impl ResponseChain {
                 return false;
             }
             Err(_) => {
-                tracing::warn!("the store did not answer in time: the request is read from its own input");
+                tracing::warn!(
+                    "the store did not answer in time: the request is read from its own input"
+                );
                 return false;
             }
         };
@@ -157,7 +159,13 @@ impl ResponseChain {
                 tracing::warn!(response = %answer.id, "a stored answer's items are unreadable");
                 return false;
             };
-            self.remember(answer.id.clone(), parent.take(), items, Vec::new(), answer.made_here);
+            self.remember(
+                answer.id.clone(),
+                parent.take(),
+                items,
+                Vec::new(),
+                answer.made_here,
+            );
             parent = match self.find(Some(&answer.id)) {
                 Found::Known(link) => Some(link),
                 _ => None,

@@ -9,8 +9,8 @@ use rusqlite::{params, Connection, OpenFlags, Statement, ToSql};
 
 use super::Database;
 use crate::store::batch::{Batch, CallUpdates, Sightings};
-use crate::store::writer::{self, Failure, Queue, Stop, Unwritten};
 use crate::store::runs::{self, RunRecord};
+use crate::store::writer::{self, Failure, Queue, Stop, Unwritten};
 use crate::store::{FindingRow, Record, RequestRow};
 
 /// Waited between attempts to make a new database when the file was deleted.
@@ -524,25 +524,23 @@ fn write_one(statements: &mut Statements<'_>, record: &Record) -> rusqlite::Resu
 fn write_run(conn: &Connection, record: &RunRecord) -> rusqlite::Result<()> {
     match record {
         RunRecord::Compacted(r) => {
-            conn.prepare_cached(&numbered(runs::UPSERT_RUN))?.execute(params![
-                r.id,
-                r.key_id,
-                r.client,
-                r.team,
-                r.policy,
-                r.compacted_ms,
-                r.awaiting,
-                r.server_compaction,
-                r.carry,
-                r.last_ms
-            ])?;
+            conn.prepare_cached(&numbered(runs::UPSERT_RUN))?
+                .execute(params![
+                    r.id,
+                    r.key_id,
+                    r.client,
+                    r.team,
+                    r.policy,
+                    r.compacted_ms,
+                    r.awaiting,
+                    r.server_compaction,
+                    r.carry,
+                    r.last_ms
+                ])?;
         }
         RunRecord::Linked(l) => {
-            conn.prepare_cached(&numbered(runs::UPSERT_LINK))?.execute(params![
-                l.conversation_id,
-                l.run_id,
-                l.linked_ms
-            ])?;
+            conn.prepare_cached(&numbered(runs::UPSERT_LINK))?
+                .execute(params![l.conversation_id, l.run_id, l.linked_ms])?;
             conn.prepare_cached(&numbered(runs::CONTINUED))?
                 .execute(params![l.run_id, l.linked_ms])?;
         }
@@ -551,13 +549,14 @@ fn write_run(conn: &Connection, record: &RunRecord) -> rusqlite::Result<()> {
                 .execute(params![run, fingerprint])?;
         }
         RunRecord::Answer(a) => {
-            conn.prepare_cached(&numbered(runs::UPSERT_ANSWER))?.execute(params![
-                a.id,
-                a.parent_id,
-                a.items,
-                a.made_here,
-                a.stored_ms
-            ])?;
+            conn.prepare_cached(&numbered(runs::UPSERT_ANSWER))?
+                .execute(params![
+                    a.id,
+                    a.parent_id,
+                    a.items,
+                    a.made_here,
+                    a.stored_ms
+                ])?;
         }
     }
     Ok(())
