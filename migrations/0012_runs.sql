@@ -21,7 +21,7 @@ CREATE TABLE runs (
     carry             BLOB NOT NULL,        -- the detection fold then (`EngineState::to_stored`)
     last_ms           INTEGER NOT NULL      -- its last summary request or continuation
 );
-CREATE INDEX runs_awaiting ON runs (key_id, compacted_ms) WHERE awaiting = 1;
+CREATE INDEX runs_awaiting ON runs (key_id, compacted_ms) WHERE awaiting;
 CREATE INDEX runs_by_last ON runs (last_ms);
 
 -- A conversation that continues a run under another id (Claude Code's auto-compact starts

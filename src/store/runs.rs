@@ -138,6 +138,21 @@ macro_rules! on_pool {
     };
 }
 
+/// The runs a conversation new to a process may continue: by id (its own, its link's),
+/// through the primary key; and its sender's awaiting a continuation, through the partial
+/// index of the awaiting runs (its `WHERE` is the query's own term, as SQLite needs to use
+/// it). A run found both ways comes twice (`UNION ALL`: no comparison of the states).
+fn lineage_sql() -> String {
+    format!(
+        "SELECT {RUN_COLUMNS} FROM runs
+         WHERE id IN ($1, $2) AND last_ms >= $3
+         UNION ALL
+         SELECT {RUN_COLUMNS} FROM runs
+         WHERE awaiting AND compacted_ms >= $4 AND key_id IS NOT DISTINCT FROM $5
+           AND client IS NOT DISTINCT FROM $6 AND team IS NOT DISTINCT FROM $7"
+    )
+}
+
 impl Store {
     /// Queues what the store is told of a run.
     pub fn log_run(&self, record: RunRecord) {
@@ -169,14 +184,7 @@ impl Store {
         };
         let own = conversation.unwrap_or("");
         let linked = link.as_ref().map_or("", |l| l.run_id.as_str());
-        let sql = format!(
-            "SELECT {RUN_COLUMNS} FROM runs
-             WHERE (id = $1 OR id = $2) AND last_ms >= $3
-             UNION
-             SELECT {RUN_COLUMNS} FROM runs
-             WHERE awaiting AND compacted_ms >= $4 AND key_id IS NOT DISTINCT FROM $5
-               AND client IS NOT DISTINCT FROM $6 AND team IS NOT DISTINCT FROM $7"
-        );
+        let sql = lineage_sql();
         let runs = on_pool!(
             self,
             sqlx::query_as(&sql)
@@ -309,5 +317,19 @@ pub(super) mod tests {
         assert_eq!(ids, [("a3", false), ("a2", true), ("a1", false)]);
         assert_eq!(chain[1].items, "[\"a2\"]");
         assert!(store.stored_chain("nope").await.unwrap().is_empty());
+        // SQLite reads a miss's runs through indexes, never a scan of the runs (whose
+        // states are tens of KB each).
+        if let Backend::Sqlite(db) = &store.backend {
+            let plan: Vec<(i64, i64, i64, String)> =
+                sqlx::query_as(&format!("EXPLAIN QUERY PLAN {}", lineage_sql()))
+                    .fetch_all(&db.pool())
+                    .await
+                    .unwrap();
+            let plan: Vec<&str> = plan.iter().map(|(.., detail)| detail.as_str()).collect();
+            assert!(
+                plan.iter().all(|step| !step.starts_with("SCAN")),
+                "{plan:?}"
+            );
+        }
     }
 }
