@@ -10,8 +10,9 @@
 //! dropped and counted: a slow or failed disk must never delay or fail a proxied request.
 //! The writer thread ([`writer`]) drains the queue in batches, one transaction per batch.
 //! [`Store::flush`] waits until everything queued before it is written (used at shutdown
-//! and by tests). The admin API reads ([`query`]'s views) and the conversations' controls
-//! (sticky halts) go through the same handle.
+//! and by tests). The admin API reads ([`query`]'s views), the conversations' controls
+//! (sticky halts) and what a run needs to go on in another process ([`runs`]) go through
+//! the same handle.
 //!
 //! Schema: `migrations/` (SQLite) and `migrations/postgres/` (embedded, applied at open).
 
