@@ -509,6 +509,81 @@ mod tests {
     }
 
     #[test]
+    fn runs_read_from_the_store_join_as_the_process_s_own_and_never_replace_a_later_one() {
+        let lineage = Lineage::new(120);
+        let claude = sender("k1", "claude-cli");
+        let row = |id: &str, at: i64, awaiting: bool| RunRow {
+            id: id.into(),
+            key_id: claude.key.clone(),
+            client: claude.client.clone(),
+            team: None,
+            policy: "default".into(),
+            compacted_ms: at,
+            awaiting,
+            server_compaction: Some(-1),
+            carry: EngineState::default().to_stored(),
+            last_ms: at,
+        };
+        // Another process's summary request: a new id of the same sender joins it.
+        let found = StoredLineage {
+            link: None,
+            runs: vec![row("r1", 1_000, true)],
+        };
+        lineage.take_in(Some("s2"), found);
+        assert!(lineage.knows("r1") && !lineage.knows("s2"));
+        assert!(
+            !lineage.compacted_again("r1", u64::MAX),
+            "its API compaction too"
+        );
+        let joined = lineage.join("s2", &claude, 2_000).unwrap();
+        assert_eq!((joined.run.as_str(), joined.linked_now), ("r1", true));
+        // A conversation another process linked: its id is the run's here too.
+        let linked = StoredLineage {
+            link: Some(RunLink {
+                conversation_id: "s3".into(),
+                run_id: "r1".into(),
+                linked_ms: 2_500,
+            }),
+            runs: vec![],
+        };
+        lineage.take_in(Some("s3"), linked);
+        assert_eq!(lineage.run_of("s3").as_deref(), Some("r1"));
+        // This process compacted r1 again since: an older stored row does not replace it,
+        // and one that says another process continued the same compaction is taken at
+        // its word.
+        lineage.compacted("r1", fold(), claude.clone(), 3_000);
+        lineage.take_in(
+            None,
+            StoredLineage {
+                link: None,
+                runs: vec![row("r1", 1_000, true)],
+            },
+        );
+        assert!(lineage.awaiting("r1"));
+        lineage.take_in(
+            None,
+            StoredLineage {
+                link: None,
+                runs: vec![row("r1", 3_000, false)],
+            },
+        );
+        assert!(!lineage.awaiting("r1"));
+        // A state that is no fold is not taken in.
+        let broken = RunRow {
+            carry: b"no fold".to_vec(),
+            ..row("r9", 4_000, true)
+        };
+        lineage.take_in(
+            None,
+            StoredLineage {
+                link: None,
+                runs: vec![broken],
+            },
+        );
+        assert!(!lineage.knows("r9"));
+    }
+
+    #[test]
     fn another_compaction_by_the_api_is_told_from_the_one_carried() {
         let lineage = Lineage::new(120);
         lineage.compacted("s1", fold(), sender("k1", "claude-cli"), 1_000);
