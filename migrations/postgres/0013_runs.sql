@@ -10,16 +10,16 @@
 -- it (the API key's fingerprint, never the key; the client's product name; the team and
 -- the policy): what a continuation under a new id must share with it to join it.
 CREATE TABLE runs (
-    id                TEXT PRIMARY KEY,     -- the run's id (the log's conversation_id)
-    key_id            TEXT,                 -- `crate::policy::key_id` of the request's key
-    client            TEXT,                 -- the user-agent's product token
+    id                TEXT PRIMARY KEY,   -- the run's id (the log's conversation_id)
+    key_id            TEXT,               -- `crate::policy::key_id` of the request's key
+    client            TEXT,               -- the user-agent's product token
     team              TEXT,
     policy            TEXT NOT NULL,
-    compacted_ms      BIGINT NOT NULL,     -- its last summary request
-    awaiting          BOOLEAN NOT NULL,     -- no conversation continued from it yet
-    server_compaction BIGINT,              -- the API's compaction its state was taken at
-    carry             BYTEA NOT NULL,        -- the detection fold then (`EngineState::to_stored`)
-    last_ms           BIGINT NOT NULL      -- its last summary request or continuation
+    compacted_ms      BIGINT NOT NULL,    -- its last summary request
+    awaiting          BOOLEAN NOT NULL,   -- no conversation continued from it yet
+    server_compaction BIGINT,             -- the API's compaction its state was taken at
+    carry             BYTEA NOT NULL,     -- the detection fold then (`EngineState::to_stored`)
+    last_ms           BIGINT NOT NULL     -- its last summary request or continuation
 );
 CREATE INDEX runs_awaiting ON runs (key_id, compacted_ms) WHERE awaiting;
 CREATE INDEX runs_by_last ON runs (last_ms);
@@ -41,7 +41,7 @@ CREATE TABLE stored_responses (
     id        TEXT PRIMARY KEY,
     parent_id TEXT,
     items     TEXT NOT NULL,
-    made_here BOOLEAN NOT NULL,             -- loopwarden wrote the answer (a halt)
+    made_here BOOLEAN NOT NULL,           -- loopwarden wrote the answer (a halt)
     stored_ms BIGINT NOT NULL
 );
 CREATE INDEX stored_responses_by_time ON stored_responses (stored_ms);
