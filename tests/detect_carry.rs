@@ -172,3 +172,28 @@ fn the_logged_run_replays_to_the_decisions_the_proxy_made() {
         .collect();
     assert_ne!(plain, proxied);
 }
+
+/// A run's fold kept in the store (a continuation served by another process, or after a
+/// restart) and read back carries the run as the fold itself does: the same decisions,
+/// the same step count, the escalation reached.
+#[test]
+fn a_fold_read_back_from_the_store_carries_the_run_as_the_fold_does() {
+    let engine = Engine::default();
+    let (before, fold) = requests(&engine, &transcript("Fix the failing test.", 4), None);
+    assert!(before.contains(&Action::Nudge), "{before:?}");
+    let stored = fold.to_stored();
+    assert!(!stored.is_empty());
+    let read = EngineState::from_stored(&stored).expect("a stored fold reads back");
+    assert_eq!(read.steps(), fold.steps());
+    let after = transcript("This session is being continued: read calc.py.", 4);
+    let (in_process, state) = requests(&engine, &after, Some(&fold));
+    let (from_store, read_state) = requests(&engine, &after, Some(&read));
+    assert_eq!(from_store, in_process);
+    assert!(
+        from_store[2..].iter().any(|a| *a > Action::Nudge),
+        "{from_store:?}"
+    );
+    assert_eq!(read_state.steps(), state.steps());
+    // Bytes that are no fold read as none.
+    assert!(EngineState::from_stored(b"not a fold").is_none());
+}

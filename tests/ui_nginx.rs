@@ -13,10 +13,9 @@
 )]
 
 mod intervene_support;
+mod nginx_support;
 mod ui_support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use intervene_support::{client, first_k, header, loop_body, looping_script};
@@ -25,6 +24,7 @@ use loopwarden::detect::Action;
 use loopwarden::dialect::Dialect;
 use loopwarden::mock::MockServer;
 use loopwarden::proxy::Running;
+use nginx_support::Nginx;
 use serde_json::Value;
 use ui_support::Browser;
 
@@ -44,97 +44,6 @@ timeout_secs = 600
 name = "ci"
 match = { team = "ci" }
 "#;
-
-/// nginx running `docker/nginx.conf`, stopped (its master process, which stops its
-/// workers) when dropped.
-struct Nginx {
-    master: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Nginx {
-    /// nginx in front of `replicas`; fails the test when nginx is not installed.
-    fn start(replicas: [std::net::SocketAddr; 2]) -> Nginx {
-        let Some(binary) = ["/usr/sbin/nginx", "/usr/bin/nginx"]
-            .into_iter()
-            .map(PathBuf::from)
-            .find(|p| p.is_file())
-        else {
-            panic!("this test needs nginx (apt-get install -y nginx)");
-        };
-        let dir = tempfile::tempdir().unwrap();
-        // The workers may run as another user (nginx started by root): they write their
-        // temporary files under the directory.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
-        let shipped = std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("docker/nginx.conf"),
-        )
-        .unwrap();
-        let at = dir.path().display().to_string();
-        let conf = [
-            ("loopwarden-a:8788", replicas[0].to_string()),
-            ("loopwarden-b:8788", replicas[1].to_string()),
-            ("listen 8788;", format!("listen 127.0.0.1:{port};")),
-            ("/tmp/", format!("{at}/")),
-        ]
-        .iter()
-        .fold(shipped, |conf, (from, to)| {
-            assert!(conf.contains(from), "docker/nginx.conf has no {from:?}");
-            conf.replace(from, to)
-        });
-        let path = dir.path().join("nginx.conf");
-        std::fs::write(&path, conf).unwrap();
-        let master = Command::new(binary)
-            .arg("-c")
-            .arg(&path)
-            .arg("-p")
-            .arg(dir.path())
-            .arg("-e")
-            .arg(dir.path().join("error.log"))
-            .args(["-g", "daemon off;"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        Nginx {
-            master,
-            port,
-            _dir: dir,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    async fn ready(&self) {
-        for _ in 0..200 {
-            if let Ok(r) = client().get(self.url("/healthz")).send().await {
-                if r.status().is_success() {
-                    return;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("nginx did not answer /healthz");
-    }
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        // SIGQUIT to the master this test started: nginx's graceful stop, workers included.
-        let _ = Command::new("kill")
-            .args(["-QUIT", &self.master.id().to_string()])
-            .status();
-        let _ = self.master.wait();
-    }
-}
 
 async fn replica(mock: &MockServer, db: &str) -> Running {
     let mut config: Config = toml::from_str(POLICIES).unwrap();

@@ -55,7 +55,7 @@ impl StoreFacts {
 }
 
 /// Smoothing and cooldown of one pattern.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 struct PatternState {
     ema: f64,
     /// The last request this pattern led an intervention at.
@@ -65,7 +65,18 @@ struct PatternState {
 }
 
 /// Where escalation stands since the last time a human spoke.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 enum Level {
     #[default]
     Quiet,
@@ -74,17 +85,24 @@ enum Level {
     Stopped,
 }
 
+/// A detector's name, as a fold keeps it. An alias so that serde's derive, which reads
+/// field types by their spelling, does not take `Option<&'static str>` for a string
+/// borrowed from the input (`stored_names` reads it back as the detector's own).
+type DetectorName = &'static str;
+
 /// The engine's state after folding a prefix of a conversation. Clone it and cache it per
 /// conversation: [`Engine::advance`] continues from it with only the new steps, and starts
 /// over (with the same result) when the transcript is not a continuation.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct EngineState {
     facts: Facts,
+    #[serde(with = "stored_names::patterns")]
     patterns: BTreeMap<&'static str, PatternState>,
     level: Level,
     last_intervention: Option<usize>,
     /// The pattern that led the last intervention since a human last spoke.
-    last_lead: Option<&'static str>,
+    #[serde(with = "stored_names::one")]
+    last_lead: Option<DetectorName>,
     /// The request of the first intervention since a human last spoke: a run that stood on
     /// one obstacle from there on may be stopped ([`may_stop`]).
     first_intervention: Option<usize>,
@@ -92,7 +110,8 @@ pub struct EngineState {
     next: Option<Decision>,
     /// Action keys of the loop a halting pattern reported, until the world changes.
     loop_keys: Vec<u64>,
-    loop_detector: Option<&'static str>,
+    #[serde(with = "stored_names::one")]
+    loop_detector: Option<DetectorName>,
     /// That pattern is a run standing on an obstacle ([`Finding::standstill`]).
     loop_standstill: bool,
     /// A chain over the fingerprints of every folded step: what a transcript must hash to,
@@ -171,6 +190,29 @@ impl EngineState {
         state.chain = 0;
         state.task_fp = task_fingerprint(transcript.goal());
         state
+    }
+
+    /// The fold as the store keeps it (a run's state at its summary request, for a
+    /// continuation served by another process: `crate::proxy::memory::lineage`): CBOR, whose
+    /// maps take the facts' tuple keys as they are. The tool catalog is not kept (each
+    /// request brings its tools).
+    pub fn to_stored(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        // Writing to a Vec fails only on a value serde cannot express: none here.
+        if let Err(e) = ciborium::into_writer(self, &mut out) {
+            tracing::warn!(error = %e, "a fold could not be serialized: not stored");
+            out.clear();
+        }
+        out
+    }
+
+    /// A fold read back from [`EngineState::to_stored`], numbered anew in this process (a
+    /// fold number is one process's: another's could name a fold of this one); `None` when
+    /// the bytes are no fold.
+    pub fn from_stored(bytes: &[u8]) -> Option<EngineState> {
+        let mut state: EngineState = ciborium::from_reader(bytes).ok()?;
+        state.number = FOLDS.fetch_add(1, Ordering::Relaxed) + 1;
+        Some(state)
     }
 
     /// Hash chain over the fingerprints of the folded steps: a cache key for the prefix.
@@ -391,6 +433,62 @@ impl Input<'_> {
 
 /// The fingerprint of a conversation's task (its first user message), checked on every
 /// request like the steps.
+/// The detector names a stored fold holds (`&'static str` in memory), read back as the
+/// registered detectors' own. A name no detector has any more reads as none: its pattern's
+/// smoothing starts over, nothing else changes.
+mod stored_names {
+    use std::collections::BTreeMap;
+    use std::sync::LazyLock;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::{registry, PatternState};
+
+    fn known(name: &str) -> Option<&'static str> {
+        static NAMES: LazyLock<Vec<&'static str>> =
+            LazyLock::new(|| registry::builtin().iter().map(|d| d.name()).collect());
+        NAMES.iter().copied().find(|n| *n == name)
+    }
+
+    pub mod patterns {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(
+            map: &BTreeMap<&'static str, PatternState>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            map.serialize(s)
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<BTreeMap<&'static str, PatternState>, D::Error> {
+            let read = BTreeMap::<String, PatternState>::deserialize(d)?;
+            Ok(read
+                .into_iter()
+                .filter_map(|(name, state)| Some((known(&name)?, state)))
+                .collect())
+        }
+    }
+
+    pub mod one {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(
+            name: &Option<&'static str>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            name.serialize(s)
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<&'static str>, D::Error> {
+            Ok(Option::<String>::deserialize(d)?.and_then(|name| known(&name)))
+        }
+    }
+}
+
 fn task_fingerprint(goal: &str) -> u64 {
     xxh3_64(goal.as_bytes())
 }

@@ -98,7 +98,7 @@ pub struct StepEvents {
 }
 
 /// Per-file knowledge.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct FileFacts {
     /// Contents the file is known to have had, in order (hashes of full contents).
     pub states: Vec<u64>,
@@ -118,7 +118,7 @@ pub struct FileFacts {
 }
 
 /// Per-check-command knowledge.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct CheckFacts {
     /// Outcomes this check has returned: the outcome signature and whether the run failed.
     pub seen: Vec<(u64, bool)>,
@@ -132,7 +132,7 @@ pub struct CheckFacts {
 }
 
 /// The stretch of steps since the world last changed or a new result arrived.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Stretch {
     pub start: usize,
     /// Steps in the stretch.
@@ -146,7 +146,7 @@ pub struct Stretch {
 }
 
 /// A compact digest of one folded step.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StepDigest {
     /// Hash of the step's (action key, result) pairs: equal digests = same step.
     pub sig: u64,
@@ -163,7 +163,7 @@ pub struct StepDigest {
 }
 
 /// A window entry for near-duplicates and output stagnation.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Recent {
     pub index: usize,
     pub kind: ActionKind,
@@ -176,7 +176,7 @@ pub struct Recent {
 }
 
 /// Everything detection knows about a conversation after folding its steps.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Facts {
     /// Steps folded.
     pub steps: usize,
@@ -202,6 +202,7 @@ pub struct Facts {
     pub open_file: Option<String>,
     /// What the conversation's tool definitions say of its tools (a tool no profile knows
     /// is read through them).
+    #[serde(skip)]
     pub tools: Option<std::sync::Arc<ToolCatalog>>,
     pub history: Vec<StepDigest>,
     /// The last results (one entry per call), bounded.

@@ -21,7 +21,7 @@ use crate::normalize::{self, hash64};
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// How a step stands against the run's obstacles.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Progress {
     /// The step met an obstacle it had met before and got past none.
     #[default]
@@ -53,7 +53,7 @@ impl Progress {
 }
 
 /// What the obstacles know of a run.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Obstacles {
     /// Obstacles met so far, by digest.
     pub met: HashMap<u64, Standing>,
@@ -77,7 +77,7 @@ pub struct Obstacles {
 }
 
 /// How often one obstacle was met.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Standing {
     /// Calls that met it.
     pub times: u32,

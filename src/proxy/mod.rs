@@ -293,6 +293,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         stopping: std::sync::atomic::AtomicBool::new(false),
         tls,
     });
+    // Runs and stored answers outlive this process, in the log's store.
+    app.analyser.memory.lineage.keep_in(app.store.clone());
+    app.responses.keep_in(app.store.clone());
     spawn_sweeper(Arc::downgrade(&app), idle);
     let replicas = start_replicas(&app).await;
     crate::store::redact::warm_up();

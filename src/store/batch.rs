@@ -22,8 +22,8 @@ pub(super) struct Batch<'a> {
     pub(super) findings: Vec<&'a FindingRow>,
     pub(super) sightings: Vec<Sightings<'a>>,
     pub(super) calls: Vec<CallUpdates<'a>>,
-    /// Decisions, interventions and content rows, in the order logged (decisions and
-    /// content one per key).
+    /// Decisions, interventions, content rows and runs' rows, in the order logged
+    /// (decisions and content one per key).
     pub(super) others: Vec<&'a Record>,
 }
 
@@ -74,7 +74,7 @@ impl<'a> Batch<'a> {
                     }
                 }
                 Record::Finding(f) => batch.findings.push(f),
-                Record::Intervention(_) => batch.others.push(record),
+                Record::Intervention(_) | Record::Run(_) => batch.others.push(record),
                 Record::Decision(d) => {
                     batch.replace_other(&mut replaced, Key::Decision(d.request_id), record)
                 }

@@ -10,8 +10,9 @@
 //! dropped and counted: a slow or failed disk must never delay or fail a proxied request.
 //! The writer thread ([`writer`]) drains the queue in batches, one transaction per batch.
 //! [`Store::flush`] waits until everything queued before it is written (used at shutdown
-//! and by tests). The admin API reads ([`query`]'s views) and the conversations' controls
-//! (sticky halts) go through the same handle.
+//! and by tests). The admin API reads ([`query`]'s views), the conversations' controls
+//! (sticky halts) and what a run needs to go on in another process ([`runs`]) go through
+//! the same handle.
 //!
 //! Schema: `migrations/` (SQLite) and `migrations/postgres/` (embedded, applied at open).
 
@@ -22,6 +23,7 @@ pub mod postgres;
 pub mod query;
 mod read;
 pub mod redact;
+pub mod runs;
 mod shared;
 mod spill;
 mod sqlite;
@@ -323,6 +325,8 @@ pub enum Record {
     Decision(Box<DecisionRow>),
     Intervention(Box<InterventionRow>),
     Content(Box<ContentRow>),
+    /// What a run needs to go on in another process ([`runs`]).
+    Run(Box<runs::RunRecord>),
 }
 
 /// Counters of the log's health, shown by the admin API.
@@ -798,7 +802,13 @@ mod tests {
         deferred_entries_are_written_and_one_that_fails_loses_only_itself,
         controls_are_stored_unless_a_newer_one_is,
         the_dashboard_reads_the_same_on_both_backends,
+        runs_are_read_back_as_written,
     );
+
+    async fn runs_are_read_back_as_written(kind: Kind) {
+        let store = open(kind, 64, StoreOptions::BATCH_WINDOW).await;
+        super::runs::tests::runs_are_read_back_as_written(&store).await;
+    }
 
     /// Runs a query (an expression of `sqlx::query*`) on the store's database, whichever it
     /// is: the expression is typed once per backend. Test SQL uses `$n` parameters, which

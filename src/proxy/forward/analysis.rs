@@ -147,6 +147,35 @@ pub struct Logged {
 }
 
 impl Analyser {
+    /// Before a request is read: when its conversation is new to this process (`earlier`
+    /// found no last request of it), or it may continue a run from a summary under an id
+    /// the lineage does not know (its headers say so, as Codex's window id does, or its
+    /// body rewrites the history: the summary request of a run that keeps its id may have
+    /// gone to another replica), what the store keeps of the run it may continue is
+    /// brought into memory ([`crate::proxy::memory::Lineage::recall_stored`]): another
+    /// replica, or this process before a restart, may have seen the run. `stated`: the id
+    /// the request states. The request's policy is not known yet: the runs of every
+    /// policy are brought in, and the lineage compares the policy when it joins.
+    pub async fn recall_stored(
+        &self,
+        earlier: &BodyComparison<'_>,
+        stated: Option<&str>,
+        route: &Route<'_>,
+        headers: &HeaderMap,
+        team: Option<&str>,
+    ) {
+        let lineage = &self.memory.lineage;
+        let continues = || {
+            let said = compaction::recognize(route.path, headers, &[], None).continuation;
+            (said.is_some() || earlier.rewrites_history())
+                && stated.is_some_and(|id| !lineage.knows(id))
+        };
+        if earlier.is_new() || continues() {
+            let sender = Sender::of(headers, route.query, team, "");
+            lineage.recall_stored(stated, &sender).await;
+        }
+    }
+
     /// Reads the conversation in a request and decides on it. `policy` chooses the policy
     /// from the model the request asks for (`None`: it names none, or was not read);
     /// `standing` says what the conversation is subject to (sticky halts, resumes): the
@@ -511,18 +540,7 @@ fn unparsed(path: &str, dialect: Dialect, error: &str) -> crate::store::Masked {
     reason
 }
 
-/// Who sent a request, as a run's lineage compares it: the API key's fingerprint (never
-/// the key), the client, as the product token of its `user-agent` (finer than the
-/// policies' client names, which put every unknown client under one), its team and policy.
+/// Who sent a request, as a run's lineage compares it ([`Sender::of`]).
 fn sender(sent: &Sent<'_>) -> Sender {
-    let product = crate::policy::select::user_agent(sent.headers)
-        .split(|c: char| c == '/' || c.is_whitespace())
-        .next()
-        .filter(|p| !p.is_empty());
-    Sender {
-        key: crate::policy::key_id::key_of(sent.headers, sent.query).map(crate::policy::key_id::of),
-        client: product.map(|p| p.chars().take(40).collect()),
-        team: sent.team.filter(|t| !t.is_empty()).map(str::to_string),
-        policy: sent.policy.to_string(),
-    }
+    Sender::of(sent.headers, sent.query, sent.team, sent.policy)
 }

@@ -82,6 +82,11 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
 
     // Read and decided (a request that continues an earlier answer, with its history).
     let (continued, whole, earlier) = continuation(&app, dialect, &body, stated_id, earlier).await;
+    // A conversation new to this process may continue a run another process saw.
+    let team = traffic.team.as_deref();
+    (app.analyser)
+        .recall_stored(&earlier, stated_id, &route, &parts.headers, team)
+        .await;
     let analysed = whole.as_ref().unwrap_or(&body);
     let arrival = Arrival {
         route: &route,
@@ -187,7 +192,7 @@ async fn continuation<'a>(
     BodyComparison<'a>,
 ) {
     let continued = match dialect {
-        Some(Dialect::OpenAiResponses) => upstream::read_http(&app.responses, body),
+        Some(Dialect::OpenAiResponses) => upstream::read_http_or_stored(&app.responses, body).await,
         _ => None,
     };
     let Some(whole) = continued.as_ref().and_then(|c| c.whole.as_ref()) else {

@@ -695,6 +695,12 @@ impl Session {
                 ..traffic.clone()
             })
         };
+        // A conversation new to this process may continue a run another process saw.
+        let stated_id = stated.as_ref().map(|s| &*s.id);
+        let team = traffic.team.as_deref();
+        (app.analyser)
+            .recall_stored(&earlier, stated_id, &route, headers, team)
+            .await;
         let arrival = Arrival {
             route: &route,
             headers,

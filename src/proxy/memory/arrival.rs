@@ -74,6 +74,19 @@ impl<'a> BodyComparison<'a> {
         earlier
     }
 
+    /// Whether the request's conversation is new to this process: on a conversation route,
+    /// no last request of it is held (none was seen, or it was forgotten).
+    pub fn is_new(&self) -> bool {
+        self.dialect.is_some() && self.recall.as_ref().is_none_or(|r| !r.holds_request())
+    }
+
+    /// Whether the body rewrites its conversation's history: it repeats less than half of
+    /// the last request's body (a compaction's continuation does; so does a side request
+    /// under the conversation's id). `false` when there was nothing to compare with.
+    pub fn rewrites_history(&self) -> bool {
+        (self.compared.as_ref()).is_some_and(|c| 2 * c.prefix.equal() < c.prefix.old().len())
+    }
+
     /// Looks the conversation `key` names up and starts comparing with its last request.
     /// That request's transcript stays where it is until the body is whole
     /// ([`BodyComparison::finish`]): taken now, it would be gone for every other request of

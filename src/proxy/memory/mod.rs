@@ -357,6 +357,11 @@ impl Recall {
         Arc::ptr_eq(&self.slot, &other.slot)
     }
 
+    /// Whether the slot holds a request of the conversation (it was seen, and not forgotten).
+    pub fn holds_request(&self) -> bool {
+        self.slot.lock().last.is_some()
+    }
+
     /// The conversation's last request as it is now, to compare a body with while it
     /// arrives ([`LastRequest::share`]: its transcript stays for whichever request of the
     /// conversation is read first).

@@ -10,7 +10,7 @@ pub use client::{
     thread_client, use_thread_client, BodyError, Client, Error, Outgoing, ResponseBody,
 };
 pub use response_chain::{
-    missing, read_http, Found, HttpRequest, Link, PendingAnswer, ResponseChain, HTTP_ANSWERS,
-    HTTP_MAX_BYTES,
+    missing, read_http, read_http_or_stored, Found, HttpRequest, Link, PendingAnswer,
+    ResponseChain, HTTP_ANSWERS, HTTP_MAX_BYTES,
 };
 pub use webhook::post_all;

@@ -9,16 +9,32 @@
 //! holding a copy of it. Memory is bounded: the bytes of every link still alive are counted,
 //! and the oldest answers are forgotten past the cap (a request that names one of them is
 //! then read from what it sends, and the log says the link is missing).
+//!
+//! Over HTTP the answers are kept in the store as well ([`crate::store::runs`]; queued for
+//! the log's writer, a row per answer): a request that continues an answer this process
+//! never relayed (another replica did, or this one before a restart) is read with the
+//! history the store keeps of it ([`read_http_or_stored`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
 use crate::dialect::responses_socket::{self as wire, Create};
 use crate::request_bytes::RequestBytes;
+use crate::store::runs::{RunRecord, StoredAnswer};
+use crate::store::{Store, StoreOptions};
+
+/// How long a request waits for the store's answer on a miss, at most.
+const STORE_WAIT: Duration = Duration::from_millis(250);
+/// An answer another replica relayed a moment ago may still be in its log's queue (the
+/// writer gathers for [`StoreOptions::BATCH_WINDOW`]): a chain not found is asked for once
+/// more after this.
+const STORE_AGAIN: Duration =
+    Duration::from_millis(2 * StoreOptions::BATCH_WINDOW.as_millis() as u64);
 
 /// Answers the proxy keeps for requests over HTTP, and the bytes of their links at most.
 pub const HTTP_ANSWERS: usize = 4096;
@@ -84,6 +100,9 @@ pub struct ResponseChain {
     max_answers: usize,
     /// Bytes of every link alive (kept alive by the map or by a later link).
     live: Arc<AtomicUsize>,
+    /// Where answers are kept for other processes ([`ResponseChain::keep_in`]); none:
+    /// memory only (a WebSocket connection's chain, the mock's).
+    store: OnceLock<Store>,
 }
 
 #[derive(Default)]
@@ -99,7 +118,60 @@ impl ResponseChain {
             max_bytes,
             max_answers,
             live: Arc::new(AtomicUsize::new(0)),
+            store: OnceLock::new(),
         }
+    }
+
+    /// Keeps answers in `store` too, from now on, and looks them up there on a miss.
+    pub fn keep_in(&self, store: Store) {
+        let _ = self.store.set(store);
+    }
+
+    /// Brings answer `id` and the answers it continues from the store into memory;
+    /// whether it was found there. Waits [`STORE_WAIT`] at most for each read.
+    pub async fn recall_stored(&self, id: &str) -> bool {
+        let Some(store) = self.store.get() else {
+            return false;
+        };
+        let read = || tokio::time::timeout(STORE_WAIT, store.stored_chain(id));
+        let mut found = read().await;
+        if matches!(&found, Ok(Ok(chain)) if chain.is_empty()) {
+            tokio::time::sleep(STORE_AGAIN).await;
+            found = read().await;
+        }
+        let chain = match found {
+            Ok(Ok(chain)) => chain,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot read stored answers: the request is read from its own input");
+                return false;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "the store did not answer in time: the request is read from its own input"
+                );
+                return false;
+            }
+        };
+        // Oldest first, each continuing the one before.
+        let mut parent: Option<Arc<Link>> = None;
+        for answer in chain.into_iter().rev() {
+            let Ok(items) = serde_json::from_str::<Vec<Box<RawValue>>>(&answer.items) else {
+                tracing::warn!(response = %answer.id, "a stored answer's items are unreadable");
+                return false;
+            };
+            self.remember(
+                answer.id.clone(),
+                parent.take(),
+                items,
+                Vec::new(),
+                answer.made_here,
+            );
+            parent = match self.find(Some(&answer.id)) {
+                Found::Known(link) => Some(link),
+                _ => None,
+            };
+        }
+        parent.is_some()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -181,6 +253,20 @@ pub struct HttpRequest {
     pub missing: Option<String>,
 }
 
+/// [`read_http`], and when the request continues an answer this process does not hold,
+/// again once that answer's chain is brought from the store (another replica relayed it,
+/// or this process before a restart).
+pub async fn read_http_or_stored(
+    chain: &ResponseChain,
+    body: &RequestBytes,
+) -> Option<HttpRequest> {
+    let read = read_http(chain, body)?;
+    match &read.missing {
+        Some(id) if chain.recall_stored(id).await => read_http(chain, body),
+        _ => Some(read),
+    }
+}
+
 /// Reads a Responses request `body` for the chain: `None` when it neither continues an
 /// answer nor asks the API to keep its own (Codex over HTTP sends `store: false` and its
 /// whole history: nothing to do, and its body is not parsed again).
@@ -231,9 +317,11 @@ impl HttpRequest {
     /// What to remember of this request once its answer has come, when the API keeps it.
     pub fn pending(self, chain: &Arc<ResponseChain>) -> Option<Box<PendingAnswer>> {
         self.create.stored().then(|| {
+            let parent_id = self.parent.as_ref().and(self.create.previous_response_id);
             Box::new(PendingAnswer {
                 chain: chain.clone(),
                 parent: self.parent,
+                parent_id,
                 input: self.create.input,
             })
         })
@@ -244,17 +332,44 @@ impl HttpRequest {
 pub struct PendingAnswer {
     chain: Arc<ResponseChain>,
     parent: Option<Arc<Link>>,
+    /// The id of the answer `parent` is.
+    parent_id: Option<String>,
     input: Vec<Box<RawValue>>,
 }
 
 impl PendingAnswer {
-    /// The answer, as the tee captured it: an event stream or one JSON body.
+    /// The answer, as the tee captured it: an event stream or one JSON body. Remembered,
+    /// and queued for the store.
     pub fn answered(self, event_stream: bool, chunks: &[Bytes]) {
-        if let Some((id, output)) = wire::answer_of(event_stream, chunks) {
-            self.chain
-                .remember(id, self.parent, self.input, output, false);
+        let Some((id, output)) = wire::answer_of(event_stream, chunks) else {
+            return;
+        };
+        if let Some(store) = self.chain.store.get() {
+            let items = self.input.iter().chain(&output).map(|i| i.get());
+            store.log_run(RunRecord::Answer(StoredAnswer {
+                id: id.clone(),
+                parent_id: self.parent_id,
+                items: json_array(items),
+                made_here: false,
+                stored_ms: crate::store::now_ms(),
+            }));
         }
+        self.chain
+            .remember(id, self.parent, self.input, output, false);
     }
+}
+
+/// JSON items as one JSON array.
+fn json_array<'a>(items: impl Iterator<Item = &'a str>) -> String {
+    let mut out = String::from("[");
+    for (i, item) in items.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(item);
+    }
+    out.push(']');
+    out
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ use sqlx::query_builder::Separated;
 use sqlx::{Connection, PgConnection, Postgres, QueryBuilder};
 
 use crate::store::batch::{Batch, CallUpdates, Sightings};
+use crate::store::runs::{self as store_runs, RunRecord};
 use crate::store::writer::{self, Failure, Queue, Unwritten};
 use crate::store::{
     ContentRow, Counters, DecisionRow, FindingRow, InterventionRow, Record, RequestRow,
@@ -136,12 +137,14 @@ async fn write_batch(conn: &mut PgConnection, records: &[Record]) -> Result<(), 
     let mut interventions = Vec::new();
     let mut heads = Vec::new();
     let mut steps = Vec::new();
+    let mut runs = Vec::new();
     for record in &batch.others {
         match record {
             Record::Decision(d) => decisions.push(&**d),
             Record::Intervention(i) => interventions.push(&**i),
             Record::Content(c) if c.step.is_none() => heads.push(&**c),
             Record::Content(c) => steps.push(&**c),
+            Record::Run(r) => runs.push(&**r),
             _ => {}
         }
     }
@@ -154,6 +157,15 @@ async fn write_batch(conn: &mut PgConnection, records: &[Record]) -> Result<(), 
     insert(&mut tx, &INTERVENTIONS, &interventions, bind_intervention).await?;
     insert(&mut tx, &HEAD_CONTENT, &heads, bind_head).await?;
     insert(&mut tx, &STEP_CONTENT, &steps, bind_step).await?;
+    for run in &runs {
+        write_run(&mut tx, run).await?;
+    }
+    if !runs.is_empty() {
+        let cutoff = crate::store::now_ms() - store_runs::KEEP_MS;
+        for sql in store_runs::EXPIRE {
+            sqlx::query(sql).bind(cutoff).execute(&mut *tx).await?;
+        }
+    }
     tx.commit().await
 }
 
@@ -391,4 +403,56 @@ fn bind_step<'r>(v: &mut Values<'_, 'r>, c: &'r &ContentRow) {
         .push_bind(c.content.as_str())
         .push_bind(c.request_id)
         .push_bind(c.seen_ms);
+}
+
+/// A run's row ([`store_runs`]): rare, so each is one statement.
+async fn write_run(conn: &mut PgConnection, record: &RunRecord) -> Result<(), sqlx::Error> {
+    match record {
+        RunRecord::Compacted(r) => {
+            sqlx::query(store_runs::UPSERT_RUN)
+                .bind(&r.id)
+                .bind(&r.key_id)
+                .bind(&r.client)
+                .bind(&r.team)
+                .bind(&r.policy)
+                .bind(r.compacted_ms)
+                .bind(r.awaiting)
+                .bind(r.server_compaction)
+                .bind(&r.carry)
+                .bind(r.last_ms)
+                .execute(&mut *conn)
+                .await?;
+        }
+        RunRecord::Linked(l) => {
+            sqlx::query(store_runs::UPSERT_LINK)
+                .bind(&l.conversation_id)
+                .bind(&l.run_id)
+                .bind(l.linked_ms)
+                .execute(&mut *conn)
+                .await?;
+            sqlx::query(store_runs::CONTINUED)
+                .bind(&l.run_id)
+                .bind(l.linked_ms)
+                .execute(&mut *conn)
+                .await?;
+        }
+        RunRecord::ServerCompacted { run, fingerprint } => {
+            sqlx::query(store_runs::SERVER_COMPACTED)
+                .bind(run)
+                .bind(fingerprint)
+                .execute(&mut *conn)
+                .await?;
+        }
+        RunRecord::Answer(a) => {
+            sqlx::query(store_runs::UPSERT_ANSWER)
+                .bind(&a.id)
+                .bind(&a.parent_id)
+                .bind(&a.items)
+                .bind(a.made_here)
+                .bind(a.stored_ms)
+                .execute(&mut *conn)
+                .await?;
+        }
+    }
+    Ok(())
 }

@@ -10,6 +10,7 @@ use rusqlite::{params, Connection, OpenFlags, Statement, ToSql};
 
 use super::Database;
 use crate::store::batch::{Batch, CallUpdates, Sightings};
+use crate::store::runs::{self, RunRecord};
 use crate::store::writer::{self, Failure, Queue, Stop, Unwritten};
 use crate::store::{FindingRow, Record, RequestRow};
 
@@ -427,8 +428,16 @@ fn write_batch(
     for merged in &batch.calls {
         write_call(statements, merged)?;
     }
+    let mut runs = false;
     for record in batch.others {
+        runs |= matches!(record, Record::Run(_));
         write_one(statements, record)?;
+    }
+    if runs {
+        let cutoff = crate::store::now_ms() - runs::KEEP_MS;
+        for sql in runs::EXPIRE {
+            conn.prepare_cached(&numbered(sql))?.execute([cutoff])?;
+        }
     }
     tx.commit()
 }
@@ -500,6 +509,7 @@ fn write_one(statements: &mut Statements<'_>, record: &Record) -> rusqlite::Resu
                 i.policy
             ])?;
         }
+        Record::Run(r) => write_run(statements.conn, r)?,
         Record::Content(c) => match c.step {
             None => {
                 statements.get(Sql::HeadContent)?.execute(params![
@@ -521,4 +531,53 @@ fn write_one(statements: &mut Statements<'_>, record: &Record) -> rusqlite::Resu
         },
     }
     Ok(())
+}
+
+/// A run's row ([`runs`]): rare (a summary request, a continuation, a stored answer), so
+/// each is one statement, from SQL shared with PostgreSQL.
+fn write_run(conn: &Connection, record: &RunRecord) -> rusqlite::Result<()> {
+    match record {
+        RunRecord::Compacted(r) => {
+            conn.prepare_cached(&numbered(runs::UPSERT_RUN))?
+                .execute(params![
+                    r.id,
+                    r.key_id,
+                    r.client,
+                    r.team,
+                    r.policy,
+                    r.compacted_ms,
+                    r.awaiting,
+                    r.server_compaction,
+                    r.carry,
+                    r.last_ms
+                ])?;
+        }
+        RunRecord::Linked(l) => {
+            conn.prepare_cached(&numbered(runs::UPSERT_LINK))?
+                .execute(params![l.conversation_id, l.run_id, l.linked_ms])?;
+            conn.prepare_cached(&numbered(runs::CONTINUED))?
+                .execute(params![l.run_id, l.linked_ms])?;
+        }
+        RunRecord::ServerCompacted { run, fingerprint } => {
+            conn.prepare_cached(&numbered(runs::SERVER_COMPACTED))?
+                .execute(params![run, fingerprint])?;
+        }
+        RunRecord::Answer(a) => {
+            conn.prepare_cached(&numbered(runs::UPSERT_ANSWER))?
+                .execute(params![
+                    a.id,
+                    a.parent_id,
+                    a.items,
+                    a.made_here,
+                    a.stored_ms
+                ])?;
+        }
+    }
+    Ok(())
+}
+
+/// Shared SQL's `$n` parameters as SQLite's `?n`: both numbered, but SQLite numbers `$n`
+/// in the order they first appear, whatever `n` says.
+fn numbered(sql: &str) -> String {
+    sql.replace('$', "?")
 }
