@@ -172,6 +172,40 @@ pub fn recognize(
     found
 }
 
+/// Whether a request may continue a run from a compaction, from its headers and raw body
+/// before anything is parsed: Codex's window id, or a continuation's text anywhere in the
+/// body (Claude Code's, Gemini CLI's snapshot, opencode's question, an API's `compaction`
+/// block or item). A superset of what [`recognize`] and [`server_compaction`] find where
+/// each must stand: it spares a conversation new to a process the store's look-up when it
+/// cannot continue any run (a false hit costs only that look-up). `pieces`: the body as it
+/// came; a marker cut across the two is found too.
+pub fn may_continue(headers: &HeaderMap, pieces: [&[u8]; 2]) -> bool {
+    const NEEDLES: [&str; 4] = [
+        CLAUDE_CONTINUED,
+        "<state_snapshot>",
+        OPENCODE_SUMMARY,
+        "\"compaction\"",
+    ];
+    static FINDERS: std::sync::LazyLock<Vec<memchr::memmem::Finder<'static>>> =
+        std::sync::LazyLock::new(|| NEEDLES.iter().map(memchr::memmem::Finder::new).collect());
+    if codex_window(headers).is_some() {
+        return true;
+    }
+    let [head, tail] = pieces;
+    let found = |bytes: &[u8]| FINDERS.iter().any(|f| f.find(bytes).is_some());
+    if found(head) || found(tail) {
+        return true;
+    }
+    // The bytes around the cut: a marker across it lies within the longest one's length.
+    let reach = NEEDLES.iter().map(|n| n.len()).max().unwrap_or(0);
+    let seam = [
+        &head[head.len().saturating_sub(reach)..],
+        &tail[..tail.len().min(reach)],
+    ]
+    .concat();
+    !tail.is_empty() && found(&seam)
+}
+
 /// The last user text of a transcript: after its last step, else its task's last.
 fn last_user_text(t: &Transcript) -> Option<&str> {
     match t.steps.last() {
@@ -732,5 +766,52 @@ mod tests {
             ),
             None
         );
+    }
+
+    /// The pre-check before a store look-up: every continuation shape is a hit, wherever
+    /// the body was cut; the real captured requests of every client, which continue
+    /// nothing, are not.
+    #[test]
+    fn a_continuation_may_continue_and_a_plain_request_may_not() {
+        let no_headers = HeaderMap::new();
+        let continuations = [
+            serde_json::json!({"messages": [{"role": "user", "content": [
+                {"type": "text", "text": "<system-reminder>git status</system-reminder>"},
+                {"type": "text", "text": format!("{CLAUDE_CONTINUED} that ran out of context.")}]}]}),
+            serde_json::json!({"contents": [
+                {"role": "user", "parts": [{"text": "<state_snapshot>goal</state_snapshot>"}]},
+                {"role": "model", "parts": [{"text": GEMINI_ACK}]}]}),
+            serde_json::json!({"messages": [{"role": "user", "content": OPENCODE_SUMMARY}]}),
+            serde_json::json!({"input": [{"type": "compaction", "encrypted_content": "gAAA"}]}),
+        ];
+        for body in continuations {
+            let bytes = serde_json::to_vec(&body).unwrap();
+            for cut in 0..=bytes.len() {
+                let (head, tail) = bytes.split_at(cut);
+                assert!(
+                    may_continue(&no_headers, [head, tail]),
+                    "{body} cut at {cut}"
+                );
+            }
+        }
+        let mut window = HeaderMap::new();
+        window.insert(WINDOW_ID, "thread-1:1".parse().unwrap());
+        assert!(may_continue(&window, [b"{}", b""]));
+
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let mut read = 0;
+        for entry in std::fs::read_dir(fixtures).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "json") {
+                let bytes = std::fs::read(&path).unwrap();
+                assert!(
+                    !may_continue(&no_headers, [&bytes, b""]),
+                    "{}",
+                    path.display()
+                );
+                read += 1;
+            }
+        }
+        assert!(read >= 9, "the captured requests are there");
     }
 }

@@ -70,6 +70,18 @@ pub struct StoredAnswer {
     pub stored_ms: i64,
 }
 
+impl StoredAnswer {
+    /// The items as the writers store them: credentials masked in every string, as in the
+    /// log's content (the items are the conversation's text, kept whatever `[log] content`
+    /// says, so that a chain is read whole on any replica). Masked on the writer's thread,
+    /// off the request path; items that are not JSON are stored as an empty array.
+    pub fn masked_items(&self) -> crate::store::Masked {
+        let items = serde_json::from_str::<serde_json::Value>(&self.items)
+            .unwrap_or_else(|_| serde_json::Value::Array(Vec::new()));
+        crate::store::Masked::json(&items)
+    }
+}
+
 /// The sender a continuation under a new id must share with a run's summary request
 /// (the policy is compared by the caller, which knows it only once the body is read).
 #[derive(Debug, Clone, Copy)]
@@ -316,6 +328,22 @@ pub(super) mod tests {
         let ids: Vec<(&str, bool)> = chain.iter().map(|a| (a.id.as_str(), a.made_here)).collect();
         assert_eq!(ids, [("a3", false), ("a2", true), ("a1", false)]);
         assert_eq!(chain[1].items, "[\"a2\"]");
+        // An answer's items are the conversation's text: stored with credentials masked.
+        let key = "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789";
+        store.log_run(RunRecord::Answer(StoredAnswer {
+            id: "s1".into(),
+            parent_id: None,
+            items: format!("[{{\"type\":\"message\",\"content\":\"env: KEY={key}\"}}]"),
+            made_here: false,
+            stored_ms: now,
+        }));
+        store.flush().await;
+        let stored = &store.stored_chain("s1").await.unwrap()[0].items;
+        assert!(
+            !stored.contains(key) && stored.contains("env: KEY="),
+            "{stored}"
+        );
+        serde_json::from_str::<serde_json::Value>(stored).unwrap();
         assert!(store.stored_chain("nope").await.unwrap().is_empty());
         // SQLite reads a miss's runs through indexes, never a scan of the runs (whose
         // states are tens of KB each).

@@ -148,7 +148,9 @@ pub struct Logged {
 
 impl Analyser {
     /// Before a request is read: when its conversation is new to this process (`earlier`
-    /// found no last request of it), or it may continue a run from a summary under an id
+    /// found no last request of it) and its `body` may continue a run from a compaction
+    /// ([`compaction::may_continue`]: a conversation without any such marker inherits
+    /// nothing, and is spared the read), or it may continue a run from a summary under an id
     /// the lineage does not know (its headers say so, as Codex's window id does, or its
     /// body rewrites the history: the summary request of a run that keeps its id may have
     /// gone to another replica), what the store keeps of the run it may continue is
@@ -159,18 +161,21 @@ impl Analyser {
     pub async fn recall_stored(
         &self,
         earlier: &BodyComparison<'_>,
+        body: &RequestBytes,
         stated: Option<&str>,
         route: &Route<'_>,
         headers: &HeaderMap,
         team: Option<&str>,
     ) {
         let lineage = &self.memory.lineage;
+        let new_continuing =
+            || earlier.is_new() && compaction::may_continue(headers, [body.head(), body.tail()]);
         let continues = || {
             let said = compaction::recognize(route.path, headers, &[], None).continuation;
             (said.is_some() || earlier.rewrites_history())
                 && stated.is_some_and(|id| !lineage.knows(id))
         };
-        if earlier.is_new() || continues() {
+        if new_continuing() || continues() {
             let sender = Sender::of(headers, route.query, team, "");
             lineage.recall_stored(stated, &sender).await;
         }

@@ -84,10 +84,10 @@ pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let (continued, whole, earlier) = continuation(&app, dialect, &body, stated_id, earlier).await;
     // A conversation new to this process may continue a run another process saw.
     let team = traffic.team.as_deref();
-    (app.analyser)
-        .recall_stored(&earlier, stated_id, &route, &parts.headers, team)
-        .await;
     let analysed = whole.as_ref().unwrap_or(&body);
+    (app.analyser)
+        .recall_stored(&earlier, analysed, stated_id, &route, &parts.headers, team)
+        .await;
     let arrival = Arrival {
         route: &route,
         headers: &parts.headers,

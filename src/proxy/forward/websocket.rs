@@ -699,7 +699,7 @@ impl Session {
         let stated_id = stated.as_ref().map(|s| &*s.id);
         let team = traffic.team.as_deref();
         (app.analyser)
-            .recall_stored(&earlier, stated_id, &route, headers, team)
+            .recall_stored(&earlier, &body, stated_id, &route, headers, team)
             .await;
         let arrival = Arrival {
             route: &route,

@@ -447,7 +447,7 @@ async fn write_run(conn: &mut PgConnection, record: &RunRecord) -> Result<(), sq
             sqlx::query(store_runs::UPSERT_ANSWER)
                 .bind(&a.id)
                 .bind(&a.parent_id)
-                .bind(&a.items)
+                .bind(a.masked_items().as_str())
                 .bind(a.made_here)
                 .bind(a.stored_ms)
                 .execute(&mut *conn)

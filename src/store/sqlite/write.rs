@@ -567,7 +567,7 @@ fn write_run(conn: &Connection, record: &RunRecord) -> rusqlite::Result<()> {
                 .execute(params![
                     a.id,
                     a.parent_id,
-                    a.items,
+                    a.masked_items().as_str(),
                     a.made_here,
                     a.stored_ms
                 ])?;
