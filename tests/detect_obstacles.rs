@@ -237,3 +237,81 @@ fn polling_a_process_that_has_exited_is_a_resend() {
     let (_, fired) = replay(&transcript(steps));
     assert!(fired.contains(&"resend".to_string()), "{fired:?}");
 }
+
+/// A reproduction script rewritten between runs (a scratch file: no attempt at the code),
+/// each run raising another exception, with a read of the code between: the traceback's
+/// header is the same every time, what was raised is not.
+fn repro_runs(exceptions: &[&str]) -> Transcript {
+    let mut steps = Vec::new();
+    for (i, raised) in exceptions.iter().enumerate() {
+        steps.push(vec![write(
+            "reproduce_issue.py",
+            &format!("import django\nsetup({i})\n"),
+        )]);
+        steps.push(vec![exec(
+            "python reproduce_issue.py",
+            &format!(
+                "Traceback (most recent call last):\n  File \"reproduce_issue.py\", line {}, in <module>\n    setup({i})\n{raised}",
+                3 + i
+            ),
+            true,
+        )]);
+        steps.push(vec![exec(
+            &format!(
+                "sed -n '{},{}p' django/db/models/base.py",
+                100 + 20 * i,
+                120 + 20 * i
+            ),
+            &format!("def check_{i}(self):\n    return self.model_{i}"),
+            false,
+        )]);
+    }
+    transcript(steps)
+}
+
+#[test]
+fn tracebacks_raising_other_exceptions_are_other_obstacles() {
+    let (_, fired) = replay(&repro_runs(&[
+        "django.core.exceptions.AppRegistryNotReady: Apps aren't loaded yet.",
+        "RuntimeError: Settings already configured.",
+        "LookupError: No installed app with label 'repro_app'.",
+        "TypeError: unhashable type: 'list'",
+        "KeyError: 'through_fields'",
+    ]));
+    assert!(!fired.contains(&"obstacle_stall".to_string()), "{fired:?}");
+    // The same exception raised run after run is one obstacle, whatever the frames say.
+    let (_, fired) = replay(&repro_runs(&["TypeError: unhashable type: 'list'"; 5]));
+    assert!(fired.contains(&"obstacle_stall".to_string()), "{fired:?}");
+}
+
+#[test]
+fn an_empty_search_now_and_then_among_searches_that_find_things_is_no_stand() {
+    // Each empty grep is followed by one that finds what the next question needs.
+    let mut steps = Vec::new();
+    for i in 0..6 {
+        steps.push(vec![exec(
+            &format!("grep -rn 'def _eval_join_{i}' sympy/matrices/dense.py"),
+            "",
+            true,
+        )]);
+        steps.push(vec![exec(
+            &format!("grep -rn 'def row_join_{i}' sympy/matrices/"),
+            &format!(
+                "sympy/matrices/common.py:{}:    def row_join_{i}(self, other):\n\
+                 sympy/matrices/sparse.py:{}:        return self._join(other, axis={i})",
+                400 + i,
+                90 + i
+            ),
+            false,
+        )]);
+    }
+    let (_, fired) = replay(&transcript(steps.clone()));
+    assert!(!fired.contains(&"obstacle_stall".to_string()), "{fired:?}");
+    // Searches reworded around one missing thing, nothing found between, do stand.
+    let empty: Vec<_> = steps.into_iter().step_by(2).collect();
+    let (_, fired) = replay(&transcript(empty));
+    assert!(
+        fired.contains(&"obstacle_stall".to_string()) || fired.contains(&"dead_end".to_string()),
+        "{fired:?}"
+    );
+}

@@ -485,6 +485,9 @@ impl Facts {
             && !nothing
             && self.seen_results.insert(r.hash)
             && (content_lines == 0 || novel_lines > 0);
+        if new_result {
+            self.obstacles.found(action.kind);
+        }
         let news = novel_lines > novel_places && 2 * (novel_lines - novel_places) > content_lines;
         let how = MeetingKind {
             reset_on_source: cfg.thresholds.obstacle_source_resets,
