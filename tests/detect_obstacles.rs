@@ -315,3 +315,36 @@ fn an_empty_search_now_and_then_among_searches_that_find_things_is_no_stand() {
         "{fired:?}"
     );
 }
+
+#[test]
+fn a_short_answer_with_two_new_lines_is_the_same_failure_not_news() {
+    // A launch's three-line answer: the same error between two lines that name its flags
+    // (new every time), and a side probe between launches that learns a little. Most of
+    // each answer is new, but two lines are scraps: the launch stands on its obstacle.
+    let flags = [
+        "-cpu qemu64",
+        "-M pc",
+        "-accel tcg",
+        "-display none",
+        "-smp 2",
+        "-cpu 486",
+    ];
+    let mut steps = Vec::new();
+    for (i, flag) in flags.iter().enumerate() {
+        steps.push(vec![exec(
+            &format!("qemu-system-x86_64 -m 512 -cdrom alpine.iso {flag} &"),
+            &format!(
+                "Checking {flag}\nrosetta error: Unimplemented syscall number 282\n\
+                 [1] + Trace/breakpoint trap qemu-system-x86_64 {flag}"
+            ),
+            true,
+        )]);
+        steps.push(vec![exec(
+            &format!("ls /usr/lib/qemu | head -{}", 3 + i),
+            &format!("qemu-bridge-helper-{i}\nvhost-user-gpu-{i}"),
+            false,
+        )]);
+    }
+    let (_, fired) = replay(&transcript(steps));
+    assert!(fired.contains(&"obstacle_stall".to_string()), "{fired:?}");
+}

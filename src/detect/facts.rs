@@ -243,6 +243,10 @@ pub struct Facts {
     pub resends: HashMap<(u64, u64), (u64, u32)>,
 }
 
+/// Fewest lines never seen before (not counting moved places) that make a result news
+/// around the obstacle it met ([`MeetingKind::news`]): a line or two are scraps.
+const NEWS_LINES_MIN: u32 = 3;
+
 /// Bounded windows: enough for every detector's look-back.
 const RECENT_CALLS: usize = 24;
 const RECENT_TEXTS: usize = 8;
@@ -488,7 +492,10 @@ impl Facts {
         if new_result {
             self.obstacles.found(action.kind);
         }
-        let news = novel_lines > novel_places && 2 * (novel_lines - novel_places) > content_lines;
+        // News around an obstacle: more than half of the result's lines, and more than
+        // scraps (a launch's two-line answer with its PID new is the same answer).
+        let news_lines = novel_lines.saturating_sub(novel_places);
+        let news = news_lines >= NEWS_LINES_MIN && 2 * news_lines > content_lines;
         let how = MeetingKind {
             reset_on_source: cfg.thresholds.obstacle_source_resets,
             news,

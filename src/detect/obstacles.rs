@@ -97,8 +97,9 @@ pub struct MeetingKind {
     /// A source file brought to a new state since the obstacle was last met is an attempt
     /// at it: its standing starts over.
     pub reset_on_source: bool,
-    /// The result shows mostly lines never seen before (more than half of its content lines,
-    /// not counting lines that only name a place in a file): the same failure, but the run
+    /// The result shows mostly lines never seen before (more than half of its content lines
+    /// and at least three, not counting lines that only name a place in a file): the same
+    /// failure, but the run
     /// learned much around it. Such a meeting neither adds to the standing nor ends it;
     /// scraps (a line or two new) do add.
     pub news: bool,
