@@ -348,3 +348,33 @@ fn a_short_answer_with_two_new_lines_is_the_same_failure_not_news() {
     let (_, fired) = replay(&transcript(steps));
     assert!(fired.contains(&"obstacle_stall".to_string()), "{fired:?}");
 }
+
+#[test]
+fn a_first_meeting_counts_however_much_came_with_it() {
+    // The first launch prints its banner around the error (much that is new); three more
+    // launches with other flags meet the same error with a scrap of news each, a side
+    // probe between: four steps on one obstacle.
+    let mut steps = vec![vec![exec(
+        "qemu-system-x86_64 -m 512 -cdrom alpine.iso -nographic &",
+        "Started QEMU with PID: 653\nSerial console on tcp port 6665\nBooting from DVD/CD\n\
+         rosetta error: Unimplemented syscall number 282",
+        true,
+    )]];
+    for (i, flag) in ["-cpu qemu64", "-accel tcg", "-display none"]
+        .iter()
+        .enumerate()
+    {
+        steps.push(vec![exec(
+            &format!("ls /usr/lib/qemu | head -{}", 3 + i),
+            &format!("qemu-bridge-helper-{i}\nvhost-user-gpu-{i}"),
+            false,
+        )]);
+        steps.push(vec![exec(
+            &format!("qemu-system-x86_64 -m 512 -cdrom alpine.iso {flag} &"),
+            &format!("rosetta error: Unimplemented syscall number 282\nQEMU exited ({flag})"),
+            true,
+        )]);
+    }
+    let (_, fired) = replay(&transcript(steps));
+    assert!(fired.contains(&"obstacle_stall".to_string()), "{fired:?}");
+}

@@ -197,7 +197,8 @@ impl Obstacles {
         if how.reset_on_source && o.attempts != attempts {
             o.steps = 0;
         }
-        if !how.news && (o.steps == 0 || o.last_step != index) {
+        // A first meeting starts the standing whatever came with it; news holds it after.
+        if o.steps == 0 || (!how.news && o.last_step != index) {
             if o.steps == 0 {
                 o.began = index;
             }
