@@ -378,3 +378,56 @@ fn a_first_meeting_counts_however_much_came_with_it() {
     let (_, fired) = replay(&transcript(steps));
     assert!(fired.contains(&"obstacle_stall".to_string()), "{fired:?}");
 }
+
+/// A long job started in the background, polled, and killed by the tool's timeout; started
+/// again with nothing changed. Each start answers with another session name.
+fn restarts(n: usize, edit_between: bool) -> Transcript {
+    let mut steps = Vec::new();
+    for (i, session) in ["wild-cedar", "faint-gulf", "tidy-ember", "mellow-fjord"]
+        .iter()
+        .take(n)
+        .enumerate()
+    {
+        if edit_between {
+            steps.push(vec![write(
+                "/app/train.py",
+                &format!("EPOCHS = {}\n", 5 + i),
+            )]);
+        }
+        steps.push(vec![exec(
+            "python3 /app/train.py",
+            &format!("Command still running (session {session}). Use process to poll."),
+            false,
+        )]);
+        for pct in [10, 30] {
+            steps.push(vec![call(
+                "process",
+                json!({"action": "poll", "sessionId": session}),
+                &format!("Progress: {}% loss {}", pct + i, 1.5 - 0.1 * i as f64),
+                false,
+            )]);
+        }
+        steps.push(vec![call(
+            "process",
+            json!({"action": "poll", "sessionId": session}),
+            &format!("Progress: {}%\nProcess killed: SIGTERM (timeout)", 40 + i),
+            true,
+        )]);
+    }
+    transcript(steps)
+}
+
+#[test]
+fn a_job_restarted_after_each_kill_with_nothing_changed_is_an_obstacle_stall() {
+    let (acted, _) = replay(&restarts(3, false));
+    assert!(
+        acted.iter().any(|(_, _, d)| d == "obstacle_stall"),
+        "{acted:?}"
+    );
+    // The same restarts after an edit each time: attempts, not a loop.
+    let (acted, _) = replay(&restarts(4, true));
+    assert!(
+        !acted.iter().any(|(_, _, d)| d == "obstacle_stall"),
+        "{acted:?}"
+    );
+}
