@@ -60,6 +60,7 @@ GRID = {
     "stretch_off": "[detect.thresholds]\nobstacle_steps = 0\n",
     "resend_nudge": "[detect.patterns.resend]\nresponse = \"nudge\"\n",
     "no_obstacle_stop": "[detect.escalation]\nstop_on_obstacle = false\n",
+    "restarts_off": "[detect.thresholds]\nobstacle_restarts = 0\n",
 }
 
 
