@@ -213,7 +213,7 @@ impl Default for Thresholds {
             near_dup_count: 3,
             dead_end_steps: 5,
             resend_count: 3,
-            obstacle_steps: 5,
+            obstacle_steps: 0,
             obstacle_recurrences: 3,
             obstacle_meetings: 4,
             obstacle_restarts: 2,
