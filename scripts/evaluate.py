@@ -31,14 +31,14 @@ SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 FILES = ("dev", "dev2", "fresh", "cc", "tb")
 
 # The CI gate, on all five files pooled: the harm users feel (lost-fix), a recall floor set
-# just under what the shipped config reaches (81.4% of 140 labelled loops: a change that
-# loses two loops fails), a ceiling on resolved runs nudged just over it (15.2% of 887: a
-# change that nudges eight more fails), and a floor on the frontier runs' loops (tb: 62.5%
-# of 24, the obstacle stall's gain; a change that loses one of them fails).
+# just under what the shipped config reaches (82.9% of 140 labelled loops: a change that
+# loses two loops fails), a ceiling on resolved runs nudged just over it (14.2% of 887: a
+# change that nudges seven more fails), and a floor on the frontier runs' loops (tb: 66.7%
+# of 24; a change that loses one of them fails).
 GATE_LOST_FIX = 0.01
-GATE_RECALL = 0.80
-GATE_RES_NUDGED = 0.16
-GATE_TB_RECALL = 0.60
+GATE_RECALL = 0.82
+GATE_RES_NUDGED = 0.15
+GATE_TB_RECALL = 0.65
 # Targets of the detection issue (per family and by leave-one-agent-out), reported.
 TARGET = {"lost_fix": 0.01, "res_nudged": 0.10, "recall": 0.85, "prec": 0.85, "steps_saved": 0.10}
 
@@ -57,9 +57,10 @@ GRID = {
     "obstacle_nudge": "[detect.patterns.obstacle_stall]\nresponse = \"nudge\"\n",
     "obstacle_off": "[detect.patterns.obstacle_stall]\nresponse = \"off\"\n",
     "meetings5": "[detect.thresholds]\nobstacle_meetings = 5\n",
-    "stretch_off": "[detect.thresholds]\nobstacle_steps = 0\n",
+    "stretch_on": "[detect.thresholds]\nobstacle_steps = 5\n",
     "resend_nudge": "[detect.patterns.resend]\nresponse = \"nudge\"\n",
     "no_obstacle_stop": "[detect.escalation]\nstop_on_obstacle = false\n",
+    "restarts_off": "[detect.thresholds]\nobstacle_restarts = 0\n",
 }
 
 

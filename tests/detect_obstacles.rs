@@ -237,3 +237,197 @@ fn polling_a_process_that_has_exited_is_a_resend() {
     let (_, fired) = replay(&transcript(steps));
     assert!(fired.contains(&"resend".to_string()), "{fired:?}");
 }
+
+/// A reproduction script rewritten between runs (a scratch file: no attempt at the code),
+/// each run raising another exception, with a read of the code between: the traceback's
+/// header is the same every time, what was raised is not.
+fn repro_runs(exceptions: &[&str]) -> Transcript {
+    let mut steps = Vec::new();
+    for (i, raised) in exceptions.iter().enumerate() {
+        steps.push(vec![write(
+            "reproduce_issue.py",
+            &format!("import django\nsetup({i})\n"),
+        )]);
+        steps.push(vec![exec(
+            "python reproduce_issue.py",
+            &format!(
+                "Traceback (most recent call last):\n  File \"reproduce_issue.py\", line {}, in <module>\n    setup({i})\n{raised}",
+                3 + i
+            ),
+            true,
+        )]);
+        steps.push(vec![exec(
+            &format!(
+                "sed -n '{},{}p' django/db/models/base.py",
+                100 + 20 * i,
+                120 + 20 * i
+            ),
+            &format!("def check_{i}(self):\n    return self.model_{i}"),
+            false,
+        )]);
+    }
+    transcript(steps)
+}
+
+#[test]
+fn tracebacks_raising_other_exceptions_are_other_obstacles() {
+    let (_, fired) = replay(&repro_runs(&[
+        "django.core.exceptions.AppRegistryNotReady: Apps aren't loaded yet.",
+        "RuntimeError: Settings already configured.",
+        "LookupError: No installed app with label 'repro_app'.",
+        "TypeError: unhashable type: 'list'",
+        "KeyError: 'through_fields'",
+    ]));
+    assert!(!fired.contains(&"obstacle_stall".to_string()), "{fired:?}");
+    // The same exception raised run after run is one obstacle, whatever the frames say.
+    let (_, fired) = replay(&repro_runs(&["TypeError: unhashable type: 'list'"; 5]));
+    assert!(fired.contains(&"obstacle_stall".to_string()), "{fired:?}");
+}
+
+#[test]
+fn an_empty_search_now_and_then_among_searches_that_find_things_is_no_stand() {
+    // Each empty grep is followed by one that finds what the next question needs.
+    let mut steps = Vec::new();
+    for i in 0..6 {
+        steps.push(vec![exec(
+            &format!("grep -rn 'def _eval_join_{i}' sympy/matrices/dense.py"),
+            "",
+            true,
+        )]);
+        steps.push(vec![exec(
+            &format!("grep -rn 'def row_join_{i}' sympy/matrices/"),
+            &format!(
+                "sympy/matrices/common.py:{}:    def row_join_{i}(self, other):\n\
+                 sympy/matrices/sparse.py:{}:        return self._join(other, axis={i})",
+                400 + i,
+                90 + i
+            ),
+            false,
+        )]);
+    }
+    let (_, fired) = replay(&transcript(steps.clone()));
+    assert!(!fired.contains(&"obstacle_stall".to_string()), "{fired:?}");
+    // Searches reworded around one missing thing, nothing found between, do stand.
+    let empty: Vec<_> = steps.into_iter().step_by(2).collect();
+    let (_, fired) = replay(&transcript(empty));
+    assert!(
+        fired.contains(&"obstacle_stall".to_string()) || fired.contains(&"dead_end".to_string()),
+        "{fired:?}"
+    );
+}
+
+#[test]
+fn a_short_answer_with_two_new_lines_is_the_same_failure_not_news() {
+    // A launch's three-line answer: the same error between two lines that name its flags
+    // (new every time), and a side probe between launches that learns a little. Most of
+    // each answer is new, but two lines are scraps: the launch stands on its obstacle.
+    let flags = [
+        "-cpu qemu64",
+        "-M pc",
+        "-accel tcg",
+        "-display none",
+        "-smp 2",
+        "-cpu 486",
+    ];
+    let mut steps = Vec::new();
+    for (i, flag) in flags.iter().enumerate() {
+        steps.push(vec![exec(
+            &format!("qemu-system-x86_64 -m 512 -cdrom alpine.iso {flag} &"),
+            &format!(
+                "Checking {flag}\nrosetta error: Unimplemented syscall number 282\n\
+                 [1] + Trace/breakpoint trap qemu-system-x86_64 {flag}"
+            ),
+            true,
+        )]);
+        steps.push(vec![exec(
+            &format!("ls /usr/lib/qemu | head -{}", 3 + i),
+            &format!("qemu-bridge-helper-{i}\nvhost-user-gpu-{i}"),
+            false,
+        )]);
+    }
+    let (_, fired) = replay(&transcript(steps));
+    assert!(fired.contains(&"obstacle_stall".to_string()), "{fired:?}");
+}
+
+#[test]
+fn a_first_meeting_counts_however_much_came_with_it() {
+    // The first launch prints its banner around the error (much that is new); three more
+    // launches with other flags meet the same error with a scrap of news each, a side
+    // probe between: four steps on one obstacle.
+    let mut steps = vec![vec![exec(
+        "qemu-system-x86_64 -m 512 -cdrom alpine.iso -nographic &",
+        "Started QEMU with PID: 653\nSerial console on tcp port 6665\nBooting from DVD/CD\n\
+         rosetta error: Unimplemented syscall number 282",
+        true,
+    )]];
+    for (i, flag) in ["-cpu qemu64", "-accel tcg", "-display none"]
+        .iter()
+        .enumerate()
+    {
+        steps.push(vec![exec(
+            &format!("ls /usr/lib/qemu | head -{}", 3 + i),
+            &format!("qemu-bridge-helper-{i}\nvhost-user-gpu-{i}"),
+            false,
+        )]);
+        steps.push(vec![exec(
+            &format!("qemu-system-x86_64 -m 512 -cdrom alpine.iso {flag} &"),
+            &format!("rosetta error: Unimplemented syscall number 282\nQEMU exited ({flag})"),
+            true,
+        )]);
+    }
+    let (_, fired) = replay(&transcript(steps));
+    assert!(fired.contains(&"obstacle_stall".to_string()), "{fired:?}");
+}
+
+/// A long job started in the background, polled, and killed by the tool's timeout; started
+/// again with nothing changed. Each start answers with another session name.
+fn restarts(n: usize, edit_between: bool) -> Transcript {
+    let mut steps = Vec::new();
+    for (i, session) in ["wild-cedar", "faint-gulf", "tidy-ember", "mellow-fjord"]
+        .iter()
+        .take(n)
+        .enumerate()
+    {
+        if edit_between {
+            steps.push(vec![write(
+                "/app/train.py",
+                &format!("EPOCHS = {}\n", 5 + i),
+            )]);
+        }
+        steps.push(vec![exec(
+            "python3 /app/train.py",
+            &format!("Command still running (session {session}). Use process to poll."),
+            false,
+        )]);
+        for pct in [10, 30] {
+            steps.push(vec![call(
+                "process",
+                json!({"action": "poll", "sessionId": session}),
+                &format!("Progress: {}% loss {}", pct + i, 1.5 - 0.1 * i as f64),
+                false,
+            )]);
+        }
+        steps.push(vec![call(
+            "process",
+            json!({"action": "poll", "sessionId": session}),
+            &format!("Progress: {}%\nProcess killed: SIGTERM (timeout)", 40 + i),
+            true,
+        )]);
+    }
+    transcript(steps)
+}
+
+#[test]
+fn a_job_restarted_after_each_kill_with_nothing_changed_is_an_obstacle_stall() {
+    let (acted, _) = replay(&restarts(3, false));
+    assert!(
+        acted.iter().any(|(_, _, d)| d == "obstacle_stall"),
+        "{acted:?}"
+    );
+    // The same restarts after an edit each time: attempts, not a loop.
+    let (acted, _) = replay(&restarts(4, true));
+    assert!(
+        !acted.iter().any(|(_, _, d)| d == "obstacle_stall"),
+        "{acted:?}"
+    );
+}

@@ -154,10 +154,11 @@ fn explain_writes_each_step_of_one_run_or_of_every_run() {
         one.contains("==> request"),
         "the decisions are shown: {one}"
     );
-    // The same failure again is the same obstacle, met again (the first meeting, all news,
-    // does not count as standing): the step is stalled, not progress.
-    assert!(one.contains("obstacle=met#1/0"), "{one}");
-    assert!(one.contains("obstacle=met#2/1"), "{one}");
+    // The same failure again is the same obstacle, met again (the first meeting starts the
+    // standing, however new its lines): the step is stalled, not progress.
+    assert!(one.contains("obstacle=met#1/1"), "{one}");
+    assert!(one.contains("obstacle=met#2/2"), "{one}");
+    assert!(one.contains("restarts=0"), "{one}");
     assert!(one.contains("progress=stalled stall="), "{one}");
 
     let all = String::from_utf8(replay(&file, &["--explain", "*"]).stderr).unwrap();

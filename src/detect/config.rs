@@ -185,6 +185,9 @@ pub struct Thresholds {
     /// between (a meeting whose result is mostly news, the first one always, does not
     /// count; 0: this rule off).
     pub obstacle_meetings: u32,
+    /// obstacle stall: times in a row one command was started again after a failure with
+    /// nothing changed since its last start (0: this rule off).
+    pub obstacle_restarts: u32,
     /// obstacle stall: a source file brought to a new state starts every obstacle's count
     /// over (an attempt at it; its result is the next meeting).
     pub obstacle_source_resets: bool,
@@ -222,9 +225,10 @@ impl Default for Thresholds {
             near_dup_count: 3,
             dead_end_steps: 5,
             resend_count: 3,
-            obstacle_steps: 5,
+            obstacle_steps: 0,
             obstacle_recurrences: 3,
             obstacle_meetings: 4,
+            obstacle_restarts: 2,
             obstacle_source_resets: true,
             size_reversals: 3,
             error_rate: 0.3,

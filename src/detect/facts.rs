@@ -71,6 +71,11 @@ pub struct CallEvent {
     /// the world in between, this one included: a re-sent command, a poll of something
     /// that no longer moves, a job restarted after the same timeout.
     pub resent: u32,
+    /// For commands: times in a row this command was started again after a failure came
+    /// back (its own or a later call's: the job it started was killed) with no change to
+    /// the world since its last start. A long job restarted after each time a timeout killed
+    /// it, each start answered differently (another session, another pid).
+    pub restarts: u32,
 }
 
 /// What the newest step did, as detectors see it.
@@ -242,7 +247,16 @@ pub struct Facts {
     /// Per (action key, result): the change counter when the call last returned it, and
     /// how many times in a row (with no change between) it has.
     pub resends: HashMap<(u64, u64), (u64, u32)>,
+    /// Results so far that failed or met an obstacle.
+    pub failures: u64,
+    /// Per command (action key): the change counter and the failures when it last ran, its
+    /// restarts in a row ([`CallEvent::restarts`]), and whether its last run failed.
+    pub restarts: HashMap<u64, (u64, u64, u32, bool)>,
 }
+
+/// Fewest lines never seen before (not counting moved places) that make a result news
+/// around the obstacle it met ([`MeetingKind::news`]): a line or two are scraps.
+const NEWS_LINES_MIN: u32 = 3;
 
 /// Bounded windows: enough for every detector's look-back.
 const RECENT_CALLS: usize = 24;
@@ -486,13 +500,22 @@ impl Facts {
             && !nothing
             && self.seen_results.insert(r.hash)
             && (content_lines == 0 || novel_lines > 0);
-        let news = novel_lines > novel_places && 2 * (novel_lines - novel_places) > content_lines;
+        if new_result {
+            self.obstacles.found(action.kind);
+        }
+        // News around an obstacle: more than half of the result's lines, and more than
+        // scraps (a launch's two-line answer with its PID new is the same answer).
+        let news_lines = novel_lines.saturating_sub(novel_places);
+        let news = news_lines >= NEWS_LINES_MIN && 2 * news_lines > content_lines;
         let how = MeetingKind {
             reset_on_source: cfg.thresholds.obstacle_source_resets,
             news,
         };
         let obstacle = self.note_obstacle(&action, &r, nothing, how);
         let resent = self.note_resend(action.key_hash, &r);
+        let fails = r.has_result && (r.is_error || obstacle.obstacle != 0);
+        let restarts = self.note_restart(&action, &r, fails);
+        self.failures += u64::from(fails);
         // A check's output that shows more than moved places is news about the code.
         let holds =
             new_result && novel_lines > novel_places && cfg.thresholds.stagnation_new_output_holds;
@@ -525,6 +548,7 @@ impl Facts {
             raw_hash,
             obstacle,
             resent,
+            restarts,
             action,
         }
     }
@@ -567,6 +591,35 @@ impl Facts {
         }
         entry.1 += 1;
         entry.1
+    }
+
+    /// Counts the restarts in a row of a command ([`CallEvent::restarts`]): a run whose
+    /// last run answered without failing (it started a job), after which another call's
+    /// result failed (the job was killed), with nothing changed since, is one more. A
+    /// command that fails itself and is re-run is the fail-loop's business; a change starts
+    /// the count over; a run with nothing failed since (a job that goes on) leaves it.
+    fn note_restart(&mut self, action: &ToolAction, r: &ResultReading, fails: bool) -> u32 {
+        if action.kind != ActionKind::Exec || !r.has_result {
+            return 0;
+        }
+        let changes = self.changes;
+        // The failures counted once this result is: another call's failure comes after.
+        let failures = self.failures + u64::from(fails);
+        let Some(entry) = self.restarts.get_mut(&action.key_hash) else {
+            self.restarts
+                .insert(action.key_hash, (changes, failures, 0, fails));
+            return 0;
+        };
+        let (last_changes, last_failures, count, last_failed) = *entry;
+        let count = if last_changes != changes {
+            0
+        } else if failures > last_failures && !last_failed {
+            count + 1
+        } else {
+            count
+        };
+        *entry = (changes, failures, count, fails);
+        count
     }
 
     /// Reads a call's result (none yet: no result, empty, no error), counting it in the
@@ -851,6 +904,7 @@ impl Facts {
             raw_hash: 0,
             obstacle: Meeting::default(),
             resent: 0,
+            restarts: 0,
         }
     }
 

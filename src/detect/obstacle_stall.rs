@@ -4,7 +4,9 @@
 //! - one obstacle met again at step after step with no command getting past it between (a check
 //!   that keeps returning the same verdict across edits, a launch that keeps dying on the
 //!   same error whatever its flags);
-//! - a stretch of steps with no progress in which obstacles met before keep coming back.
+//! - a stretch of steps with no progress in which obstacles met before keep coming back;
+//! - one command started again after each failure with nothing changed in between (a long
+//!   job restarted each time a timeout killed it: each start answers with another session).
 
 use super::obstacles::Progress;
 use super::{DetectConfig, Detector, Facts, Finding, StepEvents};
@@ -42,6 +44,30 @@ impl Detector for ObstacleStall {
                 .on_standstill(),
             );
         }
+        let restarted = step
+            .calls
+            .iter()
+            .filter(|c| t.obstacle_restarts > 0 && c.restarts >= t.obstacle_restarts)
+            .max_by_key(|c| c.restarts);
+        if let Some(call) = restarted {
+            let n = call.restarts;
+            return Some(
+                Finding::new(
+                    self.name(),
+                    (0.6 + 0.1 * f64::from(n - t.obstacle_restarts)).min(1.0),
+                    vec![step.index],
+                    format!(
+                        "`{}` started again {n} times after a failure, with nothing changed in between",
+                        super::short(&call.action.label())
+                    ),
+                    SUGGESTION,
+                )
+                .with_keys(vec![call.action.key_hash])
+                // A restart is no stand on an obstacle the facts can see (the kill came
+                // through another call): it stops only where such a stand does.
+                .on_standstill(),
+            );
+        }
         let o = &facts.obstacles;
         let min = t.obstacle_steps;
         if min == 0
@@ -76,6 +102,8 @@ impl Detector for ObstacleStall {
     }
 
     fn applies(&self, step: &StepEvents) -> bool {
-        step.calls.iter().any(|c| c.obstacle.obstacle != 0)
+        step.calls
+            .iter()
+            .any(|c| c.obstacle.obstacle != 0 || c.restarts > 0)
     }
 }

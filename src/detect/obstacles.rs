@@ -97,8 +97,9 @@ pub struct MeetingKind {
     /// A source file brought to a new state since the obstacle was last met is an attempt
     /// at it: its standing starts over.
     pub reset_on_source: bool,
-    /// The result shows mostly lines never seen before (more than half of its content lines,
-    /// not counting lines that only name a place in a file): the same failure, but the run
+    /// The result shows mostly lines never seen before (more than half of its content lines
+    /// and at least three, not counting lines that only name a place in a file): the same
+    /// failure, but the run
     /// learned much around it. Such a meeting neither adds to the standing nor ends it;
     /// scraps (a line or two new) do add.
     pub news: bool,
@@ -138,10 +139,7 @@ pub fn obstacle_of(kind: ActionKind, found_nothing: bool, failing: bool, normali
     if !failing || matches!(kind, ActionKind::Read | ActionKind::Search) {
         return 0;
     }
-    let lines: Vec<&str> = normalized
-        .lines()
-        .filter(|l| normalize::is_failure_line(l))
-        .collect();
+    let lines: Vec<&str> = normalized.lines().filter(|l| is_obstacle_line(l)).collect();
     let tail = &lines[lines.len().saturating_sub(3)..];
     let text: String = if tail.is_empty() {
         normalize::headline(normalized).to_string()
@@ -153,6 +151,26 @@ pub fn obstacle_of(kind: ActionKind, found_nothing: bool, failing: bool, normali
     .collect();
     hash64(text.as_bytes()) | 1
 }
+
+/// A line that says what failed: a failure line ([`normalize::is_failure_line`]) other than
+/// a traceback's header, or a raised exception's line (`TypeError: unhashable type`,
+/// `django.core.exceptions.AppRegistryNotReady: ...`), which names no failure word. Every
+/// Python traceback starts with the same header: were it the obstacle, every traceback
+/// would be one obstacle, whatever was raised.
+fn is_obstacle_line(line: &str) -> bool {
+    (normalize::is_failure_line(line) && !TRACEBACK_HEADER.is_match(line)) || RAISED.is_match(line)
+}
+
+static TRACEBACK_HEADER: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+    normalize::re(
+        r"(?i)^\s*(traceback \(most recent call last\):|during handling of the above exception|the above exception was the direct cause)",
+    )
+});
+/// A raised exception as Python (and Java, and others) print it: a dotted class name that
+/// ends in Error or Exception, then a colon or the line's end.
+static RAISED: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+    normalize::re(r"^\s*(E\s+)?[A-Za-z_][\w.$]*(Error|Exception|Exit|Interrupt)\b(:|\s*$)")
+});
 
 impl Obstacles {
     /// Records a call of `command` at step `index` whose result showed `obstacle` (0:
@@ -179,7 +197,8 @@ impl Obstacles {
         if how.reset_on_source && o.attempts != attempts {
             o.steps = 0;
         }
-        if !how.news && (o.steps == 0 || o.last_step != index) {
+        // A first meeting starts the standing whatever came with it; news holds it after.
+        if o.steps == 0 || (!how.news && o.last_step != index) {
             if o.steps == 0 {
                 o.began = index;
             }
@@ -195,6 +214,21 @@ impl Obstacles {
             times: o.times,
             standing: o.steps,
             cleared: past && o.times == 1,
+        }
+    }
+
+    /// A search found something new, or a read showed a file: the "found nothing" obstacle
+    /// of that kind of call no longer stands. Searches reworded around one missing thing
+    /// meet it step after step; a run whose searches between find what they look for is
+    /// exploring, and one empty search now and then is no stand.
+    pub fn found(&mut self, kind: ActionKind) {
+        let obstacle = match kind {
+            ActionKind::Search => NOTHING_FOUND,
+            ActionKind::Read => NO_SUCH_PATH,
+            _ => return,
+        };
+        if let Some(o) = self.met.get_mut(&obstacle) {
+            o.steps = 0;
         }
     }
 

@@ -404,7 +404,7 @@ pub fn explain_line(
         for c in &ev.calls {
             writeln!(
                 out,
-                "{:>3} {:?} {} | check={:?} streak={} fail_run={} reads={} err={} new={} lines={}/{} changed={} rep={} resent={} obstacle={} | {}",
+                "{:>3} {:?} {} | check={:?} streak={} fail_run={} reads={} err={} new={} lines={}/{} changed={} rep={} resent={} restarts={} obstacle={} | {}",
                 ev.index,
                 c.action.kind,
                 crate::detect::short(&c.action.key),
@@ -419,6 +419,7 @@ pub fn explain_line(
                 c.changed,
                 c.stretch_repeat,
                 c.resent,
+                c.restarts,
                 obstacle_note(&c.obstacle),
                 crate::detect::short(&c.result_line),
             )?;
