@@ -923,6 +923,13 @@ async fn the_session_cookie_never_reaches_the_upstream() {
             "{} {cookie}",
             r.path
         );
+        // Nor the operator's token, in any header.
+        assert!(
+            r.headers.iter().all(|(_, v)| !v.contains(token)),
+            "{} {:?}",
+            r.path,
+            r.headers
+        );
     }
     setup.proxy.flush_log().await;
     let logged = query(
